@@ -1,0 +1,246 @@
+"""The generate pipeline: specs -> model -> variants -> interfaces -> ops -> rendered plan.
+
+`load_families` parses every spec file; `expand` adds variants and
+interfaces; `build` validates ops, renders every GLSL variant and stub module,
+and returns the full output plan (nothing is written here). `compile_plan`
+compiles the planned GLSL through `glslc.ensure_spirv` and maps compile
+errors back to generated, template and spec lines. Each stage collects all of
+its errors into a `Diagnostics`. Must not write outputs (that is `emit.py`).
+Called by `__main__.py`, the benchmark and the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from codegen import glslc
+from codegen.errors import Diagnostics, Location, SpecError
+from codegen.interface import build_interface, glsl_header
+from codegen.manifest import build_manifest
+from codegen.model import FamilySpec, Interface, ResolvedOp, Variant
+from codegen.naming import MANIFEST, glsl_path, module_path
+from codegen.render import Renderer
+from codegen.spec import parse_family
+from codegen.stubs import stub_view
+from codegen.validate import resolve_op
+from codegen.variants import expand_variants
+from codegen.yaml_loader import load_yaml
+
+STUB_TEMPLATE = "ops.py.j2"
+
+
+@dataclass
+class VariantOutput:
+    variant: Variant
+    interface: Interface
+    text: str  # the full generated GLSL
+    header_lines: int  # lines before the rendered template body
+    body: str
+    key: str  # SPIR-V cache key
+
+
+@dataclass
+class Build:
+    families: list[FamilySpec]
+    variants: list[Variant]
+    interfaces: dict[str, Interface]
+    ops: list[ResolvedOp] = field(default_factory=list)
+    outputs: list[VariantOutput] = field(default_factory=list)
+    plan: dict[str, str] = field(default_factory=dict)
+    renderer: Renderer | None = None
+
+
+def spec_files(specs_dir: Path) -> list[Path]:
+    """The spec files of a folder, sorted."""
+    return sorted(p for p in Path(specs_dir).iterdir() if p.suffix in (".yaml", ".yml"))
+
+
+def load_families(specs_dir: Path, diags: Diagnostics) -> list[FamilySpec]:
+    """Parses every spec file; families with errors are left out (errors recorded)."""
+    specs_dir = Path(specs_dir)
+    if not specs_dir.is_dir():
+        diags.error(Location(str(specs_dir)), "specs folder not found; pass --specs DIR")
+        return []
+    families = []
+    seen: dict[str, FamilySpec] = {}
+    for path in spec_files(specs_dir):
+        display = f"{specs_dir.name}/{path.name}"
+        root, errors = load_yaml(path.read_text(encoding="utf-8"), display)
+        diags.add(errors)
+        if root is None:
+            continue
+        family, errors = parse_family(root, display)
+        diags.add(errors)
+        if family is None or errors:
+            continue
+        if family.name in seen:
+            diags.error(
+                family.loc, f"family '{family.name}' is also defined in {seen[family.name].file}"
+            )
+            continue
+        seen[family.name] = family
+        families.append(family)
+    return families
+
+
+def expand(families: list[FamilySpec], diags: Diagnostics) -> Build:
+    """Variants and interfaces of every shader; duplicate variant names are errors."""
+    variants: list[Variant] = []
+    interfaces: dict[str, Interface] = {}
+    owner: dict[str, Variant] = {}
+    for family in families:
+        for shader in family.shaders:
+            found, errors = expand_variants(shader)
+            diags.add(errors)
+            for v in found:
+                if v.name in owner:
+                    other = owner[v.name]
+                    diags.error(
+                        shader.loc,
+                        f"variant name '{v.name}' is produced twice (also by "
+                        f"shader '{other.shader.name}' at {other.loc.short()}); rename a shader "
+                        "or an axis value",
+                    )
+                    continue
+                interface, errors = build_interface(v)
+                diags.add(errors)
+                if interface is not None:
+                    owner[v.name] = v
+                    variants.append(v)
+                    interfaces[v.name] = interface
+    return Build(families, variants, interfaces)
+
+
+def resolve_ops(result: Build, diags: Diagnostics) -> None:
+    """Validates every op against its shader's variants."""
+    by_shader: dict[str, list[Variant]] = {}
+    for v in result.variants:
+        by_shader.setdefault(v.shader.name, []).append(v)
+    seen: dict[str, object] = {}
+    for family in result.families:
+        family_variants = {s.name: by_shader.get(s.name, []) for s in family.shaders}
+        for op in family.ops:
+            if op.name in seen:
+                diags.error(op.loc, f"op '{op.name}' is also defined in {seen[op.name].family}")
+                continue
+            seen[op.name] = op
+            resolved, errors = resolve_op(op, family, family_variants, result.interfaces)
+            diags.add(errors)
+            if resolved is not None:
+                result.ops.append(resolved)
+
+
+def build(specs_dir: Path, templates_dir: Path) -> Build:
+    """Runs the whole pipeline up to the output plan; raises `DiagnosticsError` on errors."""
+    diags = Diagnostics()
+    families = load_families(specs_dir, diags)
+    result = expand(families, diags)
+    resolve_ops(result, diags)
+    renderer = Renderer(Path(templates_dir))
+    result.renderer = renderer
+    render_errors: dict[tuple[Location, str], list[str]] = {}
+    for v in result.variants:
+        shader = v.shader
+        context = {
+            **v.axes,
+            "variant": {"name": v.name, "axes": dict(v.axes)},
+            "shader": shader.name,
+        }
+        body, error = renderer.render(
+            shader.template, context, shader.template_loc, f"variant {v.name}"
+        )
+        if error is not None:
+            base = error.message.split(" (rendering ")[0]
+            render_errors.setdefault((error.location, base), []).append(v.name)
+            continue
+        header = glsl_header(
+            result.interfaces[v.name],
+            renderer.path(shader.template),
+            f"{shader.family and _file(result, shader.family)}:{shader.loc.line}",
+        )
+        text = header + "\n" + body
+        if not text.endswith("\n"):
+            text += "\n"
+        result.outputs.append(
+            VariantOutput(
+                v,
+                result.interfaces[v.name],
+                text,
+                header.count("\n") + 1,
+                body,
+                glslc.spirv_key(text),
+            )
+        )
+        result.plan[glsl_path(v.name)] = text
+    for family in families:
+        ops = [op for op in result.ops if op.spec.family == family.name]
+        if not ops:
+            continue
+        view = stub_view(family, ops, renderer.path(STUB_TEMPLATE))
+        text, error = renderer.render(
+            STUB_TEMPLATE, view, family.loc, f"the stubs of family {family.name}"
+        )
+        if error is not None:
+            render_errors.setdefault((error.location, error.message), []).append(family.name)
+            continue
+        result.plan[module_path(family.name)] = text
+    for (loc, message), names in render_errors.items():
+        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
+        if " (rendering " in message or not names:
+            diags.error(loc, message)
+        else:
+            diags.error(loc, f"{message} (rendering variant {names[0]}{more})")
+    diags.check()
+    shader_ops: dict[str, list[str]] = {}
+    for op in result.ops:
+        for v in op.variants:
+            shader_ops.setdefault(v.name, []).append(op.key)
+    result.plan[MANIFEST] = build_manifest(
+        families,
+        result.ops,
+        result.variants,
+        result.interfaces,
+        {o.variant.name: o.key for o in result.outputs},
+        {k: sorted(v) for k, v in shader_ops.items()},
+    )
+    return result
+
+
+def _file(result: Build, family: str) -> str:
+    return next(f.file for f in result.families if f.name == family)
+
+
+def compile_plan(result: Build, cache: Path, out_display: str, progress: bool = True) -> dict:
+    """Compiles every planned variant into the cache; raises `DiagnosticsError` on failure."""
+    items = [(o.key, o.text, o.variant.name) for o in result.outputs]
+    try:
+        return glslc.ensure_spirv(items, cache, progress=progress)
+    except glslc.CompileError as e:
+        diags = Diagnostics()
+        by_name = {o.variant.name: o for o in result.outputs}
+        for f in e.failures:
+            out = by_name.get(f.label)
+            if out is None:
+                diags.error(Location(f.label, f.line), f.message)
+                continue
+            diags.add([compile_diagnostic(result, out, f, out_display)])
+        diags.check()
+        raise  # pragma: no cover - check() always raises here
+
+
+def compile_diagnostic(result: Build, out: VariantOutput, failure, out_display: str) -> SpecError:
+    """A glslc failure as an error naming the generated, template and spec lines."""
+    v = out.variant
+    generated = Location(f"{out_display}/{glsl_path(v.name)}", failure.line)
+    notes = []
+    renderer = result.renderer
+    template = renderer.path(v.shader.template)
+    if failure.line > out.header_lines:
+        tline = renderer.template_line(v.shader.template, out.body, failure.line - out.header_lines)
+        notes.append(f"from {template}:{tline}" if tline else f"from {template} (line not found)")
+    elif failure.line:
+        notes.append("in the generated header (interface declarations)")
+    spec = f"{_file(result, v.shader.family)}:{v.shader.loc.line}"
+    notes.append(f"variant {v.name} of shader '{v.shader.name}' defined at {spec}")
+    return SpecError(generated, f"{failure.message} (variant {v.name})", tuple(notes))

@@ -1,0 +1,206 @@
+"""Check and rewrite the Python expressions of op specs.
+
+Each expression is parsed with `ast`; every free name must be in the scope
+the spec allows (schema arguments, `let` names, outputs, `storage`, `torch`,
+`math`, a few builtins, the HELPERS below). Helper calls are rewritten to
+`rt.<name>` so the generated stub calls `runtime.stub_support`. Errors point
+at the file:line:col of the character inside the YAML scalar. This module
+must not evaluate anything. Called by `validate.py`; `docs.py` documents the
+HELPERS and CAPABILITIES tables.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from codegen.errors import SpecError, did_you_mean
+from codegen.model import Expr
+
+# name -> what it returns (internals.md §1; runtime/stub_support.py implements them).
+HELPERS: dict[str, str] = {
+    "numel": "number of elements",
+    "last_dim": "size of the last dimension (1 for a 0-d tensor)",
+    "tokens": "product of all dimensions but the last (1 for 0-d and 1-d)",
+    "token_shape": "`t.shape[:-1] + (1,)`",
+    "ceil_div": "`-(-a // b)`",
+    "int_range": "`(min, max)` of an integer dtype",
+    "fp32": "`x` rounded to the nearest fp32 value",
+    "fp32_recip": "the fp32 reciprocal exactly as PyTorch computes `input * (1.0 / scale)` "
+    "for an fp32 input: `fp32(1.0 / x)` with the division in float64",
+    "is_integral": "integer dtype, or floating with whole-number values "
+    "(device tensors: integer dtype)",
+    "all_positive": "every value finite and > 0 (device tensors: `True`)",
+    "elementwise": "global size covering `t` in units of 4 values: buffer "
+    "`[ceil(numel/4), 1, 1]`, texture3d the image extents",
+}
+HELPER_SIGNATURES: dict[str, str] = {
+    "numel": "numel(t)",
+    "last_dim": "last_dim(t)",
+    "tokens": "tokens(t)",
+    "token_shape": "token_shape(t)",
+    "ceil_div": "ceil_div(a, b)",
+    "int_range": "int_range(dtype)",
+    "fp32": "fp32(x)",
+    "fp32_recip": "fp32_recip(x)",
+    "is_integral": "is_integral(t)",
+    "all_positive": "all_positive(t)",
+    "elementwise": "elementwise(t)",
+}
+
+# Device capabilities a shader may `require` (runtime Capabilities.supports names).
+CAPABILITIES: tuple[str, ...] = (
+    "shader_int8",
+    "shader_float16",
+    "shader_int16",
+    "storage_buffer_8bit",
+    "storage_buffer_16bit",
+    "integer_dot_product",
+    "cooperative_matrix",
+    "subgroup_arithmetic",
+    "subgroup_shuffle",
+)
+
+BUILTINS: tuple[str, ...] = ("len", "tuple", "int", "float", "min", "max", "abs", "all", "any")
+MODULES: tuple[str, ...] = ("torch", "math")
+ALWAYS: tuple[str, ...] = ("storage", "None", "True", "False")
+
+
+class Rewritten:
+    """The stub code of an expression and the free names it mentions, in source order."""
+
+    def __init__(self, code: str, names: list[str], modules: set[str]):
+        self.code = code
+        self.names = names
+        self.modules = modules
+
+
+def _parse(source: str, expr: Expr, what: str, errors: list[SpecError], prefix: int = 0):
+    """Parses `source` (the expression text behind `prefix` extra characters)."""
+    try:
+        return ast.parse(source, mode="eval")
+    except SyntaxError as e:
+        line = e.lineno or 1
+        lines = source.splitlines() or [""]
+        if not e.offset:  # Python reports "unexpected end" at offset 0: point at the end
+            col = len(lines[min(line, len(lines)) - 1])
+        else:
+            col = e.offset - 1
+        if line == 1:
+            col = max(col - prefix, 0)
+        msg = (e.msg or "invalid syntax").replace("f-string: ", "")
+        errors.append(SpecError(expr.at(line, col), f"{what}: invalid Python expression: {msg}"))
+        return None
+
+
+class _Rewriter(ast.NodeTransformer):
+    def __init__(self, scope: set[str], expr: Expr, what: str, errors: list[SpecError], col0):
+        self.scope = scope
+        self.expr = expr
+        self.what = what
+        self.errors = errors
+        self.col0 = col0
+        self.names: list[tuple[int, int, str]] = []
+        self.modules: set[str] = set()
+        self.local: set[str] = set()
+
+    def visit_Name(self, node: ast.Name):
+        name = node.id
+        if not isinstance(node.ctx, ast.Load):
+            self.local.add(name)
+            return node
+        if name in self.local:
+            return node
+        self.names.append((node.lineno, node.col_offset, name))
+        if name in HELPERS:
+            return ast.copy_location(
+                ast.Attribute(value=ast.Name("rt", ast.Load()), attr=name, ctx=ast.Load()), node
+            )
+        if name in MODULES:
+            self.modules.add(name)
+        if name in self.scope or name in BUILTINS or name in MODULES or name in ALWAYS:
+            return node
+        choices = self.scope | set(BUILTINS) | set(MODULES) | set(HELPERS) | {"storage"}
+        col = node.col_offset - (self.col0 if node.lineno == 1 else 0)
+        here = ", ".join(sorted(self.scope | {"storage"}))
+        self.errors.append(
+            SpecError(
+                self.expr.at(node.lineno, col),
+                f"{self.what}: unknown name '{name}'{did_you_mean(name, choices)}; expected "
+                f"one of {here}, torch, math, a builtin ({', '.join(BUILTINS)}) or a helper "
+                f"({', '.join(HELPERS)})",
+            )
+        )
+        return node
+
+    def _bind_targets(self, node):
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.comprehension):
+                for t in ast.walk(sub.target):
+                    if isinstance(t, ast.Name):
+                        self.local.add(t.id)
+            if isinstance(sub, ast.Lambda):
+                for a in sub.args.args:
+                    self.local.add(a.arg)
+
+
+def rewrite(expr: Expr, scope: set[str], what: str, errors: list[SpecError]) -> Rewritten | None:
+    """Checks names and rewrites helper calls; returns None (and adds errors) if invalid."""
+    tree = _parse(expr.text, expr, what, errors)
+    if tree is None:
+        return None
+    return _finish(tree, expr, scope, what, errors, 0, fstring=False)
+
+
+def rewrite_fstring(expr: Expr, scope: set[str], what: str, errors: list[SpecError]):
+    """Like `rewrite` for an f-string body; the code is a double-quoted f-string literal."""
+    body = expr.text
+    tree = _parse("f" + repr(body), expr, what, errors, prefix=2)
+    if tree is None:
+        return None
+    return _finish(tree, expr, scope, what, errors, 2, fstring=True)
+
+
+def _finish(tree, expr, scope, what, errors, col0, fstring):
+    n_errors = len(errors)
+    rewriter = _Rewriter(scope, expr, what, errors, col0)
+    rewriter._bind_targets(tree)
+    tree = rewriter.visit(tree)
+    if len(errors) > n_errors:
+        return None
+    code = _fstring_code(tree.body) if fstring else ast.unparse(tree)
+    names = [n for _, _, n in sorted(rewriter.names)]
+    return Rewritten(code, names, rewriter.modules)
+
+
+def _escape_literal(text: str) -> str:
+    out = text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n").replace("\t", "\\t")
+    return out.replace("{", "{{").replace("}", "}}")
+
+
+def _fstring_code(node: ast.JoinedStr) -> str:
+    parts = []
+    for value in node.values:
+        if isinstance(value, ast.Constant):
+            parts.append(_escape_literal(str(value.value)))
+        else:
+            parts.append("{" + _field_code(value) + "}")
+    if all(isinstance(v, ast.Constant) for v in node.values):
+        return '"' + "".join(parts).replace("{{", "{").replace("}}", "}") + '"'
+    return 'f"' + "".join(parts) + '"'
+
+
+def _field_code(value: ast.FormattedValue) -> str:
+    code = ast.unparse(value.value)
+    if code.startswith("{"):
+        code = " " + code
+    if value.conversion != -1:
+        code += "!" + chr(value.conversion)
+    if value.format_spec is not None:
+        spec = []
+        for part in value.format_spec.values:
+            if isinstance(part, ast.Constant):
+                spec.append(_escape_literal(str(part.value)))
+            else:
+                spec.append("{" + _field_code(part) + "}")
+        code += ":" + "".join(spec)
+    return code

@@ -1,0 +1,135 @@
+"""GLSL vocabulary: dtype -> unit types, image formats, accessor code, helper functions.
+
+Pure tables and string builders for the generated header (internals.md §2).
+Must not decide binding numbers or offsets (that is `interface.py`, which
+calls these builders) and must not read files. Also provides the Jinja filters
+`vec4_type` and `scalar_type` used by templates (through `render.py`).
+"""
+
+from __future__ import annotations
+
+# dtype -> (buffer unit type for vec 4, value vector type, image format, image type)
+DTYPE_TABLE = {
+    "float32": ("vec4", "vec4", "rgba32f", "image3D"),
+    "float16": ("uvec2", "vec4", "rgba16f", "image3D"),
+    "int32": ("ivec4", "ivec4", "rgba32i", "iimage3D"),
+    "int8": ("uint", "ivec4", "rgba8i", "iimage3D"),
+    "uint8": ("uint", "ivec4", "rgba8ui", "uimage3D"),
+}
+SCALAR_TYPES = {"float32": "float", "int32": "int"}  # vec: 1 (32-bit dtypes only)
+BITS = {"float32": 32, "float16": 16, "int32": 32, "int8": 8, "uint8": 8}
+PUSH_TYPE_SIZES = {"int": 4, "uint": 4, "float": 4, "ivec4": 16, "uvec4": 16, "vec4": 16}
+ACCESS_QUALIFIERS = {"read": "readonly ", "write": "writeonly ", "read_write": ""}
+
+HELPERS_GLSL = """\
+uint etvk_linear_invocation() {
+  return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+}
+uint etvk_linear_group() {
+  return gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+}
+"""
+
+
+def vec4_type(dtype: str) -> str:
+    """The 4-value type accessors use: `vec4` for float dtypes, `ivec4` for integer ones."""
+    return DTYPE_TABLE[dtype][1]
+
+
+def scalar_type(dtype: str) -> str:
+    """The scalar type of a `vec: 1` binding: `float` or `int`."""
+    return SCALAR_TYPES[dtype]
+
+
+def image_format(dtype: str) -> str:
+    """The storage-image format of a texture3d tensor of `dtype`."""
+    return DTYPE_TABLE[dtype][2]
+
+
+def literal(type_: str, value) -> str:
+    """A GLSL literal of a spec-constant type."""
+    if type_ == "bool":
+        return "true" if value else "false"
+    if type_ == "float":
+        text = repr(float(value))
+        return text if ("." in text or "e" in text) else text + ".0"
+    if type_ == "uint":
+        return f"{int(value)}u"
+    return str(int(value))
+
+
+def buffer_binding(name: str, binding: int, dtype: str, vec: int, access: str) -> str:
+    """Declaration and accessors of a storage buffer."""
+    unit = scalar_type(dtype) if vec == 1 else DTYPE_TABLE[dtype][0]
+    qual = ACCESS_QUALIFIERS[access]
+    lines = [
+        f"layout(set = 0, binding = {binding}, std430) {qual}buffer {name}_block {{",
+        f"  {unit} data[];",
+        f"}} {name};",
+    ]
+    reads = access in ("read", "read_write")
+    writes = access in ("write", "read_write")
+    if vec == 1:
+        if reads:
+            lines.append(f"{unit} {name}_load(uint i) {{ return {name}.data[i]; }}")
+        if writes:
+            lines.append(f"void {name}_store(uint i, {unit} v) {{ {name}.data[i] = v; }}")
+        return "\n".join(lines) + "\n"
+    v4 = vec4_type(dtype)
+    load, store = _UNIT_CODE[dtype]
+    if reads:
+        lines.append(f"{v4} {name}_load(uint unit) {{")
+        lines += [f"  {s}" for s in load.format(src=f"{name}.data[unit]").splitlines()]
+        lines.append("}")
+    if writes:
+        lines.append(f"void {name}_store(uint unit, {v4} v) {{")
+        lines += [f"  {s}" for s in store.format(dst=f"{name}.data[unit]").splitlines()]
+        lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+_UNIT_CODE = {
+    "float32": ("return {src};", "{dst} = v;"),
+    "int32": ("return {src};", "{dst} = v;"),
+    "float16": (
+        "const uvec2 u = {src};\nreturn vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));",
+        "{dst} = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));",
+    ),
+    "int8": (
+        "const int u = int({src});\n"
+        "return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), "
+        "bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));",
+        "const uvec4 b = uvec4(v) & 0xFFu;\n{dst} = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);",
+    ),
+    "uint8": (
+        "const uint u = {src};\n"
+        "return ivec4(uvec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), "
+        "bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8)));",
+        "const uvec4 b = uvec4(v) & 0xFFu;\n{dst} = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);",
+    ),
+}
+
+
+def image_binding(name: str, binding: int, dtype: str, access: str) -> str:
+    """Declaration and accessors of a 3-D storage image (texture3d tensor)."""
+    _, v4, fmt, image = DTYPE_TABLE[dtype]
+    qual = ACCESS_QUALIFIERS[access]
+    lines = [
+        f"layout(set = 0, binding = {binding}, {fmt}) uniform {qual}{image} {name};",
+        f"ivec3 {name}_extents() {{ return imageSize({name}); }}",
+    ]
+    if access in ("read", "read_write"):
+        value = f"imageLoad({name}, texel)"
+        if dtype == "uint8":
+            value = f"ivec4({value})"
+        lines.append(f"{v4} {name}_load(ivec3 texel) {{ return {value}; }}")
+    if access in ("write", "read_write"):
+        value = "v"
+        if dtype == "float16":
+            value = "vec4(unpackHalf2x16(packHalf2x16(v.xy)), unpackHalf2x16(packHalf2x16(v.zw)))"
+        elif dtype == "uint8":
+            value = "uvec4(v)"
+        lines.append(
+            f"void {name}_store(ivec3 texel, {v4} v) {{ imageStore({name}, texel, {value}); }}"
+        )
+    return "\n".join(lines) + "\n"

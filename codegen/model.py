@@ -1,0 +1,268 @@
+"""The spec model: frozen dataclasses that every stage after `spec.py` works on.
+
+Every entry keeps the `Location` it came from so later stages can report
+errors at the YAML line. Dicts inside these objects are treated as read-only.
+This module holds data only: no parsing, no validation, no rendering.
+Created by `spec.py` (specs), `variants.py` (variants), `interface.py`
+(interfaces) and `validate.py` (resolved ops); read by everything downstream.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from codegen.errors import Location
+
+
+@dataclass(frozen=True)
+class Expr:
+    """A Python expression from the spec; `at(line, col)` locates a character in it."""
+
+    text: str
+    loc: Location  # where the YAML scalar starts
+    style: str | None = None  # YAML scalar style: None (plain), "'", '"', "|", ">"
+
+    def at(self, lineno: int = 1, col_offset: int = 0) -> Location:
+        """Location of (1-based line, 0-based column) inside the expression text."""
+        if self.style in ("|", ">"):
+            return Location(self.loc.file, self.loc.line + lineno, col_offset + 1)
+        if lineno == 1:
+            base = self.loc.col + (1 if self.style in ("'", '"') else 0)
+            return Location(self.loc.file, self.loc.line, base + col_offset)
+        return Location(self.loc.file, self.loc.line + lineno - 1, col_offset + 1)
+
+
+@dataclass(frozen=True)
+class AxisMatch:
+    """`AXIS: value | [values]` inside fixed/when/exclude/combos, with locations."""
+
+    axis: str
+    values: tuple[str, ...]
+    loc: Location  # of the axis key
+    value_loc: Location
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    values: tuple[str, ...]
+    loc: Location
+
+
+@dataclass(frozen=True)
+class Check:
+    name: str  # "" for an inline check
+    arg: str
+    expr: Expr
+    error: Expr  # an f-string body
+    loc: Location
+    arg_loc: Location
+
+
+@dataclass(frozen=True)
+class Binding:
+    name: str
+    dtype: str  # may contain ${AXIS}
+    storage: str  # may contain ${AXIS}
+    vec: int
+    access: str
+    when: tuple[AxisMatch, ...]
+    loc: Location
+
+
+@dataclass(frozen=True)
+class PushConstant:
+    name: str
+    type: str
+    when: tuple[AxisMatch, ...]
+    loc: Location
+
+
+@dataclass(frozen=True)
+class SpecConstant:
+    name: str
+    type: str
+    default: object
+    loc: Location
+    default_loc: Location
+
+
+@dataclass(frozen=True)
+class Override:
+    when: tuple[AxisMatch, ...]
+    workgroup: tuple[int, int, int] | None
+    spec_constants: dict[str, tuple[object, Location]]  # name -> (value, location)
+    loc: Location
+
+
+@dataclass(frozen=True)
+class ShaderSpec:
+    name: str
+    family: str
+    doc: str
+    template: str
+    template_loc: Location
+    axes: tuple[Axis, ...]
+    combos: tuple[tuple[AxisMatch, ...], ...]
+    exclude: tuple[tuple[AxisMatch, ...], ...]
+    overrides: tuple[Override, ...]
+    workgroup: tuple[int, int, int]
+    bindings: tuple[Binding, ...]
+    push_constants: tuple[PushConstant, ...]
+    spec_constants: tuple[SpecConstant, ...]
+    requires: tuple[str, ...]
+    requires_locs: tuple[Location, ...]
+    extensions: tuple[str, ...]
+    loc: Location
+
+    def axis(self, name: str) -> Axis | None:
+        return next((a for a in self.axes if a.name == name), None)
+
+
+@dataclass(frozen=True)
+class SchemaArg:
+    name: str
+    type: str  # as written: "Tensor", "float", "ScalarType?", "int[]"
+    default: str | None  # Python source of the default, or None
+    kw_only: bool
+
+    @property
+    def is_tensor(self) -> bool:
+        return self.type.rstrip("?") == "Tensor"
+
+
+@dataclass(frozen=True)
+class Schema:
+    name: str
+    args: tuple[SchemaArg, ...]
+    returns: tuple[str, ...]
+    text: str
+
+    def arg(self, name: str) -> SchemaArg | None:
+        return next((a for a in self.args if a.name == name), None)
+
+
+@dataclass(frozen=True)
+class Output:
+    name: str
+    shape: Expr
+    dtype: Expr
+    loc: Location
+
+
+@dataclass(frozen=True)
+class Named:
+    """`key: value` from a mapping (bind, push, let, select) with both locations."""
+
+    key: str
+    value: Expr
+    loc: Location
+
+
+@dataclass(frozen=True)
+class OpSpec:
+    name: str
+    family: str
+    doc: str
+    schema: Schema | None
+    schema_expr: Expr
+    reference: str
+    reference_loc: Location
+    shader: str
+    shader_loc: Location
+    fixed: tuple[AxisMatch, ...]
+    lets: tuple[Named, ...]
+    select: tuple[Named, ...]
+    checks: tuple[Check, ...]  # family checks resolved by name, inline ones as given
+    outputs: tuple[Output, ...]
+    bind: tuple[Named, ...]
+    push: tuple[Named, ...]
+    dispatch_kind: str  # "global" or "groups"
+    dispatch: Expr | None
+    loc: Location
+    bind_loc: Location
+    push_loc: Location
+
+
+@dataclass(frozen=True)
+class FamilySpec:
+    name: str
+    doc: str
+    file: str  # display path, e.g. op_specs/quantize.yaml
+    shaders: tuple[ShaderSpec, ...]
+    ops: tuple[OpSpec, ...]
+    loc: Location
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One shader variant: a full assignment of axis values plus per-variant overrides."""
+
+    name: str
+    shader: ShaderSpec
+    axes: dict[str, str]
+    workgroup: tuple[int, int, int]
+    spec_defaults: dict[str, object]
+
+    @property
+    def loc(self) -> Location:
+        return self.shader.loc
+
+
+@dataclass(frozen=True)
+class BindingSlot:
+    name: str
+    binding: int
+    dtype: str
+    storage: str
+    vec: int
+    access: str
+    descriptor: str  # "storage_buffer" or "storage_image"
+    format: str | None  # image format for texture3d
+
+
+@dataclass(frozen=True)
+class PushField:
+    name: str
+    type: str
+    offset: int
+    size: int
+
+
+@dataclass(frozen=True)
+class SpecConstantSlot:
+    name: str
+    id: int
+    type: str
+    default: object
+
+
+@dataclass(frozen=True)
+class Interface:
+    """The ABI of one variant; renders GLSL declarations and the manifest entry."""
+
+    workgroup: tuple[int, int, int]
+    bindings: tuple[BindingSlot, ...]
+    push_fields: tuple[PushField, ...]
+    push_size: int
+    spec_constants: tuple[SpecConstantSlot, ...]
+    extensions: tuple[str, ...]
+    requires: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ResolvedOp:
+    """An op checked against its shader, with every expression rewritten to stub code."""
+
+    spec: OpSpec
+    key: str  # etvk.<op>.default
+    variants: tuple[Variant, ...]
+    checks: tuple[tuple[str, str, str], ...]  # (arg, condition code, f-string code)
+    lets: tuple[tuple[str, str], ...]  # (name, code)
+    select: tuple[tuple[str, str | None, str], ...]  # (axis, arg name or None, code)
+    outputs: tuple[tuple[str, str, str], ...]  # (name, shape code, dtype code)
+    bind: tuple[tuple[str, str, str], ...]  # (binding, name, kind: arg|let|output), binding order
+    push: tuple[tuple[str, str], ...]  # (name, code)
+    dispatch: tuple[str, str]  # ("global_size" | "groups", code)
+    fake_lets: tuple[tuple[str, str], ...]  # the lets the fake function needs
+    modules: tuple[str, ...]  # modules the stub code uses ("math", "torch")

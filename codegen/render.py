@@ -1,0 +1,157 @@
+"""Jinja rendering of GLSL variants and stub modules, with errors mapped to template lines.
+
+One `Renderer` per run: a Jinja environment on the templates folder
+(StrictUndefined, trim_blocks, lstrip_blocks, keep_trailing_newline), filters
+only from `naming`/`glsl`. Template syntax errors and render errors become
+`SpecError`s at the template file:line (plus the variant). `template_line`
+maps a line of rendered output back to the template line it came from (by
+matching rendered lines against the template's literal text), so glslc errors
+can name the template line. Must not write files or compute ABI details.
+Called by `build.py`.
+"""
+
+from __future__ import annotations
+
+import re
+import traceback
+from pathlib import Path
+
+import jinja2
+
+from codegen import glsl, naming
+from codegen.errors import Location, SpecError
+
+FILTERS = {
+    "short": naming.short_value,
+    "vec4_type": glsl.vec4_type,
+    "scalar_type": glsl.scalar_type,
+    "image_format": glsl.image_format,
+}
+
+
+class Renderer:
+    """Renders templates from one folder; `display` is the folder's name in messages."""
+
+    def __init__(self, templates_dir: Path):
+        self.dir = Path(templates_dir)
+        self.display = self.dir.name
+        self.env = jinja2.Environment(
+            loader=jinja2.FileSystemLoader(str(self.dir)),
+            undefined=jinja2.StrictUndefined,
+            trim_blocks=True,
+            lstrip_blocks=True,
+            keep_trailing_newline=True,
+            autoescape=False,
+        )
+        self.env.filters.update(FILTERS)
+        self._cache: dict[str, jinja2.Template | SpecError] = {}
+        self._patterns: dict[str, list[re.Pattern | None]] = {}
+
+    def path(self, name: str) -> str:
+        """Display path of a template, e.g. templates/quantize.glsl.j2."""
+        return f"{self.display}/{name}"
+
+    def template(self, name: str, used_at: Location) -> jinja2.Template | SpecError:
+        """The compiled template, or the error that prevents it."""
+        if name not in self._cache:
+            try:
+                self._cache[name] = self.env.get_template(name)
+            except jinja2.TemplateNotFound as e:
+                missing = e.name or name
+                where = used_at if missing == name else Location(self.path(name), 1, 1)
+                self._cache[name] = SpecError(
+                    where,
+                    f"template '{missing}' not found in {self.display}/; create it or fix the name",
+                )
+            except jinja2.TemplateSyntaxError as e:
+                file = self._display_file(e.filename, e.name or name)
+                self._cache[name] = SpecError(
+                    Location(file, e.lineno or 1, 1), f"template syntax error: {e.message}"
+                )
+        return self._cache[name]
+
+    def _display_file(self, filename: str | None, name: str) -> str:
+        if filename:
+            try:
+                return self.path(
+                    Path(filename).resolve().relative_to(self.dir.resolve()).as_posix()
+                )
+            except ValueError:
+                pass
+        return self.path(name)
+
+    def render(self, name: str, context: dict, used_at: Location, what: str):
+        """Renders a template; returns (text or None, error or None)."""
+        template = self.template(name, used_at)
+        if isinstance(template, SpecError):
+            return None, template
+        try:
+            return template.render(context), None
+        except Exception as e:  # any error inside a template is the template author's
+            line, file = 1, self.path(name)
+            root = self.dir.resolve()
+            for frame, lineno in traceback.walk_tb(e.__traceback__):
+                fname = frame.f_code.co_filename
+                try:
+                    rel = Path(fname).resolve().relative_to(root).as_posix()
+                except ValueError:
+                    continue
+                line, file = lineno, self.path(rel)
+            message = getattr(e, "message", None) or str(e)
+            kind = (
+                "undefined template variable"
+                if isinstance(e, jinja2.UndefinedError)
+                else (f"template error ({type(e).__name__})")
+            )
+            return None, SpecError(Location(file, line, 1), f"{kind}: {message} (rendering {what})")
+
+    def template_line(self, name: str, rendered: str, line: int) -> int | None:
+        """The line of template `name` that produced line `line` (1-based) of `rendered`."""
+        patterns = self._line_patterns(name)
+        if not patterns:
+            return None
+        out_lines = rendered.splitlines()
+        cursor = 0
+        found = None
+        for i, text in enumerate(out_lines[:line], start=1):
+            hit = _search(patterns, text, cursor)
+            if hit is not None:
+                cursor = hit
+                if i == line:
+                    found = hit + 1
+        return found
+
+    def _line_patterns(self, name: str) -> list[re.Pattern | None]:
+        if name not in self._patterns:
+            try:
+                source = (self.dir / name).read_text(encoding="utf-8")
+            except OSError:
+                source = ""
+            self._patterns[name] = [_line_pattern(s) for s in source.splitlines()]
+        return self._patterns[name]
+
+
+_EXPR = re.compile(r"\{\{.*?\}\}")
+_STMT = re.compile(r"^\s*(\{%.*?%\}|\{#.*?#\})\s*$")
+
+
+def _line_pattern(source_line: str) -> re.Pattern | None:
+    stripped = source_line.strip()
+    if not stripped or _STMT.match(source_line) or stripped.startswith(("{#", "{%")):
+        return None
+    parts = _EXPR.split(stripped)
+    if len("".join(parts).strip()) < 2:
+        return None
+    return re.compile(r"\s*" + ".*?".join(re.escape(p) for p in parts) + r"\s*\Z")
+
+
+def _search(patterns, text: str, cursor: int) -> int | None:
+    if not text.strip():
+        return None
+    n = len(patterns)
+    for k in range(n):
+        i = (cursor + k) % n
+        p = patterns[i]
+        if p is not None and p.match(text):
+            return i
+    return None

@@ -1,0 +1,336 @@
+"""Strict schema tables for op spec files, and the parser from YAML nodes to the model.
+
+The tables (in `spec_tables.py`, re-exported here) list the keys of each kind
+of mapping (key, type, default, doc, required). `parse_family` checks every mapping against its table (unknown keys
+come with the allowed set and a "did you mean"), every value against its type,
+and builds `model.FamilySpec`. Only this module sees raw YAML nodes; it does no
+cross-checking between shaders and ops (that is `validate.py`). Called by
+`build.py`; `docs.py` renders the tables into codegen/README.md.
+"""
+
+from __future__ import annotations
+
+import re
+
+from codegen.errors import Location, SpecError, did_you_mean
+from codegen.model import (
+    Axis,
+    Binding,
+    Check,
+    FamilySpec,
+    Named,
+    OpSpec,
+    Output,
+    Override,
+    PushConstant,
+    ShaderSpec,
+    SpecConstant,
+)
+from codegen.schema import SchemaError, parse_schema
+from codegen.spec_nodes import _AXIS, _IDENT, _LOWER, _REFERENCE, NodeChecker, _kind_name
+from codegen.spec_tables import (  # noqa: F401  (re-exported: spec.TABLES etc.)
+    ACCESS,
+    BINDING,
+    CHECK,
+    DISPATCH,
+    DTYPES,
+    FAMILY,
+    OP,
+    OUTPUT,
+    OVERRIDE,
+    PUSH_CONSTANT,
+    PUSH_TYPES,
+    REQUIRED,
+    SHADER,
+    SPEC_CONSTANT,
+    SPEC_TYPES,
+    STORAGES,
+    TABLES,
+    Field,
+)
+from codegen.yaml_loader import Node
+
+
+class _Parser(NodeChecker):
+    """Builds the model of one family file."""
+
+    def family(self, root: Node) -> FamilySpec | None:
+        f = self.fields(root, FAMILY, "the family file")
+        if f is None:
+            return None
+        name = (
+            self.ident(f["family"], "family", _LOWER, "a lower_case name") if "family" in f else ""
+        )
+        checks = {}
+        checks_node = f.get("checks")
+        for cname, cnode in self.mapping(checks_node, "checks").items():
+            self.key_name(checks_node, cname, "a check name")
+            checks[cname] = self.check(cnode, cname, f"check '{cname}'")
+        shaders = []
+        shaders_node = f.get("shaders")
+        for sname, snode in self.mapping(shaders_node, "shaders").items():
+            if self.key_name(shaders_node, sname, "a shader name", _LOWER, "a lower_case name"):
+                s = self.shader(snode, sname, name, shaders_node.key_locs[sname])
+                if s:
+                    shaders.append(s)
+        ops = []
+        ops_node = f.get("ops")
+        for oname, onode in self.mapping(ops_node, "ops").items():
+            if self.key_name(ops_node, oname, "an op name", _LOWER, "a lower_case name"):
+                o = self.op(onode, oname, name, ops_node.key_locs[oname], checks)
+                if o:
+                    ops.append(o)
+        doc = self.string(f.get("doc"), "family doc")
+        return FamilySpec(name, doc, self.path, tuple(shaders), tuple(ops), root.loc)
+
+    def check(self, node: Node, name: str, what: str) -> Check | None:
+        f = self.fields(node, CHECK, what)
+        if f is None or any(k not in f for k in ("arg", "expr", "error")):
+            return None
+        arg = self.ident(f["arg"], f"'arg' of {what}")
+        expr = self.expr(f["expr"], f"'expr' of {what}")
+        if not self.want(f["error"], "str", f"'error' of {what}", "a string (an f-string body)"):
+            return None
+        error = self.expr(f["error"], f"'error' of {what}")
+        if expr is None or error is None:
+            return None
+        return Check(name, arg, expr, error, node.loc, f["arg"].loc)
+
+    def shader(self, node: Node, name: str, family: str, loc: Location) -> ShaderSpec | None:
+        what = f"shader '{name}'"
+        f = self.fields(node, SHADER, what)
+        if f is None or "template" not in f:
+            return None
+        axes = []
+        axes_node = f.get("axes")
+        for axis, vnode in self.mapping(axes_node, f"axes of {what}").items():
+            if not self.key_name(axes_node, axis, "an axis name", _AXIS, "an UPPER_CASE name"):
+                continue
+            if vnode.kind != "seq" or not vnode.value:
+                self.err(vnode.loc, f"axis {axis} of {what} must be a non-empty list of values")
+                continue
+            values = [self.axis_value(v, f"a value of axis {axis}") for v in vnode.value]
+            if None in values:
+                continue
+            dup = {v for v in values if values.count(v) > 1}
+            if dup:
+                self.err(vnode.loc, f"axis {axis} lists {sorted(dup)[0]!r} twice")
+            axes.append(Axis(axis, tuple(dict.fromkeys(values)), axes_node.key_locs[axis]))
+        combos = tuple(
+            self.axis_matches(c, f"a combo of {what}") for c in self.seq(f.get("combos"), "combos")
+        )
+        exclude = tuple(
+            self.axis_matches(c, f"an exclude of {what}")
+            for c in self.seq(f.get("exclude"), "exclude")
+        )
+        overrides = []
+        for onode in self.seq(f.get("overrides"), "overrides"):
+            of = self.fields(onode, OVERRIDE, f"an override of {what}")
+            if of is None or "when" not in of:
+                continue
+            specs = {}
+            for sc, v in self.mapping(of.get("spec_constants"), "spec_constants").items():
+                if self.want(v, "scalar", f"spec constant {sc}", "a scalar"):
+                    specs[sc] = (v.value, v.loc)
+            overrides.append(
+                Override(
+                    self.axis_matches(of["when"], f"'when' of an override of {what}"),
+                    self.workgroup(of.get("workgroup"), "override workgroup", None),
+                    specs,
+                    onode.loc,
+                )
+            )
+        bindings = []
+        for b in self.seq(f.get("bindings"), "bindings"):
+            bf = self.fields(b, BINDING, f"a binding of {what}")
+            if bf is None or "name" not in bf or "dtype" not in bf:
+                continue
+            vec_node = bf.get("vec")
+            vec = 4
+            if vec_node is not None:
+                if (
+                    vec_node.kind == "scalar"
+                    and vec_node.value in (1, 4)
+                    and type(vec_node.value) is int
+                ):
+                    vec = vec_node.value
+                else:
+                    self.err(
+                        vec_node.loc,
+                        f"'vec' of a binding of {what} must be 4 or 1, got {_kind_name(vec_node)}",
+                    )
+            bindings.append(
+                Binding(
+                    self.ident(bf["name"], "binding name"),
+                    self.choice(bf["dtype"], "binding dtype", DTYPES, "float32", axis_ok=True),
+                    self.choice(
+                        bf.get("storage"), "binding storage", STORAGES, "buffer", axis_ok=True
+                    ),
+                    vec,
+                    self.choice(bf.get("access"), "binding access", ACCESS, "read"),
+                    self.axis_matches(bf.get("when"), f"'when' of binding {bf['name'].value}"),
+                    b.loc,
+                )
+            )
+        pushes = []
+        for p in self.seq(f.get("push_constants"), "push_constants"):
+            pf = self.fields(p, PUSH_CONSTANT, f"a push constant of {what}")
+            if pf is None or "name" not in pf or "type" not in pf:
+                continue
+            pushes.append(
+                PushConstant(
+                    self.ident(pf["name"], "push constant name"),
+                    self.choice(pf["type"], "push constant type", PUSH_TYPES, "uint"),
+                    self.axis_matches(pf.get("when"), "'when' of a push constant"),
+                    p.loc,
+                )
+            )
+        specs = []
+        for s in self.seq(f.get("spec_constants"), "spec_constants"):
+            sf = self.fields(s, SPEC_CONSTANT, f"a spec constant of {what}")
+            if sf is None or any(k not in sf for k in ("name", "type", "default")):
+                continue
+            if self.want(sf["default"], "scalar", "spec constant default", "a scalar"):
+                specs.append(
+                    SpecConstant(
+                        self.ident(sf["name"], "spec constant name"),
+                        self.choice(sf["type"], "spec constant type", SPEC_TYPES, "int"),
+                        sf["default"].value,
+                        s.loc,
+                        sf["default"].loc,
+                    )
+                )
+        requires = [
+            (self.string(r, "a capability"), r.loc) for r in self.seq(f.get("requires"), "requires")
+        ]
+        extensions = [
+            self.ident(e, "an extension", re.compile(r"GL_\w+\Z"), "a GL_* extension name")
+            for e in self.seq(f.get("extensions"), "extensions")
+        ]
+        template_node = f["template"]
+        return ShaderSpec(
+            name,
+            family,
+            self.string(f.get("doc"), "shader doc"),
+            self.string(template_node, f"'template' of {what}"),
+            template_node.loc,
+            tuple(axes),
+            combos,
+            exclude,
+            tuple(overrides),
+            self.workgroup(f.get("workgroup"), f"'workgroup' of {what}", (64, 1, 1)),
+            tuple(bindings),
+            tuple(pushes),
+            tuple(specs),
+            tuple(r for r, _ in requires),
+            tuple(loc for _, loc in requires),
+            tuple(extensions),
+            loc,
+        )
+
+    def named(self, node: Node | None, what: str, key_pattern=_IDENT, expected="an identifier"):
+        out = []
+        for key, value in self.mapping(node, what).items():
+            self.key_name(node, key, f"a key of {what}", key_pattern, expected)
+            e = self.expr(value, f"{what}.{key}")
+            if e is not None:
+                out.append(Named(key, e, node.key_locs[key]))
+        return tuple(out)
+
+    def op(self, node: Node, name: str, family: str, loc: Location, checks) -> OpSpec | None:
+        what = f"op '{name}'"
+        f = self.fields(node, OP, what)
+        if f is None or any(k not in f for k in ("schema", "reference", "shader", "dispatch")):
+            return None
+        schema_expr = self.expr(f["schema"], f"'schema' of {what}")
+        schema = None
+        if schema_expr is not None:
+            try:
+                schema = parse_schema(schema_expr.text)
+            except SchemaError as e:
+                self.err(
+                    schema_expr.at(1, e.col),
+                    f"bad schema: {e.message}; expected e.g. "
+                    "'name(Tensor input, float scale, *, ScalarType? dtype=None) -> Tensor'",
+                )
+            if schema is not None and schema.name != name:
+                self.err(
+                    schema_expr.at(1, 0),
+                    f"schema name '{schema.name}' must equal the op key '{name}'",
+                )
+        ref = self.string(f["reference"], "reference")
+        if ref and not _REFERENCE.match(ref):
+            self.err(f["reference"].loc, f"reference must be 'module:function', got {ref!r}")
+        op_checks = []
+        for c in self.seq(f.get("checks"), f"checks of {what}"):
+            if c.kind == "scalar" and isinstance(c.value, str):
+                if c.value not in checks:
+                    self.err(
+                        c.loc,
+                        f"unknown check '{c.value}'{did_you_mean(c.value, checks)}; "
+                        f"family checks: {', '.join(checks) or '(none)'}",
+                    )
+                elif checks[c.value] is not None:
+                    op_checks.append(checks[c.value])
+            elif c.kind == "map":
+                chk = self.check(c, "", f"an inline check of {what}")
+                if chk:
+                    op_checks.append(chk)
+            else:
+                self.err(
+                    c.loc,
+                    f"a check of {what} must be a check name or a mapping with arg, expr, error",
+                )
+        outputs = []
+        for o in self.seq(f.get("outputs"), f"outputs of {what}"):
+            of = self.fields(o, OUTPUT, f"an output of {what}")
+            if of is None or any(k not in of for k in ("name", "shape", "dtype")):
+                continue
+            shape, dtype = (
+                self.expr(of["shape"], "output shape"),
+                self.expr(of["dtype"], "output dtype"),
+            )
+            if shape and dtype:
+                outputs.append(Output(self.ident(of["name"], "output name"), shape, dtype, o.loc))
+        kind, dispatch = "global", None
+        df = self.fields(f["dispatch"], DISPATCH, f"'dispatch' of {what}")
+        if df is not None:
+            if len(df) != 1:
+                self.err(
+                    f["dispatch"].loc,
+                    f"'dispatch' of {what} needs exactly one of 'global' or 'groups'",
+                )
+            else:
+                kind = next(iter(df))
+                dispatch = self.expr(df[kind], f"dispatch {kind}")
+        bind_node, push_node = f.get("bind"), f.get("push")
+        return OpSpec(
+            name,
+            family,
+            self.string(f.get("doc"), "op doc"),
+            schema,
+            schema_expr,
+            ref,
+            f["reference"].loc,
+            self.ident(f["shader"], "shader"),
+            f["shader"].loc,
+            self.axis_matches(f.get("fixed"), f"'fixed' of {what}"),
+            self.named(f.get("let"), "let"),
+            self.named(f.get("select"), "select", _AXIS, "an UPPER_CASE axis name"),
+            tuple(op_checks),
+            tuple(outputs),
+            self.named(f.get("bind"), "bind"),
+            self.named(f.get("push"), "push"),
+            kind,
+            dispatch,
+            loc,
+            bind_node.loc if bind_node else loc,
+            push_node.loc if push_node else loc,
+        )
+
+
+def parse_family(root: Node, path: str) -> tuple[FamilySpec | None, list[SpecError]]:
+    """Builds the family model from a composed YAML tree; returns (family or None, errors)."""
+    parser = _Parser(path)
+    family = parser.family(root)
+    return family, parser.errors

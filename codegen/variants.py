@@ -1,0 +1,138 @@
+"""Expand a shader's axes into variants.
+
+variants = product of all axis values (in axis-value order), minus those
+matching an `exclude` entry, plus each explicit `combos` entry (kept even if an
+exclude matches it), sorted by axis-value order; then every `overrides` entry
+whose `when` matches sets the variant's workgroup / spec-constant defaults
+(later entries win). Also checks every axis reference of the shader (combos,
+exclude, overrides, `when` of bindings and push constants). Pure: returns
+variants and `SpecError`s, touches no files. Called by `build.py`; tested alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+from codegen.errors import SpecError, did_you_mean
+from codegen.model import AxisMatch, ShaderSpec, Variant
+from codegen.naming import variant_name
+
+
+def matches(when: tuple[AxisMatch, ...], axes: dict[str, str]) -> bool:
+    """True when every `AXIS: value(s)` entry of `when` holds for the axis values."""
+    return all(axes.get(m.axis) in m.values for m in when)
+
+
+def check_axis_refs(shader: ShaderSpec, refs: tuple[AxisMatch, ...], what: str) -> list[SpecError]:
+    """Errors for unknown axes or values in `refs` (fixed/when/exclude/combos entries)."""
+    errors = []
+    names = [a.name for a in shader.axes]
+    for m in refs:
+        axis = shader.axis(m.axis)
+        if axis is None:
+            errors.append(
+                SpecError(
+                    m.loc,
+                    f"unknown axis '{m.axis}' in {what}{did_you_mean(m.axis, names)}; "
+                    f"shader '{shader.name}' has axes: {', '.join(names) or '(none)'}",
+                )
+            )
+            continue
+        for v in m.values:
+            if v not in axis.values:
+                errors.append(
+                    SpecError(
+                        m.value_loc,
+                        f"unknown value '{v}' for axis {m.axis} in {what}"
+                        f"{did_you_mean(v, axis.values)}; expected one of {', '.join(axis.values)}",
+                    )
+                )
+    return errors
+
+
+def _shader_refs(shader: ShaderSpec) -> list[SpecError]:
+    errors = []
+    for combo in shader.combos:
+        errors += check_axis_refs(shader, combo, f"a combo of shader '{shader.name}'")
+        given = {m.axis for m in combo}
+        missing = [a.name for a in shader.axes if a.name not in given]
+        multi = [m.axis for m in combo if len(m.values) != 1]
+        if combo and (missing or multi):
+            errors.append(
+                SpecError(
+                    combo[0].loc,
+                    f"a combo must give one value for every axis of shader '{shader.name}'"
+                    + (f"; missing: {', '.join(missing)}" if missing else "")
+                    + (f"; several values for: {', '.join(multi)}" if multi else ""),
+                )
+            )
+    for entry in shader.exclude:
+        errors += check_axis_refs(shader, entry, f"an exclude of shader '{shader.name}'")
+    for o in shader.overrides:
+        errors += check_axis_refs(shader, o.when, f"an override of shader '{shader.name}'")
+        for name, (_, loc) in o.spec_constants.items():
+            if all(s.name != name for s in shader.spec_constants):
+                known = [s.name for s in shader.spec_constants]
+                errors.append(
+                    SpecError(
+                        loc,
+                        f"override sets unknown spec constant '{name}'{did_you_mean(name, known)}; "
+                        f"shader '{shader.name}' declares: {', '.join(known) or '(none)'}",
+                    )
+                )
+    for b in shader.bindings:
+        errors += check_axis_refs(shader, b.when, f"'when' of binding '{b.name}'")
+        for text in (b.dtype, b.storage):
+            if text.startswith("${") and shader.axis(text[2:-1]) is None:
+                names = [a.name for a in shader.axes]
+                errors.append(
+                    SpecError(
+                        b.loc,
+                        f"binding '{b.name}' uses unknown axis {text}{did_you_mean(text[2:-1], names)}; "
+                        f"shader '{shader.name}' has axes: {', '.join(names) or '(none)'}",
+                    )
+                )
+    for p in shader.push_constants:
+        errors += check_axis_refs(shader, p.when, f"'when' of push constant '{p.name}'")
+    return errors
+
+
+def expand_variants(shader: ShaderSpec) -> tuple[list[Variant], list[SpecError]]:
+    """All variants of a shader in axis-value order, with overrides applied."""
+    errors = _shader_refs(shader)
+    if errors:
+        return [], errors
+    names = [a.name for a in shader.axes]
+    order = {a.name: {v: i for i, v in enumerate(a.values)} for a in shader.axes}
+    chosen: dict[tuple[str, ...], None] = {}
+    for values in itertools.product(*(a.values for a in shader.axes)):
+        axes = dict(zip(names, values, strict=True))
+        if not any(matches(entry, axes) for entry in shader.exclude):
+            chosen[values] = None
+    for combo in shader.combos:
+        given = {m.axis: m.values[0] for m in combo}
+        chosen[tuple(given[n] for n in names)] = None
+    if not chosen:
+        return [], [
+            SpecError(
+                shader.loc,
+                f"shader '{shader.name}' expands to no variants; its `exclude` entries remove every "
+                "combination (remove an exclude or add a combo)",
+            )
+        ]
+    ordered = sorted(
+        chosen, key=lambda vs: tuple(order[n][v] for n, v in zip(names, vs, strict=True))
+    )
+    variants = []
+    for values in ordered:
+        axes = dict(zip(names, values, strict=True))
+        workgroup = shader.workgroup
+        spec_defaults = {s.name: s.default for s in shader.spec_constants}
+        for o in shader.overrides:
+            if matches(o.when, axes):
+                workgroup = o.workgroup or workgroup
+                spec_defaults.update({k: v for k, (v, _) in o.spec_constants.items()})
+        variants.append(
+            Variant(variant_name(shader.name, values), shader, axes, workgroup, spec_defaults)
+        )
+    return variants, []

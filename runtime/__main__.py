@@ -1,0 +1,95 @@
+"""`python -m runtime info` (console script `etvk-info`): what this machine can run.
+
+Prints the chosen Vulkan device, its GPU family, capabilities and key limits,
+and every generated variant grouped by op with whether it can run here and
+why not. Without Vulkan it prints the one-line `VulkanUnavailable` reason to
+stderr and exits 1. It must not change any state (no compiling, no cache
+writes beyond what opening the device does).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from runtime.errors import EtvkError
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def describe_device(device) -> list[str]:
+    """Lines describing `device`: identity, family, capabilities, limits."""
+    from runtime.device import CAPABILITY_NAMES
+
+    caps, limits = device.caps, device.caps.limits
+    origin = "overridden by ETVK_GPU_FAMILY" if caps.family_overridden else "detected"
+    formats = ("rgba32f", "rgba16f", "rgba32i", "rgba8i", "rgba8ui")
+    return [
+        f"device: {caps.name} ({caps.device_type})",
+        f"  api {caps.api_version}; driver {caps.driver_name} {caps.driver_info} "
+        f"(id {caps.driver_id}, version 0x{caps.driver_version:x})",
+        f"  vendor 0x{caps.vendor_id:04x}, device 0x{caps.device_id:04x}",
+        f"family: {caps.family} ({origin})",
+        "capabilities: " + ", ".join(f"{n} {_yes(caps.supports(n))}" for n in CAPABILITY_NAMES),
+        f"  int8 dot product (4x8 packed signed) accelerated: {_yes(caps.dot4x8_signed_accelerated)}; "
+        f"subgroup size {caps.subgroup_size}",
+        "storage images: " + ", ".join(f"{f} {_yes(caps.supports_storage_image(f))}" for f in formats),
+        f"timestamps: {_yes(caps.timestamps)} (period {caps.timestamp_period} ns)",
+        "limits:",
+        f"  max storage buffer range {limits.max_storage_buffer_range}, max allocation "
+        f"{limits.max_memory_allocation_size}, max 3-D image dimension {limits.max_image_dimension_3d}",
+        f"  max workgroup count {list(limits.max_compute_work_group_count)}, size "
+        f"{list(limits.max_compute_work_group_size)}, invocations "
+        f"{limits.max_compute_work_group_invocations}, shared memory "
+        f"{limits.max_compute_shared_memory_size}",
+        f"  max push constants {limits.max_push_constants_size}, min storage buffer offset alignment "
+        f"{limits.min_storage_buffer_offset_alignment}",
+    ]
+
+
+def describe_variants(library, caps) -> list[str]:
+    """Lines listing every variant of `library` by op, with runnable yes/no and the reason."""
+    lines = [f"variants ({len(library.variants())}, from {library.root / 'manifest.json'}):"]
+    for op, entry in sorted(library.ops().items()):
+        lines.append(f"  {op}")
+        for name in entry["variants"]:
+            ok, reason = library.runnable(library.variant(name), caps)
+            lines.append(f"    {name}: " + ("runnable" if ok else f"not runnable: {reason}"))
+    return lines
+
+
+def info() -> int:
+    """Print the device and variant report; return the exit status.
+
+    Raises:
+        VulkanUnavailable: no Vulkan loader or device.
+    """
+    from runtime.device import get_device
+    from runtime.shaders import get_library
+
+    device = get_device()
+    lines = describe_device(device)
+    try:
+        lines += describe_variants(get_library(), device.caps)
+    except EtvkError as exc:
+        lines.append(f"variants: none ({exc})")
+    print("\n".join(lines))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Console entry point (`etvk-info`, `python -m runtime info`)."""
+    parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__.split("\n")[0])
+    parser.add_argument("command", nargs="?", default="info", choices=["info"])
+    parser.parse_args(argv)
+    try:
+        return info()
+    except EtvkError as exc:
+        print(exc, file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,286 @@
+"""What generated dispatch stubs call: `OpDef`, argument checks, variant choice, helpers.
+
+The stubs in ``generated/ops/`` are written by codegen and import this module
+as ``rt``. Everything an op spec's expressions may name is defined here (the
+list in ``codegen/expressions.py`` must stay equal to ``HELPERS``; a test
+checks it). This module validates and selects; it must not record commands
+(that is ``command.Stream``) or know any op by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
+from runtime.reference.quantize import fp32, fp32_recip
+
+STORAGES = ("buffer", "texture3d")
+
+# ---------------------------------------------------------------- helpers
+
+
+def numel(t) -> int:
+    """Number of elements of a torch or device tensor."""
+    return int(t.numel())
+
+
+def last_dim(t) -> int:
+    """Size of the last dimension; 1 for a 0-d tensor."""
+    return int(t.shape[-1]) if len(t.shape) else 1
+
+
+def tokens(t) -> int:
+    """Product of all dimensions but the last; 1 for 0-d and 1-d tensors."""
+    return math.prod(int(d) for d in t.shape[:-1])
+
+
+def token_shape(t) -> tuple[int, ...]:
+    """``t.shape[:-1] + (1,)``: the shape of per-token parameters."""
+    return tuple(int(d) for d in t.shape[:-1]) + (1,)
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Integer division rounding up."""
+    return -(-a // b)
+
+
+def int_range(dtype: torch.dtype) -> tuple[float, float]:
+    """(min, max) of an integer dtype; unbounded for other dtypes (select rejects them)."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return (-math.inf, math.inf)
+    info = torch.iinfo(dtype)
+    return (info.min, info.max)
+
+
+def is_integral(t) -> bool:
+    """True for an integer dtype, or floating values that are all whole numbers."""
+    if not t.dtype.is_floating_point:
+        return t.dtype != torch.bool
+    if not isinstance(t, torch.Tensor):
+        return False
+    return bool(torch.isfinite(t).all() and (t == t.round()).all())
+
+
+def all_positive(t) -> bool:
+    """True when every value is finite and > 0; device tensors cannot be read, so True."""
+    if not isinstance(t, torch.Tensor):
+        return True
+    return bool(torch.isfinite(t).all() and (t > 0).all())
+
+
+def elementwise(t) -> list[int]:
+    """Global size with one invocation per unit of 4 values of ``t``."""
+    from runtime.tensor import texture_extent
+
+    if t.storage == "buffer":
+        return [ceil_div(numel(t), 4), 1, 1]
+    return list(texture_extent(t.shape))
+
+
+HELPERS: dict[str, Callable[..., Any]] = {
+    f.__name__: f
+    for f in (
+        numel,
+        last_dim,
+        tokens,
+        token_shape,
+        ceil_div,
+        int_range,
+        fp32,
+        fp32_recip,
+        is_integral,
+        all_positive,
+        elementwise,
+    )
+}
+
+# ---------------------------------------------------------------- argument types
+
+_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.int32: "int32",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+}
+
+
+def _is_tensor(value) -> bool:
+    from runtime.tensor import Tensor
+
+    return isinstance(value, (torch.Tensor, Tensor))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_TYPE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "Tensor": (_is_tensor, "a tensor"),
+    "float": (_is_float, "a float"),
+    "int": (_is_int, "an int"),
+    "bool": (lambda v: isinstance(v, bool), "a bool"),
+    "str": (lambda v: isinstance(v, str), "a str"),
+    "ScalarType": (lambda v: isinstance(v, torch.dtype), "a torch.dtype"),
+    "int[]": (
+        lambda v: isinstance(v, (list, tuple)) and all(_is_int(i) for i in v),
+        "a list of ints",
+    ),
+    "float[]": (
+        lambda v: isinstance(v, (list, tuple)) and all(_is_float(i) for i in v),
+        "a list of floats",
+    ),
+}
+
+
+def check_arg(op, arg: str, value, schema_type: str) -> None:
+    """Raises `ArgumentTypeError` unless ``value`` fits the schema type (``T?`` allows None)."""
+    optional = schema_type.endswith("?")
+    base = schema_type.rstrip("?")
+    if optional and value is None:
+        return
+    check, expected = _TYPE_CHECKS[base]
+    if not check(value):
+        got = "None" if value is None else type(value).__name__
+        raise ArgumentTypeError(op, arg, f"expected {expected}, got {got}")
+
+
+def _axis_value(value):
+    """Maps a torch.dtype to its axis-value name; other values pass through."""
+    if isinstance(value, torch.dtype):
+        return _DTYPE_NAMES.get(value, str(value).removeprefix("torch."))
+    return value
+
+
+def _show(axis_value: str, from_dtype: bool) -> str:
+    return f"torch.{axis_value}" if from_dtype else repr(axis_value)
+
+
+# ---------------------------------------------------------------- OpDef
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op as generated from its spec: schema, variants, record and fake functions."""
+
+    name: str
+    family: str
+    schema: str
+    doc: str
+    spec: str
+    reference: str
+    axes: tuple[str, ...]
+    variants: tuple[tuple[str, Mapping[str, str]], ...]
+    record: Callable[..., Any]
+    fake: Callable[..., Any]
+
+    @property
+    def arg_names(self) -> tuple[str, ...]:
+        """Argument names in schema order."""
+        inner = self.schema[self.schema.index("(") + 1 : self.schema.rindex(") ->")]
+        names = []
+        for part in inner.split(","):
+            part = part.strip()
+            if part and part != "*":
+                names.append(part.split("=")[0].split()[-1])
+        return tuple(names)
+
+    def label(self, name: str) -> str:
+        """Prefix for errors about one argument or output of this op."""
+        kind = "argument" if name in self.arg_names else "output"
+        return f"{self.name}: {kind} '{name}'"
+
+    def select(self, variant: str | None, storage: str | None, wanted: Mapping[str, tuple]):
+        """Chooses the variant that serves a call.
+
+        Args:
+            variant: a variant name the caller forces, or None.
+            storage: the caller's storage preference ("buffer", "texture3d") or None.
+            wanted: axis -> (argument name or None, value); a value of None
+                leaves the axis free; torch dtypes match axis values by name.
+
+        Returns:
+            The `runtime.shaders.VariantInfo` of the chosen variant.
+
+        Raises:
+            ArgumentError: an argument asks for an axis value no variant has.
+            UnsupportedVariant: the forced variant cannot serve the call, or no
+                matching variant can run on this device.
+        """
+        from runtime.device import get_device
+        from runtime.shaders import get_library
+
+        if storage is not None and storage not in STORAGES:
+            raise ArgumentError(self, "storage", f"must be one of {STORAGES} or None, got {storage!r}")
+        wanted = dict(wanted)
+        if "STORAGE" in self.axes and "STORAGE" not in wanted:
+            wanted["STORAGE"] = (None, storage)
+        library = get_library()
+        caps = get_device().caps
+        if variant is not None:
+            return self._check_forced(variant, wanted, library, caps)
+        candidates = list(self.variants)
+        for axis, (arg, value) in wanted.items():
+            name = _axis_value(value)
+            if name is None:
+                continue
+            matches = [c for c in candidates if c[1][axis] == name]
+            if not matches:
+                from_dtype = isinstance(value, torch.dtype)
+                offered = sorted({_show(c[1][axis], from_dtype) for c in candidates})
+                what = "dtype " if from_dtype else ""
+                raise ArgumentError(
+                    self,
+                    arg or "storage",
+                    f"{what}{_show(name, from_dtype)} is not supported; expected one of "
+                    + ", ".join(offered),
+                )
+            candidates = matches
+        reasons = []
+        for name, _ in candidates:
+            info = library.variant(name)
+            ok, reason = library.runnable(info, caps)
+            if ok:
+                return info
+            reasons.append(f"{name}: {reason}")
+        raise UnsupportedVariant(
+            f"{self.name}: no variant for these inputs runs on {caps.name}: " + "; ".join(reasons)
+        )
+
+    def _check_forced(self, variant, wanted, library, caps):
+        axes = dict(self.variants).get(variant)
+        if axes is None:
+            known = ", ".join(name for name, _ in self.variants)
+            raise ArgumentError(self, "variant", f"unknown variant {variant!r}; this op has: {known}")
+        for axis, (arg, value) in wanted.items():
+            name = _axis_value(value)
+            if name is not None and axes[axis] != name:
+                source = f"argument '{arg}'" if arg else "the storage preference"
+                raise UnsupportedVariant(
+                    f"{self.name}: variant {variant} cannot serve these inputs: {source} asks for "
+                    f"{axis}={name}, the variant has {axis}={axes[axis]}"
+                )
+        info = library.variant(variant)
+        ok, reason = library.runnable(info, caps)
+        if not ok:
+            raise UnsupportedVariant(f"{self.name}: variant {variant} cannot run on {caps.name}: {reason}")
+        return info
+
+
+__all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
+    "HELPERS",
+    "OpDef",
+    "check_arg",
+    *HELPERS,
+]

@@ -1,0 +1,200 @@
+"""Device tensors: a shape, a dtype, a storage kind and the memory holding it.
+
+Layouts (docs/internals.md section 2): a "buffer" tensor holds the natural
+bytes of a contiguous torch tensor, its allocation rounded up to 16 bytes and
+zero padded; a "texture3d" tensor of sizes [..., H, W] is a 3-D image of
+ceil(W/4) x H x D texels (D = product of the leading sizes), 4 consecutive
+last-dimension values per texel, padding 0. A 0-d tensor is stored as shape
+[1]; an empty tensor has no memory. Limits are checked before allocation and
+reported as `TensorTooLarge`. It must not record shader work (command.py
+does). Called by command.py, the op stubs (through Stream) and tests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from runtime.errors import TensorTooLarge, UnsupportedDtype
+from runtime.memory import Buffer, Image3D
+
+STORAGES = ("buffer", "texture3d")
+BUFFER_ALIGNMENT = 16
+
+
+@dataclass(frozen=True)
+class DTypeInfo:
+    """How one dtype is stored: element size and the storage-image format."""
+
+    name: str
+    torch_dtype: torch.dtype
+    itemsize: int
+    vk_format: str
+
+
+DTYPES = {d.torch_dtype: d for d in (
+    DTypeInfo("float32", torch.float32, 4, "VK_FORMAT_R32G32B32A32_SFLOAT"),
+    DTypeInfo("float16", torch.float16, 2, "VK_FORMAT_R16G16B16A16_SFLOAT"),
+    DTypeInfo("int32", torch.int32, 4, "VK_FORMAT_R32G32B32A32_SINT"),
+    DTypeInfo("int8", torch.int8, 1, "VK_FORMAT_R8G8B8A8_SINT"),
+    DTypeInfo("uint8", torch.uint8, 1, "VK_FORMAT_R8G8B8A8_UINT"),
+)}
+
+
+def dtype_info(dtype: torch.dtype | str, label: str = "tensor") -> DTypeInfo:
+    """Return how `dtype` (a torch dtype or its name, e.g. "int8") is stored.
+
+    Raises:
+        UnsupportedDtype: not one of float32, float16, int32, int8, uint8.
+    """
+    for info in DTYPES.values():
+        if dtype in (info.torch_dtype, info.name):
+            return info
+    raise UnsupportedDtype(f"{label}: dtype {dtype} is not supported on the device; "
+                           f"use one of {', '.join(d.name for d in DTYPES.values())}")
+
+
+def texture_extent(shape) -> tuple[int, int, int]:
+    """The (width, height, depth) texel extent of a texture3d tensor of `shape`."""
+    sizes = list(shape) or [1]
+    height = sizes[-2] if len(sizes) >= 2 else 1
+    return -(-sizes[-1] // 4), height, math.prod(sizes[:-2])
+
+
+def buffer_bytes(shape, dtype: torch.dtype) -> int:
+    """The allocation size of a buffer tensor: its bytes rounded up to 16."""
+    nbytes = math.prod(shape) * dtype_info(dtype).itemsize
+    return -(-nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
+
+
+def _check_fits(shape, info: DTypeInfo, storage: str, caps, label: str) -> None:
+    limits = caps.limits
+    max_bytes = min(limits.max_storage_buffer_range, limits.max_memory_allocation_size)
+    extent = texture_extent(shape)
+    image_bytes = math.prod(extent) * 4 * info.itemsize
+    buffer_fits = buffer_bytes(shape, info.torch_dtype) <= max_bytes
+    image_fits = (max(extent) <= limits.max_image_dimension_3d
+                  and image_bytes <= limits.max_memory_allocation_size)
+    shape_text = f"shape {list(shape)} ({info.name})"
+    if storage == "buffer" and not buffer_fits:
+        hint = "; storage='texture3d' would fit" if image_fits else ""
+        raise TensorTooLarge(
+            f"{label}: {shape_text} needs a {buffer_bytes(shape, info.torch_dtype)}-byte buffer, "
+            f"over the device limit of {max_bytes} bytes (maxStorageBufferRange / "
+            f"maxMemoryAllocationSize){hint}")
+    if storage == "texture3d" and not image_fits:
+        hint = "; storage='buffer' would fit" if buffer_fits else ""
+        raise TensorTooLarge(
+            f"{label}: {shape_text} needs a {'x'.join(map(str, extent))}-texel 3-D image "
+            f"({image_bytes} bytes), over the device limits of {limits.max_image_dimension_3d} "
+            f"texels a side (maxImageDimension3D) and {limits.max_memory_allocation_size} "
+            f"bytes{hint}")
+
+
+class Tensor:
+    """A tensor in device memory (`Tensor.from_torch` / `Tensor.empty` create one).
+
+    Attributes:
+        shape: torch.Size of the logical tensor.
+        dtype: torch.dtype.
+        storage: "buffer" or "texture3d".
+        memory: the `Buffer` / `Image3D` holding it, or None when empty.
+    """
+
+    def __init__(self, shape, dtype: torch.dtype, storage: str, label: str = "tensor", device=None):
+        if storage not in STORAGES:
+            raise ValueError(f"{label}: storage must be one of {STORAGES}, got {storage!r}")
+        if device is None:
+            from runtime.device import get_device
+
+            device = get_device()
+        info = dtype_info(dtype, label)
+        self.shape, self.dtype, self.storage = torch.Size(shape), info.torch_dtype, storage
+        self.device, self.memory = device, None
+        if self.numel() == 0:
+            return
+        _check_fits(self.shape, info, storage, device.caps, label)
+        if storage == "buffer":
+            self.memory = Buffer(device, buffer_bytes(self.shape, self.dtype))
+        else:
+            from runtime import _vk
+
+            vk, _, _ = _vk.load()
+            self.memory = Image3D(device, texture_extent(self.shape), getattr(vk, info.vk_format),
+                                  4 * info.itemsize)
+
+    @classmethod
+    def empty(cls, shape, dtype: torch.dtype, storage: str = "buffer", label: str = "tensor",
+              device=None) -> Tensor:
+        """A zero-filled device tensor.
+
+        Args:
+            shape: sizes.
+            dtype: float32, float16, int32, int8 or uint8.
+            storage: "buffer" or "texture3d".
+            label: what the tensor is, for error messages (e.g. "etvk.x.default: output 'out'").
+            device: the `Device`; default `get_device()`.
+
+        Raises:
+            TensorTooLarge: over the device's limits for `storage`.
+            UnsupportedDtype: another dtype.
+        """
+        tensor = cls(shape, dtype, storage, label, device)
+        if tensor.memory is not None:
+            tensor.memory.zero()
+        return tensor
+
+    @classmethod
+    def from_torch(cls, value: torch.Tensor, storage: str = "buffer", dtype: torch.dtype | None = None,
+                   label: str = "tensor", device=None) -> Tensor:
+        """Upload a torch tensor (converted to `dtype` if given).
+
+        Raises:
+            TensorTooLarge: over the device's limits for `storage`.
+            UnsupportedDtype: a dtype device tensors cannot hold.
+        """
+        dtype = value.dtype if dtype is None else dtype
+        tensor = cls(value.shape, dtype, storage, label, device)
+        if tensor.memory is None:
+            return tensor
+        host = value.detach().to("cpu", dtype).contiguous()
+        if storage == "buffer":
+            tensor.memory.write(host.data_ptr(), host.numel() * host.element_size())
+        else:
+            width, height, depth = texture_extent(tensor.shape)
+            texels = torch.zeros(depth, height, 4 * width, dtype=dtype)
+            texels[..., : host.shape[-1] if host.dim() else 1] = host.reshape(depth, height, -1)
+            tensor.memory.write(texels.data_ptr())
+        return tensor
+
+    def numel(self) -> int:
+        """Number of elements."""
+        return self.shape.numel()
+
+    def dim(self) -> int:
+        """Number of dimensions."""
+        return len(self.shape)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the logical values (numel x element size), as torch reports."""
+        return self.numel() * dtype_info(self.dtype).itemsize
+
+    def to_torch(self) -> torch.Tensor:
+        """Download into a new contiguous CPU torch tensor."""
+        if self.memory is None:
+            return torch.empty(self.shape, dtype=self.dtype)
+        if self.storage == "buffer":
+            out = torch.empty(self.shape, dtype=self.dtype)
+            self.memory.read(out.data_ptr(), self.nbytes)
+            return out
+        width, height, depth = texture_extent(self.shape)
+        texels = torch.empty(depth, height, 4 * width, dtype=self.dtype)
+        self.memory.read(texels.data_ptr())
+        last = self.shape[-1] if self.dim() else 1
+        return texels[..., :last].reshape(self.shape).contiguous()
+
+    def __repr__(self) -> str:
+        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, storage={self.storage!r})"

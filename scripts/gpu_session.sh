@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Runs the tests and/or benchmarks on a lent NVIDIA machine (no network, no
+# glslc, python3.12 with CUDA torch). Needs the git-ignored kit .devkit/:
+#   deb/  libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (.deb, amd64)
+#   vvl/  vulkan-validationlayers (.deb), unpacked under /tmp, not into /
+#   whl/  vulkan cffi pycparser wheels for cp312
+#   cache/spv/  the SPIR-V cache (make generate with ETVK_CACHE_DIR=.devkit/cache)
+# Usage: scripts/gpu_session.sh [tests|bench|all] (output also under $OUT when set)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+what=${1:-all}
+for f in .devkit/deb/*.deb; do dpkg -x "$f" /; done
+ldconfig
+mkdir -p /tmp/vvl && for f in .devkit/vvl/*.deb; do dpkg -x "$f" /tmp/vvl; done
+python3 -m pip install -q --no-index --find-links .devkit/whl vulkan cffi pycparser
+export VK_LAYER_PATH=/tmp/vvl/usr/share/vulkan/explicit_layer.d
+export LD_LIBRARY_PATH=/tmp/vvl/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
+  export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+fi
+export ETVK_CACHE_DIR=$PWD/.devkit/cache PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+log=${OUT:-/tmp}
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
+python3 -m runtime info 2>&1 | head -n 40
+rc=0
+if [ "$what" = tests ] || [ "$what" = all ]; then
+  python3 -m pytest -q -p no:cacheprovider tests/runtime tests/ops 2>&1 | tee "$log/gpu_tests.log" | tail -n 40
+  rc=${PIPESTATUS[0]}
+fi
+if [ "$what" = bench ] || [ "$what" = all ]; then
+  ETVK_VALIDATION=0 python3 benchmarks/runtime_bench.py 2>&1 | tee "$log/gpu_bench.log"
+fi
+exit $rc

@@ -1,0 +1,31 @@
+"""Golden error texts: each golden/<case>.yaml is generated alone; stderr must equal <case>.txt.
+
+Set UPDATE_GOLDEN=1 to rewrite the .txt files after an intended message change.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from codegen_testlib import HERE, make_tree, run_cli
+
+GOLDEN = HERE / "golden"
+CASES = sorted(p.stem for p in GOLDEN.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_golden_error(case, tmp_path, capsys):
+    tree = make_tree(tmp_path, {f"{case}.yaml": (GOLDEN / f"{case}.yaml").read_text()})
+    status, _, err = run_cli("generate", tree, capsys=capsys)
+    expected_path = GOLDEN / f"{case}.txt"
+    if os.environ.get("UPDATE_GOLDEN"):
+        expected_path.write_text(err)
+    assert status == 1
+    assert "Traceback" not in err
+    assert err == expected_path.read_text()
+
+
+def test_every_case_has_a_golden_text():
+    assert CASES
+    assert sorted(p.stem for p in GOLDEN.glob("*.txt")) == CASES

@@ -1,0 +1,50 @@
+"""Test session set-up shared by every test folder.
+
+The validation layer (with synchronization validation) is on for the whole
+session unless ETVK_VALIDATION is set otherwise, every dispatch is traced to
+a session file, and a test fails when the device collected a validation
+message of error severity while it ran.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+
+import pytest
+
+os.environ.setdefault("ETVK_VALIDATION", "1")
+_TRACE = Path(tempfile.mkdtemp(prefix="etvk-tests-")) / "dispatch.jsonl"
+os.environ["ETVK_TRACE_DISPATCH"] = str(_TRACE)
+
+
+@pytest.fixture
+def dispatch_trace_path() -> Path:
+    """The session's dispatch trace file (one JSON line per dispatch)."""
+    return _TRACE
+
+
+@pytest.fixture
+def dispatch_trace():
+    """A function returning the set of variant names dispatched so far this session."""
+
+    def variants() -> set[str]:
+        if not _TRACE.exists():
+            return set()
+        return {json.loads(line)["variant"] for line in _TRACE.read_text().splitlines()}
+
+    return variants
+
+
+@pytest.fixture(autouse=True)
+def no_validation_errors():
+    """Fails the test if the validation layer reported an error while it ran."""
+    yield
+    from runtime.device import current_device
+
+    device = current_device()
+    if device is not None:
+        errors = device.take_validation_messages("error")
+        assert not errors, "Vulkan validation errors:\n" + "\n".join(errors)

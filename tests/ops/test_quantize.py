@@ -1,0 +1,296 @@
+"""Quantize family (OPS.md family 1): every generated variant against the fp32
+reference (bit-exact) and against PyTorch's quantized_decomposed ops where
+OPS.md says so, on the default Vulkan device with the validation layer on.
+
+Cases are tables: `EXAMPLES` makes the arguments of each op from a variant's
+axis values and a shape; `SHAPES` are the shapes every variant runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import zlib
+
+import pytest
+import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+
+import runtime
+from runtime.examples import (
+    DTYPES,
+    EXAMPLES,
+    NARROW,
+    ZERO_POINT,
+    fp_input,
+    int_input,
+    per_token_params,
+)
+from runtime.reference import quantize as ref
+
+# Shapes every variant runs: 0-d, empty, widths that are and are not
+# multiples of 4, several leading dimensions.
+SHAPES = [(), (0,), (3, 0), (0, 5), (1,), (7,), (3, 5), (2, 3, 17), (4, 64), (2, 2, 3, 10)]
+
+# Shapes an op rejects by design (tested under bad inputs instead).
+REJECTED = {"etvk.choose_qparams_per_token_asymmetric.default": {(), (0,), (3, 0)}}
+
+
+def _variants():
+    return [
+        pytest.param(op, info.name, id=info.name)
+        for op in EXAMPLES
+        for info in runtime.get_op(op).variants
+    ]
+
+
+def assert_bit_equal(actual, expected, what):
+    assert actual.dtype == expected.dtype, f"{what}: dtype {actual.dtype} != {expected.dtype}"
+    assert actual.shape == expected.shape, f"{what}: shape {actual.shape} != {expected.shape}"
+    if actual.dtype.is_floating_point:
+        bits = {torch.float32: torch.int32, torch.float16: torch.int16}[actual.dtype]
+        actual, expected = actual.view(bits), expected.view(bits)
+    mismatch = (actual != expected).sum().item()
+    assert mismatch == 0, f"{what}: {mismatch} of {actual.numel()} values differ"
+
+
+def as_tuple(x):
+    return x if isinstance(x, tuple) else (x,)
+
+
+@pytest.mark.parametrize(("op_name", "variant"), _variants())
+def test_variant_matches_reference(op_name, variant, dispatch_trace):
+    op = runtime.get_op(op_name)
+    axes = next(v.axes for v in op.variants if v.name == variant)
+    gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
+    for shape in SHAPES:
+        if shape in REJECTED.get(op_name, ()):
+            continue
+        args, kwargs = EXAMPLES[op_name](axes, shape, gen)
+        got = as_tuple(op(*args, **kwargs, variant=variant))
+        want = as_tuple(op.reference(*args, **kwargs))
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_bit_equal(g, w, f"{variant} shape={shape} output {i}")
+    assert variant in dispatch_trace(), f"{variant} never reached the device"
+
+
+def _quantized_decomposed(op_name):
+    return getattr(torch.ops.quantized_decomposed, op_name.split(".")[1])
+
+
+@pytest.mark.parametrize("in_dtype", ["float32", "float16"])
+@pytest.mark.parametrize("out_dtype", ["int8", "uint8", "int32"])
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+def test_quantize_per_tensor_bit_identical_to_pytorch(in_dtype, out_dtype, storage):
+    gen = torch.Generator().manual_seed(7)
+    op = runtime.get_op("etvk.quantize_per_tensor.default")
+    lo, hi = NARROW[out_dtype]
+    # Python-float scales that are not fp32 values: the reciprocal must round like PyTorch's.
+    for scale in (0.05, 0.0371, 1 / 3, 0.0625, 7.3e-3):
+        x = fp_input((5, 33), DTYPES[in_dtype], gen, scale)
+        args = (x, scale, ZERO_POINT[out_dtype], lo, hi, DTYPES[out_dtype])
+        want = _quantized_decomposed("etvk.quantize_per_tensor.default")(*args)
+        assert_bit_equal(op(*args, storage=storage), want, f"scale={scale}")
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+@pytest.mark.parametrize("q_dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("out_dtype", ["float32", "float16"])
+def test_dequantize_bit_identical_to_pytorch(storage, q_dtype, out_dtype):
+    gen = torch.Generator().manual_seed(11)
+    info = torch.iinfo(DTYPES[q_dtype])
+    q = int_input((6, 21), DTYPES[q_dtype], gen)
+    per_tensor = runtime.get_op("etvk.dequantize_per_tensor.default")
+    args = (q, 0.0371, ZERO_POINT[q_dtype], info.min, info.max, DTYPES[q_dtype])
+    kwargs = {"out_dtype": DTYPES[out_dtype]}
+    want = torch.ops.quantized_decomposed.dequantize_per_tensor(*args, **kwargs)
+    assert_bit_equal(per_tensor(*args, **kwargs, storage=storage), want, "per tensor")
+
+    per_token = runtime.get_op("etvk.dequantize_per_token.default")
+    scales, zps = per_token_params((6, 21), gen, q_dtype)
+    args = (q, scales, zps, info.min, info.max, DTYPES[q_dtype], DTYPES[out_dtype])
+    want = torch.ops.quantized_decomposed.dequantize_per_token(*args)
+    assert_bit_equal(per_token(*args, storage=storage), want, "per token")
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+def test_per_token_pipeline_within_one_step_of_pytorch(storage):
+    """choose_qparams + quantize_per_token against PyTorch's versions: OPS.md allows one step."""
+    gen = torch.Generator().manual_seed(3)
+    x = torch.randn(37, 130, generator=gen) * 4 + 1
+    choose = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
+    scales, zps = choose(x, torch.int8, storage=storage)
+    pt_scales, pt_zps = torch.ops.quantized_decomposed.choose_qparams_per_token_asymmetric(
+        x, torch.int8
+    )
+    assert torch.allclose(scales.double(), pt_scales, rtol=2**-23, atol=0)
+    assert (zps.long() - pt_zps).abs().max() <= 1
+
+    quantize = runtime.get_op("etvk.quantize_per_token.default")
+    q = quantize(x, scales, zps, -128, 127, torch.int8, storage=storage)
+    pt_q = torch.ops.quantized_decomposed.quantize_per_token(x, scales, zps, -128, 127, torch.int8)
+    steps = (q.int() - pt_q.int()).abs()
+    assert steps.max() <= 1
+    exact = (steps == 0).float().mean().item()
+    assert exact >= 0.999, f"only {exact:.4%} of values equal PyTorch's"
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+def test_divisions_are_correctly_rounded_over_many_tokens(storage):
+    """Scales and reciprocals of 8192 tokens: near-midpoint quotients occur about once in
+    a thousand, and an fma-based division (unfused on some drivers) gets them wrong."""
+    gen = torch.Generator().manual_seed(13)
+    # 2 x 4096 rows: a texture's height stays within lavapipe's 4096-texel limit.
+    x = torch.randn(2, 4096, 24, generator=gen) * torch.rand(2, 4096, 1, generator=gen) * 10
+    choose = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
+    got = choose(x, torch.int8, storage=storage)
+    want = ref.choose_qparams_per_token_asymmetric(x, torch.int8)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_bit_equal(g, w, f"choose_qparams output {i}")
+    quantize = runtime.get_op("etvk.quantize_per_token.default")
+    scales = torch.rand(2, 4096, 1, generator=gen) * 0.5 + 1e-4
+    zps = torch.zeros(2, 4096, 1, dtype=torch.int32)
+    # x / scale lands near .5 often: every reciprocal must be the correctly rounded one.
+    xs = (torch.randint(-60, 60, (2, 4096, 24), generator=gen) + 0.5) * scales
+    got = quantize(xs, scales, zps, -128, 127, torch.int8, storage=storage)
+    assert_bit_equal(got, ref.quantize_per_token(xs, scales, zps, -128, 127, torch.int8), "quantize")
+
+
+def test_recorded_sequence_runs_without_host_round_trip():
+    """choose_qparams → quantize_per_token → dequantize_per_token in one stream."""
+    from runtime.command import Stream
+
+    gen = torch.Generator().manual_seed(5)
+    x = torch.randn(9, 40, generator=gen)
+    choose = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
+    quantize = runtime.get_op("etvk.quantize_per_token.default")
+    dequantize = runtime.get_op("etvk.dequantize_per_token.default")
+    with Stream() as stream:
+        scales, zps = choose.record(stream, x, torch.int8)
+        q = quantize.record(stream, x, scales, zps, -128, 127, torch.int8)
+        y = dequantize.record(stream, q, scales, zps, -128, 127, torch.int8, torch.float32)
+        stream.run()
+        got = y.to_torch()
+    ref_scales, ref_zps = ref.choose_qparams_per_token_asymmetric(x, torch.int8)
+    ref_q = ref.quantize_per_token(x, ref_scales, ref_zps, -128, 127, torch.int8)
+    want = ref.dequantize_per_token(ref_q, ref_scales, ref_zps, -128, 127, torch.int8, torch.float32)
+    assert_bit_equal(got, want, "sequence")
+
+
+def test_registry_lists_every_op_with_its_variants():
+    assert set(EXAMPLES) <= set(runtime.list_ops())
+    counts = {name: len(runtime.get_op(name).variants) for name in EXAMPLES}
+    assert counts == {
+        "etvk.quantize_per_tensor.default": 12,
+        "etvk.quantize_per_token.default": 12,
+        "etvk.dequantize_per_tensor.default": 12,
+        "etvk.dequantize_per_token.default": 12,
+        "etvk.choose_qparams_per_token_asymmetric.default": 4,
+    }
+    named = runtime.get_op("etvk.quantize_per_tensor.default").variants
+    assert "quantize_per_tensor_texture3d_float_int8" in {v.name for v in named}
+
+
+def test_torch_ops_cpu_kernel_is_the_reference_and_exports():
+    x = torch.randn(4, 8)
+    got = torch.ops.etvk.quantize_per_tensor.default(x, 0.05, 0, -128, 127, torch.int8)
+    assert_bit_equal(got, ref.quantize_per_tensor(x, 0.05, 0, -128, 127, torch.int8), "cpu kernel")
+
+    class Module(torch.nn.Module):
+        def forward(self, x):
+            scales, zps = torch.ops.etvk.choose_qparams_per_token_asymmetric.default(x, torch.int8)
+            return torch.ops.etvk.quantize_per_token.default(x, scales, zps, -128, 127, torch.int8)
+
+    program = torch.export.export(Module(), (torch.randn(3, 16),))
+    targets = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "etvk.quantize_per_token.default" in targets
+    assert "etvk.choose_qparams_per_token_asymmetric.default" in targets
+    x = torch.randn(3, 16)
+    out = program.module()(x)
+    assert_bit_equal(out, Module()(x), "exported program")
+
+
+# ---------------------------------------------------------------- bad inputs
+
+X = torch.randn(2, 8)
+Q = torch.zeros(2, 8, dtype=torch.int8)
+S = torch.full((2, 1), 0.1)
+Z = torch.zeros(2, 1, dtype=torch.int32)
+
+BAD = [
+    # (op, args, kwargs, exception, text the message must contain)
+    ("quantize_per_tensor", (X, 0.0, 0, -128, 127, torch.int8), {}, ValueError, "argument 'scale': must be a finite number > 0"),
+    ("quantize_per_tensor", (X, -1.0, 0, -128, 127, torch.int8), {}, ValueError, "argument 'scale'"),
+    ("quantize_per_tensor", (X, math.nan, 0, -128, 127, torch.int8), {}, ValueError, "argument 'scale'"),
+    ("quantize_per_tensor", (X, "0.1", 0, -128, 127, torch.int8), {}, TypeError, "argument 'scale': expected a float, got str"),
+    ("quantize_per_tensor", (X.tolist(), 0.1, 0, -128, 127, torch.int8), {}, TypeError, "argument 'input': expected a tensor"),
+    ("quantize_per_tensor", (X, 0.1, 0.5, -128, 127, torch.int8), {}, TypeError, "argument 'zero_point': expected an int"),
+    ("quantize_per_tensor", (X, 0.1, 0, 10, -10, torch.int8), {}, ValueError, "argument 'quant_min': must be <= quant_max"),
+    ("quantize_per_tensor", (X, 0.1, 0, -129, 127, torch.int8), {}, ValueError, "argument 'quant_min': -129 is below the range of torch.int8"),
+    ("quantize_per_tensor", (X, 0.1, 0, 0, 256, torch.uint8), {}, ValueError, "argument 'quant_max': 256 is above the range of torch.uint8"),
+    ("quantize_per_tensor", (X, 0.1, 0, -128, 127, torch.float32), {}, ValueError, "argument 'dtype': dtype torch.float32 is not supported"),
+    ("quantize_per_tensor", (X.double(), 0.1, 0, -128, 127, torch.int8), {}, ValueError, "argument 'input': dtype torch.float64 is not supported; expected one of torch.float16, torch.float32"),
+    ("quantize_per_tensor", (X, 0.1, 0, -128, 127, torch.int8), {"storage": "image"}, ValueError, "argument 'storage'"),
+    ("quantize_per_tensor", (X, 0.1, 0, -128, 127, torch.int8), {"variant": "nope"}, ValueError, "argument 'variant': unknown variant 'nope'"),
+    ("quantize_per_tensor", (X, 0.1, 0, -128, 127, torch.int8), {"variant": "quantize_per_tensor_buffer_half_int8"}, ValueError, "cannot serve these inputs: argument 'input' asks for IN_DTYPE=float32"),
+    ("quantize_per_token", (X, S[:1], Z, -128, 127, torch.int8), {}, ValueError, "argument 'scales': must hold one value per token of input (2 tokens)"),
+    ("quantize_per_token", (X, -S, Z, -128, 127, torch.int8), {}, ValueError, "argument 'scales': must all be finite and > 0"),
+    ("quantize_per_token", (X, S, Z + 0.5, -128, 127, torch.int8), {}, ValueError, "argument 'zero_points': must hold integer values"),
+    ("quantize_per_token", (X, Z, Z, -128, 127, torch.int8), {}, ValueError, "argument 'scales': must be a floating-point tensor"),
+    ("dequantize_per_tensor", (Q, 0.1, 0, -128, 127, torch.uint8), {}, ValueError, "argument 'input': has dtype torch.int8 but the dtype argument says torch.uint8"),
+    ("dequantize_per_tensor", (Q, 0.1, 0, -128, 127, torch.int8), {"out_dtype": torch.float64}, ValueError, "argument 'out_dtype': dtype torch.float64 is not supported"),
+    ("dequantize_per_token", (Q, S, Z[:1], -128, 127, torch.int8, torch.float32), {}, ValueError, "argument 'zero_points': must hold one value per token"),
+    ("choose_qparams_per_token_asymmetric", (X, torch.uint8), {}, ValueError, "argument 'dtype': must be torch.int8"),
+    ("choose_qparams_per_token_asymmetric", (torch.tensor(1.0), torch.int8), {}, ValueError, "argument 'input': must have at least one dimension"),
+    ("choose_qparams_per_token_asymmetric", (torch.zeros(3, 0), torch.int8), {}, ValueError, "argument 'input': has an empty last dimension"),
+]
+
+
+@pytest.mark.parametrize(("op_name", "args", "kwargs", "error", "text"), BAD, ids=[f"{b[0]}-{i}" for i, b in enumerate(BAD)])
+def test_bad_arguments_are_rejected_clearly(op_name, args, kwargs, error, text):
+    name = f"etvk.{op_name}.default"
+    with pytest.raises(error) as info:
+        runtime.get_op(name)(*args, **kwargs)
+    assert isinstance(info.value, runtime.EtvkError)
+    message = str(info.value)
+    assert message.startswith(name + ": "), message
+    assert text in message, message
+
+
+def _device_limits():
+    from runtime.device import get_device
+
+    return get_device().caps
+
+
+def test_tensor_beyond_buffer_limit_is_rejected_with_op_and_argument():
+    limit = _device_limits().limits.max_storage_buffer_range
+    # A stride-0 view: the size check runs on the shape, before any memory is touched.
+    # Its texel extents (256, 1024, depth) fit a texture, so the message suggests one.
+    x = torch.zeros(1).expand(limit // (4 << 20) + 1, 1024, 1024)
+    with pytest.raises(runtime.TensorTooLarge) as info:
+        runtime.get_op("etvk.quantize_per_tensor.default")(x, 0.1, 0, -128, 127, torch.int8)
+    message = str(info.value)
+    assert message.startswith("etvk.quantize_per_tensor.default: argument 'input'"), message
+    assert "texture3d" in message, message
+
+
+def test_tensor_beyond_image_limit_is_rejected_with_op_and_argument():
+    limit = _device_limits().limits.max_image_dimension_3d
+    x = torch.zeros(1, dtype=torch.float16).expand(2, 4 * limit + 4)
+    with pytest.raises(runtime.TensorTooLarge) as info:
+        runtime.get_op("etvk.quantize_per_tensor.default")(
+            x, 0.1, 0, -128, 127, torch.int8, storage="texture3d"
+        )
+    assert str(info.value).startswith("etvk.quantize_per_tensor.default: argument 'input'")
+
+
+def test_dispatch_trace_records_op_variant_and_sizes(dispatch_trace_path):
+    op = runtime.get_op("etvk.quantize_per_tensor.default")
+    op(torch.randn(3, 10), 0.1, 0, -128, 127, torch.int8, storage="buffer")
+    line = json.loads(dispatch_trace_path.read_text().splitlines()[-1])
+    assert line["op"] == "etvk.quantize_per_tensor.default"
+    assert line["variant"] == "quantize_per_tensor_buffer_float_int8"
+    assert line["global"] == [8, 1, 1]
+    assert line["local"] == [64, 1, 1]
+    assert line["device"]

@@ -1,0 +1,50 @@
+"""`python -m runtime info`: the report, and one clean line without Vulkan."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from runtime import __main__ as cli
+from runtime.errors import NO_DEVICE, NO_LOADER, VulkanUnavailable
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_info_report(tiny_dirs, monkeypatch, capsys):
+    monkeypatch.setenv("ETVK_GENERATED_DIR", str(tiny_dirs[0]))
+    monkeypatch.setenv("ETVK_CACHE_DIR", str(tiny_dirs[1]))
+    monkeypatch.setattr("runtime.shaders.IMAGE_FORMAT_OF_DTYPE", {"float32": "rgba32f", "int32": "rgba32i",
+                                                                  "int8": "rgba8i-missing"})
+    assert cli.main(["info"]) == 0
+    out = capsys.readouterr().out
+    for needle in ["device: llvmpipe", "family: llvmpipe (detected)", "shader_int8 yes", "cooperative_matrix no",
+                   "max storage buffer range 134217728", "variants (3, from", "  test.affine_buffer_float.default",
+                   "    affine_buffer_float: runnable",
+                   "    add_texture3d_int8: not runnable: llvmpipe (LLVM", "lacks storage images of rgba8i-missing"]:
+        assert needle in out, needle
+
+
+@pytest.mark.parametrize("message", [NO_LOADER, NO_DEVICE])
+def test_no_vulkan_prints_one_line(message, monkeypatch, capsys):
+    def unavailable():
+        raise VulkanUnavailable(message)
+
+    monkeypatch.setattr("runtime.device.get_device", unavailable)
+    assert cli.main([]) == 1
+    captured = capsys.readouterr()
+    assert captured.err == message + "\n" and captured.out == ""
+
+
+def test_no_driver_in_a_real_process(tmp_path):
+    """With no ICD the loader finds no device: exit 1, the NO_DEVICE line, no traceback."""
+    env = dict(os.environ, VK_ICD_FILENAMES=str(tmp_path / "none.json"), VK_DRIVER_FILES=str(tmp_path / "none.json"),
+               ETVK_VALIDATION="0")
+    result = subprocess.run([sys.executable, "-m", "runtime", "info"], cwd=REPO, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1 and result.stdout == ""
+    assert result.stderr == NO_DEVICE + "\n"
