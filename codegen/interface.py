@@ -160,13 +160,13 @@ def glsl_header(interface: Interface, template: str, spec: str) -> str:
         out.append("layout(push_constant) uniform PushConstants {")
         out += [f"  layout(offset = {f.offset}) {f.type} {f.name};" for f in interface.push_fields]
         out.append("} pc;")
-    text = "\n".join(out) + "\n"
+    text = "\n".join(out) + "\n" + glsl.HELPERS_GLSL  # before the accessors, which use them
     for b in interface.bindings:
         if b.storage == "texture3d":
             text += glsl.image_binding(b.name, b.binding, b.dtype, b.access)
         else:
             text += glsl.buffer_binding(b.name, b.binding, b.dtype, b.vec, b.access)
-    return text + glsl.HELPERS_GLSL
+    return text
 
 
 def interface_dict(interface: Interface) -> dict:

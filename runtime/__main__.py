@@ -1,10 +1,11 @@
-"""`python -m runtime info` (console script `etvk-info`): what this machine can run.
+"""`python -m runtime info | demo` (console script `etvk-info`).
 
-Prints the chosen Vulkan device, its GPU family, capabilities and key limits,
-and every generated variant grouped by op with whether it can run here and
-why not. Without Vulkan it prints the one-line `VulkanUnavailable` reason to
-stderr and exits 1. It must not change any state (no compiling, no cache
-writes beyond what opening the device does).
+`info` prints the chosen Vulkan device, its GPU family, capabilities and key
+limits, and every generated variant grouped by op with whether it can run
+here and why not; it must not change any state (no compiling, no cache
+writes beyond what opening the device does). `demo` runs every variant
+against its reference (`runtime.demo`). Without Vulkan either prints the
+one-line `VulkanUnavailable` reason to stderr and exits 1.
 """
 
 from __future__ import annotations
@@ -82,9 +83,13 @@ def info() -> int:
 def main(argv: list[str] | None = None) -> int:
     """Console entry point (`etvk-info`, `python -m runtime info`)."""
     parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__.split("\n")[0])
-    parser.add_argument("command", nargs="?", default="info", choices=["info"])
-    parser.parse_args(argv)
+    parser.add_argument("command", nargs="?", default="info", choices=["info", "demo"])
+    command = parser.parse_args(argv).command
     try:
+        if command == "demo":
+            from runtime.demo import run_demo
+
+            return run_demo()
         return info()
     except EtvkError as exc:
         print(exc, file=sys.stderr)

@@ -203,12 +203,12 @@ class ShaderLibrary:
         return True, ""
 
 
-_libraries: dict[Path, ShaderLibrary] = {}
+_libraries: dict[str | None, ShaderLibrary] = {}  # by $ETVK_GENERATED_DIR, read per call
 
 
 def get_library() -> ShaderLibrary:
     """Return the process-wide library of `default_generated_dir()` (one per folder)."""
-    root = default_generated_dir()
-    if root not in _libraries:
-        _libraries[root] = ShaderLibrary(root)
-    return _libraries[root]
+    key = os.environ.get("ETVK_GENERATED_DIR")
+    if key not in _libraries:
+        _libraries[key] = ShaderLibrary(default_generated_dir())
+    return _libraries[key]

@@ -4,6 +4,7 @@
 #   deb/  libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (.deb, amd64)
 #   vvl/  vulkan-validationlayers (.deb), unpacked under /tmp, not into /
 #   whl/  vulkan cffi pycparser wheels for cp312
+#   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
 #   cache/spv/  the SPIR-V cache (make generate with ETVK_CACHE_DIR=.devkit/cache)
 # Usage: scripts/gpu_session.sh [tests|bench|all] (output also under $OUT when set)
 set -uo pipefail
@@ -11,10 +12,13 @@ cd "$(dirname "$0")/.."
 what=${1:-all}
 for f in .devkit/deb/*.deb; do dpkg -x "$f" /; done
 ldconfig
-mkdir -p /tmp/vvl && for f in .devkit/vvl/*.deb; do dpkg -x "$f" /tmp/vvl; done
+mkdir -p /tmp/vvl /tmp/tools
+for f in .devkit/vvl/*.deb; do dpkg -x "$f" /tmp/vvl; done
+for f in .devkit/tools/*.deb; do dpkg -x "$f" /tmp/tools; done
+export PATH=/tmp/tools/usr/bin:$PATH
 python3 -m pip install -q --no-index --find-links .devkit/whl vulkan cffi pycparser
 export VK_LAYER_PATH=/tmp/vvl/usr/share/vulkan/explicit_layer.d
-export LD_LIBRARY_PATH=/tmp/vvl/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
+export LD_LIBRARY_PATH=/tmp/vvl/usr/lib/x86_64-linux-gnu:/tmp/tools/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
@@ -24,7 +28,7 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -m runtime info 2>&1 | head -n 40
 rc=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -p no:cacheprovider tests/runtime tests/ops 2>&1 | tee "$log/gpu_tests.log" | tail -n 40
+  python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$log/gpu_tests.log" | tail -n 40
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

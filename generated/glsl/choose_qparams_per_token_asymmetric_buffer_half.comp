@@ -5,6 +5,34 @@ layout(push_constant) uniform PushConstants {
   layout(offset = 0) uint tokens;
   layout(offset = 4) uint last_dim;
 } pc;
+uint etvk_linear_invocation() {
+  return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
+}
+uint etvk_linear_group() {
+  return gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
+}
+// The exact fp32 value of the half with bits h, built from integer operations
+// so that no compiler can fold it into a float conversion.
+float etvk_half_value(uint h) {
+  const uint sign = (h & 0x8000u) << 16u;
+  const uint exponent = (h >> 10u) & 0x1Fu;
+  const uint mantissa = h & 0x3FFu;
+  if (exponent == 0u) {
+    const float magnitude = float(mantissa) * 5.9604644775390625e-8;
+    return sign != 0u ? -magnitude : magnitude;
+  }
+  const uint biased = exponent == 31u ? 255u : exponent + 112u;
+  return uintBitsToFloat(sign | (biased << 23u) | (mantissa << 13u));
+}
+// v rounded to the nearest fp16 values (ties to even), as fp32. Storage-image
+// writes may convert by truncation (NVIDIA does, and folds an
+// unpackHalf2x16(packHalf2x16(v)) round trip away), so fp16 texels are stored
+// from values that convert exactly.
+vec4 etvk_round_to_half(vec4 v) {
+  const uvec2 h = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
+  return vec4(etvk_half_value(h.x & 0xFFFFu), etvk_half_value(h.x >> 16u),
+              etvk_half_value(h.y & 0xFFFFu), etvk_half_value(h.y >> 16u));
+}
 layout(set = 0, binding = 0, std430) writeonly buffer t_scales_block {
   float data[];
 } t_scales;
@@ -19,12 +47,6 @@ layout(set = 0, binding = 2, std430) readonly buffer t_in_block {
 vec4 t_in_load(uint unit) {
   const uvec2 u = t_in.data[unit];
   return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
-}
-uint etvk_linear_invocation() {
-  return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
-}
-uint etvk_linear_group() {
-  return gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
 }
 
 // Shared numerics for the quantize family (OPS.md "Shared numeric conventions").

@@ -7,18 +7,40 @@ layout(push_constant) uniform PushConstants {
   layout(offset = 8) float scale;
   layout(offset = 12) int zero_point;
 } pc;
-layout(set = 0, binding = 0, rgba16f) uniform writeonly image3D t_out;
-ivec3 t_out_extents() { return imageSize(t_out); }
-void t_out_store(ivec3 texel, vec4 v) { imageStore(t_out, texel, vec4(unpackHalf2x16(packHalf2x16(v.xy)), unpackHalf2x16(packHalf2x16(v.zw)))); }
-layout(set = 0, binding = 1, rgba32i) uniform readonly iimage3D t_in;
-ivec3 t_in_extents() { return imageSize(t_in); }
-ivec4 t_in_load(ivec3 texel) { return imageLoad(t_in, texel); }
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
 }
 uint etvk_linear_group() {
   return gl_WorkGroupID.x + gl_WorkGroupID.y * gl_NumWorkGroups.x;
 }
+// The exact fp32 value of the half with bits h, built from integer operations
+// so that no compiler can fold it into a float conversion.
+float etvk_half_value(uint h) {
+  const uint sign = (h & 0x8000u) << 16u;
+  const uint exponent = (h >> 10u) & 0x1Fu;
+  const uint mantissa = h & 0x3FFu;
+  if (exponent == 0u) {
+    const float magnitude = float(mantissa) * 5.9604644775390625e-8;
+    return sign != 0u ? -magnitude : magnitude;
+  }
+  const uint biased = exponent == 31u ? 255u : exponent + 112u;
+  return uintBitsToFloat(sign | (biased << 23u) | (mantissa << 13u));
+}
+// v rounded to the nearest fp16 values (ties to even), as fp32. Storage-image
+// writes may convert by truncation (NVIDIA does, and folds an
+// unpackHalf2x16(packHalf2x16(v)) round trip away), so fp16 texels are stored
+// from values that convert exactly.
+vec4 etvk_round_to_half(vec4 v) {
+  const uvec2 h = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
+  return vec4(etvk_half_value(h.x & 0xFFFFu), etvk_half_value(h.x >> 16u),
+              etvk_half_value(h.y & 0xFFFFu), etvk_half_value(h.y >> 16u));
+}
+layout(set = 0, binding = 0, rgba16f) uniform writeonly image3D t_out;
+ivec3 t_out_extents() { return imageSize(t_out); }
+void t_out_store(ivec3 texel, vec4 v) { imageStore(t_out, texel, etvk_round_to_half(v)); }
+layout(set = 0, binding = 1, rgba32i) uniform readonly iimage3D t_in;
+ivec3 t_in_extents() { return imageSize(t_in); }
+ivec4 t_in_load(ivec3 texel) { return imageLoad(t_in, texel); }
 
 // x = float32(q - zero_point) * scale; the subtraction is exact in int32.
 vec4 dequantize4(ivec4 q, vec4 scale, ivec4 zero_point) {
