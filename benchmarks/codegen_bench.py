@@ -5,7 +5,8 @@ variant is rendered, written, compiled with glslc and validated with
 spirv-val. No-op: the same command again with everything up to date (targets:
 cold < 10 s for ~52 variants on 2 cores, no-op < 0.3 s). Each figure is the
 wall time of a whole `python -m codegen generate` process, interpreter start
-included. Usage: python benchmarks/codegen_bench.py [--repeat N]
+included; the baseline measured in the same run is a bare `python -c pass`.
+Usage: python benchmarks/codegen_bench.py [--repeat N]
 """
 
 from __future__ import annotations
@@ -36,6 +37,12 @@ def run_generate(out: Path, cache: Path) -> float:
     return elapsed
 
 
+def interpreter_start() -> float:
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "pass"], check=True)
+    return time.perf_counter() - start
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeat", type=int, default=5, help="no-op runs (median reported)")
@@ -44,12 +51,15 @@ def main() -> int:
         out, cache = Path(tmp) / "generated", Path(tmp) / "cache"
         cold = run_generate(out, cache)
         noop = [run_generate(out, cache) for _ in range(args.repeat)]
+        bare = statistics.median(interpreter_start() for _ in range(args.repeat))
         manifest = json.loads((out / "manifest.json").read_text())
         n_variants = len(manifest["variants"])
         n_spv = len(list((cache / "spv").glob("*.spv")))
     print(f"variants: {n_variants} ({n_spv} distinct SPIR-V binaries), cpus: {os.cpu_count()}")
-    print(f"cold generate + compile: {cold:.2f} s (target < 10 s)")
-    print(f"no-op generate: median {statistics.median(noop):.3f} s, min {min(noop):.3f} s "
+    print(f"baseline, interpreter start (python -c pass): {bare:.3f} s")
+    print(f"cold generate + compile: {cold:.2f} s = {cold / bare:.1f}x baseline (target < 10 s)")
+    print(f"no-op generate: median {statistics.median(noop):.3f} s = "
+          f"{statistics.median(noop) / bare:.1f}x baseline, min {min(noop):.3f} s "
           f"over {len(noop)} runs (target < 0.3 s)")
     return 0
 

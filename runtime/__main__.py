@@ -20,6 +20,11 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _capability(caps, name: str) -> str:
+    why_not = caps.why_not(name)
+    return f"{name} {_yes(caps.supports(name))}" + (f" ({why_not})" if why_not else "")
+
+
 def describe_device(device) -> list[str]:
     """Lines describing `device`: identity, family, capabilities, limits."""
     from runtime.device import CAPABILITY_NAMES
@@ -33,7 +38,7 @@ def describe_device(device) -> list[str]:
         f"(id {caps.driver_id}, version 0x{caps.driver_version:x})",
         f"  vendor 0x{caps.vendor_id:04x}, device 0x{caps.device_id:04x}",
         f"family: {caps.family} ({origin})",
-        "capabilities: " + ", ".join(f"{n} {_yes(caps.supports(n))}" for n in CAPABILITY_NAMES),
+        "capabilities: " + ", ".join(_capability(caps, n) for n in CAPABILITY_NAMES),
         f"  int8 dot product (4x8 packed signed) accelerated: {_yes(caps.dot4x8_signed_accelerated)}; "
         f"subgroup size {caps.subgroup_size}",
         "storage images: " + ", ".join(f"{f} {_yes(caps.supports_storage_image(f))}" for f in formats),

@@ -5,13 +5,15 @@ synchronization validation and a VK_EXT_debug_utils messenger (also chained
 into instance creation, so creation and destruction are covered). The
 `vulkan` binding allows one Python debug callback per process, so there is
 one raw `ffi.callback` here; its user data is a handle to the device, whose
-`_messages` list collects `(severity, text)`. It must not pick or create
-devices. Called only by device.py.
+`_messages` list collects `(severity, text)`. It also reports the layer's
+header version, which decides what device.py may chain into device creation.
+It must not pick or create devices. Called only by device.py.
 """
 
 from __future__ import annotations
 
 from runtime import _vk
+from runtime._probe import version_tuple
 from runtime.errors import NO_DEVICE, VulkanUnavailable
 
 SEVERITIES = {"verbose": 0x1, "info": 0x10, "warning": 0x100, "error": 0x1000}
@@ -44,7 +46,8 @@ def create_instance(validation: bool, device):
             keeps the cffi handle alive as `device._message_handle`.
 
     Returns:
-        (VkInstance, VkDebugUtilsMessengerEXT or None).
+        (VkInstance, VkDebugUtilsMessengerEXT or None, the validation layer's
+        specVersion as (major, minor, patch) or None).
 
     Raises:
         VulkanUnavailable: no driver, or validation without the layer installed.
@@ -61,15 +64,16 @@ def create_instance(validation: bool, device):
     app = ffi.new("VkApplicationInfo*", {
         "sType": vk.VK_STRUCTURE_TYPE_APPLICATION_INFO, "pApplicationName": app_name,
         "apiVersion": vk.VK_MAKE_VERSION(1, 3, 0)})
-    layers, extensions, next_ptr, messenger_info = [], [], ffi.NULL, None
+    layers, extensions, next_ptr, messenger_info, layer_version = [], [], ffi.NULL, None, None
     if validation:
-        available = {_vk.text(p.layerName) for p in _vk.enumerate_items(
+        available = {_vk.text(p.layerName): p.specVersion for p in _vk.enumerate_items(
             "VkLayerProperties", lib.vkEnumerateInstanceLayerProperties)}
         if VALIDATION_LAYER not in available:
             raise VulkanUnavailable(
                 "ETVK_VALIDATION=1 but the Khronos validation layer is not installed: "
                 "install it, e.g. `apt-get install vulkan-validationlayers`")
         layers, extensions = [VALIDATION_LAYER], ["VK_EXT_debug_utils"]
+        layer_version = version_tuple(available[VALIDATION_LAYER])
         device._message_handle = ffi.new_handle(device)
         messenger_info = ffi.new("VkDebugUtilsMessengerCreateInfoEXT*", {
             "sType": vk.VK_STRUCTURE_TYPE_DEBUG_UTILS_MESSENGER_CREATE_INFO_EXT,
@@ -97,7 +101,7 @@ def create_instance(validation: bool, device):
     _vk.check(result, "vkCreateInstance")
     instance = out[0]
     if messenger_info is None:
-        return instance, None
+        return instance, None, None
     create = ffi.cast("PFN_vkCreateDebugUtilsMessengerEXT", lib.vkGetInstanceProcAddr(
         instance, b"vkCreateDebugUtilsMessengerEXT"))
     messenger = ffi.new("VkDebugUtilsMessengerEXT*")
@@ -105,7 +109,7 @@ def create_instance(validation: bool, device):
     if result != 0:
         lib.vkDestroyInstance(instance, ffi.NULL)
         _vk.check(result, "vkCreateDebugUtilsMessengerEXT")
-    return instance, messenger[0]
+    return instance, messenger[0], layer_version
 
 
 def destroy_instance(instance, messenger) -> None:

@@ -2,9 +2,11 @@
 
 `probe()` reads everything `Capabilities` reports through pNext chains of
 VkPhysicalDeviceProperties2/Features2; `feature_chain()` builds the chain that
-enables exactly the supported optional features at device creation. It must
+enables exactly the supported optional features at device creation. Under
+validation, structs of extensions newer than the layer's header are never
+chained (the layer rejects unknown structs): `held_back()` decides. It must
 not create devices or decide policy (family, device choice): device.py does.
-Called only by device.py.
+Called by device.py (and `version_tuple` by _instance.py).
 """
 
 from __future__ import annotations
@@ -32,6 +34,13 @@ FEATURE_STRUCTS = (
      "VK_KHR_cooperative_matrix", {"cooperative_matrix": "cooperativeMatrix"}),
 )
 
+# extension -> the Vulkan header version that introduced it (a layer built from an older
+# header rejects its structs); for every FEATURE_STRUCTS extension newer than 1.2.140
+EXTENSION_HEADERS = {
+    "VK_KHR_shader_integer_dot_product": (1, 2, 175),
+    "VK_KHR_cooperative_matrix": (1, 3, 255),
+}
+
 # storage-image format name -> VkFormat constant name
 IMAGE_FORMATS = {
     "rgba32f": "VK_FORMAT_R32G32B32A32_SFLOAT",
@@ -49,6 +58,7 @@ class Probe:
     properties: dict
     limits: dict
     features: frozenset
+    held_back: dict  # capability -> why it is not in `features` although the device has it
     extensions: tuple  # device extensions to enable for `features`
     storage_image_formats: frozenset
     queue_family: int
@@ -60,7 +70,29 @@ def version_tuple(version: int) -> tuple[int, int, int]:
     return (version >> 22) & 0x7F, (version >> 12) & 0x3FF, version & 0xFFF
 
 
+def held_back(available: dict[str, tuple], layer_version: tuple | None) -> dict[str, str]:
+    """Capabilities whose feature struct the validation layer predates, with the reason.
+
+    Args:
+        available: extension -> capabilities the device could enable through
+            its feature struct (core or extension).
+        layer_version: the validation layer's (major, minor, patch), or None
+            without validation.
+
+    Returns:
+        capability -> e.g. "the validation layer, header 239, predates
+        VK_KHR_cooperative_matrix", for every extension of `EXTENSION_HEADERS`
+        newer than `layer_version`.
+    """
+    if layer_version is None:
+        return {}
+    return {cap: f"the validation layer, header {layer_version[2]}, predates {extension}"
+            for extension, caps in available.items()
+            if tuple(layer_version) < EXTENSION_HEADERS.get(extension, (0, 0, 0)) for cap in caps}
+
+
 def _usable_structs(api: tuple[int, int], extensions: set[str]):
+    """(ctype, sType, extension, whether it must be enabled, fields) of each struct the device has."""
     vk, ffi, _ = _vk.load()
     for ctype, stype, core, extension, fields in FEATURE_STRUCTS:
         try:
@@ -68,15 +100,14 @@ def _usable_structs(api: tuple[int, int], extensions: set[str]):
         except ffi.error:  # the binding does not know it: report unsupported
             continue
         if (core is not None and api >= core) or extension in extensions:
-            needs_ext = core is None or api < core
-            yield ctype, getattr(vk, stype), (extension if needs_ext else None), fields
+            yield ctype, getattr(vk, stype), extension, core is None or api < core, fields
 
 
 def _chain(structs, features=None):
     """Link feature structs behind a VkPhysicalDeviceFeatures2; return (head, keepalive)."""
     vk, ffi, _ = _vk.load()
     keep, next_ptr = [], ffi.NULL
-    for ctype, stype, _, fields in structs:
+    for ctype, stype, _, _, fields in structs:
         values = {f: 1 for c, f in fields.items() if features is not None and c in features}
         node = ffi.new(ctype + "*", {"sType": stype, "pNext": next_ptr, **values})
         keep.append(node)
@@ -86,8 +117,14 @@ def _chain(structs, features=None):
     return head, keep
 
 
-def probe(physical) -> Probe:
-    """Query `physical` (a VkPhysicalDevice) for everything the runtime reports."""
+def probe(physical, layer_version: tuple | None = None) -> Probe:
+    """Query `physical` (a VkPhysicalDevice) for everything the runtime reports.
+
+    Args:
+        physical: the VkPhysicalDevice.
+        layer_version: the validation layer's (major, minor, patch), or None:
+            capabilities it predates are `held_back`, never queried nor enabled.
+    """
     vk, ffi, lib = _vk.load()
     base = ffi.new("VkPhysicalDeviceProperties*")
     lib.vkGetPhysicalDeviceProperties(physical, base)
@@ -115,9 +152,11 @@ def probe(physical) -> Probe:
     p, lim = props2.properties, props2.properties.limits
 
     structs = list(_usable_structs(api, extensions))
+    held = held_back({s[2]: tuple(s[4]) for s in structs}, layer_version)
+    structs = [s for s in structs if not set(s[4]) & set(held)]
     features2, keep = _chain(structs)
     lib.vkGetPhysicalDeviceFeatures2(physical, features2)
-    supported = {cap for node, (_, _, _, fields) in zip(keep, structs, strict=True)
+    supported = {cap for node, (_, _, _, _, fields) in zip(keep, structs, strict=True)
                  for cap, field in fields.items() if getattr(node, field)}
     if features2.features.shaderInt16:
         supported.add("shader_int16")
@@ -126,8 +165,8 @@ def probe(physical) -> Probe:
                      ("subgroup_shuffle", vk.VK_SUBGROUP_FEATURE_SHUFFLE_BIT)):
         if compute and subgroup.supportedOperations & bit:
             supported.add(cap)
-    needed_ext = tuple(sorted({ext for _, _, ext, fields in structs
-                               if ext and supported & set(fields)}))
+    needed_ext = tuple(sorted({ext for _, _, ext, needed, fields in structs
+                               if needed and supported & set(fields)}))
 
     formats = set()
     for name, const in IMAGE_FORMATS.items():
@@ -167,6 +206,7 @@ def probe(physical) -> Probe:
             "min_storage_buffer_offset_alignment": lim.minStorageBufferOffsetAlignment,
         },
         features=frozenset(supported),
+        held_back=held,
         extensions=needed_ext,
         storage_image_formats=frozenset(formats),
         queue_family=queue_family,
@@ -186,7 +226,7 @@ def feature_chain(physical, features: frozenset):
     extensions = {_vk.text(e.extensionName) for e in _vk.enumerate_items(
         "VkExtensionProperties", lib.vkEnumerateDeviceExtensionProperties, physical, ffi.NULL)}
     structs = [s for s in _usable_structs(version_tuple(base.apiVersion)[:2], extensions)
-               if features & set(s[3])]
+               if features & set(s[4])]
     head, keep = _chain(structs, features)
     head.features.shaderInt16 = "shader_int16" in features
     return head, keep

@@ -4,8 +4,9 @@ The runtime calls Vulkan only through `lib` (the dlopen'ed C functions) and
 `ffi` (cffi), never through the binding's Python wrappers: they are slow on
 the hot path and raise bare exception classes, some of them for positive
 (non-error) result codes. `load()` is the only place that imports `vulkan`,
-so `import runtime` works on a machine without a loader. Used by device.py,
-memory.py, pipeline.py and command.py.
+so `import runtime` works on a machine without a loader. Also `Recycler`, the
+bounded keeper of idle Vulkan objects. Used by device.py, memory.py,
+pipeline.py and command.py.
 """
 
 from __future__ import annotations
@@ -103,3 +104,50 @@ def full_barrier() -> Barrier:
                    vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT | vk.VK_PIPELINE_STAGE_HOST_BIT,
                    vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT
                    | vk.VK_ACCESS_HOST_READ_BIT)
+
+
+class Recycler:
+    """Idle objects kept for reuse by key, at most `max_entries` and `max_bytes`; oldest out first.
+
+    Items have `.nbytes` and `.destroy()` (a `Device.track` finalizer, so that
+    `Device.close()` destroys items still kept here).
+
+    Args:
+        max_entries: how many items are kept at most.
+        max_bytes: total `.nbytes` kept at most.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int = 0):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.entries = self.nbytes = 0
+        self.closed = False
+        self._idle: dict[object, list] = {}
+
+    def take(self, key):
+        """Remove and return an item kept under `key`, or None."""
+        items = self._idle.get(key)
+        if not items:
+            return None
+        item = items.pop()
+        if not items:
+            del self._idle[key]
+        self.entries -= 1
+        self.nbytes -= item.nbytes
+        return item
+
+    def give(self, key, item) -> None:
+        """Keep `item` under `key`, destroying the oldest items over the bounds (or `item` itself)."""
+        if self.closed or item.nbytes > self.max_bytes or not self.max_entries:
+            item.destroy()
+            return
+        self._idle.setdefault(key, []).append(item)
+        self.entries += 1
+        self.nbytes += item.nbytes
+        while self.entries > self.max_entries or self.nbytes > self.max_bytes:
+            self.take(next(iter(self._idle))).destroy()
+
+    def close(self) -> None:
+        """Destroy every kept item; later `give()`s destroy at once."""
+        self.closed = True
+        while self._idle:
+            self.take(next(iter(self._idle))).destroy()

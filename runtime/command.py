@@ -2,88 +2,32 @@
 
 A `Stream` turns stub calls into Vulkan commands: it uploads inputs, makes
 outputs, writes descriptor sets, packs push constants by the manifest's
-offsets, converts global sizes to group counts (folding an over-long 1-D
-dispatch into x*y), brackets every dispatch with timestamps and barriers, and
+offsets and converts global sizes to group counts (both in _dispatch.py),
+brackets every dispatch with timestamps and barriers, and
 submits with a fence. The command buffer starts with a barrier from all
 earlier host/transfer/compute writes to compute, puts a compute->compute
 barrier between dispatches and ends with compute writes -> host/transfer
 reads. Recording and submission use pre-built cffi structs and raw `lib`
-calls. It must not choose variants or check op arguments (the stubs do).
-Called by the op stubs, the registry and tests.
+calls. A stream's command buffer, fence, descriptor and query pools and
+structs (`_Resources`) are reset at `close()` and kept in the device's
+`spare_streams` for the next stream. It must not choose variants or check op
+arguments (the stubs do). Called by the op stubs, the registry and tests.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import struct
 
 from runtime import _vk
+from runtime._dispatch import check_names, fold_groups, group_counts, layout, pack_push
 from runtime.errors import DispatchError, VulkanError
 from runtime.tensor import Tensor, dtype_info
 
-PUSH_FORMATS = {"uint": "I", "int": "i", "float": "f", "uvec4": "4I", "ivec4": "4i", "vec4": "4f"}
+__all__ = ["Stream", "fold_groups", "group_counts", "pack_push"]
 POOL_SETS = 128
 QUERIES_PER_POOL = 128
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
-
-
-def group_counts(workgroup, global_size=None, groups=None) -> tuple[list[int], list[int]]:
-    """Group counts and global size (each 3 long) from exactly one of `global_size` / `groups`.
-
-    Raises:
-        DispatchError: neither or both given, or more than 3 dimensions.
-    """
-    if (global_size is None) == (groups is None):
-        raise DispatchError("dispatch needs exactly one of global_size= and groups=")
-    size = [int(v) for v in (global_size if groups is None else groups)]
-    if not 1 <= len(size) <= 3:
-        raise DispatchError(f"dispatch size must have 1 to 3 dimensions, got {size}")
-    size += [1] * (3 - len(size))
-    if groups is not None:
-        return size, [g * w for g, w in zip(size, workgroup, strict=True)]
-    return [-(-g // w) for g, w in zip(size, workgroup, strict=True)], size
-
-
-def fold_groups(counts: list[int], limits) -> list[int]:
-    """Fold an x count over `limits[0]` into x*y when y == z == 1.
-
-    Raises:
-        DispatchError: a count is still over its limit.
-    """
-    x, y, z = counts
-    if x > limits[0] and y == z == 1:
-        x, y = limits[0], -(-x // limits[0])
-    if x > limits[0] or y > limits[1] or z > limits[2]:
-        raise DispatchError(f"group counts {list(counts)} exceed the device limit {list(limits)}")
-    return [x, y, z]
-
-
-def pack_push(variant, op: str, push: dict) -> bytes:
-    """Pack `push` (field name -> value) by the manifest's field offsets and types.
-
-    Raises:
-        DispatchError: missing or unknown field names, or a value that does not fit its type.
-    """
-    fields = variant.interface.push_constants
-    _check_names(op, variant, "push constants", {f.name for f in fields}, push)
-    data = bytearray(variant.interface.push_constants_size)
-    for field in fields:
-        value = push[field.name]
-        values = list(value) if field.type.endswith("vec4") else [value]
-        try:
-            struct.pack_into("<" + PUSH_FORMATS[field.type], data, field.offset, *values)
-        except struct.error as exc:
-            raise DispatchError(f"{op}: variant {variant.name}: push constant '{field.name}' "
-                                f"({field.type}) cannot hold {value!r}: {exc}") from None
-    return bytes(data)
-
-
-def _check_names(op: str, variant, what: str, expected: set, given: dict) -> None:
-    missing, extra = sorted(expected - set(given)), sorted(set(given) - expected)
-    if missing or extra:
-        raise DispatchError(f"{op}: variant {variant.name}: {what} missing {missing}, "
-                            f"unexpected {extra}; expected {sorted(expected)}")
 
 
 def _destroy_stream(lib, null, device, pool, command_buffers, fence, descriptor_pools, query_pools):
@@ -93,6 +37,91 @@ def _destroy_stream(lib, null, device, pool, command_buffers, fence, descriptor_
         lib.vkDestroyDescriptorPool(device, descriptor_pool, null)
     lib.vkDestroyFence(device, fence, null)
     lib.vkFreeCommandBuffers(device, pool, 1, command_buffers)
+
+
+class _Resources:
+    """What a stream records and submits with: command buffer, fence, pools, pre-built structs.
+
+    Pools grow as a recording needs; `reset()` makes everything reusable and
+    `destroy()` (tracked by the device) frees it.
+    """
+
+    nbytes = 0  # for the device's Recycler
+
+    def __init__(self, device):
+        vk, ffi, lib = _vk.load()
+        self.command_buffers = ffi.new("VkCommandBuffer[]", 1)
+        alloc = ffi.new("VkCommandBufferAllocateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+            "commandPool": device.command_pool, "level": vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            "commandBufferCount": 1})
+        _vk.check(lib.vkAllocateCommandBuffers(device.handle, alloc, self.command_buffers),
+                  "vkAllocateCommandBuffers")
+        self.cb = self.command_buffers[0]
+        try:
+            self.fence = device.create_fence()
+        except BaseException:
+            lib.vkFreeCommandBuffers(device.handle, device.command_pool, 1, self.command_buffers)
+            raise
+        self.fences = ffi.new("VkFence[]", [self.fence])
+        self.descriptor_pools, self.query_pools = [], []
+        self.pending = False  # submitted and not yet waited for
+        self.writes: dict = {}  # Pipeline -> writes_for() template
+        self.destroy = device.track(
+            self, _destroy_stream, lib, ffi.NULL, device.handle, device.command_pool,
+            self.command_buffers, self.fence, self.descriptor_pools, self.query_pools)
+        self.submit = ffi.new("VkSubmitInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
+            "pCommandBuffers": self.command_buffers})
+        self.begin_info = ffi.new("VkCommandBufferBeginInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO})
+        self.set_layouts = ffi.new("VkDescriptorSetLayout[]", 1)
+        self.set = ffi.new("VkDescriptorSet[]", 1)
+        self.set_alloc = ffi.new("VkDescriptorSetAllocateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, "descriptorSetCount": 1,
+            "pSetLayouts": self.set_layouts})
+        compute, shader = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
+        shader_rw = vk.VK_ACCESS_SHADER_READ_BIT | shader
+        self.begin_barrier = _vk.Barrier(
+            vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT | compute,
+            vk.VK_ACCESS_HOST_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | shader, compute, shader_rw)
+        self.between_barrier = _vk.Barrier(compute, shader, compute, shader_rw)
+        self.end_barrier = _vk.Barrier(
+            compute, shader, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+            vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT)
+
+    def writes_for(self, pipeline, info) -> tuple:
+        """Pre-filled descriptor writes of `pipeline`: (writes, buffer infos, image infos).
+
+        Only the set, buffers and views are left to fill per dispatch.
+        """
+        template = self.writes.get(pipeline)
+        if template is None:
+            vk, ffi, _ = _vk.load()
+            count = len(info.interface.bindings)
+            buffer_infos = ffi.new("VkDescriptorBufferInfo[]", count)
+            image_infos = ffi.new("VkDescriptorImageInfo[]", count)
+            writes = ffi.new("VkWriteDescriptorSet[]", count)
+            for i, binding in enumerate(info.interface.bindings):
+                write = writes[i]
+                write.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+                write.dstBinding, write.descriptorCount = binding.binding, 1
+                if binding.storage == "texture3d":
+                    image_infos[i].imageLayout = vk.VK_IMAGE_LAYOUT_GENERAL
+                    write.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE
+                    write.pImageInfo = image_infos + i
+                else:
+                    write.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+                    write.pBufferInfo = buffer_infos + i
+            template = self.writes[pipeline] = (writes, buffer_infos, image_infos)
+        return template
+
+    def reset(self, device) -> None:
+        """Make the command buffer and descriptor pools ready for a new recording."""
+        _, _, lib = _vk.load()
+        _vk.check(lib.vkResetCommandBuffer(self.cb, 0), "vkResetCommandBuffer")
+        for pool in self.descriptor_pools:
+            _vk.check(lib.vkResetDescriptorPool(device.handle, pool, 0), "vkResetDescriptorPool")
 
 
 class Stream:
@@ -109,42 +138,15 @@ class Stream:
             from runtime.device import get_device
 
             device = get_device()
+        device.require_open()
         self.device, self._library, self._vk, self._ffi, self._lib = device, library, vk, ffi, lib
-        self._command_buffers = ffi.new("VkCommandBuffer[]", 1)
-        alloc = ffi.new("VkCommandBufferAllocateInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
-            "commandPool": device.command_pool, "level": vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
-            "commandBufferCount": 1})
-        _vk.check(lib.vkAllocateCommandBuffers(device.handle, alloc, self._command_buffers),
-                  "vkAllocateCommandBuffers")
-        self._cb = self._command_buffers[0]
-        self._fence = device.create_fence()
-        self._fences = ffi.new("VkFence[]", [self._fence])
-        self._descriptor_pools, self._query_pools = [], []
-        self._finalizer = device.track(
-            self, _destroy_stream, lib, ffi.NULL, device.handle, device.command_pool,
-            self._command_buffers, self._fence, self._descriptor_pools, self._query_pools)
-        self._submit = ffi.new("VkSubmitInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
-            "pCommandBuffers": self._command_buffers})
-        self._begin_info = ffi.new("VkCommandBufferBeginInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO})
-        self._set_alloc = ffi.new("VkDescriptorSetAllocateInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, "descriptorSetCount": 1})
-        self._set_layouts = ffi.new("VkDescriptorSetLayout[]", 1)
-        self._set = ffi.new("VkDescriptorSet[]", 1)
-        compute, shader = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
-        shader_rw = vk.VK_ACCESS_SHADER_READ_BIT | shader
-        self._begin_barrier = _vk.Barrier(
-            vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT | compute,
-            vk.VK_ACCESS_HOST_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | shader, compute, shader_rw)
-        self._between_barrier = _vk.Barrier(compute, shader, compute, shader_rw)
-        self._end_barrier = _vk.Barrier(
-            compute, shader, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
-            vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT)
+        self._resources = device.spare_streams.take(_Resources) or _Resources(device)
+        res = self._resources
+        self._cb, self._set, self._set_alloc = res.cb, res.set, res.set_alloc
+        self._begin_barrier, self._between_barrier = res.begin_barrier, res.between_barrier
         self._timestamps = device.caps.timestamps
         self._dummies: dict[tuple, Tensor] = {}
-        self._state = "empty"  # -> "recording" -> "ready" (recorded, ended)
+        self._state = "empty"  # -> "recording" -> "ready" (recorded, ended); "closed"
         self._reset_recording()
 
     # -- tensors --------------------------------------------------------------------
@@ -172,7 +174,7 @@ class Stream:
         return Tensor.from_torch(value, binding.storage, dtype, label, self.device)
 
     def empty(self, shape, dtype, binding, label: str | None = None) -> Tensor:
-        """A zero-filled device tensor of `shape` for `binding`.
+        """A device tensor of `shape` for `binding`, not initialised: the shader writes all of it.
 
         Raises:
             DispatchError: `dtype` is not the binding's dtype (a spec bug).
@@ -203,10 +205,12 @@ class Stream:
             DispatchError: names or sizes that do not match the variant.
             UnsupportedVariant: the variant exceeds a device limit.
         """
-        self.device.require_open()
+        self._require_stream()
         library = self._library_()
         info = library.variant(variant if isinstance(variant, str) else variant.name)
-        _check_names(op, info, "bindings", {b.name for b in info.interface.bindings}, bindings)
+        names = layout(info).binding_names
+        if bindings.keys() != names:
+            check_names(op, info, "bindings", names, bindings)
         push_data = pack_push(info, op, push)
         counts, global_size = group_counts(info.interface.workgroup, global_size, groups)
         if 0 in counts:
@@ -218,7 +222,7 @@ class Stream:
         descriptor_set = self._write_descriptors(pipeline, info, bindings)
         lib, cb = self._lib, self._cb
         if self._state == "empty":
-            _vk.check(lib.vkBeginCommandBuffer(cb, self._begin_info), "vkBeginCommandBuffer")
+            _vk.check(lib.vkBeginCommandBuffer(cb, self._resources.begin_info), "vkBeginCommandBuffer")
             self._begin_barrier.record(cb)
             self._state = "recording"
         else:
@@ -253,38 +257,28 @@ class Stream:
         return self._library
 
     def _write_descriptors(self, pipeline, info, bindings: dict):
-        vk, ffi, lib = self._vk, self._ffi, self._lib
-        self._set_layouts[0] = pipeline.set_layout
-        self._set_alloc.pSetLayouts = self._set_layouts
+        ffi, lib = self._ffi, self._lib
+        pools = self._resources.descriptor_pools
+        self._resources.set_layouts[0] = pipeline.set_layout
         result = OUT_OF_POOL[0]
         while result in OUT_OF_POOL:
-            if self._pool_index == len(self._descriptor_pools):
+            if self._pool_index == len(pools):
                 self._new_descriptor_pool()
-            self._set_alloc.descriptorPool = self._descriptor_pools[self._pool_index]
+            self._set_alloc.descriptorPool = pools[self._pool_index]
             result = lib.vkAllocateDescriptorSets(self.device.handle, self._set_alloc, self._set)
             if result in OUT_OF_POOL:
                 self._pool_index += 1
         _vk.check(result, "vkAllocateDescriptorSets")
         descriptor_set = self._set[0]
-        count = len(info.interface.bindings)
-        buffer_infos = ffi.new("VkDescriptorBufferInfo[]", count)
-        image_infos = ffi.new("VkDescriptorImageInfo[]", count)
-        writes = ffi.new("VkWriteDescriptorSet[]", count)
+        writes, buffer_infos, image_infos = self._resources.writes_for(pipeline, info)
         for i, binding in enumerate(info.interface.bindings):
             memory = self._memory_for(binding, bindings[binding.name])
-            write = writes[i]
-            write.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
-            write.dstSet, write.dstBinding, write.descriptorCount = descriptor_set, binding.binding, 1
+            writes[i].dstSet = descriptor_set
             if binding.storage == "texture3d":
                 image_infos[i].imageView = memory.view
-                image_infos[i].imageLayout = vk.VK_IMAGE_LAYOUT_GENERAL
-                write.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE
-                write.pImageInfo = image_infos + i
             else:
                 buffer_infos[i].buffer, buffer_infos[i].range = memory.handle, memory.nbytes
-                write.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
-                write.pBufferInfo = buffer_infos + i
-        lib.vkUpdateDescriptorSets(self.device.handle, count, writes, 0, ffi.NULL)
+        lib.vkUpdateDescriptorSets(self.device.handle, len(writes), writes, 0, ffi.NULL)
         return descriptor_set
 
     def _memory_for(self, binding, tensor):
@@ -297,7 +291,7 @@ class Stream:
             return tensor.memory
         key = (binding.storage, binding.dtype)
         if key not in self._dummies:
-            self._dummies[key] = Tensor.empty([4], dtype_info(binding.dtype).torch_dtype,
+            self._dummies[key] = Tensor.zeros([4], dtype_info(binding.dtype).torch_dtype,
                                               binding.storage, "dummy binding", self.device)
         return self._dummies[key].memory
 
@@ -312,14 +306,14 @@ class Stream:
         pool = ffi.new("VkDescriptorPool*")
         _vk.check(lib.vkCreateDescriptorPool(self.device.handle, info, ffi.NULL, pool),
                   "vkCreateDescriptorPool")
-        self._descriptor_pools.append(pool[0])
+        self._resources.descriptor_pools.append(pool[0])
 
     def _next_queries(self, label: str):
         """Reserve two timestamp queries for one dispatch: (pool, first index), or None."""
         if not self._timestamps:
             return None
-        used = len(self._timed) * 2
-        if used // QUERIES_PER_POOL >= len(self._query_pools):
+        used, pools = len(self._timed) * 2, self._resources.query_pools
+        if used // QUERIES_PER_POOL >= len(pools):
             vk, ffi, lib = self._vk, self._ffi, self._lib
             info = ffi.new("VkQueryPoolCreateInfo*", {
                 "sType": vk.VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
@@ -327,8 +321,8 @@ class Stream:
             pool = ffi.new("VkQueryPool*")
             _vk.check(lib.vkCreateQueryPool(self.device.handle, info, ffi.NULL, pool),
                       "vkCreateQueryPool")
-            self._query_pools.append(pool[0])
-        pool = self._query_pools[used // QUERIES_PER_POOL]
+            pools.append(pool[0])
+        pool = pools[used // QUERIES_PER_POOL]
         if used % QUERIES_PER_POOL == 0:
             self._lib.vkCmdResetQueryPool(self._cb, pool, 0, QUERIES_PER_POOL)
         query = (pool, used % QUERIES_PER_POOL)
@@ -341,12 +335,14 @@ class Stream:
         self._pool_index = 0
 
     def _restart(self) -> None:
-        _vk.check(self._lib.vkResetCommandBuffer(self._cb, 0), "vkResetCommandBuffer")
-        for pool in self._descriptor_pools:
-            _vk.check(self._lib.vkResetDescriptorPool(self.device.handle, pool, 0),
-                      "vkResetDescriptorPool")
+        self._resources.reset(self.device)
         self._reset_recording()
         self._state = "empty"
+
+    def _require_stream(self) -> None:
+        self.device.require_open()
+        if self._state == "closed":
+            raise DispatchError("this stream was closed")
 
     # -- submission -----------------------------------------------------------------
 
@@ -356,8 +352,9 @@ class Stream:
         Raises:
             VulkanError: submission or wait failed.
         """
+        self._require_stream()
         if self._state == "recording":
-            self._end_barrier.record(self._cb)
+            self._resources.end_barrier.record(self._cb)
             _vk.check(self._lib.vkEndCommandBuffer(self._cb), "vkEndCommandBuffer")
             self._state = "ready"
         if self._state == "ready":
@@ -375,10 +372,12 @@ class Stream:
 
     def _submit_and_wait(self) -> None:
         self.device.require_open()
-        lib, handle = self._lib, self.device.handle
-        _vk.check(lib.vkQueueSubmit(self.device.queue, 1, self._submit, self._fence), "vkQueueSubmit")
-        _vk.check(lib.vkWaitForFences(handle, 1, self._fences, 1, 2**64 - 1), "vkWaitForFences")
-        _vk.check(lib.vkResetFences(handle, 1, self._fences), "vkResetFences")
+        lib, handle, res = self._lib, self.device.handle, self._resources
+        res.pending = True  # until the fence is waited for and reset: not reusable
+        _vk.check(lib.vkQueueSubmit(self.device.queue, 1, res.submit, res.fence), "vkQueueSubmit")
+        _vk.check(lib.vkWaitForFences(handle, 1, res.fences, 1, 2**64 - 1), "vkWaitForFences")
+        _vk.check(lib.vkResetFences(handle, 1, res.fences), "vkResetFences")
+        res.pending = False
 
     def timings(self) -> list[tuple[str, float]]:
         """`[(variant name, seconds)]` of every dispatch of the last run, from timestamps.
@@ -402,8 +401,18 @@ class Stream:
         return result
 
     def close(self) -> None:
-        """Free the command buffer, fence, pools and dummies (tensors stay valid)."""
-        self._finalizer()
+        """Reset the command buffer and pools for the next stream, drop the dummies; idempotent.
+
+        Tensors stay valid; the stream cannot record or run any more.
+        """
+        res, self._resources = self._resources, None
+        if res is not None:
+            if self.device.closed or res.pending:
+                res.destroy()
+            else:
+                res.reset(self.device)
+                self.device.spare_streams.give(_Resources, res)
+        self._state = "closed"
         self._dummies.clear()
         self._reset_recording()
 

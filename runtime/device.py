@@ -2,10 +2,13 @@
 
 Owns every Vulkan object of the process through a registry of live objects
 and destroys them all, in reverse order, on `close()` (also at exit), so the
-validation layer reports no leak. Decides the GPU family and the capability
-vocabulary; enables optional features only where supported. It must not know
-about shaders, tensors or ops. `get_device()` is called by tensor.py,
-command.py, the registry and `python -m runtime info`.
+validation layer reports no leak. Keeps idle objects for reuse in two bounded
+`_vk.Recycler`s (`spare_memory` for memory.py, `spare_streams` for command.py).
+Decides the GPU family and the capability vocabulary; enables optional
+features only where supported (and, under validation, only where the layer
+knows their structs). It must not know about shaders, tensors or ops.
+`get_device()` is called by tensor.py, command.py, the registry and
+`python -m runtime info`.
 """
 
 from __future__ import annotations
@@ -13,7 +16,7 @@ from __future__ import annotations
 import atexit
 import os
 import weakref
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from runtime import _instance, _probe, _vk
 from runtime.errors import NO_DEVICE, DeviceClosed, EtvkError, VulkanUnavailable
@@ -30,6 +33,8 @@ VENDOR_FAMILIES = {0x13B5: "mali", 0x5143: "adreno", 0x10DE: "nvidia", 0x1002: "
 DRIVER_FAMILIES = {13: "llvmpipe", 10: "swiftshader"}  # VkDriverId: MESA_LLVMPIPE, GOOGLE_SWIFTSHADER
 DEVICE_TYPES = {0: "other", 1: "integrated_gpu", 2: "discrete_gpu", 3: "virtual_gpu", 4: "cpu"}
 TYPE_PREFERENCE = ("discrete_gpu", "integrated_gpu", "virtual_gpu", "cpu", "other")
+SPARE_MEMORY_BYTES, SPARE_MEMORY_ENTRIES = 256 << 20, 64
+SPARE_STREAMS = 8
 
 
 class ConfigError(EtvkError, ValueError):
@@ -124,6 +129,7 @@ class Capabilities:
     timestamps: bool
     storage_image_formats: frozenset
     pipeline_cache_uuid: bytes
+    held_back: tuple = field(default=())  # ((capability, why it is not enabled), ...)
 
     def supports(self, name: str) -> bool:
         """Whether capability `name` (one of `CAPABILITY_NAMES`) is enabled.
@@ -134,6 +140,13 @@ class Capabilities:
         if name not in CAPABILITY_NAMES:
             raise ValueError(f"unknown capability {name!r}; use one of: {', '.join(CAPABILITY_NAMES)}")
         return name in self.features
+
+    def why_not(self, name: str) -> str:
+        """Why capability `name` is not enabled although the device has it, or "".
+
+        E.g. "the validation layer, header 239, predates VK_KHR_cooperative_matrix".
+        """
+        return dict(self.held_back).get(name, "")
 
     def supports_storage_image(self, fmt: str) -> bool:
         """Whether storage images of `fmt` (rgba32f, rgba16f, rgba32i, rgba8i, rgba8ui) work."""
@@ -168,15 +181,18 @@ class Device:
         self.validation = validation
         self.closed = False
         self._live: list[weakref.finalize] = []
+        self._prune_at = 64
+        self.spare_memory = _vk.Recycler(SPARE_MEMORY_ENTRIES, SPARE_MEMORY_BYTES)
+        self.spare_streams = _vk.Recycler(SPARE_STREAMS)
         self._messages: list[tuple[int, str]] = []
         self._message_handle = None  # keeps the validation callback's user data alive
         self.instance = self.messenger = self.handle = self.command_pool = self.pipelines = None
         self._once_fence = None
         _vk.load()
         try:
-            self.instance, self.messenger = _instance.create_instance(self.validation, self)
+            self.instance, self.messenger, layer = _instance.create_instance(self.validation, self)
             physical = self._choose(selector)
-            self._create_device(physical)
+            self._create_device(physical, layer)
             from runtime.pipeline import PipelineCache
 
             self.pipelines = PipelineCache(self)
@@ -200,9 +216,9 @@ class Device:
             candidates.append((_vk.text(props.deviceName), DEVICE_TYPES.get(props.deviceType, "other")))
         return physicals[choose_physical_device(candidates, selector)]
 
-    def _create_device(self, physical) -> None:
+    def _create_device(self, physical, layer_version) -> None:
         vk, ffi, lib = _vk.load()
-        probe = _probe.probe(physical)
+        probe = _probe.probe(physical, layer_version)
         props = probe.properties
         if probe.queue_family < 0 or _probe.version_tuple(props["api_version"])[:2] < (1, 1):
             raise VulkanUnavailable(f"Vulkan device {props['name']!r} needs Vulkan >= 1.1 and a "
@@ -221,7 +237,8 @@ class Device:
             timestamp_period=props["timestamp_period"],
             timestamps=probe.timestamp_valid_bits > 0,
             storage_image_formats=probe.storage_image_formats,
-            pipeline_cache_uuid=props["pipeline_cache_uuid"])
+            pipeline_cache_uuid=props["pipeline_cache_uuid"],
+            held_back=tuple(sorted(probe.held_back.items())))
         self.timestamp_valid_bits = probe.timestamp_valid_bits
         self.queue_family = probe.queue_family
         self.physical = physical
@@ -263,8 +280,9 @@ class Device:
         `args` must not reference `owner`. Objects are destroyed in reverse
         order of tracking at close.
         """
-        if len(self._live) > 64:
+        if len(self._live) > self._prune_at:
             self._live = [f for f in self._live if f.alive]
+            self._prune_at = max(64, 2 * len(self._live))
         finalizer = weakref.finalize(owner, destroy, *args)
         finalizer.atexit = False  # close() (itself at exit) destroys in order
         self._live.append(finalizer)
@@ -341,6 +359,8 @@ class Device:
         _, ffi, lib = _vk.load()
         if self.handle is not None:
             lib.vkDeviceWaitIdle(self.handle)
+            self.spare_streams.close()
+            self.spare_memory.close()
             for finalizer in reversed(self._live):
                 finalizer()
             self._live.clear()

@@ -4,20 +4,44 @@ A `Buffer` lives in memory that is device-local and host-visible-coherent
 where the device has it (mapped once, copied with memmove), else device-local
 with a temporary host-visible staging buffer, else host-visible. An `Image3D`
 is an optimal-tiling 3-D storage image kept in layout GENERAL, copied through
-staging buffers. The object that owns memory owns its mapped view; memory is
-freed when the owner is collected or at device close. Copies of host data are
-single memmoves from raw pointers, with one-shot command buffers and full
-barriers around every transfer. It must not know dtypes or shapes (tensor.py
-does). Called by tensor.py and command.py (dummy bindings).
+staging buffers. Each holds an `_Allocation` (the Vulkan objects and the
+mapped view), which goes back to the device's `spare_memory` when its holder
+is collected and is taken again by the next buffer of the same placement and
+size class (or image of the same format and extent); allocations are
+destroyed when evicted or at device close. New memory is not initialised.
+Copies of host data are single memmoves from raw pointers, with one-shot
+command buffers and full barriers around every transfer. It must not know
+dtypes or shapes (tensor.py does). Called by tensor.py and command.py (dummy
+bindings).
 """
 
 from __future__ import annotations
 
 import ctypes
+import weakref
 
 from runtime import _vk
 
 PLACEMENTS = ("auto", "host", "device")
+SMALLEST_CLASS = 256
+
+
+def size_class(nbytes: int, limit: int) -> int:
+    """The allocation size for `nbytes`: at least 256, rounded up to 4, 5, 6 or 7 times a power of two.
+
+    Args:
+        nbytes: the bytes asked for.
+        limit: never round above this (unless `nbytes` itself is).
+
+    Returns:
+        At most 25% more than `nbytes`, so that freed memory is reused by near sizes.
+    """
+    if nbytes <= SMALLEST_CLASS:
+        rounded = SMALLEST_CLASS
+    else:
+        step = 1 << (nbytes.bit_length() - 3)
+        rounded = -(-nbytes // step) * step
+    return max(nbytes, min(rounded, limit))
 
 
 def choose_memory_type(type_flags: list[int], type_bits: int, preferences: list[int]) -> int | None:
@@ -69,8 +93,54 @@ def _destroy_image(lib, null, device, image, view, memory):
     lib.vkFreeMemory(device, memory, null)
 
 
+class _Allocation:
+    """A buffer or image with its memory (and mapped address or view); `destroy()` frees them."""
+
+    def __init__(self, device, nbytes: int, handle, memory, view=None):
+        self.nbytes, self.handle, self.view, self.mapped = nbytes, handle, view, None
+        _, ffi, lib = _vk.load()
+        if view is None:
+            self.destroy = device.track(self, _destroy_buffer, lib, ffi.NULL, device.handle, handle, memory)
+        else:
+            self.destroy = device.track(self, _destroy_image, lib, ffi.NULL, device.handle, handle, view,
+                                        memory)
+
+
+def _hold(owner, device, key, allocation) -> None:
+    """Give `allocation` back to the device's spare memory when `owner` is collected."""
+    weakref.finalize(owner, device.spare_memory.give, key, allocation).atexit = False
+
+
+def _new_buffer(device, size: int, placement: str) -> _Allocation:
+    vk, ffi, lib = _vk.load()
+    info = ffi.new("VkBufferCreateInfo*", {
+        "sType": vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, "size": size,
+        "usage": vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
+        | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
+        "sharingMode": vk.VK_SHARING_MODE_EXCLUSIVE})
+    buffer = ffi.new("VkBuffer*")
+    _vk.check(lib.vkCreateBuffer(device.handle, info, ffi.NULL, buffer), "vkCreateBuffer")
+    requirements = ffi.new("VkMemoryRequirements*")
+    lib.vkGetBufferMemoryRequirements(device.handle, buffer[0], requirements)
+    host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
+    local = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
+    preferences = {"auto": [local | host, local, host], "host": [host], "device": [local]}
+    try:
+        memory, flags = _allocate(device, requirements, preferences[placement], f"a {size}-byte buffer")
+    except BaseException:
+        lib.vkDestroyBuffer(device.handle, buffer[0], ffi.NULL)
+        raise
+    allocation = _Allocation(device, size, buffer[0], memory)
+    _vk.check(lib.vkBindBufferMemory(device.handle, buffer[0], memory, 0), "vkBindBufferMemory")
+    if placement != "device" and flags & host == host:
+        pointer = ffi.new("void**")
+        _vk.check(lib.vkMapMemory(device.handle, memory, 0, requirements.size, 0, pointer), "vkMapMemory")
+        allocation.mapped = _address(pointer[0])
+    return allocation
+
+
 class Buffer:
-    """A storage buffer of `nbytes` (> 0) bytes.
+    """A storage buffer of `nbytes` (> 0) bytes, not initialised.
 
     Args:
         device: the owning `Device`.
@@ -80,44 +150,20 @@ class Buffer:
             mapped: copies go through staging).
 
     Attributes:
-        handle: the VkBuffer.
+        handle: the VkBuffer (possibly larger than `nbytes`: its size class).
         mapped: the host address of its memory, or None when staged.
     """
 
     def __init__(self, device, nbytes: int, placement: str = "auto"):
-        vk, ffi, lib = _vk.load()
         if nbytes <= 0 or placement not in PLACEMENTS:
             raise ValueError(f"Buffer needs nbytes > 0 and a placement in {PLACEMENTS}")
         device.require_open()
         self.device, self.nbytes = device, nbytes
-        info = ffi.new("VkBufferCreateInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_BUFFER_CREATE_INFO, "size": nbytes,
-            "usage": vk.VK_BUFFER_USAGE_STORAGE_BUFFER_BIT | vk.VK_BUFFER_USAGE_TRANSFER_SRC_BIT
-            | vk.VK_BUFFER_USAGE_TRANSFER_DST_BIT,
-            "sharingMode": vk.VK_SHARING_MODE_EXCLUSIVE})
-        buffer = ffi.new("VkBuffer*")
-        _vk.check(lib.vkCreateBuffer(device.handle, info, ffi.NULL, buffer), "vkCreateBuffer")
-        self.handle = buffer[0]
-        requirements = ffi.new("VkMemoryRequirements*")
-        lib.vkGetBufferMemoryRequirements(device.handle, self.handle, requirements)
-        host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
-        local = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
-        preferences = {"auto": [local | host, local, host], "host": [host], "device": [local]}
-        try:
-            self.memory, flags = _allocate(device, requirements, preferences[placement],
-                                           f"a {nbytes}-byte buffer")
-        except BaseException:
-            lib.vkDestroyBuffer(device.handle, self.handle, ffi.NULL)
-            raise
-        device.track(self, _destroy_buffer, lib, ffi.NULL, device.handle, self.handle, self.memory)
-        _vk.check(lib.vkBindBufferMemory(device.handle, self.handle, self.memory, 0),
-                  "vkBindBufferMemory")
-        self.mapped = None
-        if placement != "device" and flags & host == host:
-            pointer = ffi.new("void**")
-            _vk.check(lib.vkMapMemory(device.handle, self.memory, 0, requirements.size, 0, pointer),
-                      "vkMapMemory")
-            self.mapped = _address(pointer[0])
+        size = size_class(nbytes, device.caps.limits.max_memory_allocation_size)
+        key = ("buffer", placement, size)
+        allocation = device.spare_memory.take(key) or _new_buffer(device, size, placement)
+        self.handle, self.mapped = allocation.handle, allocation.mapped
+        _hold(self, device, key, allocation)
 
     def write(self, source: int, nbytes: int) -> None:
         """Copy `nbytes` from host address `source` to the start; zero the rest."""
@@ -169,8 +215,56 @@ class Buffer:
         self.device.run_once(record, what)
 
 
+def _new_image(device, extent: tuple, vk_format: int, nbytes: int, subrange: dict) -> _Allocation:
+    """Create a 3-D storage image with memory and view, and move it to layout GENERAL."""
+    vk, ffi, lib = _vk.load()
+    info = ffi.new("VkImageCreateInfo*", {
+        "sType": vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, "imageType": vk.VK_IMAGE_TYPE_3D,
+        "format": vk_format, "extent": dict(zip(("width", "height", "depth"), extent, strict=True)),
+        "mipLevels": 1, "arrayLayers": 1, "samples": vk.VK_SAMPLE_COUNT_1_BIT,
+        "tiling": vk.VK_IMAGE_TILING_OPTIMAL,
+        "usage": vk.VK_IMAGE_USAGE_STORAGE_BIT | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT
+        | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT,
+        "sharingMode": vk.VK_SHARING_MODE_EXCLUSIVE,
+        "initialLayout": vk.VK_IMAGE_LAYOUT_UNDEFINED})
+    out = ffi.new("VkImage*")
+    _vk.check(lib.vkCreateImage(device.handle, info, ffi.NULL, out), "vkCreateImage")
+    image, memory, view = out[0], ffi.NULL, ffi.NULL
+    try:
+        requirements = ffi.new("VkMemoryRequirements*")
+        lib.vkGetImageMemoryRequirements(device.handle, image, requirements)
+        memory, _ = _allocate(device, requirements, [vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0],
+                              f"a {extent} image")
+        _vk.check(lib.vkBindImageMemory(device.handle, image, memory, 0), "vkBindImageMemory")
+        view_info = ffi.new("VkImageViewCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, "image": image,
+            "viewType": vk.VK_IMAGE_VIEW_TYPE_3D, "format": vk_format, "subresourceRange": subrange})
+        out = ffi.new("VkImageView*")
+        _vk.check(lib.vkCreateImageView(device.handle, view_info, ffi.NULL, out), "vkCreateImageView")
+        view = out[0]
+    except BaseException:
+        _destroy_image(lib, ffi.NULL, device.handle, image, view, memory)
+        raise
+    allocation = _Allocation(device, nbytes, image, memory, view=view)
+    to_general = ffi.new("VkImageMemoryBarrier*", {
+        "sType": vk.VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER,
+        "dstAccessMask": vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT,
+        "oldLayout": vk.VK_IMAGE_LAYOUT_UNDEFINED, "newLayout": vk.VK_IMAGE_LAYOUT_GENERAL,
+        "srcQueueFamilyIndex": vk.VK_QUEUE_FAMILY_IGNORED,
+        "dstQueueFamilyIndex": vk.VK_QUEUE_FAMILY_IGNORED,
+        "image": image, "subresourceRange": subrange})
+
+    def record(cb):
+        lib.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
+                                 vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 0, ffi.NULL,
+                                 0, ffi.NULL, 1, to_general)
+
+    device.run_once(record, "image layout transition")
+    return allocation
+
+
 class Image3D:
-    """A 3-D storage image (optimal tiling, layout GENERAL) of `extent` texels.
+    """A 3-D storage image (optimal tiling, layout GENERAL) of `extent` texels, not initialised.
 
     Args:
         device: the owning `Device`.
@@ -183,64 +277,17 @@ class Image3D:
     """
 
     def __init__(self, device, extent: tuple[int, int, int], vk_format: int, texel_bytes: int):
-        vk, ffi, lib = _vk.load()
+        vk, _, _ = _vk.load()
         device.require_open()
         self.device, self.extent, self.nbytes = device, tuple(extent), texel_bytes
         for size in extent:
             self.nbytes *= size
-        info = ffi.new("VkImageCreateInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, "imageType": vk.VK_IMAGE_TYPE_3D,
-            "format": vk_format, "extent": dict(zip(("width", "height", "depth"), extent, strict=True)),
-            "mipLevels": 1, "arrayLayers": 1, "samples": vk.VK_SAMPLE_COUNT_1_BIT,
-            "tiling": vk.VK_IMAGE_TILING_OPTIMAL,
-            "usage": vk.VK_IMAGE_USAGE_STORAGE_BIT | vk.VK_IMAGE_USAGE_TRANSFER_SRC_BIT
-            | vk.VK_IMAGE_USAGE_TRANSFER_DST_BIT,
-            "sharingMode": vk.VK_SHARING_MODE_EXCLUSIVE,
-            "initialLayout": vk.VK_IMAGE_LAYOUT_UNDEFINED})
-        image = ffi.new("VkImage*")
-        _vk.check(lib.vkCreateImage(device.handle, info, ffi.NULL, image), "vkCreateImage")
-        self.handle = image[0]
         self._range = {"aspectMask": vk.VK_IMAGE_ASPECT_COLOR_BIT, "levelCount": 1, "layerCount": 1}
-        self.memory = self.view = ffi.NULL
-        try:
-            requirements = ffi.new("VkMemoryRequirements*")
-            lib.vkGetImageMemoryRequirements(device.handle, self.handle, requirements)
-            self.memory, _ = _allocate(device, requirements,
-                                       [vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, 0],
-                                       f"a {extent} image")
-            _vk.check(lib.vkBindImageMemory(device.handle, self.handle, self.memory, 0),
-                      "vkBindImageMemory")
-            view_info = ffi.new("VkImageViewCreateInfo*", {
-                "sType": vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, "image": self.handle,
-                "viewType": vk.VK_IMAGE_VIEW_TYPE_3D, "format": vk_format,
-                "subresourceRange": self._range})
-            view = ffi.new("VkImageView*")
-            _vk.check(lib.vkCreateImageView(device.handle, view_info, ffi.NULL, view),
-                      "vkCreateImageView")
-            self.view = view[0]
-        except BaseException:
-            _destroy_image(lib, ffi.NULL, device.handle, self.handle, self.view, self.memory)
-            raise
-        device.track(self, _destroy_image, lib, ffi.NULL, device.handle, self.handle, self.view,
-                     self.memory)
-        self._to_general()
-
-    def _to_general(self) -> None:
-        vk, ffi, lib = _vk.load()
-        to_general = ffi.new("VkImageMemoryBarrier*", {
-            "sType": vk.VK_STRUCTURE_TYPE_IMAGE_MEMORY_BARRIER,
-            "dstAccessMask": vk.VK_ACCESS_MEMORY_READ_BIT | vk.VK_ACCESS_MEMORY_WRITE_BIT,
-            "oldLayout": vk.VK_IMAGE_LAYOUT_UNDEFINED, "newLayout": vk.VK_IMAGE_LAYOUT_GENERAL,
-            "srcQueueFamilyIndex": vk.VK_QUEUE_FAMILY_IGNORED,
-            "dstQueueFamilyIndex": vk.VK_QUEUE_FAMILY_IGNORED,
-            "image": self.handle, "subresourceRange": self._range})
-
-        def record(cb):
-            lib.vkCmdPipelineBarrier(cb, vk.VK_PIPELINE_STAGE_TOP_OF_PIPE_BIT,
-                                     vk.VK_PIPELINE_STAGE_ALL_COMMANDS_BIT, 0, 0, ffi.NULL,
-                                     0, ffi.NULL, 1, to_general)
-
-        self.device.run_once(record, "image layout transition")
+        key = ("image", vk_format, self.extent)
+        allocation = device.spare_memory.take(key) or _new_image(device, self.extent, vk_format,
+                                                                 self.nbytes, self._range)
+        self.handle, self.view = allocation.handle, allocation.view
+        _hold(self, device, key, allocation)
 
     def write(self, source: int) -> None:
         """Copy `nbytes` of tightly packed texels (x fastest, then y, then z) from `source`."""

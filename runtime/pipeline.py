@@ -154,6 +154,7 @@ class PipelineCache:
         vk, ffi, lib = _vk.load()
         self.device = device
         self._pipelines: dict[tuple, Pipeline] = {}
+        self._defaults: dict[tuple, Pipeline] = {}  # (name, spirv key) -> pipeline with default specs
         caps = device.caps
         self.path = Path(cache_dir()) / "pipelines" / (
             f"{caps.vendor_id:04x}-{caps.device_id:04x}-{caps.driver_version:08x}-"
@@ -177,12 +178,18 @@ class PipelineCache:
             UnsupportedVariant: over a device limit, or an unknown spec constant.
             VulkanError: pipeline creation failed.
         """
+        if not spec_constants:  # the common case, without resolving the spec constants
+            pipeline = self._defaults.get((variant.name, variant.spirv_key))
+            if pipeline is not None:
+                return pipeline
         specs = spec_values(variant, spec_constants)
         key = (variant.name, variant.spirv_key, specs)
         pipeline = self._pipelines.get(key)
         if pipeline is None:
             pipeline = Pipeline(self.device, variant, library.spirv(variant.name), specs, self.handle)
             self._pipelines[key] = pipeline
+        if not spec_constants:
+            self._defaults[(variant.name, variant.spirv_key)] = pipeline
         return pipeline
 
     def close(self) -> None:
@@ -203,4 +210,5 @@ class PipelineCache:
         for pipeline in reversed(list(self._pipelines.values())):
             pipeline.destroy()
         self._pipelines.clear()
+        self._defaults.clear()
         lib.vkDestroyPipelineCache(handle, self.handle, ffi.NULL)

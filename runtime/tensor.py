@@ -5,8 +5,9 @@ bytes of a contiguous torch tensor, its allocation rounded up to 16 bytes and
 zero padded; a "texture3d" tensor of sizes [..., H, W] is a 3-D image of
 ceil(W/4) x H x D texels (D = product of the leading sizes), 4 consecutive
 last-dimension values per texel, padding 0. A 0-d tensor is stored as shape
-[1]; an empty tensor has no memory. Limits are checked before allocation and
-reported as `TensorTooLarge`. It must not record shader work (command.py
+[1]; an empty tensor has no memory. `Tensor.empty` leaves the memory
+uninitialised (it may be recycled), `Tensor.zeros` fills it with zeros.
+Limits are checked before allocation and reported as `TensorTooLarge`. It must not record shader work (command.py
 does). Called by command.py, the op stubs (through Stream) and tests.
 """
 
@@ -41,6 +42,7 @@ DTYPES = {d.torch_dtype: d for d in (
     DTypeInfo("int8", torch.int8, 1, "VK_FORMAT_R8G8B8A8_SINT"),
     DTypeInfo("uint8", torch.uint8, 1, "VK_FORMAT_R8G8B8A8_UINT"),
 )}
+_BY_NAME = {d.name: d for d in DTYPES.values()}
 
 
 def dtype_info(dtype: torch.dtype | str, label: str = "tensor") -> DTypeInfo:
@@ -49,9 +51,9 @@ def dtype_info(dtype: torch.dtype | str, label: str = "tensor") -> DTypeInfo:
     Raises:
         UnsupportedDtype: not one of float32, float16, int32, int8, uint8.
     """
-    for info in DTYPES.values():
-        if dtype in (info.torch_dtype, info.name):
-            return info
+    info = DTYPES.get(dtype) or _BY_NAME.get(dtype)
+    if info is not None:
+        return info
     raise UnsupportedDtype(f"{label}: dtype {dtype} is not supported on the device; "
                            f"use one of {', '.join(d.name for d in DTYPES.values())}")
 
@@ -72,9 +74,11 @@ def buffer_bytes(shape, dtype: torch.dtype) -> int:
 def _check_fits(shape, info: DTypeInfo, storage: str, caps, label: str) -> None:
     limits = caps.limits
     max_bytes = min(limits.max_storage_buffer_range, limits.max_memory_allocation_size)
+    buffer_fits = buffer_bytes(shape, info.torch_dtype) <= max_bytes
+    if storage == "buffer" and buffer_fits:
+        return
     extent = texture_extent(shape)
     image_bytes = math.prod(extent) * 4 * info.itemsize
-    buffer_fits = buffer_bytes(shape, info.torch_dtype) <= max_bytes
     image_fits = (max(extent) <= limits.max_image_dimension_3d
                   and image_bytes <= limits.max_memory_allocation_size)
     shape_text = f"shape {list(shape)} ({info.name})"
@@ -94,7 +98,7 @@ def _check_fits(shape, info: DTypeInfo, storage: str, caps, label: str) -> None:
 
 
 class Tensor:
-    """A tensor in device memory (`Tensor.from_torch` / `Tensor.empty` create one).
+    """A tensor in device memory (`Tensor.from_torch` / `Tensor.empty` / `Tensor.zeros` create one).
 
     Attributes:
         shape: torch.Size of the logical tensor.
@@ -128,7 +132,7 @@ class Tensor:
     @classmethod
     def empty(cls, shape, dtype: torch.dtype, storage: str = "buffer", label: str = "tensor",
               device=None) -> Tensor:
-        """A zero-filled device tensor.
+        """A device tensor whose contents are undefined (the memory may be recycled).
 
         Args:
             shape: sizes.
@@ -141,6 +145,12 @@ class Tensor:
             TensorTooLarge: over the device's limits for `storage`.
             UnsupportedDtype: another dtype.
         """
+        return cls(shape, dtype, storage, label, device)
+
+    @classmethod
+    def zeros(cls, shape, dtype: torch.dtype, storage: str = "buffer", label: str = "tensor",
+              device=None) -> Tensor:
+        """A zero-filled device tensor; arguments and errors as `Tensor.empty`."""
         tensor = cls(shape, dtype, storage, label, device)
         if tensor.memory is not None:
             tensor.memory.zero()

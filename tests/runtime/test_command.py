@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import struct
+from dataclasses import replace
 
 import pytest
 import torch
 
-from runtime.command import fold_groups, group_counts
+from runtime.command import fold_groups, group_counts, pack_push
 from runtime.device import get_device
 from runtime.errors import DispatchError, UnsupportedVariant
 from runtime.tensor import Tensor
@@ -42,11 +44,25 @@ def test_push_and_spec_constants(stream, tiny_library, numel, spec, offset):
     assert torch.equal(out.to_torch(), _affine_expected(x, push, offset))
 
 
+def test_fold_at_the_device_limit():
+    limits = get_device().caps.limits.max_compute_work_group_count
+    assert fold_groups([limits[0], 1, 1], limits) == [limits[0], 1, 1]
+    assert fold_groups([limits[0] + 1000, 1, 1], limits) == [limits[0], 2, 1]
+    assert fold_groups([limits[0] * 3, 1, 1], limits) == [limits[0], 3, 1]
+
+
 def test_fold_of_a_large_1d_dispatch(stream, tiny_library, tmp_path, monkeypatch):
+    """Runs limit + 1000 groups; where that buffer would be too big (x limit 2**31 - 1), at x limit 65535."""
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("ETVK_TRACE_DISPATCH", str(trace))
     variant = tiny_library.variant("group_ids_buffer_int32")
-    limit = get_device().caps.limits.max_compute_work_group_count[0]
+    device = get_device()
+    limits = device.caps.limits
+    limit = limits.max_compute_work_group_count[0]
+    if 4 * (limit + 1000) > 64 << 20:  # 65535 is the least x limit Vulkan allows: folding there is valid
+        limit = 65535
+        counts = (limit, *limits.max_compute_work_group_count[1:])
+        monkeypatch.setattr(device, "caps", replace(device.caps, limits=replace(limits, max_compute_work_group_count=counts)))
     count = limit + 1000
     out = stream.empty([count], torch.int32, variant.binding("t_out"))
     stream.dispatch(variant, "test.group_ids", bindings={"t_out": out}, push={"count": count}, groups=[count])
@@ -114,6 +130,40 @@ def test_record_again_after_run(stream, tiny_library):
     assert first.to_torch().shape == (4,)
 
 
+def test_closed_stream_refuses_work(tiny_library):
+    from runtime.command import Stream
+
+    stream = Stream(library=tiny_library)
+    x = torch.ones(4)
+    out = _affine(stream, tiny_library, x)
+    stream.run()
+    stream.close()
+    stream.close()  # idempotent
+    with pytest.raises(DispatchError, match="stream was closed"):
+        _affine(stream, tiny_library, x)
+    with pytest.raises(DispatchError, match="stream was closed"):
+        stream.run()
+    with pytest.raises(DispatchError, match="replay"):
+        stream.replay()
+    assert stream.timings() == [] and torch.equal(out.to_torch(), _affine_expected(x, AFFINE_PUSH | {"numel": 4}, 0))
+
+
+def test_recycled_streams_and_outputs_stay_correct(tiny_library):
+    """Outputs are not zeroed and streams reuse pools: results must not depend on what was there before."""
+    from runtime.command import Stream
+
+    for numel in (301, 7, 301, 64, 7):
+        x = torch.randint(-50, 50, (numel,)).float()
+        with Stream(library=tiny_library) as stream:
+            first = _affine(stream, tiny_library, x)
+            second = _affine(stream, tiny_library, x + 1)
+            stream.run()
+            push = dict(AFFINE_PUSH, numel=numel)
+            assert torch.equal(first.to_torch(), _affine_expected(x, push, 0))
+            assert torch.equal(second.to_torch(), _affine_expected(x + 1, push, 0))
+        del first, second
+
+
 def test_zero_groups_skip_the_dispatch(stream, tiny_library, tmp_path, monkeypatch):
     trace = tmp_path / "trace.jsonl"
     monkeypatch.setenv("ETVK_TRACE_DISPATCH", str(trace))
@@ -129,6 +179,9 @@ def test_zero_groups_skip_the_dispatch(stream, tiny_library, tmp_path, monkeypat
     ({"push": dict(AFFINE_PUSH, extra=1)}, r"push constants missing \[\], unexpected \['extra'\]"),
     ({"push": dict(AFFINE_PUSH, numel=-1)}, r"push constant 'numel' \(uint\) cannot hold -1"),
     ({"push": dict(AFFINE_PUSH, bias=[1, 2])}, r"push constant 'bias' \(vec4\) cannot hold \[1, 2\]"),
+    ({"push": dict(AFFINE_PUSH, bias=[1, 2, 3], shift=[1, 2, 3, 4, 5])},
+     r"push constant 'bias' \(vec4\) cannot hold \[1, 2, 3\]"),
+    ({"push": dict(AFFINE_PUSH, scale="2")}, r"push constant 'scale' \(float\) cannot hold '2'"),
     ({"bindings": {"t_out": None}}, r"variant affine_buffer_float: bindings missing \['t_in'\]"),
     ({"groups": [1]}, "exactly one of global_size= and groups="),
     ({"global_size": None}, "exactly one of global_size= and groups="),
@@ -156,6 +209,11 @@ def test_upload_and_empty_check_the_binding(stream, tiny_library):
         stream.upload(int8_buffer, binding, "op: argument 'x'")
     with pytest.raises(DispatchError, match="dtype torch.int32 differs from binding 't_in' dtype float32"):
         stream.empty([3], torch.int32, binding)
+
+
+def test_pack_push_bytes(tiny_library):
+    data = pack_push(tiny_library.variant("affine_buffer_float"), "test", AFFINE_PUSH)
+    assert data == struct.pack("<IfI4x4f4i4I", 10, 2.0, 2**32 - 3, 1, 2, 3, 4, 10, 20, 30, 40, 100, 200, 300, 400)
 
 
 @pytest.mark.parametrize("workgroup, global_size, groups, counts, size", [

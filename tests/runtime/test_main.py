@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from runtime import __main__ as cli
+from runtime.device import CAPABILITY_NAMES, get_device
 from runtime.errors import NO_DEVICE, NO_LOADER, VulkanUnavailable
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,10 +25,13 @@ def test_info_report(tiny_dirs, monkeypatch, capsys):
                                                                   "int8": "rgba8i-missing"})
     assert cli.main(["info"]) == 0
     out = capsys.readouterr().out
-    for needle in ["device: llvmpipe", "family: llvmpipe (detected)", "shader_int8 yes", "cooperative_matrix no",
-                   "max storage buffer range 134217728", "variants (3, from", "  test.affine_buffer_float.default",
-                   "    affine_buffer_float: runnable",
-                   "    add_texture3d_int8: not runnable: llvmpipe (LLVM", "lacks storage images of rgba8i-missing"]:
+    caps = get_device().caps
+    yes = {name: "yes" if caps.supports(name) else "no" for name in CAPABILITY_NAMES}
+    for needle in [f"device: {caps.name} ({caps.device_type})", f"family: {caps.family} (detected)",
+                   f"shader_int8 {yes['shader_int8']}", f"cooperative_matrix {yes['cooperative_matrix']}",
+                   f"max storage buffer range {caps.limits.max_storage_buffer_range}", "variants (3, from",
+                   "  test.affine_buffer_float.default", "    affine_buffer_float: runnable",
+                   f"    add_texture3d_int8: not runnable: {caps.name} lacks storage images of rgba8i-missing"]:
         assert needle in out, needle
 
 
@@ -48,3 +54,12 @@ def test_no_driver_in_a_real_process(tmp_path):
                             text=True, timeout=60)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr == NO_DEVICE + "\n"
+
+
+def test_info_names_why_a_capability_is_held_back():
+    device = get_device()
+    reason = "the validation layer, header 239, predates VK_KHR_cooperative_matrix"
+    held = dataclasses.replace(device.caps, held_back=(("cooperative_matrix", reason),),
+                               features=device.caps.features - {"cooperative_matrix"})
+    lines = cli.describe_device(SimpleNamespace(caps=held))
+    assert f"cooperative_matrix no ({reason})" in "\n".join(lines)

@@ -9,7 +9,7 @@ import torch
 
 from runtime.device import get_device
 from runtime.errors import TensorTooLarge, UnsupportedDtype
-from runtime.memory import Buffer, choose_memory_type
+from runtime.memory import Buffer, choose_memory_type, size_class
 from runtime.tensor import Tensor, buffer_bytes, texture_extent
 
 DTYPES = [torch.float32, torch.float16, torch.int32, torch.int8, torch.uint8]
@@ -36,11 +36,23 @@ def test_round_trip(shape, dtype, storage):
 
 
 @pytest.mark.parametrize("storage", ["buffer", "texture3d"])
-def test_from_torch_converts_dtype_and_empty_is_zero(storage):
+def test_from_torch_converts_dtype_and_zeros_is_zero(storage):
     value = torch.tensor([[1.6, -2.2, 3.0], [4.0, 5.5, -6.5]])
     assert torch.equal(Tensor.from_torch(value, storage, torch.int32).to_torch(), value.to(torch.int32))
-    zeros = Tensor.empty([3, 5], torch.float16, storage).to_torch()
+    Tensor.from_torch(torch.full([3, 5], 7.0), storage, torch.float16)  # collected: its memory is recycled
+    empty = Tensor.empty([3, 5], torch.float16, storage)
+    assert empty.to_torch().shape == (3, 5)
+    zeros = Tensor.zeros([3, 5], torch.float16, storage).to_torch()
     assert zeros.dtype == torch.float16 and torch.equal(zeros, torch.zeros(3, 5, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("nbytes, limit, size", [
+    (1, 1 << 30, 256), (256, 1 << 30, 256), (257, 1 << 30, 320), (320, 1 << 30, 320), (321, 1 << 30, 384),
+    (1000, 1 << 30, 1024), (1025, 1 << 30, 1280), ((3 << 20) + 1, 1 << 30, 7 << 19), (300, 300, 300),
+    (1000, 900, 1000),
+])
+def test_size_class(nbytes, limit, size):
+    assert size_class(nbytes, limit) == size
 
 
 def test_buffer_layout_is_natural_bytes_with_zero_padding():
@@ -102,21 +114,43 @@ def test_choose_memory_type(types, bits, preferences, index):
 LABEL = "etvk.quantize_per_tensor.default: argument 'input'"
 
 
-@pytest.mark.parametrize("shape, dtype, storage, needles, hint", [
-    ((3, 4096, 4096), torch.float32, "buffer",
-     ["shape [3, 4096, 4096] (float32)", "201326592-byte buffer", "134217728 bytes"], "storage='texture3d' would fit"),
-    ((5000, 4), torch.int8, "texture3d",
-     ["shape [5000, 4] (int8)", "1x5000x1-texel", "4096 texels"], "storage='buffer' would fit"),
-    ((4097, 4097, 4), torch.float32, "buffer", ["shape [4097, 4097, 4]", "134217728 bytes"], None),
-    ((33 << 20,), torch.float32, "buffer", ["shape [34603008]", "138412032-byte buffer"], None),
-])
-def test_too_large(shape, dtype, storage, needles, hint):
+def _too_large_case(case, limits):
+    """(shape, dtype, storage, needles, hint) of `case`, sized from the device's limits."""
+    max_bytes = min(limits.max_storage_buffer_range, limits.max_memory_allocation_size)
+    side, max_alloc = limits.max_image_dimension_3d, limits.max_memory_allocation_size
+    if case == "buffer over, as wide an image as allowed":  # extent side x side x depth
+        depth = max_bytes // (16 * side * side) + 1
+        shape, image_bytes = (depth, side, 4 * side), depth * side * side * 16
+        needles = [f"shape [{depth}, {side}, {4 * side}] (float32)", f"{image_bytes}-byte buffer", f"{max_bytes} bytes"]
+        return shape, torch.float32, "buffer", needles, image_bytes <= max_alloc
+    if case == "image over maxImageDimension3D":
+        needles = [f"shape [{side + 1}, 4] (int8)", f"1x{side + 1}x1-texel", f"{side} texels"]
+        return (side + 1, 4), torch.int8, "texture3d", needles, True
+    if case == "buffer over, image too tall":
+        width = 4 * (max_bytes // (16 * (side + 1) ** 2) + 1)
+        return (side + 1, side + 1, width), torch.float32, "buffer", [f"shape [{side + 1}, {side + 1}, {width}]",
+                                                                       f"{max_bytes} bytes"], False
+    numel = max_bytes // 4 + 1  # 1-D: the image would be over maxImageDimension3D wide
+    nbytes = -(-numel * 4 // 16) * 16
+    return (numel,), torch.float32, "buffer", [f"shape [{numel}]", f"{nbytes}-byte buffer"], False
+
+
+@pytest.mark.parametrize("case", ["buffer over, as wide an image as allowed", "image over maxImageDimension3D",
+                                  "buffer over, image too tall", "buffer over, 1-D"])
+@pytest.mark.parametrize("make", ["empty", "from_torch"])
+def test_too_large(case, make):
+    shape, dtype, storage, needles, fits_elsewhere = _too_large_case(case, get_device().caps.limits)
     with pytest.raises(TensorTooLarge) as info:
-        Tensor.empty(shape, dtype, storage, label=LABEL)
+        if make == "empty":
+            Tensor.empty(shape, dtype, storage, label=LABEL)
+        else:  # a stride-0 view: nothing large is allocated on the host
+            Tensor.from_torch(torch.zeros(1, dtype=dtype).expand(shape), storage, label=LABEL)
     text = str(info.value)
     assert text.startswith(LABEL + ": ")
     assert all(n in text for n in needles), text
-    assert ("would fit" in text) == (hint is not None) and (hint is None or text.endswith(hint)), text
+    other = "buffer" if storage == "texture3d" else "texture3d"
+    assert text.endswith(f"; storage='{other}' would fit") == fits_elsewhere, text
+    assert ("would fit" in text) == fits_elsewhere, text
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.int64, torch.bool, torch.bfloat16], ids=str)
