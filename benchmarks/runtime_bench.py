@@ -61,8 +61,9 @@ def overhead(repeats: int) -> None:
     with Stream() as recorded:
         op.record(recorded, x_dev, *args, variant=variant)
         recorded.run()
-        gpu = [seconds for _, seconds in recorded.timings()]
         replay_us = median_us(recorded.replay, repeats)
+        # After the replays: a first run may include the driver's lazy shader compile.
+        gpu = [seconds for _, seconds in recorded.timings()]
     fresh_us = median_us(fresh, repeats)
     gpu_us = gpu[0] * 1e6 if gpu else float("nan")
     print("\n== Python overhead per dispatch (64 values, quantize_per_tensor) ==")

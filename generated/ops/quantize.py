@@ -41,7 +41,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="quantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
-    spec="op_specs/quantize.yaml:122",
+    spec="op_specs/quantize.yaml:127",
     reference="runtime.reference.quantize:quantize_per_tensor",
     axes=("MODE", "STORAGE", "IN_DTYPE", "OUT_DTYPE"),
     variants=(
@@ -106,7 +106,7 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="quantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
-    spec="op_specs/quantize.yaml:145",
+    spec="op_specs/quantize.yaml:150",
     reference="runtime.reference.quantize:quantize_per_token",
     axes=("MODE", "STORAGE", "IN_DTYPE", "OUT_DTYPE"),
     variants=(
@@ -166,7 +166,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="dequantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
-    spec="op_specs/quantize.yaml:174",
+    spec="op_specs/quantize.yaml:179",
     reference="runtime.reference.quantize:dequantize_per_tensor",
     axes=("MODE", "STORAGE", "IN_DTYPE", "OUT_DTYPE"),
     variants=(
@@ -234,7 +234,7 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="dequantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype, ScalarType output_dtype) -> Tensor",
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
-    spec="op_specs/quantize.yaml:197",
+    spec="op_specs/quantize.yaml:202",
     reference="runtime.reference.quantize:dequantize_per_token",
     axes=("MODE", "STORAGE", "IN_DTYPE", "OUT_DTYPE"),
     variants=(
@@ -287,7 +287,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     family="quantize",
     schema="choose_qparams_per_token_asymmetric(Tensor input, ScalarType dtype) -> (Tensor, Tensor)",
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
-    spec="op_specs/quantize.yaml:225",
+    spec="op_specs/quantize.yaml:230",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
     axes=("STORAGE", "IN_DTYPE"),
     variants=(

@@ -17,6 +17,7 @@ import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
 
 import runtime
+from runtime.device import get_device
 from runtime.examples import (
     DTYPES,
     EXAMPLES,
@@ -27,6 +28,7 @@ from runtime.examples import (
     per_token_params,
 )
 from runtime.reference import quantize as ref
+from runtime.shaders import get_library
 
 # Shapes every variant runs: 0-d, empty, widths that are and are not
 # multiples of 4, several leading dimensions.
@@ -258,8 +260,6 @@ def test_bad_arguments_are_rejected_clearly(op_name, args, kwargs, error, text):
 
 
 def _device_limits():
-    from runtime.device import get_device
-
     return get_device().caps
 
 
@@ -290,6 +290,8 @@ def test_dispatch_trace_records_op_variant_and_sizes(dispatch_trace_path):
     line = json.loads(dispatch_trace_path.read_text().splitlines()[-1])
     assert line["op"] == "etvk.quantize_per_tensor.default"
     assert line["variant"] == "quantize_per_tensor_buffer_float_int8"
-    assert line["global"] == [8, 1, 1]
-    assert line["local"] == [64, 1, 1]
-    assert line["device"]
+    workgroup = list(get_library().variant(line["variant"]).interface.workgroup)
+    assert line["global"] == [8, 1, 1]  # 30 values in units of 4
+    assert line["local"] == workgroup
+    assert line["groups"] == [-(-8 // workgroup[0]), 1, 1]
+    assert line["device"] == get_device().caps.name
