@@ -33,6 +33,8 @@ from runtime.examples import EXAMPLES  # noqa: E402
 from runtime.shaders import get_library  # noqa: E402
 
 QUANTIZE = "etvk.quantize_per_tensor.default"
+BACK_TO_BACK = 8  # dispatches per submitted stream in the throughput runs
+WARMUP = 3  # replays before timing
 
 
 def median_us(fn, repeats: int) -> float:
@@ -75,10 +77,13 @@ def overhead(repeats: int) -> None:
 
 
 def gpu_seconds(stream: Stream, repeats: int) -> float:
+    """Median GPU time of one dispatch over `repeats` replays, after warm-up replays."""
+    for _ in range(WARMUP):
+        stream.replay()
     samples = []
     for _ in range(repeats):
         stream.replay()
-        samples.append(sum(seconds for _, seconds in stream.timings()))
+        samples += [seconds for _, seconds in stream.timings()]
     return statistics.median(samples)
 
 
@@ -88,7 +93,8 @@ def throughput(elements: int, repeats: int) -> float | None:
     library = get_library()
     gen = torch.Generator().manual_seed(0)
     shape = (max(1, elements >> 20), 1024, 1024)
-    print(f"\n== Throughput, {'x'.join(map(str, shape))} values, median of {repeats} timestamped runs ==")
+    print(f"\n== Throughput, {'x'.join(map(str, shape))} values, median of {repeats} x {BACK_TO_BACK} "
+          "back-to-back dispatches (timestamps), after warm-up ==")
     print(f"{'variant':<50} {'MB moved':>9} {'GPU us':>9} {'GB/s':>8}")
     baseline = None
     for name, build in EXAMPLES.items():
@@ -98,7 +104,9 @@ def throughput(elements: int, repeats: int) -> float | None:
                 continue
             args, kwargs = build(info.axes, shape, gen)
             with Stream() as stream:
-                outputs = op.record(stream, *args, **kwargs, variant=info.name)
+                # Back-to-back dispatches keep the GPU busy between host round trips.
+                for _ in range(BACK_TO_BACK):
+                    outputs = op.record(stream, *args, **kwargs, variant=info.name)
                 outputs = outputs if isinstance(outputs, tuple) else (outputs,)
                 stream.run()
                 if not stream.timings():
@@ -119,18 +127,18 @@ def cuda_baseline(elements: int, repeats: int, ours_gbps: float | None) -> None:
         print("\n(no CUDA device: torch.quantize_per_tensor comparison skipped)")
         return
     x = torch.randn(elements // 1024, 1024, device="cuda")
-    for _ in range(3):
+    for _ in range(WARMUP * BACK_TO_BACK):
         torch.quantize_per_tensor(x, 0.05, 0, torch.qint8)
     torch.cuda.synchronize()
     samples = []
-    for _ in range(repeats):
+    for _ in range(repeats * BACK_TO_BACK):  # as many timed dispatches as ours
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         torch.quantize_per_tensor(x, 0.05, 0, torch.qint8)
         end.record()
-        end.synchronize()
-        samples.append(start.elapsed_time(end) / 1e3)
-    seconds = statistics.median(samples)
+        samples.append((start, end))
+    torch.cuda.synchronize()
+    seconds = statistics.median(start.elapsed_time(end) / 1e3 for start, end in samples)
     gbps = elements * 5 / seconds / 1e9
     print("\n== torch.quantize_per_tensor on CUDA, same shape, fp32 -> qint8 ==")
     print(f"{'torch CUDA':<50} {elements * 5 / 1e6:>9.2f} {seconds * 1e6:>9.1f} {gbps:>8.1f}")

@@ -25,6 +25,18 @@ def _capability(caps, name: str) -> str:
     return f"{name} {_yes(caps.supports(name))}" + (f" ({why_not})" if why_not else "")
 
 
+_MEMORY_FLAGS = ((1, "device-local"), (2, "host-visible"), (4, "host-coherent"), (8, "host-cached"))
+
+
+def _memory_lines(heaps) -> list[str]:
+    lines = []
+    for index, (size, types) in enumerate(heaps):
+        kinds = sorted({" ".join(name for bit, name in _MEMORY_FLAGS if flags & bit) or "plain"
+                        for flags in types})
+        lines.append(f"  heap {index}: {size / 2**30:.1f} GiB; types: " + "; ".join(kinds))
+    return lines
+
+
 def describe_device(device) -> list[str]:
     """Lines describing `device`: identity, family, capabilities, limits."""
     from runtime.device import CAPABILITY_NAMES
@@ -52,6 +64,8 @@ def describe_device(device) -> list[str]:
         f"{limits.max_compute_shared_memory_size}",
         f"  max push constants {limits.max_push_constants_size}, min storage buffer offset alignment "
         f"{limits.min_storage_buffer_offset_alignment}",
+        "memory:",
+        *_memory_lines(device.memory_heaps),
     ]
 
 

@@ -245,6 +245,12 @@ class Device:
         memory = ffi.new("VkPhysicalDeviceMemoryProperties*")
         lib.vkGetPhysicalDeviceMemoryProperties(physical, memory)
         self.memory_types = [memory.memoryTypes[i].propertyFlags for i in range(memory.memoryTypeCount)]
+        # (heap size in bytes, property flags of the types in that heap), for `info`
+        self.memory_heaps = [
+            (memory.memoryHeaps[h].size,
+             [memory.memoryTypes[i].propertyFlags for i in range(memory.memoryTypeCount)
+              if memory.memoryTypes[i].heapIndex == h])
+            for h in range(memory.memoryHeapCount)]
 
         features, keep = _probe.feature_chain(physical, probe.features)
         priority = ffi.new("float[]", [1.0])

@@ -61,5 +61,5 @@ def test_info_names_why_a_capability_is_held_back():
     reason = "the validation layer, header 239, predates VK_KHR_cooperative_matrix"
     held = dataclasses.replace(device.caps, held_back=(("cooperative_matrix", reason),),
                                features=device.caps.features - {"cooperative_matrix"})
-    lines = cli.describe_device(SimpleNamespace(caps=held))
+    lines = cli.describe_device(SimpleNamespace(caps=held, memory_heaps=device.memory_heaps))
     assert f"cooperative_matrix no ({reason})" in "\n".join(lines)
