@@ -4,6 +4,10 @@ The validation layer (with synchronization validation) is on for the whole
 session unless ETVK_VALIDATION is set otherwise, every dispatch is traced to
 a session file, and a test fails when the device collected a validation
 message of error severity while it ran.
+
+Where no Vulkan device exists at all, a test that needs one is reported as
+skipped with the one-line reason (`VulkanUnavailable`); with
+ETVK_REQUIRE_DEVICE=1 (set by CI, which has lavapipe) it fails instead.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ import tempfile
 from pathlib import Path
 
 import pytest
+
+from runtime.errors import VulkanUnavailable
 
 os.environ.setdefault("ETVK_VALIDATION", "1")
 _TRACE = Path(tempfile.mkdtemp(prefix="etvk-tests-")) / "dispatch.jsonl"
@@ -48,3 +54,17 @@ def no_validation_errors():
     if device is not None:
         errors = device.take_validation_messages("error")
         assert not errors, "Vulkan validation errors:\n" + "\n".join(errors)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Reports a test that found no Vulkan device at all as skipped, with the reason."""
+    outcome = yield
+    report = outcome.get_result()
+    if (
+        call.excinfo is not None
+        and call.excinfo.errisinstance(VulkanUnavailable)
+        and os.environ.get("ETVK_REQUIRE_DEVICE") != "1"
+    ):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), item.location[1] or 0, f"Skipped: {call.excinfo.value}")
