@@ -90,32 +90,26 @@ def _check(args) -> int:
 
 
 def _list(args) -> int:
-    from codegen.build import expand, load_families, resolve_ops
+    from codegen.build import expand, load_families, ops_by_variant, resolve_ops
     from codegen.errors import Diagnostics
 
     diags = Diagnostics()
     result = expand(load_families(args.specs, diags), diags)
     resolve_ops(result, diags)
     diags.check()
-    served: dict[str, list[str]] = {}
-    for op in result.ops:
-        for v in op.variants:
-            served.setdefault(v.name, []).append(op.key)
-    files = {f.name: f.file for f in result.families}
+    served = ops_by_variant(result.ops)
     rows = [
         (
             v.name,
-            ",".join(sorted(served.get(v.name, ["-"]))),
+            ",".join(served.get(v.name, ["-"])),
             " ".join(f"{k}={x}" for k, x in v.axes.items()),
-            f"{files[v.shader.family]}:{v.shader.loc.line}",
+            v.loc.short(),
         )
         for v in result.variants
     ]
     widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
-    out = []
-    for r in rows:
-        out.append("  ".join(c.ljust(w) for c, w in zip(r[:3], widths, strict=True)) + "  " + r[3])
-    sys.stdout.write("\n".join(out) + ("\n" if out else ""))
+    out = ["  ".join(c.ljust(w) for c, w in zip(r, [*widths, 0], strict=True)) for r in rows]
+    sys.stdout.write("".join(line + "\n" for line in out))
     print(f"{len(rows)} variants, {len(result.ops)} ops", file=sys.stderr)
     return 0
 

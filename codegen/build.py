@@ -131,6 +131,15 @@ def resolve_ops(result: Build, diags: Diagnostics) -> None:
                 result.ops.append(resolved)
 
 
+def ops_by_variant(ops: list[ResolvedOp]) -> dict[str, list[str]]:
+    """Variant name -> the sorted registry keys of the ops it serves."""
+    served: dict[str, list[str]] = {}
+    for op in ops:
+        for v in op.variants:
+            served.setdefault(v.name, []).append(op.key)
+    return {name: sorted(keys) for name, keys in served.items()}
+
+
 def build(specs_dir: Path, templates_dir: Path) -> Build:
     """Runs the whole pipeline up to the output plan; raises `DiagnosticsError` on errors."""
     diags = Diagnostics()
@@ -139,7 +148,8 @@ def build(specs_dir: Path, templates_dir: Path) -> Build:
     resolve_ops(result, diags)
     renderer = Renderer(Path(templates_dir))
     result.renderer = renderer
-    render_errors: dict[tuple[Location, str], list[str]] = {}
+    # One template error breaks every output that uses the template: report it once.
+    failed: dict[tuple[Location, str], list[str]] = {}  # (where, message) -> what was rendering
     for v in result.variants:
         shader = v.shader
         context = {
@@ -147,68 +157,41 @@ def build(specs_dir: Path, templates_dir: Path) -> Build:
             "variant": {"name": v.name, "axes": dict(v.axes)},
             "shader": shader.name,
         }
-        body, error = renderer.render(
-            shader.template, context, shader.template_loc, f"variant {v.name}"
-        )
+        body, error = renderer.render(shader.template, context, shader.template_loc)
         if error is not None:
-            base = error.message.split(" (rendering ")[0]
-            render_errors.setdefault((error.location, base), []).append(v.name)
+            failed.setdefault((error.location, error.message), []).append(f"variant {v.name}")
             continue
-        header = glsl_header(
-            result.interfaces[v.name],
-            renderer.path(shader.template),
-            f"{shader.family and _file(result, shader.family)}:{shader.loc.line}",
-        )
+        interface = result.interfaces[v.name]
+        header = glsl_header(interface, renderer.path(shader.template), shader.loc.short())
         text = header + "\n" + body
         if not text.endswith("\n"):
             text += "\n"
-        result.outputs.append(
-            VariantOutput(
-                v,
-                result.interfaces[v.name],
-                text,
-                header.count("\n") + 1,
-                body,
-                glslc.spirv_key(text),
-            )
-        )
+        key = glslc.spirv_key(text)
+        result.outputs.append(VariantOutput(v, interface, text, header.count("\n") + 1, body, key))
         result.plan[glsl_path(v.name)] = text
     for family in families:
         ops = [op for op in result.ops if op.spec.family == family.name]
         if not ops:
             continue
         view = stub_view(family, ops, renderer.path(STUB_TEMPLATE))
-        text, error = renderer.render(
-            STUB_TEMPLATE, view, family.loc, f"the stubs of family {family.name}"
-        )
+        text, error = renderer.render(STUB_TEMPLATE, view, family.loc)
         if error is not None:
-            render_errors.setdefault((error.location, error.message), []).append(family.name)
+            what = f"the stubs of family {family.name}"
+            failed.setdefault((error.location, error.message), []).append(what)
             continue
         result.plan[module_path(family.name)] = text
-    for (loc, message), names in render_errors.items():
-        more = f" and {len(names) - 1} more" if len(names) > 1 else ""
-        if " (rendering " in message or not names:
-            diags.error(loc, message)
-        else:
-            diags.error(loc, f"{message} (rendering variant {names[0]}{more})")
+    for (loc, message), whats in failed.items():
+        more = f" and {len(whats) - 1} more" if len(whats) > 1 else ""
+        diags.error(loc, f"{message} (rendering {whats[0]}{more})")
     diags.check()
-    shader_ops: dict[str, list[str]] = {}
-    for op in result.ops:
-        for v in op.variants:
-            shader_ops.setdefault(v.name, []).append(op.key)
     result.plan[MANIFEST] = build_manifest(
-        families,
         result.ops,
         result.variants,
         result.interfaces,
         {o.variant.name: o.key for o in result.outputs},
-        {k: sorted(v) for k, v in shader_ops.items()},
+        ops_by_variant(result.ops),
     )
     return result
-
-
-def _file(result: Build, family: str) -> str:
-    return next(f.file for f in result.families if f.name == family)
 
 
 def compile_plan(result: Build, cache: Path, out_display: str, progress: bool = True) -> dict:
@@ -224,23 +207,25 @@ def compile_plan(result: Build, cache: Path, out_display: str, progress: bool = 
             if out is None:
                 diags.error(Location(f.label, f.line), f.message)
                 continue
-            diags.add([compile_diagnostic(result, out, f, out_display)])
+            diags.add([compile_diagnostic(result.renderer, out, f, out_display)])
         diags.check()
         raise  # pragma: no cover - check() always raises here
 
 
-def compile_diagnostic(result: Build, out: VariantOutput, failure, out_display: str) -> SpecError:
+def compile_diagnostic(
+    renderer: Renderer, out: VariantOutput, failure: glslc.CompileFailure, out_display: str
+) -> SpecError:
     """A glslc failure as an error naming the generated, template and spec lines."""
     v = out.variant
     generated = Location(f"{out_display}/{glsl_path(v.name)}", failure.line)
     notes = []
-    renderer = result.renderer
-    template = renderer.path(v.shader.template)
     if failure.line > out.header_lines:
-        tline = renderer.template_line(v.shader.template, out.body, failure.line - out.header_lines)
-        notes.append(f"from {template}:{tline}" if tline else f"from {template} (line not found)")
+        source = renderer.source_location(
+            v.shader.template, out.body, failure.line - out.header_lines
+        )
+        template = renderer.path(v.shader.template)
+        notes.append(f"from {source.short()}" if source else f"from {template} (line not found)")
     elif failure.line:
         notes.append("in the generated header (interface declarations)")
-    spec = f"{_file(result, v.shader.family)}:{v.shader.loc.line}"
-    notes.append(f"variant {v.name} of shader '{v.shader.name}' defined at {spec}")
+    notes.append(f"variant {v.name} of shader '{v.shader.name}' defined at {v.loc.short()}")
     return SpecError(generated, f"{failure.message} (variant {v.name})", tuple(notes))

@@ -8,7 +8,7 @@ from what `spec.py` accepts. Must not parse specs. Called by `__main__.py`.
 from __future__ import annotations
 
 from codegen import spec
-from codegen.expressions import BUILTINS, CAPABILITIES, HELPER_SIGNATURES, HELPERS
+from codegen.expressions import BUILTINS, CAPABILITIES, HELPERS
 from codegen.glsl import DTYPE_TABLE
 
 INTRO = """\
@@ -121,8 +121,8 @@ def render_readme() -> str:
         "f-string body over the schema arguments.\n"
     )
     out.append("| helper | returns |\n|---|---|")
-    for name, doc in HELPERS.items():
-        out.append(f"| `{HELPER_SIGNATURES[name]}` | {doc} |")
+    for name, (params, returns) in HELPERS.items():
+        out.append(f"| `{name}({params})` | {returns} |")
     out.append("")
     out.append("## Capabilities\n")
     out.append("Names a shader may list under `requires`:\n")

@@ -70,24 +70,19 @@ def compare_plan(out_dir: Path, plan: dict[str, str], display: str) -> list[Drif
     drift = []
     for rel in sorted(plan):
         current = _read(out_dir / rel)
-        if current == plan[rel]:
-            continue
-        kind = "missing" if current is None else "stale"
-        diff = "".join(
-            difflib.unified_diff(
-                (current or "").splitlines(keepends=True),
-                plan[rel].splitlines(keepends=True),
-                f"a/{display}/{rel}",
-                f"b/{display}/{rel}",
-            )
-        )
-        drift.append(Drift(rel, kind, diff))
+        if current != plan[rel]:
+            kind = "missing" if current is None else "stale"
+            diff = _diff(current or "", plan[rel], f"a/{display}/{rel}", f"b/{display}/{rel}")
+            drift.append(Drift(rel, kind, diff))
     for rel in orphans(out_dir, plan):
-        current = _read(out_dir / rel) or ""
-        diff = "".join(
-            difflib.unified_diff(
-                current.splitlines(keepends=True), [], f"a/{display}/{rel}", "/dev/null"
-            )
-        )
+        diff = _diff(_read(out_dir / rel) or "", "", f"a/{display}/{rel}", "/dev/null")
         drift.append(Drift(rel, "orphan", diff))
     return drift
+
+
+def _diff(old: str, new: str, old_name: str, new_name: str) -> str:
+    return "".join(
+        difflib.unified_diff(
+            old.splitlines(keepends=True), new.splitlines(keepends=True), old_name, new_name
+        )
+    )

@@ -12,39 +12,35 @@ HELPERS and CAPABILITIES tables.
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 
 from codegen.errors import SpecError, did_you_mean
 from codegen.model import Expr
 
-# name -> what it returns (internals.md §1; runtime/stub_support.py implements them).
-HELPERS: dict[str, str] = {
-    "numel": "number of elements",
-    "last_dim": "size of the last dimension (1 for a 0-d tensor)",
-    "tokens": "product of all dimensions but the last (1 for 0-d and 1-d)",
-    "token_shape": "`t.shape[:-1] + (1,)`",
-    "ceil_div": "`-(-a // b)`",
-    "int_range": "`(min, max)` of an integer dtype",
-    "fp32": "`x` rounded to the nearest fp32 value",
-    "fp32_recip": "the fp32 reciprocal exactly as PyTorch computes `input * (1.0 / scale)` "
-    "for an fp32 input: `fp32(1.0 / x)` with the division in float64",
-    "is_integral": "integer dtype, or floating with whole-number values "
-    "(device tensors: integer dtype)",
-    "all_positive": "every value finite and > 0 (device tensors: `True`)",
-    "elementwise": "global size covering `t` in units of 4 values: buffer "
-    "`[ceil(numel/4), 1, 1]`, texture3d the image extents",
-}
-HELPER_SIGNATURES: dict[str, str] = {
-    "numel": "numel(t)",
-    "last_dim": "last_dim(t)",
-    "tokens": "tokens(t)",
-    "token_shape": "token_shape(t)",
-    "ceil_div": "ceil_div(a, b)",
-    "int_range": "int_range(dtype)",
-    "fp32": "fp32(x)",
-    "fp32_recip": "fp32_recip(x)",
-    "is_integral": "is_integral(t)",
-    "all_positive": "all_positive(t)",
-    "elementwise": "elementwise(t)",
+# name -> (parameters, what it returns); internals.md §1, runtime/stub_support.py implements them.
+HELPERS: dict[str, tuple[str, str]] = {
+    "numel": ("t", "number of elements"),
+    "last_dim": ("t", "size of the last dimension (1 for a 0-d tensor)"),
+    "tokens": ("t", "product of all dimensions but the last (1 for 0-d and 1-d)"),
+    "token_shape": ("t", "`t.shape[:-1] + (1,)`"),
+    "ceil_div": ("a, b", "`-(-a // b)`"),
+    "int_range": ("dtype", "`(min, max)` of an integer dtype"),
+    "fp32": ("x", "`x` rounded to the nearest fp32 value"),
+    "fp32_recip": (
+        "x",
+        "the fp32 reciprocal exactly as PyTorch computes `input * (1.0 / scale)` "
+        "for an fp32 input: `fp32(1.0 / x)` with the division in float64",
+    ),
+    "is_integral": (
+        "t",
+        "integer dtype, or floating with whole-number values (device tensors: integer dtype)",
+    ),
+    "all_positive": ("t", "every value finite and > 0 (device tensors: `True`)"),
+    "elementwise": (
+        "t",
+        "global size covering `t` in units of 4 values: buffer "
+        "`[ceil(numel/4), 1, 1]`, texture3d the image extents",
+    ),
 }
 
 # Device capabilities a shader may `require` (runtime Capabilities.supports names).
@@ -65,13 +61,14 @@ MODULES: tuple[str, ...] = ("torch", "math")
 ALWAYS: tuple[str, ...] = ("storage", "None", "True", "False")
 
 
+@dataclass(frozen=True)
 class Rewritten:
-    """The stub code of an expression and the free names it mentions, in source order."""
+    """The stub code of an expression, the free names it mentions (in source order) and
+    the modules it uses."""
 
-    def __init__(self, code: str, names: list[str], modules: set[str]):
-        self.code = code
-        self.names = names
-        self.modules = modules
+    code: str
+    names: list[str]
+    modules: set[str]
 
 
 def _parse(source: str, expr: Expr, what: str, errors: list[SpecError], prefix: int = 0):

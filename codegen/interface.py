@@ -5,14 +5,15 @@
 constants out std430 (scalars 4 bytes, 4-vectors 16-byte aligned), gives user
 spec constants ids from 3. The same `Interface` renders the GLSL header
 (`glsl_header`) and the manifest entry (`interface_dict`), so the two cannot
-disagree. Pure; must not read templates or files. Called by `build.py`.
+disagree. Spec-constant values and capabilities were checked once per shader
+by `variants.check_shader`. Pure; must not read templates or files. Called by
+`build.py`.
 """
 
 from __future__ import annotations
 
 from codegen import glsl
 from codegen.errors import SpecError
-from codegen.expressions import CAPABILITIES
 from codegen.model import BindingSlot, Interface, PushField, SpecConstantSlot, Variant
 from codegen.naming import GENERATOR
 from codegen.spec import DTYPES, STORAGES
@@ -32,7 +33,7 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
     shader = variant.shader
     errors: list[SpecError] = []
     slots: list[BindingSlot] = []
-    seen: dict[str, object] = {}
+    seen: set[str] = set()
     for b in shader.bindings:
         if not matches(b.when, variant.axes):
             continue
@@ -69,7 +70,7 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
                 )
             )
             continue
-        seen[b.name] = b
+        seen.add(b.name)
         image = storage == "texture3d"
         slots.append(
             BindingSlot(
@@ -96,20 +97,9 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
         offset += size
     push_size = -(-offset // align_max) * align_max if fields else 0
     specs = tuple(
-        SpecConstantSlot(s.name, FIRST_SPEC_ID + i, s.type, _spec_value(s, variant, errors))
+        SpecConstantSlot(s.name, FIRST_SPEC_ID + i, s.type, variant.spec_defaults[s.name])
         for i, s in enumerate(shader.spec_constants)
     )
-    for cap, loc in zip(shader.requires, shader.requires_locs, strict=True):
-        if cap not in CAPABILITIES:
-            from codegen.errors import did_you_mean
-
-            errors.append(
-                SpecError(
-                    loc,
-                    f"unknown capability '{cap}'{did_you_mean(cap, CAPABILITIES)}; "
-                    f"expected one of {', '.join(CAPABILITIES)}",
-                )
-            )
     if errors:
         return None, errors
     return Interface(
@@ -121,25 +111,6 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
         tuple(dict.fromkeys(shader.extensions)),
         tuple(shader.requires),
     ), []
-
-
-def _spec_value(s, variant: Variant, errors: list[SpecError]):
-    value = variant.spec_defaults.get(s.name, s.default)
-    ok = {
-        "bool": isinstance(value, bool),
-        "int": type(value) is int,
-        "uint": type(value) is int and value >= 0,
-        "float": type(value) in (int, float),
-    }[s.type]
-    if not ok:
-        errors.append(
-            SpecError(
-                s.default_loc,
-                f"spec constant '{s.name}' of type {s.type} cannot "
-                f"have the default {value!r} (variant {variant.name})",
-            )
-        )
-    return value
 
 
 def glsl_header(interface: Interface, template: str, spec: str) -> str:

@@ -13,18 +13,16 @@ from codegen.interface import interface_dict
 from codegen.naming import GENERATOR, glsl_path, module_path
 
 
-def build_manifest(families, ops, variants, interfaces, keys, shader_ops) -> str:
+def build_manifest(ops, variants, interfaces, keys, shader_ops) -> str:
     """The manifest text.
 
     Args:
-        families: the FamilySpecs.
         ops: the ResolvedOps.
         variants: every Variant, in output order.
         interfaces: variant name -> Interface.
         keys: variant name -> SPIR-V cache key.
         shader_ops: variant name -> sorted registry keys of the ops it serves.
     """
-    files = {f.name: f.file for f in families}
     data = {
         "format": 1,
         "generator": GENERATOR,
@@ -36,7 +34,7 @@ def build_manifest(families, ops, variants, interfaces, keys, shader_ops) -> str
                 "doc": op.spec.doc,
                 "reference": op.spec.reference,
                 "module": module_path(op.spec.family),
-                "spec": f"{files[op.spec.family]}:{op.spec.loc.line}",
+                "spec": op.spec.loc.short(),
                 "variants": [v.name for v in op.variants],
             }
             for op in ops
@@ -49,7 +47,7 @@ def build_manifest(families, ops, variants, interfaces, keys, shader_ops) -> str
         data["shaders"][s.name] = {
             "family": s.family,
             "template": s.template,
-            "spec": f"{files[s.family]}:{s.loc.line}",
+            "spec": s.loc.short(),
             "axes": [[a.name, list(a.values)] for a in s.axes],
         }
         data["variants"][v.name] = {
@@ -59,7 +57,7 @@ def build_manifest(families, ops, variants, interfaces, keys, shader_ops) -> str
             "glsl": glsl_path(v.name),
             "spirv": keys[v.name],
             "requires": list(s.requires),
-            "spec": f"{files[s.family]}:{s.loc.line}",
+            "spec": s.loc.short(),
             "interface": interface_dict(interfaces[v.name]),
         }
     return json.dumps(data, indent=2, sort_keys=True) + "\n"

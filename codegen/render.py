@@ -3,11 +3,12 @@
 One `Renderer` per run: a Jinja environment on the templates folder
 (StrictUndefined, trim_blocks, lstrip_blocks, keep_trailing_newline), filters
 only from `naming`/`glsl`. Template syntax errors and render errors become
-`SpecError`s at the template file:line (plus the variant). `template_line`
-maps a line of rendered output back to the template line it came from (by
-matching rendered lines against the template's literal text), so glslc errors
-can name the template line. Must not write files or compute ABI details.
-Called by `build.py`.
+`SpecError`s at the template file:line (the caller says what it was
+rendering). `source_location` maps a line of rendered output back to the
+template line it came from, following `{% include %}`s into the included file
+(by matching rendered lines against the templates' literal text), so glslc
+errors can name the template line. Must not write files or compute ABI
+details. Called by `build.py`.
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class Renderer:
         )
         self.env.filters.update(FILTERS)
         self._cache: dict[str, jinja2.Template | SpecError] = {}
-        self._patterns: dict[str, list[re.Pattern | None]] = {}
+        self._patterns: dict[str, list[tuple[re.Pattern | None, Location]]] = {}
 
     def path(self, name: str) -> str:
         """Display path of a template, e.g. templates/quantize.glsl.j2."""
@@ -80,7 +81,7 @@ class Renderer:
                 pass
         return self.path(name)
 
-    def render(self, name: str, context: dict, used_at: Location, what: str):
+    def render(self, name: str, context: dict, used_at: Location):
         """Renders a template; returns (text or None, error or None)."""
         template = self.template(name, used_at)
         if isinstance(template, SpecError):
@@ -103,36 +104,45 @@ class Renderer:
                 if isinstance(e, jinja2.UndefinedError)
                 else (f"template error ({type(e).__name__})")
             )
-            return None, SpecError(Location(file, line, 1), f"{kind}: {message} (rendering {what})")
+            return None, SpecError(Location(file, line, 1), f"{kind}: {message}")
 
-    def template_line(self, name: str, rendered: str, line: int) -> int | None:
-        """The line of template `name` that produced line `line` (1-based) of `rendered`."""
+    def source_location(self, name: str, rendered: str, line: int) -> Location | None:
+        """The template line (of `name` or a file it includes) that produced line `line`
+        (1-based) of `rendered`, or None if no template line matches."""
         patterns = self._line_patterns(name)
         if not patterns:
             return None
-        out_lines = rendered.splitlines()
         cursor = 0
         found = None
-        for i, text in enumerate(out_lines[:line], start=1):
+        for i, text in enumerate(rendered.splitlines()[:line], start=1):
             hit = _search(patterns, text, cursor)
             if hit is not None:
                 cursor = hit
                 if i == line:
-                    found = hit + 1
+                    found = patterns[hit][1]
         return found
 
-    def _line_patterns(self, name: str) -> list[re.Pattern | None]:
+    def _line_patterns(self, name: str, depth: int = 0) -> list[tuple[re.Pattern | None, Location]]:
+        """One (pattern, source line) per template line, included files expanded in place."""
         if name not in self._patterns:
             try:
                 source = (self.dir / name).read_text(encoding="utf-8")
             except OSError:
                 source = ""
-            self._patterns[name] = [_line_pattern(s) for s in source.splitlines()]
+            patterns = []
+            for i, text in enumerate(source.splitlines(), start=1):
+                included = _INCLUDE.match(text)
+                if included and depth < 8:
+                    patterns += self._line_patterns(included.group(1), depth + 1)
+                else:
+                    patterns.append((_line_pattern(text), Location(self.path(name), i)))
+            self._patterns[name] = patterns
         return self._patterns[name]
 
 
 _EXPR = re.compile(r"\{\{.*?\}\}")
 _STMT = re.compile(r"^\s*(\{%.*?%\}|\{#.*?#\})\s*$")
+_INCLUDE = re.compile(r"""\s*\{%-?\s*include\s+["']([^"']+)["']\s*-?%\}\s*\Z""")
 
 
 def _line_pattern(source_line: str) -> re.Pattern | None:
@@ -151,7 +161,7 @@ def _search(patterns, text: str, cursor: int) -> int | None:
     n = len(patterns)
     for k in range(n):
         i = (cursor + k) % n
-        p = patterns[i]
+        p = patterns[i][0]
         if p is not None and p.match(text):
             return i
     return None

@@ -1,16 +1,15 @@
 """Strict schema tables for op spec files, and the parser from YAML nodes to the model.
 
 The tables (in `spec_tables.py`, re-exported here) list the keys of each kind
-of mapping (key, type, default, doc, required). `parse_family` checks every mapping against its table (unknown keys
-come with the allowed set and a "did you mean"), every value against its type,
+of mapping (key, type, default, doc, required). `parse_family` checks every
+mapping against its table (unknown keys come with the allowed set and a "did
+you mean"), every value against its type,
 and builds `model.FamilySpec`. Only this module sees raw YAML nodes; it does no
 cross-checking between shaders and ops (that is `validate.py`). Called by
 `build.py`; `docs.py` renders the tables into codegen/README.md.
 """
 
 from __future__ import annotations
-
-import re
 
 from codegen.errors import Location, SpecError, did_you_mean
 from codegen.model import (
@@ -27,7 +26,15 @@ from codegen.model import (
     SpecConstant,
 )
 from codegen.schema import SchemaError, parse_schema
-from codegen.spec_nodes import _AXIS, _IDENT, _LOWER, _REFERENCE, NodeChecker, _kind_name
+from codegen.spec_nodes import (
+    AXIS_RE,
+    EXTENSION_RE,
+    IDENT_RE,
+    LOWER_RE,
+    REFERENCE_RE,
+    NodeChecker,
+    kind_name,
+)
 from codegen.spec_tables import (  # noqa: F401  (re-exported: spec.TABLES etc.)
     ACCESS,
     BINDING,
@@ -55,11 +62,13 @@ class _Parser(NodeChecker):
     """Builds the model of one family file."""
 
     def family(self, root: Node) -> FamilySpec | None:
-        f = self.fields(root, FAMILY, "the family file")
+        f = self.fields(root, FAMILY, "the family file", partial=True)
         if f is None:
             return None
         name = (
-            self.ident(f["family"], "family", _LOWER, "a lower_case name") if "family" in f else ""
+            self.ident(f["family"], "family", LOWER_RE, "a lower_case name")
+            if "family" in f
+            else ""
         )
         checks = {}
         checks_node = f.get("checks")
@@ -69,14 +78,14 @@ class _Parser(NodeChecker):
         shaders = []
         shaders_node = f.get("shaders")
         for sname, snode in self.mapping(shaders_node, "shaders").items():
-            if self.key_name(shaders_node, sname, "a shader name", _LOWER, "a lower_case name"):
+            if self.key_name(shaders_node, sname, "a shader name", LOWER_RE, "a lower_case name"):
                 s = self.shader(snode, sname, name, shaders_node.key_locs[sname])
                 if s:
                     shaders.append(s)
         ops = []
         ops_node = f.get("ops")
         for oname, onode in self.mapping(ops_node, "ops").items():
-            if self.key_name(ops_node, oname, "an op name", _LOWER, "a lower_case name"):
+            if self.key_name(ops_node, oname, "an op name", LOWER_RE, "a lower_case name"):
                 o = self.op(onode, oname, name, ops_node.key_locs[oname], checks)
                 if o:
                     ops.append(o)
@@ -85,7 +94,7 @@ class _Parser(NodeChecker):
 
     def check(self, node: Node, name: str, what: str) -> Check | None:
         f = self.fields(node, CHECK, what)
-        if f is None or any(k not in f for k in ("arg", "expr", "error")):
+        if f is None:
             return None
         arg = self.ident(f["arg"], f"'arg' of {what}")
         expr = self.expr(f["expr"], f"'expr' of {what}")
@@ -99,12 +108,42 @@ class _Parser(NodeChecker):
     def shader(self, node: Node, name: str, family: str, loc: Location) -> ShaderSpec | None:
         what = f"shader '{name}'"
         f = self.fields(node, SHADER, what)
-        if f is None or "template" not in f:
+        if f is None:
             return None
+        requires = self.seq(f.get("requires"), "requires")
+        extensions = [
+            self.ident(e, "an extension", EXTENSION_RE, "a GL_* extension name")
+            for e in self.seq(f.get("extensions"), "extensions")
+        ]
+        template_node = f["template"]
+        return ShaderSpec(
+            name,
+            family,
+            self.string(f.get("doc"), "shader doc"),
+            self.string(template_node, f"'template' of {what}"),
+            template_node.loc,
+            self.axes(f.get("axes"), what),
+            self.axis_match_list(f.get("combos"), "combos", f"a combo of {what}"),
+            self.axis_match_list(f.get("exclude"), "exclude", f"an exclude of {what}"),
+            self.each(f.get("overrides"), "overrides", self.override, what),
+            self.workgroup(f.get("workgroup"), f"'workgroup' of {what}", (64, 1, 1)),
+            self.each(f.get("bindings"), "bindings", self.binding, what),
+            self.each(f.get("push_constants"), "push_constants", self.push_constant, what),
+            self.each(f.get("spec_constants"), "spec_constants", self.spec_constant, what),
+            tuple(self.string(r, "a capability") for r in requires),
+            tuple(r.loc for r in requires),
+            tuple(extensions),
+            loc,
+        )
+
+    def each(self, node: Node | None, key: str, parse, what: str) -> tuple:
+        """`parse(item, what)` of every item of the list under `key`, failures left out."""
+        return tuple(x for x in (parse(i, what) for i in self.seq(node, key)) if x is not None)
+
+    def axes(self, node: Node | None, what: str) -> tuple[Axis, ...]:
         axes = []
-        axes_node = f.get("axes")
-        for axis, vnode in self.mapping(axes_node, f"axes of {what}").items():
-            if not self.key_name(axes_node, axis, "an axis name", _AXIS, "an UPPER_CASE name"):
+        for axis, vnode in self.mapping(node, f"axes of {what}").items():
+            if not self.key_name(node, axis, "an axis name", AXIS_RE, "an UPPER_CASE name"):
                 continue
             if vnode.kind != "seq" or not vnode.value:
                 self.err(vnode.loc, f"axis {axis} of {what} must be a non-empty list of values")
@@ -115,120 +154,79 @@ class _Parser(NodeChecker):
             dup = {v for v in values if values.count(v) > 1}
             if dup:
                 self.err(vnode.loc, f"axis {axis} lists {sorted(dup)[0]!r} twice")
-            axes.append(Axis(axis, tuple(dict.fromkeys(values)), axes_node.key_locs[axis]))
-        combos = tuple(
-            self.axis_matches(c, f"a combo of {what}") for c in self.seq(f.get("combos"), "combos")
-        )
-        exclude = tuple(
-            self.axis_matches(c, f"an exclude of {what}")
-            for c in self.seq(f.get("exclude"), "exclude")
-        )
-        overrides = []
-        for onode in self.seq(f.get("overrides"), "overrides"):
-            of = self.fields(onode, OVERRIDE, f"an override of {what}")
-            if of is None or "when" not in of:
-                continue
-            specs = {}
-            for sc, v in self.mapping(of.get("spec_constants"), "spec_constants").items():
-                if self.want(v, "scalar", f"spec constant {sc}", "a scalar"):
-                    specs[sc] = (v.value, v.loc)
-            overrides.append(
-                Override(
-                    self.axis_matches(of["when"], f"'when' of an override of {what}"),
-                    self.workgroup(of.get("workgroup"), "override workgroup", None),
-                    specs,
-                    onode.loc,
-                )
-            )
-        bindings = []
-        for b in self.seq(f.get("bindings"), "bindings"):
-            bf = self.fields(b, BINDING, f"a binding of {what}")
-            if bf is None or "name" not in bf or "dtype" not in bf:
-                continue
-            vec_node = bf.get("vec")
-            vec = 4
-            if vec_node is not None:
-                if (
-                    vec_node.kind == "scalar"
-                    and vec_node.value in (1, 4)
-                    and type(vec_node.value) is int
-                ):
-                    vec = vec_node.value
-                else:
-                    self.err(
-                        vec_node.loc,
-                        f"'vec' of a binding of {what} must be 4 or 1, got {_kind_name(vec_node)}",
-                    )
-            bindings.append(
-                Binding(
-                    self.ident(bf["name"], "binding name"),
-                    self.choice(bf["dtype"], "binding dtype", DTYPES, "float32", axis_ok=True),
-                    self.choice(
-                        bf.get("storage"), "binding storage", STORAGES, "buffer", axis_ok=True
-                    ),
-                    vec,
-                    self.choice(bf.get("access"), "binding access", ACCESS, "read"),
-                    self.axis_matches(bf.get("when"), f"'when' of binding {bf['name'].value}"),
-                    b.loc,
-                )
-            )
-        pushes = []
-        for p in self.seq(f.get("push_constants"), "push_constants"):
-            pf = self.fields(p, PUSH_CONSTANT, f"a push constant of {what}")
-            if pf is None or "name" not in pf or "type" not in pf:
-                continue
-            pushes.append(
-                PushConstant(
-                    self.ident(pf["name"], "push constant name"),
-                    self.choice(pf["type"], "push constant type", PUSH_TYPES, "uint"),
-                    self.axis_matches(pf.get("when"), "'when' of a push constant"),
-                    p.loc,
-                )
-            )
-        specs = []
-        for s in self.seq(f.get("spec_constants"), "spec_constants"):
-            sf = self.fields(s, SPEC_CONSTANT, f"a spec constant of {what}")
-            if sf is None or any(k not in sf for k in ("name", "type", "default")):
-                continue
-            if self.want(sf["default"], "scalar", "spec constant default", "a scalar"):
-                specs.append(
-                    SpecConstant(
-                        self.ident(sf["name"], "spec constant name"),
-                        self.choice(sf["type"], "spec constant type", SPEC_TYPES, "int"),
-                        sf["default"].value,
-                        s.loc,
-                        sf["default"].loc,
-                    )
-                )
-        requires = [
-            (self.string(r, "a capability"), r.loc) for r in self.seq(f.get("requires"), "requires")
-        ]
-        extensions = [
-            self.ident(e, "an extension", re.compile(r"GL_\w+\Z"), "a GL_* extension name")
-            for e in self.seq(f.get("extensions"), "extensions")
-        ]
-        template_node = f["template"]
-        return ShaderSpec(
-            name,
-            family,
-            self.string(f.get("doc"), "shader doc"),
-            self.string(template_node, f"'template' of {what}"),
-            template_node.loc,
-            tuple(axes),
-            combos,
-            exclude,
-            tuple(overrides),
-            self.workgroup(f.get("workgroup"), f"'workgroup' of {what}", (64, 1, 1)),
-            tuple(bindings),
-            tuple(pushes),
-            tuple(specs),
-            tuple(r for r, _ in requires),
-            tuple(loc for _, loc in requires),
-            tuple(extensions),
-            loc,
+            axes.append(Axis(axis, tuple(dict.fromkeys(values)), node.key_locs[axis]))
+        return tuple(axes)
+
+    def axis_match_list(self, node: Node | None, key: str, what: str):
+        return tuple(self.axis_matches(entry, what) for entry in self.seq(node, key))
+
+    def override(self, node: Node, what: str) -> Override | None:
+        f = self.fields(node, OVERRIDE, f"an override of {what}")
+        if f is None:
+            return None
+        specs = {}
+        for sc, v in self.mapping(f.get("spec_constants"), "spec_constants").items():
+            if self.want(v, "scalar", f"spec constant {sc}", "a scalar"):
+                specs[sc] = (v.value, v.loc)
+        return Override(
+            self.axis_matches(f["when"], f"'when' of an override of {what}"),
+            self.workgroup(f.get("workgroup"), "override workgroup", None),
+            specs,
+            node.loc,
         )
 
-    def named(self, node: Node | None, what: str, key_pattern=_IDENT, expected="an identifier"):
+    def binding(self, node: Node, what: str) -> Binding | None:
+        f = self.fields(node, BINDING, f"a binding of {what}")
+        if f is None:
+            return None
+        vec_node = f.get("vec")
+        vec = 4
+        if vec_node is not None:
+            if (
+                vec_node.kind == "scalar"
+                and type(vec_node.value) is int
+                and vec_node.value in (1, 4)
+            ):
+                vec = vec_node.value
+            else:
+                self.err(
+                    vec_node.loc,
+                    f"'vec' of a binding of {what} must be 4 or 1, got {kind_name(vec_node)}",
+                )
+        return Binding(
+            self.ident(f["name"], "binding name"),
+            self.choice(f["dtype"], "binding dtype", DTYPES, "float32", axis_ok=True),
+            self.choice(f.get("storage"), "binding storage", STORAGES, "buffer", axis_ok=True),
+            vec,
+            self.choice(f.get("access"), "binding access", ACCESS, "read"),
+            self.axis_matches(f.get("when"), f"'when' of binding {f['name'].value}"),
+            node.loc,
+        )
+
+    def push_constant(self, node: Node, what: str) -> PushConstant | None:
+        f = self.fields(node, PUSH_CONSTANT, f"a push constant of {what}")
+        if f is None:
+            return None
+        return PushConstant(
+            self.ident(f["name"], "push constant name"),
+            self.choice(f["type"], "push constant type", PUSH_TYPES, "uint"),
+            self.axis_matches(f.get("when"), "'when' of a push constant"),
+            node.loc,
+        )
+
+    def spec_constant(self, node: Node, what: str) -> SpecConstant | None:
+        f = self.fields(node, SPEC_CONSTANT, f"a spec constant of {what}")
+        if f is None or not self.want(f["default"], "scalar", "spec constant default", "a scalar"):
+            return None
+        return SpecConstant(
+            self.ident(f["name"], "spec constant name"),
+            self.choice(f["type"], "spec constant type", SPEC_TYPES, "int"),
+            f["default"].value,
+            node.loc,
+            f["default"].loc,
+        )
+
+    def named(self, node: Node | None, what: str, key_pattern=IDENT_RE, expected="an identifier"):
         out = []
         for key, value in self.mapping(node, what).items():
             self.key_name(node, key, f"a key of {what}", key_pattern, expected)
@@ -240,7 +238,7 @@ class _Parser(NodeChecker):
     def op(self, node: Node, name: str, family: str, loc: Location, checks) -> OpSpec | None:
         what = f"op '{name}'"
         f = self.fields(node, OP, what)
-        if f is None or any(k not in f for k in ("schema", "reference", "shader", "dispatch")):
+        if f is None:
             return None
         schema_expr = self.expr(f["schema"], f"'schema' of {what}")
         schema = None
@@ -259,7 +257,7 @@ class _Parser(NodeChecker):
                     f"schema name '{schema.name}' must equal the op key '{name}'",
                 )
         ref = self.string(f["reference"], "reference")
-        if ref and not _REFERENCE.match(ref):
+        if ref and not REFERENCE_RE.match(ref):
             self.err(f["reference"].loc, f"reference must be 'module:function', got {ref!r}")
         op_checks = []
         for c in self.seq(f.get("checks"), f"checks of {what}"):
@@ -284,7 +282,7 @@ class _Parser(NodeChecker):
         outputs = []
         for o in self.seq(f.get("outputs"), f"outputs of {what}"):
             of = self.fields(o, OUTPUT, f"an output of {what}")
-            if of is None or any(k not in of for k in ("name", "shape", "dtype")):
+            if of is None:
                 continue
             shape, dtype = (
                 self.expr(of["shape"], "output shape"),
@@ -316,7 +314,7 @@ class _Parser(NodeChecker):
             f["shader"].loc,
             self.axis_matches(f.get("fixed"), f"'fixed' of {what}"),
             self.named(f.get("let"), "let"),
-            self.named(f.get("select"), "select", _AXIS, "an UPPER_CASE axis name"),
+            self.named(f.get("select"), "select", AXIS_RE, "an UPPER_CASE axis name"),
             tuple(op_checks),
             tuple(outputs),
             self.named(f.get("bind"), "bind"),

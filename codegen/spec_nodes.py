@@ -15,14 +15,17 @@ from codegen.errors import Location, SpecError, did_you_mean
 from codegen.model import AxisMatch, Expr
 from codegen.yaml_loader import Node
 
-_IDENT = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
-_LOWER = re.compile(r"[a-z][a-z0-9_]*\Z")
-_AXIS = re.compile(r"[A-Z][A-Z0-9_]*\Z")
-_VALUE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]*\Z")
-_REFERENCE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
+IDENT_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+LOWER_RE = re.compile(r"[a-z][a-z0-9_]*\Z")
+AXIS_RE = re.compile(r"[A-Z][A-Z0-9_]*\Z")
+REFERENCE_RE = re.compile(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*\Z")
+EXTENSION_RE = re.compile(r"GL_\w+\Z")
+_VALUE_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9_]*\Z")
+_AXIS_REF_RE = re.compile(r"\$\{[A-Z][A-Z0-9_]*\}\Z")
 
 
-def _kind_name(node: Node) -> str:
+def kind_name(node: Node) -> str:
+    """How a node's kind reads in a message: 'a list', 'an integer', "the string 'x'"."""
     if node.kind == "map":
         return "a mapping"
     if node.kind == "seq":
@@ -43,10 +46,12 @@ class NodeChecker:
     def err(self, loc: Location, msg: str) -> None:
         self.errors.append(SpecError(loc, msg))
 
-    # ---- generic checks
-    def fields(self, node: Node, table, what: str) -> dict[str, Node] | None:
+    def fields(self, node: Node, table, what: str, partial: bool = False) -> dict[str, Node] | None:
+        """The known keys of a mapping checked against `table` (unknown and missing keys
+        are errors). Returns None if `node` is not a mapping or, unless `partial`, if a
+        required key is missing (the caller cannot build its object)."""
         if node.kind != "map":
-            self.err(node.loc, f"{what} must be a mapping, got {_kind_name(node)}")
+            self.err(node.loc, f"{what} must be a mapping, got {kind_name(node)}")
             return None
         allowed = [f.key for f in table]
         out = {}
@@ -59,14 +64,12 @@ class NodeChecker:
                 )
                 continue
             out[key] = value
-        for f in table:
-            if f.required and f.key not in out and f.key in allowed:
-                if f.key not in node.value:
-                    self.err(
-                        node.loc,
-                        f"{what} is missing the required key '{f.key}' ({f.doc.rstrip('.')})",
-                    )
-        return out
+        missing = [f for f in table if f.required and f.key not in out]
+        for f in missing:
+            self.err(
+                node.loc, f"{what} is missing the required key '{f.key}' ({f.doc.rstrip('.')})"
+            )
+        return None if missing and not partial else out
 
     def want(self, node: Node, kind: str, what: str, expected: str) -> bool:
         ok = (
@@ -75,7 +78,7 @@ class NodeChecker:
             else (node.kind == "scalar" and isinstance(node.value, str))
         )
         if not ok:
-            self.err(node.loc, f"{what} must be {expected}, got {_kind_name(node)}")
+            self.err(node.loc, f"{what} must be {expected}, got {kind_name(node)}")
         return ok
 
     def string(self, node: Node | None, what: str, default: str = "") -> str:
@@ -83,15 +86,15 @@ class NodeChecker:
             return default
         return node.value if self.want(node, "str", what, "a string") else default
 
-    def ident(self, node: Node, what: str, pattern=_IDENT, expected="an identifier") -> str:
+    def ident(self, node: Node, what: str, pattern=IDENT_RE, expected="an identifier") -> str:
         if node.kind != "scalar" or not isinstance(node.value, str):
-            self.err(node.loc, f"{what} must be {expected}, got {_kind_name(node)}")
+            self.err(node.loc, f"{what} must be {expected}, got {kind_name(node)}")
             return ""
         if not pattern.match(node.value):
             self.err(node.loc, f"{what} must be {expected}, got {node.value!r}")
         return node.value
 
-    def key_name(self, node: Node, key: str, what: str, pattern=_IDENT, expected="an identifier"):
+    def key_name(self, node: Node, key: str, what: str, pattern=IDENT_RE, expected="an identifier"):
         if not pattern.match(key):
             self.err(node.key_locs[key], f"{what} must be {expected}, got {key!r}")
             return False
@@ -102,7 +105,7 @@ class NodeChecker:
             return None
         if node.kind != "scalar" or node.value is None:
             self.err(
-                node.loc, f"{what} must be a Python expression (a string), got {_kind_name(node)}"
+                node.loc, f"{what} must be a Python expression (a string), got {kind_name(node)}"
             )
             return None
         v = node.value
@@ -124,11 +127,11 @@ class NodeChecker:
         if node.kind != "scalar" or v is None or isinstance(v, float):
             self.err(
                 node.loc,
-                f"{what} must be an axis value (a name or integer), got {_kind_name(node)}",
+                f"{what} must be an axis value (a name or integer), got {kind_name(node)}",
             )
             return None
         text = str(v).lower() if isinstance(v, bool) else str(v)
-        if not _VALUE.match(text):
+        if not _VALUE_RE.match(text):
             self.err(
                 node.loc, f"{what} must be a name made of letters, digits and '_', got {text!r}"
             )
@@ -165,7 +168,7 @@ class NodeChecker:
         if not self.want(node, "str", what, f"one of {', '.join(choices)}"):
             return default
         v = node.value
-        if v in choices or (axis_ok and re.fullmatch(r"\$\{[A-Z][A-Z0-9_]*\}", v)):
+        if v in choices or (axis_ok and _AXIS_REF_RE.match(v)):
             return v
         extra = " or ${AXIS}" if axis_ok else ""
         self.err(
@@ -174,5 +177,3 @@ class NodeChecker:
             f"{did_you_mean(v, choices)}",
         )
         return default
-
-    # ---- tables

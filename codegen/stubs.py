@@ -96,7 +96,7 @@ def _fake_body(op: ResolvedOp) -> list[str]:
     return lines
 
 
-def _opdef(op: ResolvedOp, spec_file: str) -> list[str]:
+def _opdef(op: ResolvedOp) -> list[str]:
     spec = op.spec
     axes = [a.name for a in op.variants[0].shader.axes]
     variants = [
@@ -107,7 +107,7 @@ def _opdef(op: ResolvedOp, spec_file: str) -> list[str]:
         f"family={_q(spec.family)},",
         f"schema={_q(spec.schema.text)},",
         f"doc={_q(spec.doc)},",
-        f"spec={_q(f'{spec_file}:{spec.loc.line}')},",
+        f"spec={_q(spec.loc.short())},",
         f"reference={_q(spec.reference)},",
         f"axes={_tuple([_q(a) for a in axes]) if axes else '()'},",
         "variants=(",
@@ -132,7 +132,7 @@ def stub_view(family: FamilySpec, ops: list[ResolvedOp], template: str) -> dict:
                 "body": _record_body(op),
                 "fake_signature": _signature(fake_function(name), [], op, []),
                 "fake_body": _fake_body(op),
-                "opdef": _opdef(op, family.file),
+                "opdef": _opdef(op),
             }
         )
     return {

@@ -86,8 +86,12 @@ def resolve_op(
     tensor_args = [a.name for a in schema.args if a.is_tensor]
     modules: set[str] = set()
 
-    def code(expr, scope, what):
+    used: set[str] = {b.value.text for b in op.bind}  # names that make a let used
+
+    def code(expr, scope, what, uses_lets=False):
         r = rewrite(expr, scope, what, errors)
+        if uses_lets:  # a failed expression still counts its names as used
+            used.update(r.names if r else _names_of(expr))
         if r is None:
             return None
         modules.update(r.modules)
@@ -122,24 +126,24 @@ def resolve_op(
     for axis in axis_names:
         s = next((s for s in op.select if s.key == axis), None)
         if s is not None:
-            r = code(s.value, scope, f"select {axis}")
+            r = code(s.value, scope, f"select {axis}", uses_lets=True)
             if r:
                 select.append((axis, _first_arg(r.names, args, let_names), r.code))
-    outputs = []
-    out_names = {o.name for o in op.outputs}
+    outputs, output_refs = [], []  # output_refs: the names the outputs' shapes and dtypes use
+    out_list = [o.name for o in op.outputs]
+    out_names = set(out_list)
     for o in op.outputs:
-        if o.name in scope or [x.name for x in op.outputs].count(o.name) > 1:
+        if o.name in scope or out_list.count(o.name) > 1:
             err(
                 SpecError(
                     o.loc, f"output name '{o.name}' clashes with an argument, let or another output"
                 )
             )
-        shape, dtype = (
-            code(o.shape, scope, f"output {o.name} shape"),
-            code(o.dtype, scope, f"output {o.name} dtype"),
-        )
+        shape = code(o.shape, scope, f"output {o.name} shape", uses_lets=True)
+        dtype = code(o.dtype, scope, f"output {o.name} dtype", uses_lets=True)
         if shape and dtype:
             outputs.append((o.name, shape.code, dtype.code))
+            output_refs += shape.names + dtype.names
     if len(op.outputs) != len(schema.returns):
         err(
             SpecError(
@@ -159,23 +163,22 @@ def resolve_op(
     full = scope | out_names
     push = []
     for p in op.push:
-        r = code(p.value, full, f"push {p.key}")
+        r = code(p.value, full, f"push {p.key}", uses_lets=True)
         if r:
             push.append((p.key, r.code))
-    dispatch = code(op.dispatch, full, f"dispatch {op.dispatch_kind}") if op.dispatch else None
+    dispatch = None
+    if op.dispatch:
+        dispatch = code(op.dispatch, full, f"dispatch {op.dispatch_kind}", uses_lets=True)
     bind = _check_bind(
         op, op_variants, interfaces, args, tensor_args, set(let_names), out_names, errors
     )
     _check_push(op, op_variants, interfaces, errors)
-    used = {n for o in op.outputs for n in _names(o)} | {b.value.text for b in op.bind}
-    for e in [s.value for s in op.select] + [p.value for p in op.push] + [op.dispatch]:
-        used.update(_names_of(e))
     for deps in let_names.values():
         used.update(deps)
     for let in op.lets:
         if let.key not in used:
             err(SpecError(let.loc, f"let '{let.key}' is never used; remove it or use it"))
-    needed = _lets_needed(op, let_names, [n for o in op.outputs for n in _names(o)])
+    needed = _lets_needed(let_names, output_refs)
     if errors:
         return None, errors
     return ResolvedOp(
@@ -195,14 +198,9 @@ def resolve_op(
 
 
 def _names_of(expr) -> list[str]:
-    if expr is None:
-        return []
+    """The free names of an expression whatever its scope ([] if it does not parse)."""
     r = rewrite(expr, _Everything(), "", [])
     return r.names if r else []
-
-
-def _names(output) -> list[str]:
-    return _names_of(output.shape) + _names_of(output.dtype)
 
 
 class _Everything(set):
@@ -210,7 +208,8 @@ class _Everything(set):
         return True
 
 
-def _lets_needed(op: OpSpec, let_names: dict[str, list[str]], roots: list[str]) -> set[str]:
+def _lets_needed(let_names: dict[str, list[str]], roots: list[str]) -> set[str]:
+    """The lets that `roots` need, directly or through other lets."""
     needed: set[str] = set()
     todo = list(roots)
     while todo:
@@ -221,12 +220,14 @@ def _lets_needed(op: OpSpec, let_names: dict[str, list[str]], roots: list[str]) 
     return needed
 
 
-def _first_arg(names: list[str], args: set[str], lets: dict[str, list[str]], depth: int = 0):
+def _first_arg(names: list[str], args: set[str], lets: dict[str, list[str]]) -> str | None:
+    """The first schema argument `names` mention, directly or through lets (which can
+    only name earlier lets, so this terminates)."""
     for n in names:
         if n in args:
             return n
-        if n in lets and depth < 20:
-            found = _first_arg(lets[n], args, lets, depth + 1)
+        if n in lets:
+            found = _first_arg(lets[n], args, lets)
             if found:
                 return found
     return None

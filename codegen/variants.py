@@ -4,9 +4,11 @@ variants = product of all axis values (in axis-value order), minus those
 matching an `exclude` entry, plus each explicit `combos` entry (kept even if an
 exclude matches it), sorted by axis-value order; then every `overrides` entry
 whose `when` matches sets the variant's workgroup / spec-constant defaults
-(later entries win). Also checks every axis reference of the shader (combos,
-exclude, overrides, `when` of bindings and push constants). Pure: returns
-variants and `SpecError`s, touches no files. Called by `build.py`; tested alone.
+(later entries win). First checks the shader once: every axis reference
+(combos, exclude, overrides, `when` and `${AXIS}` of bindings and push
+constants), every spec-constant value (defaults and overrides) against its
+type, and every required capability. Pure: returns variants and `SpecError`s,
+touches no files. Called by `build.py`; tested alone.
 """
 
 from __future__ import annotations
@@ -14,8 +16,17 @@ from __future__ import annotations
 import itertools
 
 from codegen.errors import SpecError, did_you_mean
+from codegen.expressions import CAPABILITIES
 from codegen.model import AxisMatch, ShaderSpec, Variant
 from codegen.naming import variant_name
+
+# spec-constant type -> (accepts a YAML value, what it expects)
+SPEC_VALUE_TYPES = {
+    "bool": (lambda v: isinstance(v, bool), "true or false"),
+    "int": (lambda v: type(v) is int, "an integer"),
+    "uint": (lambda v: type(v) is int and v >= 0, "an integer >= 0"),
+    "float": (lambda v: type(v) in (int, float), "a number"),
+}
 
 
 def matches(when: tuple[AxisMatch, ...], axes: dict[str, str]) -> bool:
@@ -50,12 +61,14 @@ def check_axis_refs(shader: ShaderSpec, refs: tuple[AxisMatch, ...], what: str) 
     return errors
 
 
-def _shader_refs(shader: ShaderSpec) -> list[SpecError]:
+def check_shader(shader: ShaderSpec) -> list[SpecError]:
+    """Errors in a shader's own entries, each reported once (not once per variant)."""
+    names = [a.name for a in shader.axes]
     errors = []
     for combo in shader.combos:
         errors += check_axis_refs(shader, combo, f"a combo of shader '{shader.name}'")
         given = {m.axis for m in combo}
-        missing = [a.name for a in shader.axes if a.name not in given]
+        missing = [n for n in names if n not in given]
         multi = [m.axis for m in combo if len(m.values) != 1]
         if combo and (missing or multi):
             errors.append(
@@ -68,23 +81,43 @@ def _shader_refs(shader: ShaderSpec) -> list[SpecError]:
             )
     for entry in shader.exclude:
         errors += check_axis_refs(shader, entry, f"an exclude of shader '{shader.name}'")
+    declared = {s.name: s for s in shader.spec_constants}
+    for s in shader.spec_constants:
+        accepts, expected = SPEC_VALUE_TYPES[s.type]
+        if not accepts(s.default):
+            errors.append(
+                SpecError(
+                    s.default_loc,
+                    f"spec constant '{s.name}' of type {s.type} cannot have the default "
+                    f"{s.default!r}; expected {expected}",
+                )
+            )
     for o in shader.overrides:
         errors += check_axis_refs(shader, o.when, f"an override of shader '{shader.name}'")
-        for name, (_, loc) in o.spec_constants.items():
-            if all(s.name != name for s in shader.spec_constants):
-                known = [s.name for s in shader.spec_constants]
+        for name, (value, loc) in o.spec_constants.items():
+            if name not in declared:
                 errors.append(
                     SpecError(
                         loc,
-                        f"override sets unknown spec constant '{name}'{did_you_mean(name, known)}; "
-                        f"shader '{shader.name}' declares: {', '.join(known) or '(none)'}",
+                        f"override sets unknown spec constant '{name}'{did_you_mean(name, declared)}; "
+                        f"shader '{shader.name}' declares: {', '.join(declared) or '(none)'}",
+                    )
+                )
+                continue
+            type_ = declared[name].type
+            accepts, expected = SPEC_VALUE_TYPES[type_]
+            if not accepts(value):
+                errors.append(
+                    SpecError(
+                        loc,
+                        f"override sets spec constant '{name}' of type {type_} to {value!r}; "
+                        f"expected {expected}",
                     )
                 )
     for b in shader.bindings:
         errors += check_axis_refs(shader, b.when, f"'when' of binding '{b.name}'")
         for text in (b.dtype, b.storage):
             if text.startswith("${") and shader.axis(text[2:-1]) is None:
-                names = [a.name for a in shader.axes]
                 errors.append(
                     SpecError(
                         b.loc,
@@ -94,12 +127,21 @@ def _shader_refs(shader: ShaderSpec) -> list[SpecError]:
                 )
     for p in shader.push_constants:
         errors += check_axis_refs(shader, p.when, f"'when' of push constant '{p.name}'")
+    for cap, loc in zip(shader.requires, shader.requires_locs, strict=True):
+        if cap not in CAPABILITIES:
+            errors.append(
+                SpecError(
+                    loc,
+                    f"unknown capability '{cap}'{did_you_mean(cap, CAPABILITIES)}; "
+                    f"expected one of {', '.join(CAPABILITIES)}",
+                )
+            )
     return errors
 
 
 def expand_variants(shader: ShaderSpec) -> tuple[list[Variant], list[SpecError]]:
     """All variants of a shader in axis-value order, with overrides applied."""
-    errors = _shader_refs(shader)
+    errors = check_shader(shader)
     if errors:
         return [], errors
     names = [a.name for a in shader.axes]
