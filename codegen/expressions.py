@@ -31,11 +31,15 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the fp32 reciprocal exactly as PyTorch computes `input * (1.0 / scale)` "
         "for an fp32 input: `fp32(1.0 / x)` with the division in float64",
     ),
-    "is_integral": (
+    "fits_int32": (
         "t",
-        "integer dtype, or floating with whole-number values (device tensors: integer dtype)",
+        "every value a whole number within int32, of an integer or floating dtype "
+        "(device tensors: dtype int32)",
     ),
-    "all_positive": ("t", "every value finite and > 0 (device tensors: `True`)"),
+    "positive_fp32": (
+        "t",
+        "every value, rounded to fp32, finite and > 0 (device tensors: `True`)",
+    ),
     "elementwise": (
         "t",
         "global size covering `t` in units of 4 values: buffer "

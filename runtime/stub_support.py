@@ -58,20 +58,32 @@ def int_range(dtype: torch.dtype) -> tuple[float, float]:
     return (info.min, info.max)
 
 
-def is_integral(t) -> bool:
-    """True for an integer dtype, or floating values that are all whole numbers."""
-    if not t.dtype.is_floating_point:
-        return t.dtype != torch.bool
+def fits_int32(t) -> bool:
+    """True when every value is a whole number within int32 (shaders read them as int32).
+
+    Device tensors cannot be read on the host: True when their dtype is int32.
+    """
     if not isinstance(t, torch.Tensor):
+        return t.dtype == torch.int32
+    if t.dtype == torch.bool or t.dtype.is_complex:
         return False
-    return bool(torch.isfinite(t).all() and (t == t.round()).all())
+    if t.numel() == 0:
+        return True
+    if t.dtype.is_floating_point and not bool(torch.isfinite(t).all() and (t == t.round()).all()):
+        return False
+    info = torch.iinfo(torch.int32)
+    return bool(t.min() >= info.min and t.max() <= info.max)
 
 
-def all_positive(t) -> bool:
-    """True when every value is finite and > 0; device tensors cannot be read, so True."""
+def positive_fp32(t) -> bool:
+    """True when every value, rounded to fp32 as the shaders use it, is finite and > 0.
+
+    Device tensors cannot be read on the host, so they pass.
+    """
     if not isinstance(t, torch.Tensor):
         return True
-    return bool(torch.isfinite(t).all() and (t > 0).all())
+    values = t.to(torch.float32)
+    return bool(torch.isfinite(values).all() and (values > 0).all())
 
 
 def elementwise(t) -> list[int]:
@@ -94,8 +106,8 @@ HELPERS: dict[str, Callable[..., Any]] = {
         int_range,
         fp32,
         fp32_recip,
-        is_integral,
-        all_positive,
+        fits_int32,
+        positive_fp32,
         elementwise,
     )
 }

@@ -82,12 +82,12 @@ def quantize_per_token(stream, input, scales, zero_points, quant_min, quant_max,
         raise rt.ArgumentError(op, "scales", f"must be a floating-point tensor, got {scales.dtype}")
     if not (rt.numel(scales) == rt.tokens(input)):
         raise rt.ArgumentError(op, "scales", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(scales.shape)}")
-    if not (rt.all_positive(scales)):
-        raise rt.ArgumentError(op, "scales", "must all be finite and > 0")
+    if not (rt.positive_fp32(scales)):
+        raise rt.ArgumentError(op, "scales", "must all be finite and > 0 as fp32 values (the shaders compute in fp32)")
     if not (rt.numel(zero_points) == rt.tokens(input)):
         raise rt.ArgumentError(op, "zero_points", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(zero_points.shape)}")
-    if not (rt.is_integral(zero_points)):
-        raise rt.ArgumentError(op, "zero_points", f"must hold integer values (an integer dtype, or whole numbers), got {zero_points.dtype}")
+    if not (rt.fits_int32(zero_points)):
+        raise rt.ArgumentError(op, "zero_points", f"must hold whole numbers within int32 (the shaders read int32), got {zero_points.dtype} values")
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
@@ -210,12 +210,12 @@ def dequantize_per_token(stream, input, scales, zero_points, quant_min, quant_ma
         raise rt.ArgumentError(op, "scales", f"must be a floating-point tensor, got {scales.dtype}")
     if not (rt.numel(scales) == rt.tokens(input)):
         raise rt.ArgumentError(op, "scales", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(scales.shape)}")
-    if not (rt.all_positive(scales)):
-        raise rt.ArgumentError(op, "scales", "must all be finite and > 0")
+    if not (rt.positive_fp32(scales)):
+        raise rt.ArgumentError(op, "scales", "must all be finite and > 0 as fp32 values (the shaders compute in fp32)")
     if not (rt.numel(zero_points) == rt.tokens(input)):
         raise rt.ArgumentError(op, "zero_points", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(zero_points.shape)}")
-    if not (rt.is_integral(zero_points)):
-        raise rt.ArgumentError(op, "zero_points", f"must hold integer values (an integer dtype, or whole numbers), got {zero_points.dtype}")
+    if not (rt.fits_int32(zero_points)):
+        raise rt.ArgumentError(op, "zero_points", f"must hold whole numbers within int32 (the shaders read int32), got {zero_points.dtype} values")
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("output_dtype", output_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))

@@ -158,6 +158,17 @@ def test_divisions_are_correctly_rounded_over_many_tokens(storage):
     assert_bit_equal(got, ref.quantize_per_token(xs, scales, zps, -128, 127, torch.int8), "quantize")
 
 
+def test_per_token_parameters_in_other_dtypes_are_accepted():
+    """int64 (PyTorch's choose_qparams) and whole-number float zero points, float64 scales."""
+    gen = torch.Generator().manual_seed(17)
+    x = torch.randn(5, 12, generator=gen)
+    scales, zps = per_token_params((5, 12), gen, "int8")
+    quantize = runtime.get_op("etvk.quantize_per_token.default")
+    want = quantize(x, scales, zps, -128, 127, torch.int8)
+    for s, z in ((scales.double(), zps.long()), (scales, zps.float())):
+        assert_bit_equal(quantize(x, s, z, -128, 127, torch.int8), want, f"{s.dtype} {z.dtype}")
+
+
 def test_recorded_sequence_runs_without_host_round_trip():
     """choose_qparams → quantize_per_token → dequantize_per_token in one stream."""
     from runtime.command import Stream
@@ -237,7 +248,9 @@ BAD = [
     ("quantize_per_tensor", (X, 0.1, 0, -128, 127, torch.int8), {"variant": "quantize_per_tensor_buffer_half_int8"}, ValueError, "cannot serve these inputs: argument 'input' asks for IN_DTYPE=float32"),
     ("quantize_per_token", (X, S[:1], Z, -128, 127, torch.int8), {}, ValueError, "argument 'scales': must hold one value per token of input (2 tokens)"),
     ("quantize_per_token", (X, -S, Z, -128, 127, torch.int8), {}, ValueError, "argument 'scales': must all be finite and > 0"),
-    ("quantize_per_token", (X, S, Z + 0.5, -128, 127, torch.int8), {}, ValueError, "argument 'zero_points': must hold integer values"),
+    ("quantize_per_token", (X, S, Z + 0.5, -128, 127, torch.int8), {}, ValueError, "argument 'zero_points': must hold whole numbers within int32"),
+    ("quantize_per_token", (X, S, Z.long() + 2**31, -128, 127, torch.int8), {}, ValueError, "argument 'zero_points': must hold whole numbers within int32"),
+    ("quantize_per_token", (X, S.double() * 1e-300, Z, -128, 127, torch.int8), {}, ValueError, "argument 'scales': must all be finite and > 0 as fp32 values"),
     ("quantize_per_token", (X, Z, Z, -128, 127, torch.int8), {}, ValueError, "argument 'scales': must be a floating-point tensor"),
     ("dequantize_per_tensor", (Q, 0.1, 0, -128, 127, torch.uint8), {}, ValueError, "argument 'input': has dtype torch.int8 but the dtype argument says torch.uint8"),
     ("dequantize_per_tensor", (Q, 0.1, 0, -128, 127, torch.int8), {"out_dtype": torch.float64}, ValueError, "argument 'out_dtype': dtype torch.float64 is not supported"),
