@@ -90,6 +90,15 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
     for p in shader.push_constants:
         if not matches(p.when, variant.axes):
             continue
+        if any(f.name == p.name for f in fields):
+            errors.append(
+                SpecError(
+                    p.loc,
+                    f"push constant '{p.name}' of variant {variant.name}: two push constants "
+                    f"named '{p.name}' in one variant; make their `when` exclusive",
+                )
+            )
+            continue
         size = glsl.PUSH_TYPE_SIZES[p.type]
         offset = -(-offset // size) * size
         align_max = max(align_max, size)

@@ -17,7 +17,7 @@ import itertools
 
 from codegen.errors import SpecError, did_you_mean
 from codegen.expressions import CAPABILITIES
-from codegen.model import AxisMatch, ShaderSpec, Variant
+from codegen.model import AxisMatch, ShaderSpec, SpecConstant, Variant
 from codegen.naming import variant_name
 
 # spec-constant type -> (accepts a YAML value, what it expects)
@@ -81,7 +81,17 @@ def check_shader(shader: ShaderSpec) -> list[SpecError]:
             )
     for entry in shader.exclude:
         errors += check_axis_refs(shader, entry, f"an exclude of shader '{shader.name}'")
-    declared = {s.name: s for s in shader.spec_constants}
+    declared: dict[str, SpecConstant] = {}
+    for s in shader.spec_constants:
+        if s.name in declared:
+            errors.append(
+                SpecError(
+                    s.loc,
+                    f"spec constant '{s.name}' of shader '{shader.name}' is declared twice "
+                    f"(first at line {declared[s.name].loc.line}); rename one",
+                )
+            )
+        declared.setdefault(s.name, s)
     for s in shader.spec_constants:
         accepts, expected = SPEC_VALUE_TYPES[s.type]
         if not accepts(s.default):
