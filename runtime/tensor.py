@@ -22,6 +22,9 @@ from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.memory import Buffer, Image3D
 
 STORAGES = ("buffer", "texture3d")
+# The memory layout each storage uses (docs/internals.md section 2); packed
+# int8 layouts (4W4C, 4C, 4C1W) join them with the conv family.
+LAYOUTS = {"buffer": "contiguous", "texture3d": "width_packed"}
 BUFFER_ALIGNMENT = 16
 
 
@@ -104,6 +107,8 @@ class Tensor:
         shape: torch.Size of the logical tensor.
         dtype: torch.dtype.
         storage: "buffer" or "texture3d".
+        layout: how values sit in that storage: "contiguous" (buffer, row-major)
+            or "width_packed" (texture3d, 4 last-dimension values per texel).
         memory: the `Buffer` / `Image3D` holding it, or None when empty.
     """
 
@@ -116,6 +121,7 @@ class Tensor:
             device = get_device()
         info = dtype_info(dtype, label)
         self.shape, self.dtype, self.storage = torch.Size(shape), info.torch_dtype, storage
+        self.layout = LAYOUTS[storage]
         self.device, self.memory = device, None
         if self.numel() == 0:
             return
@@ -207,4 +213,5 @@ class Tensor:
         return texels[..., :last].reshape(self.shape).contiguous()
 
     def __repr__(self) -> str:
-        return f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, storage={self.storage!r})"
+        return (f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, storage={self.storage!r}, "
+                f"layout={self.layout!r})")

@@ -29,6 +29,7 @@ def test_round_trip(shape, dtype, storage):
     value = _sample(shape, dtype)
     tensor = Tensor.from_torch(value, storage)
     assert (tensor.shape, tensor.dtype, tensor.storage) == (value.shape, dtype, storage)
+    assert tensor.layout == {"buffer": "contiguous", "texture3d": "width_packed"}[storage]
     assert (tensor.numel(), tensor.dim(), tensor.nbytes) == (value.numel(), value.dim(), value.nbytes)
     assert (tensor.memory is None) == (value.numel() == 0)
     back = tensor.to_torch()
