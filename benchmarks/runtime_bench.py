@@ -11,12 +11,13 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    CUDA on the same tensor, timed with CUDA events in the same run, and the
    ratio of our per-tensor quantize to it.
 
-Usage: ``python benchmarks/runtime_bench.py [--elements N] [--repeats R]``
+Usage: ``python benchmarks/runtime_bench.py [--elements N] [--repeats R] [--only REGEX]``
 """
 
 from __future__ import annotations
 
 import argparse
+import re
 import statistics
 import sys
 import time
@@ -34,7 +35,11 @@ from runtime.shaders import get_library  # noqa: E402
 
 QUANTIZE = "etvk.quantize_per_tensor.default"
 BACK_TO_BACK = 8  # dispatches per submitted stream in the throughput runs
-WARMUP = 3  # replays before timing
+# Continuous work before timing each variant. GPUs drop their clocks while the
+# host prepares the next inputs (an H100 idles at 360 MHz), and short timed
+# bursts do not ramp them back: without this, variants timed later in the run
+# looked up to 4x slower than the same dispatch timed first.
+WARMUP_SECONDS = 1.0
 
 
 def median_us(fn, repeats: int) -> float:
@@ -77,8 +82,9 @@ def overhead(repeats: int) -> None:
 
 
 def gpu_seconds(stream: Stream, repeats: int) -> float:
-    """Median GPU time of one dispatch over `repeats` replays, after warm-up replays."""
-    for _ in range(WARMUP):
+    """Median GPU time of one dispatch over `repeats` replays, after WARMUP_SECONDS of replays."""
+    end = time.perf_counter() + WARMUP_SECONDS
+    while time.perf_counter() < end:
         stream.replay()
     samples = []
     for _ in range(repeats):
@@ -87,20 +93,20 @@ def gpu_seconds(stream: Stream, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def throughput(elements: int, repeats: int) -> float | None:
+def throughput(elements: int, repeats: int, only: re.Pattern) -> float | None:
     """Prints GB/s per quantize-family variant; returns per-tensor int8 fp32 buffer GB/s."""
     caps = get_device().caps
     library = get_library()
     gen = torch.Generator().manual_seed(0)
     shape = (max(1, elements >> 20), 1024, 1024)
     print(f"\n== Throughput, {'x'.join(map(str, shape))} values, median of {repeats} x {BACK_TO_BACK} "
-          "back-to-back dispatches (timestamps), after warm-up ==")
+          f"back-to-back dispatches (timestamps), after {WARMUP_SECONDS:g} s of warm-up each ==")
     print(f"{'variant':<50} {'MB moved':>9} {'GPU us':>9} {'GB/s':>8}")
     baseline = None
     for name, build in EXAMPLES.items():
         op = runtime.get_op(name)
         for info in op.variants:
-            if not library.runnable(info, caps)[0]:
+            if not only.search(info.name) or not library.runnable(info, caps)[0]:
                 continue
             args, kwargs = build(info.axes, shape, gen)
             with Stream() as stream:
@@ -127,9 +133,10 @@ def cuda_baseline(elements: int, repeats: int, ours_gbps: float | None) -> None:
         print("\n(no CUDA device: torch.quantize_per_tensor comparison skipped)")
         return
     x = torch.randn(elements // 1024, 1024, device="cuda")
-    for _ in range(WARMUP * BACK_TO_BACK):
+    end = time.perf_counter() + WARMUP_SECONDS
+    while time.perf_counter() < end:
         torch.quantize_per_tensor(x, 0.05, 0, torch.qint8)
-    torch.cuda.synchronize()
+        torch.cuda.synchronize()
     samples = []
     for _ in range(repeats * BACK_TO_BACK):  # as many timed dispatches as ours
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -150,6 +157,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--elements", type=int, default=None, help="values per tensor (default: 64Mi on a GPU, 4Mi on a CPU device)")
     parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--only", default="", help="regular expression: time only matching variants")
+    parser.add_argument("--skip-overhead", action="store_true", help="skip the overhead section")
     options = parser.parse_args()
     try:
         caps = get_device().caps
@@ -158,8 +167,9 @@ def main() -> int:
         return 1
     elements = options.elements or (4 << 20 if caps.family in ("llvmpipe", "swiftshader") else 64 << 20)
     print(f"device: {caps.name} (family {caps.family})")
-    overhead(options.repeats * 10)
-    ours = throughput(elements, options.repeats)
+    if not options.skip_overhead:
+        overhead(options.repeats * 10)
+    ours = throughput(elements, options.repeats, re.compile(options.only))
     cuda_baseline(elements, options.repeats, ours)
     return 0
 
