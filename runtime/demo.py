@@ -50,8 +50,10 @@ def run_demo(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
     """Prints the table; returns 0 when every variant matches its reference exactly."""
     caps = get_device().caps
     library = get_library()
-    header = f"{'op':<50} {'variant':<52} {'device':<28} {'max error':>9} {'us/call':>9} {'GPU us':>8}"
-    print(f"shape {tuple(shape)}, {repeats} calls per variant; errors in steps for integer outputs")
+    device = caps.name.split(" (")[0][:24]  # "llvmpipe (LLVM 15.0.6, 256 bits)" -> "llvmpipe"
+    header = f"{'op':<50} {'variant':<52} {'device':<24} {'max error':>9} {'us/call':>9} {'GPU us':>8}"
+    print(f"device {caps.name} (family {caps.family}); shape {tuple(shape)}, {repeats} calls per "
+          "variant; max error in steps for integer outputs")
     print(header)
     print("-" * len(header))
     failures = 0
@@ -63,7 +65,7 @@ def run_demo(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
             runnable, reason = library.runnable(info, caps)
             if build is None or not runnable:
                 why = reason if not runnable else "no example arguments"
-                print(f"{name:<50} {info.name:<52} {caps.name[:28]:<28} skipped: {why}")
+                print(f"{name:<50} {info.name:<52} {device:<24} skipped: {why}")
                 continue
             args, kwargs = build(info.axes, shape, gen)
             want = op.reference(*args, **kwargs)
@@ -77,7 +79,7 @@ def run_demo(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
             gpu = _gpu_seconds(op, args, kwargs, info.name)
             gpu_text = f"{gpu * 1e6:8.1f}" if gpu is not None else "       -"
             print(
-                f"{name:<50} {info.name:<52} {caps.name[:28]:<28} {error:>9.3g} "
+                f"{name:<50} {info.name:<52} {device:<24} {error:>9.3g} "
                 f"{statistics.median(walls) * 1e6:>9.1f} {gpu_text}",
                 flush=True,
             )
