@@ -63,13 +63,13 @@ def _record_body(op: ResolvedOp) -> list[str]:
     lines.append(f"v = op.select(variant, storage, {_dict(wanted)})")
     for binding, name, kind in op.bind:
         if kind != "output":
-            lines.append(
-                f"{name} = stream.upload({name}, v.binding({_q(binding)}), op.label({_q(name)}))"
-            )
+            label = f"op.label({_q(name)}{', ' + _q('value') if kind == 'let' else ''})"
+            lines.append(f"{name} = stream.upload({name}, v.binding({_q(binding)}), {label})")
     for name, shape, dtype in op.outputs:
         binding = next(b for b, n, _ in op.bind if n == name)
         lines.append(
-            f"{name} = stream.empty({shape}, {dtype}, v.binding({_q(binding)}), op.label({_q(name)}))"
+            f"{name} = stream.empty({shape}, {dtype}, v.binding({_q(binding)}), "
+            f"op.label({_q(name)}, {_q('output')}))"
         )
     bindings = _dict([(b, n) for b, n, _ in op.bind])
     push = _dict(list(op.push))

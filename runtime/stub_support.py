@@ -9,7 +9,6 @@ checks it). This module validates and selects; it must not record commands
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -181,14 +180,6 @@ def _show(axis_value: str, from_dtype: bool) -> str:
 # ---------------------------------------------------------------- OpDef
 
 
-@functools.cache
-def _arg_names(schema: str) -> frozenset[str]:
-    """Argument names of a schema string such as ``f(Tensor x, *, int? n=None) -> Tensor``."""
-    inner = schema[schema.index("(") + 1 : schema.rindex(") ->")]
-    parts = (part.strip() for part in inner.split(","))
-    return frozenset(part.split("=")[0].split()[-1] for part in parts if part and part != "*")
-
-
 @dataclass(frozen=True)
 class OpDef:
     """One op as generated from its spec: schema, variants, record and fake functions."""
@@ -204,9 +195,8 @@ class OpDef:
     record: Callable[..., Any]
     fake: Callable[..., Any]
 
-    def label(self, name: str) -> str:
-        """Prefix for errors about one argument or output of this op."""
-        kind = "argument" if name in _arg_names(self.schema) else "output"
+    def label(self, name: str, kind: str = "argument") -> str:
+        """Prefix for errors about one argument, output or derived value (`let`) of this op."""
         return f"{self.name}: {kind} '{name}'"
 
     def select(self, variant: str | None, storage: str | None, wanted: Mapping[str, tuple]):

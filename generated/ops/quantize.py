@@ -27,7 +27,7 @@ def quantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max, 
         raise rt.ArgumentError(op, "quant_max", f"{quant_max} is above the range of {dtype} (maximum {rt.int_range(dtype)[1]})")
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
-    out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out"))
+    out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "inv_scale": rt.fp32_recip(scale), "zero_point": zero_point, "quant_min": quant_min, "quant_max": quant_max}, global_size=rt.elementwise(out))
     return out
 
@@ -92,7 +92,7 @@ def quantize_per_token(stream, input, scales, zero_points, quant_min, quant_max,
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
     zero_points = stream.upload(zero_points, v.binding("t_zero_points"), op.label("zero_points"))
-    out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out"))
+    out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, global_size=rt.elementwise(out))
     return out
 
@@ -151,7 +151,7 @@ def dequantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max
     out_dtype = torch.float32 if out_dtype is None else out_dtype
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("out_dtype", out_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
-    out = stream.empty(input.shape, out_dtype, v.binding("t_out"), op.label("out"))
+    out = stream.empty(input.shape, out_dtype, v.binding("t_out"), op.label("out", "output"))
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "scale": rt.fp32(scale), "zero_point": zero_point}, global_size=rt.elementwise(out))
     return out
 
@@ -220,7 +220,7 @@ def dequantize_per_token(stream, input, scales, zero_points, quant_min, quant_ma
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
     zero_points = stream.upload(zero_points, v.binding("t_zero_points"), op.label("zero_points"))
-    out = stream.empty(input.shape, output_dtype, v.binding("t_out"), op.label("out"))
+    out = stream.empty(input.shape, output_dtype, v.binding("t_out"), op.label("out", "output"))
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input)}, global_size=rt.elementwise(out))
     return out
 
@@ -269,8 +269,8 @@ def choose_qparams_per_token_asymmetric(stream, input, dtype, *, variant=None, s
         raise rt.ArgumentError(op, "input", "has an empty last dimension; every token needs at least one value")
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
-    scales = stream.empty(rt.token_shape(input), torch.float32, v.binding("t_scales"), op.label("scales"))
-    zero_points = stream.empty(rt.token_shape(input), torch.int32, v.binding("t_zero_points"), op.label("zero_points"))
+    scales = stream.empty(rt.token_shape(input), torch.float32, v.binding("t_scales"), op.label("scales", "output"))
+    zero_points = stream.empty(rt.token_shape(input), torch.int32, v.binding("t_zero_points"), op.label("zero_points", "output"))
     stream.dispatch(v, op.name, bindings={"t_scales": scales, "t_zero_points": zero_points, "t_in": input}, push={"tokens": rt.tokens(input), "last_dim": rt.last_dim(input)}, groups=[rt.tokens(input), 1, 1])
     return scales, zero_points
 

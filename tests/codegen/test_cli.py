@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from codegen_testlib import REPO, make_tree, run_cli
+from codegen_testlib import FIXTURES, REPO, make_tree, run_cli
 
 from codegen.__main__ import main
 from codegen.docs import render_readme
@@ -78,3 +78,16 @@ def test_generated_stubs_are_ruff_clean(tmp_path, capsys):
         capture_output=True, text=True, cwd=REPO,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_stub_labels_name_arguments_values_and_outputs(tmp_path, capsys):
+    """Upload and allocation errors say which kind of name they are about."""
+    toy = (FIXTURES / "specs" / "toy.yaml").read_text()
+    toy = toy.replace("    bind: {t_out: out, t_in: input}", "    bind: {t_out: out, t_in: source}")
+    toy = toy.replace("    let:\n", "    let:\n      source: input\n")
+    tree = make_tree(tmp_path, {"toy.yaml": toy})
+    status, _, err = run_cli("generate", tree, "--no-compile", capsys=capsys)
+    assert status == 0, err
+    stub = (tree["out"] / "ops" / "toy.py").read_text()
+    assert 'source = stream.upload(source, v.binding("t_in"), op.label("source", "value"))' in stub
+    assert 'op.label("out", "output")' in stub
