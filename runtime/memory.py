@@ -106,6 +106,18 @@ class _Allocation:
                                         memory)
 
 
+def _transfer(device, what: str, command) -> None:
+    """Record `command(cb)` between full barriers in a one-shot submission and wait for it."""
+    barrier = _vk.full_barrier()
+
+    def record(cb):
+        barrier.record(cb)
+        command(cb)
+        barrier.record(cb)
+
+    device.run_once(record, what)
+
+
 def _hold(owner, device, key, allocation) -> None:
     """Give `allocation` back to the device's spare memory when `owner` is collected."""
     weakref.finalize(owner, device.spare_memory.give, key, allocation).atexit = False
@@ -193,26 +205,14 @@ class Buffer:
             ctypes.memset(self.mapped, 0, self.nbytes)
             return
         _, _, lib = _vk.load()
-        barrier = _vk.full_barrier()
-
-        def record(cb):
-            barrier.record(cb)
-            lib.vkCmdFillBuffer(cb, self.handle, 0, self.nbytes, 0)
-            barrier.record(cb)
-
-        self.device.run_once(record, "buffer zero")
+        _transfer(self.device, "buffer zero",
+                  lambda cb: lib.vkCmdFillBuffer(cb, self.handle, 0, self.nbytes, 0))
 
     def _copy(self, source: Buffer, destination: Buffer, what: str) -> None:
         _, _, lib = _vk.load()
         region = _vk.new("VkBufferCopy", size=self.nbytes)
-        barrier = _vk.full_barrier()
-
-        def record(cb):
-            barrier.record(cb)
-            lib.vkCmdCopyBuffer(cb, source.handle, destination.handle, 1, region)
-            barrier.record(cb)
-
-        self.device.run_once(record, what)
+        _transfer(self.device, what,
+                  lambda cb: lib.vkCmdCopyBuffer(cb, source.handle, destination.handle, 1, region))
 
 
 def _new_image(device, extent: tuple, vk_format: int, nbytes: int, subrange: dict) -> _Allocation:
@@ -306,14 +306,8 @@ class Image3D:
         vk, ffi, lib = _vk.load()
         color = ffi.new("VkClearColorValue*")
         subrange = _vk.new("VkImageSubresourceRange", **self._range)
-        barrier = _vk.full_barrier()
-
-        def record(cb):
-            barrier.record(cb)
-            lib.vkCmdClearColorImage(cb, self.handle, vk.VK_IMAGE_LAYOUT_GENERAL, color, 1, subrange)
-            barrier.record(cb)
-
-        self.device.run_once(record, "image zero")
+        _transfer(self.device, "image zero", lambda cb: lib.vkCmdClearColorImage(
+            cb, self.handle, vk.VK_IMAGE_LAYOUT_GENERAL, color, 1, subrange))
 
     def _copy(self, staging: Buffer, to_image: bool) -> None:
         vk, _, lib = _vk.load()
@@ -321,15 +315,10 @@ class Image3D:
             "VkBufferImageCopy",
             imageSubresource={"aspectMask": vk.VK_IMAGE_ASPECT_COLOR_BIT, "layerCount": 1},
             imageExtent=dict(zip(("width", "height", "depth"), self.extent, strict=True)))
-        barrier = _vk.full_barrier()
         general = vk.VK_IMAGE_LAYOUT_GENERAL
-
-        def record(cb):
-            barrier.record(cb)
-            if to_image:
-                lib.vkCmdCopyBufferToImage(cb, staging.handle, self.handle, general, 1, region)
-            else:
-                lib.vkCmdCopyImageToBuffer(cb, self.handle, general, staging.handle, 1, region)
-            barrier.record(cb)
-
-        self.device.run_once(record, "image upload" if to_image else "image download")
+        if to_image:
+            _transfer(self.device, "image upload", lambda cb: lib.vkCmdCopyBufferToImage(
+                cb, staging.handle, self.handle, general, 1, region))
+        else:
+            _transfer(self.device, "image download", lambda cb: lib.vkCmdCopyImageToBuffer(
+                cb, self.handle, general, staging.handle, 1, region))

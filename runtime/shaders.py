@@ -207,7 +207,7 @@ _libraries: dict[str | None, ShaderLibrary] = {}  # by $ETVK_GENERATED_DIR, read
 
 
 def get_library() -> ShaderLibrary:
-    """Return the process-wide library of `default_generated_dir()` (one per folder)."""
+    """Return the process-wide library of `default_generated_dir()` (one per $ETVK_GENERATED_DIR)."""
     key = os.environ.get("ETVK_GENERATED_DIR")
     if key not in _libraries:
         _libraries[key] = ShaderLibrary(default_generated_dir())

@@ -7,8 +7,9 @@ ceil(W/4) x H x D texels (D = product of the leading sizes), 4 consecutive
 last-dimension values per texel, padding 0. A 0-d tensor is stored as shape
 [1]; an empty tensor has no memory. `Tensor.empty` leaves the memory
 uninitialised (it may be recycled), `Tensor.zeros` fills it with zeros.
-Limits are checked before allocation and reported as `TensorTooLarge`. It must not record shader work (command.py
-does). Called by command.py, the op stubs (through Stream) and tests.
+Limits are checked before allocation and reported as `TensorTooLarge`. It
+must not record shader work (command.py does). Called by command.py, the op
+stubs (through Stream) and tests.
 """
 
 from __future__ import annotations
