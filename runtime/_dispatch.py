@@ -3,7 +3,7 @@
 Pure functions of a variant's manifest interface and the device limits; what
 depends only on the variant (names, the push-constant struct) is worked out
 once per (variant name, SPIR-V key). It must not call Vulkan. Called by
-command.py (which re-exports `group_counts`, `fold_groups`, `pack_push`).
+command.py.
 """
 
 from __future__ import annotations

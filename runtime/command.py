@@ -24,7 +24,6 @@ from runtime._dispatch import check_names, fold_groups, group_counts, layout, pa
 from runtime.errors import DispatchError, VulkanError
 from runtime.tensor import Tensor, dtype_info
 
-__all__ = ["Stream", "fold_groups", "group_counts", "pack_push"]
 POOL_SETS = 128
 QUERIES_PER_POOL = 128
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL

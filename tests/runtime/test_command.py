@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from runtime.command import fold_groups, group_counts, pack_push
+from runtime._dispatch import fold_groups, group_counts, pack_push
 from runtime.device import get_device
 from runtime.errors import DispatchError, UnsupportedVariant
 from runtime.tensor import Tensor
