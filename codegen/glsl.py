@@ -107,6 +107,11 @@ def buffer_binding(name: str, binding: int, dtype: str, vec: int, access: str) -
         lines.append(f"void {name}_store(uint unit, {v4} v) {{")
         lines += [f"  {s}" for s in store.format(dst=f"{name}.data[unit]").splitlines()]
         lines.append("}")
+    if dtype in ("int8", "uint8"):  # the raw 32-bit word of 4 bytes, for packed int8 math
+        if reads:
+            lines.append(f"uint {name}_load_word(uint unit) {{ return {name}.data[unit]; }}")
+        if writes:
+            lines.append(f"void {name}_store_word(uint unit, uint w) {{ {name}.data[unit] = w; }}")
     return "\n".join(lines) + "\n"
 
 

@@ -117,8 +117,8 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
         tuple(fields),
         push_size,
         specs,
-        tuple(dict.fromkeys(shader.extensions)),
-        tuple(shader.requires),
+        variant.extensions,
+        variant.requires,
     ), []
 
 

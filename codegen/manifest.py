@@ -56,7 +56,7 @@ def build_manifest(ops, variants, interfaces, keys, shader_ops) -> str:
             "axes": dict(v.axes),
             "glsl": glsl_path(v.name),
             "spirv": keys[v.name],
-            "requires": list(s.requires),
+            "requires": list(interfaces[v.name].requires),
             "spec": s.loc.short(),
             "interface": interface_dict(interfaces[v.name]),
         }

@@ -92,6 +92,9 @@ class Override:
     when: tuple[AxisMatch, ...]
     workgroup: tuple[int, int, int] | None
     spec_constants: dict[str, tuple[object, Location]]  # name -> (value, location)
+    requires: tuple[str, ...]
+    requires_locs: tuple[Location, ...]
+    extensions: tuple[str, ...]
     loc: Location
 
 
@@ -203,6 +206,8 @@ class Variant:
     axes: dict[str, str]
     workgroup: tuple[int, int, int]
     spec_defaults: dict[str, object]
+    requires: tuple[str, ...]  # the shader's, then those of matching overrides
+    extensions: tuple[str, ...]  # likewise
 
     @property
     def loc(self) -> Location:

@@ -111,10 +111,7 @@ class _Parser(NodeChecker):
         if f is None:
             return None
         requires = self.seq(f.get("requires"), "requires")
-        extensions = [
-            self.ident(e, "an extension", EXTENSION_RE, "a GL_* extension name")
-            for e in self.seq(f.get("extensions"), "extensions")
-        ]
+        extensions = self.extensions(f.get("extensions"))
         template_node = f["template"]
         return ShaderSpec(
             name,
@@ -132,8 +129,14 @@ class _Parser(NodeChecker):
             self.each(f.get("spec_constants"), "spec_constants", self.spec_constant, what),
             tuple(self.string(r, "a capability") for r in requires),
             tuple(r.loc for r in requires),
-            tuple(extensions),
+            extensions,
             loc,
+        )
+
+    def extensions(self, node: Node | None) -> tuple[str, ...]:
+        return tuple(
+            self.ident(e, "an extension", EXTENSION_RE, "a GL_* extension name")
+            for e in self.seq(node, "extensions")
         )
 
     def each(self, node: Node | None, key: str, parse, what: str) -> tuple:
@@ -168,10 +171,14 @@ class _Parser(NodeChecker):
         for sc, v in self.mapping(f.get("spec_constants"), "spec_constants").items():
             if self.want(v, "scalar", f"spec constant {sc}", "a scalar"):
                 specs[sc] = (v.value, v.loc)
+        requires = self.seq(f.get("requires"), "requires")
         return Override(
             self.axis_matches(f["when"], f"'when' of an override of {what}"),
             self.workgroup(f.get("workgroup"), "override workgroup", None),
             specs,
+            tuple(self.string(r, "a capability") for r in requires),
+            tuple(r.loc for r in requires),
+            self.extensions(f.get("extensions")),
             node.loc,
         )
 

@@ -73,6 +73,8 @@ OVERRIDE = (
     F("when", "axis mapping", REQUIRED, "Variants this override applies to.", True),
     F("workgroup", "list of 3 integers", None, "Workgroup size for those variants."),
     F("spec_constants", "mapping of name to scalar", {}, "Spec-constant defaults for them."),
+    F("requires", "list of capabilities", [], "Extra device capabilities those variants need."),
+    F("extensions", "list of strings", [], "Extra GLSL extensions those variants enable."),
 )
 OP = (
     F("doc", "string", "", "What the op computes."),

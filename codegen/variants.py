@@ -137,7 +137,10 @@ def check_shader(shader: ShaderSpec) -> list[SpecError]:
                 )
     for p in shader.push_constants:
         errors += check_axis_refs(shader, p.when, f"'when' of push constant '{p.name}'")
-    for cap, loc in zip(shader.requires, shader.requires_locs, strict=True):
+    requires = list(zip(shader.requires, shader.requires_locs, strict=True))
+    for o in shader.overrides:
+        requires += zip(o.requires, o.requires_locs, strict=True)
+    for cap, loc in requires:
         if cap not in CAPABILITIES:
             errors.append(
                 SpecError(
@@ -180,11 +183,22 @@ def expand_variants(shader: ShaderSpec) -> tuple[list[Variant], list[SpecError]]
         axes = dict(zip(names, values, strict=True))
         workgroup = shader.workgroup
         spec_defaults = {s.name: s.default for s in shader.spec_constants}
+        requires, extensions = list(shader.requires), list(shader.extensions)
         for o in shader.overrides:
             if matches(o.when, axes):
                 workgroup = o.workgroup or workgroup
                 spec_defaults.update({k: v for k, (v, _) in o.spec_constants.items()})
+                requires += o.requires
+                extensions += o.extensions
         variants.append(
-            Variant(variant_name(shader.name, values), shader, axes, workgroup, spec_defaults)
+            Variant(
+                variant_name(shader.name, values),
+                shader,
+                axes,
+                workgroup,
+                spec_defaults,
+                tuple(dict.fromkeys(requires)),
+                tuple(dict.fromkeys(extensions)),
+            )
         )
     return variants, []

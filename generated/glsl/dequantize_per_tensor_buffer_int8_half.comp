@@ -48,6 +48,7 @@ ivec4 t_in_load(uint unit) {
   const int u = int(t_in.data[unit]);
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
+uint t_in_load_word(uint unit) { return t_in.data[unit]; }
 
 // x = float32(q - zero_point) * scale; the subtraction is exact in int32.
 vec4 dequantize4(ivec4 q, vec4 scale, ivec4 zero_point) {

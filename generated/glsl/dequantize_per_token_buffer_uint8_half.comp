@@ -46,6 +46,7 @@ ivec4 t_in_load(uint unit) {
   const uint u = t_in.data[unit];
   return ivec4(uvec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8)));
 }
+uint t_in_load_word(uint unit) { return t_in.data[unit]; }
 layout(set = 0, binding = 2, std430) readonly buffer t_scales_block {
   float data[];
 } t_scales;
