@@ -120,14 +120,17 @@ def resolve_ops(result: Build, diags: Diagnostics) -> None:
     seen: dict[str, object] = {}
     for family in result.families:
         family_variants = {s.name: by_shader.get(s.name, []) for s in family.shaders}
-        for op in family.ops:
+        done: dict[str, ResolvedOp] = {}
+        # Dispatcher ops last: their routes need the ops they route to resolved.
+        for op in sorted(family.ops, key=lambda o: bool(o.routes)):
             if op.name in seen:
                 diags.error(op.loc, f"op '{op.name}' is also defined in {seen[op.name].family}")
                 continue
             seen[op.name] = op
-            resolved, errors = resolve_op(op, family, family_variants, result.interfaces)
+            resolved, errors = resolve_op(op, family, family_variants, result.interfaces, done)
             diags.add(errors)
             if resolved is not None:
+                done[op.name] = resolved
                 result.ops.append(resolved)
 
 

@@ -115,7 +115,7 @@ def render_readme() -> str:
     out.append("## Expressions\n")
     out.append(
         "Op expressions are Python. They may use the schema's arguments, `let` names, "
-        "output names (only in `push` and `dispatch`), `storage`, `torch`, `math`, the builtins "
+        "output and scratch names (only in `push`, `spec` and `dispatch`), `storage`, `torch`, `math`, the builtins "
         + ", ".join(f"`{b}`" for b in BUILTINS)
         + ", and the helpers below (stubs call them as `rt.<name>`). A check's `error` is an "
         "f-string body over the schema arguments.\n"

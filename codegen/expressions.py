@@ -45,6 +45,27 @@ HELPERS: dict[str, tuple[str, str]] = {
         "global size covering `t` in units of 4 values: buffer "
         "`[ceil(numel/4), 1, 1]`, texture3d the image extents",
     ),
+    "prepacked": (
+        "function, *args",
+        "`function(*args)` (a `\"module:function\"` path returning a torch tensor), computed "
+        "once per tensor identity and version and other argument values, and uploaded once "
+        "when bound",
+    ),
+    "pair": ("v", "a conv argument (an int or a list of 1 or 2 ints) as `(y, x)`, else `None`"),
+    "conv2d_params": (
+        "x, weights, kernel_size, stride, padding, dilation, groups",
+        "the conv's geometry, `runtime.conv2d.Conv2dParams` (`N C_in H W C_out KH KW stride "
+        "padding dilation groups Cg Coutg H_out W_out`, pairs as `(y, x)`)",
+    ),
+    "conv2d_algorithm": (
+        "params",
+        "`\"pw\"`, `\"dw\"`, `\"im2col\"` or `\"general\"`: OPS.md's choice for this device's "
+        "GPU family",
+    ),
+    "layout_of": ("t, default", "the packed int8 layout of a device tensor, `default` for a host tensor"),
+    "layout_code": ("layout", "the shader code of a packed int8 layout: 4W4C 0, 4C 1, 4C1W 2"),
+    "packed_words": ("t", "32-bit words of a device tensor in its packed int8 layout"),
+    "on_host": ("t", "`True` for a torch tensor, `False` for a device tensor"),
 }
 
 # Device capabilities a shader may `require` (runtime Capabilities.supports names).

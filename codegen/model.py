@@ -163,6 +163,44 @@ class Named:
 
 
 @dataclass(frozen=True)
+class Scratch:
+    """A device temporary of an op: written by one step, read by a later one."""
+
+    name: str
+    shape: Expr
+    dtype: Expr
+    loc: Location
+
+
+@dataclass(frozen=True)
+class StepSpec:
+    """One dispatch of an op: a shader's variant, its bindings, push constants and size."""
+
+    shader: str
+    shader_loc: Location
+    fixed: tuple[AxisMatch, ...]
+    select: tuple[Named, ...]
+    spec: tuple[Named, ...]  # spec constant <- expression
+    bind: tuple[Named, ...]
+    push: tuple[Named, ...]
+    dispatch_kind: str  # "global" or "groups"
+    dispatch: Expr | None
+    loc: Location
+    bind_loc: Location
+    push_loc: Location
+
+
+@dataclass(frozen=True)
+class Route:
+    """`{when, op}`: the op a dispatcher op hands its arguments to when `when` holds."""
+
+    when: Expr | None  # None: otherwise
+    op: str
+    loc: Location
+    op_loc: Location
+
+
+@dataclass(frozen=True)
 class OpSpec:
     name: str
     family: str
@@ -171,20 +209,14 @@ class OpSpec:
     schema_expr: Expr
     reference: str
     reference_loc: Location
-    shader: str
-    shader_loc: Location
-    fixed: tuple[AxisMatch, ...]
     lets: tuple[Named, ...]
-    select: tuple[Named, ...]
     checks: tuple[Check, ...]  # family checks resolved by name, inline ones as given
     outputs: tuple[Output, ...]
-    bind: tuple[Named, ...]
-    push: tuple[Named, ...]
-    dispatch_kind: str  # "global" or "groups"
-    dispatch: Expr | None
+    scratch: tuple[Scratch, ...]
+    layouts: tuple[Named, ...]  # tensor name <- packed layout expression
+    steps: tuple[StepSpec, ...]  # one for the single-shader form; () for a dispatcher
+    routes: tuple[Route, ...]
     loc: Location
-    bind_loc: Location
-    push_loc: Location
 
 
 @dataclass(frozen=True)
@@ -256,18 +288,30 @@ class Interface:
 
 
 @dataclass(frozen=True)
+class ResolvedStep:
+    """One step of a resolved op, as stub code."""
+
+    variants: tuple[Variant, ...]
+    select: tuple[tuple[str, str | None, str], ...]  # (axis, arg name or None, code)
+    bind: tuple[tuple[str, str, str], ...]  # (binding, name, kind: arg|let|output|scratch)
+    push: tuple[tuple[str, str], ...]  # (name, code)
+    spec: tuple[tuple[str, str], ...]  # (spec constant, code)
+    dispatch: tuple[str, str]  # ("global_size" | "groups", code)
+
+
+@dataclass(frozen=True)
 class ResolvedOp:
-    """An op checked against its shader, with every expression rewritten to stub code."""
+    """An op checked against its shaders, with every expression rewritten to stub code."""
 
     spec: OpSpec
     key: str  # etvk.<op>.default
-    variants: tuple[Variant, ...]
+    variants: tuple[Variant, ...]  # of every step (or every route's op), in order
     checks: tuple[tuple[str, str, str], ...]  # (arg, condition code, f-string code)
     lets: tuple[tuple[str, str], ...]  # (name, code)
-    select: tuple[tuple[str, str | None, str], ...]  # (axis, arg name or None, code)
     outputs: tuple[tuple[str, str, str], ...]  # (name, shape code, dtype code)
-    bind: tuple[tuple[str, str, str], ...]  # (binding, name, kind: arg|let|output), binding order
-    push: tuple[tuple[str, str], ...]  # (name, code)
-    dispatch: tuple[str, str]  # ("global_size" | "groups", code)
+    scratch: tuple[tuple[str, str, str], ...]  # (name, shape code, dtype code)
+    layouts: tuple[tuple[str, str], ...]  # (tensor name, layout code)
+    steps: tuple[ResolvedStep, ...]
+    routes: tuple[tuple[str | None, str], ...]  # (condition code or None, op name)
     fake_lets: tuple[tuple[str, str], ...]  # the lets the fake function needs
     modules: tuple[str, ...]  # modules the stub code uses ("math", "torch")

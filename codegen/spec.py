@@ -22,8 +22,11 @@ from codegen.model import (
     Output,
     Override,
     PushConstant,
+    Route,
+    Scratch,
     ShaderSpec,
     SpecConstant,
+    StepSpec,
 )
 from codegen.schema import SchemaError, parse_schema
 from codegen.spec_nodes import (
@@ -48,14 +51,20 @@ from codegen.spec_tables import (  # noqa: F401  (re-exported: spec.TABLES etc.)
     PUSH_CONSTANT,
     PUSH_TYPES,
     REQUIRED,
+    ROUTE,
+    SCRATCH,
     SHADER,
     SPEC_CONSTANT,
     SPEC_TYPES,
+    STEP,
     STORAGES,
     TABLES,
     Field,
 )
 from codegen.yaml_loader import Node
+
+# Op keys that make up its one step when it has no `steps` list.
+SINGLE_STEP_KEYS = ("shader", "fixed", "select", "spec", "bind", "push", "dispatch")
 
 
 class _Parser(NodeChecker):
@@ -286,17 +295,82 @@ class _Parser(NodeChecker):
                     c.loc,
                     f"a check of {what} must be a check name or a mapping with arg, expr, error",
                 )
-        outputs = []
-        for o in self.seq(f.get("outputs"), f"outputs of {what}"):
-            of = self.fields(o, OUTPUT, f"an output of {what}")
+        outputs = [
+            Output(n, shape, dtype, loc)
+            for n, shape, dtype, loc in self.tensors(f.get("outputs"), OUTPUT, f"an output of {what}")
+        ]
+        scratch = [
+            Scratch(n, shape, dtype, loc)
+            for n, shape, dtype, loc in self.tensors(f.get("scratch"), SCRATCH, f"a scratch of {what}")
+        ]
+        single = [k for k in SINGLE_STEP_KEYS if k in f]
+        steps, routes = [], []
+        if "routes" in f:
+            others = [k for k in ("steps", *single) if k in f]
+            if others:
+                self.err(
+                    node.key_locs[others[0]],
+                    f"{what} has `routes`, so it dispatches nothing itself; remove '{others[0]}'",
+                )
+            routes = self.each(f["routes"], "routes", self.route, what)
+            if not routes:
+                self.err(f["routes"].loc, f"`routes` of {what} must list at least one route")
+        elif "steps" in f:
+            if single:
+                self.err(
+                    node.key_locs[single[0]],
+                    f"{what} has `steps`; move '{single[0]}' into a step",
+                )
+            steps = self.each(f["steps"], "steps", self.step, what)
+            if not steps:
+                self.err(f["steps"].loc, f"`steps` of {what} must list at least one step")
+        else:
+            missing = [k for k in ("shader", "dispatch") if k not in f]
+            if missing:
+                self.err(
+                    node.loc,
+                    f"{what} is missing the required key '{missing[0]}' (an op needs `shader` "
+                    "and `dispatch`, or `steps`, or `routes`)",
+                )
+            else:
+                step = self.step_fields(f, what, node)
+                steps = [step] if step else []
+        return OpSpec(
+            name,
+            family,
+            self.string(f.get("doc"), "op doc"),
+            schema,
+            schema_expr,
+            ref,
+            f["reference"].loc,
+            self.named(f.get("let"), "let"),
+            tuple(op_checks),
+            tuple(outputs),
+            tuple(scratch),
+            self.named(f.get("layouts"), "layouts"),
+            tuple(steps),
+            tuple(routes),
+            loc,
+        )
+
+    def tensors(self, node: Node | None, table, what: str):
+        """(name, shape, dtype, location) of each entry of an outputs / scratch list."""
+        out = []
+        for o in self.seq(node, what):
+            of = self.fields(o, table, what)
             if of is None:
                 continue
-            shape, dtype = (
-                self.expr(of["shape"], "output shape"),
-                self.expr(of["dtype"], "output dtype"),
-            )
+            shape, dtype = self.expr(of["shape"], "shape"), self.expr(of["dtype"], "dtype")
             if shape and dtype:
-                outputs.append(Output(self.ident(of["name"], "output name"), shape, dtype, o.loc))
+                out.append((self.ident(of["name"], "name"), shape, dtype, o.loc))
+        return out
+
+    def step(self, node: Node, what: str) -> StepSpec | None:
+        f = self.fields(node, STEP, f"a step of {what}")
+        return None if f is None else self.step_fields(f, f"a step of {what}", node)
+
+    def step_fields(self, f: dict[str, Node], what: str, node: Node) -> StepSpec | None:
+        """The step made of the step keys of `f` (a step, or an op in single-step form)."""
         kind, dispatch = "global", None
         df = self.fields(f["dispatch"], DISPATCH, f"'dispatch' of {what}")
         if df is not None:
@@ -309,29 +383,27 @@ class _Parser(NodeChecker):
                 kind = next(iter(df))
                 dispatch = self.expr(df[kind], f"dispatch {kind}")
         bind_node, push_node = f.get("bind"), f.get("push")
-        return OpSpec(
-            name,
-            family,
-            self.string(f.get("doc"), "op doc"),
-            schema,
-            schema_expr,
-            ref,
-            f["reference"].loc,
+        return StepSpec(
             self.ident(f["shader"], "shader"),
             f["shader"].loc,
             self.axis_matches(f.get("fixed"), f"'fixed' of {what}"),
-            self.named(f.get("let"), "let"),
             self.named(f.get("select"), "select", AXIS_RE, "an UPPER_CASE axis name"),
-            tuple(op_checks),
-            tuple(outputs),
+            self.named(f.get("spec"), "spec"),
             self.named(f.get("bind"), "bind"),
             self.named(f.get("push"), "push"),
             kind,
             dispatch,
-            loc,
-            bind_node.loc if bind_node else loc,
-            push_node.loc if push_node else loc,
+            node.loc,
+            bind_node.loc if bind_node else node.loc,
+            push_node.loc if push_node else node.loc,
         )
+
+    def route(self, node: Node, what: str) -> Route | None:
+        f = self.fields(node, ROUTE, f"a route of {what}")
+        if f is None:
+            return None
+        when = self.expr(f["when"], "route when") if "when" in f else None
+        return Route(when, self.ident(f["op"], "route op"), node.loc, f["op"].loc)
 
 
 def parse_family(root: Node, path: str) -> tuple[FamilySpec | None, list[SpecError]]:

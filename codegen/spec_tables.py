@@ -80,20 +80,43 @@ OP = (
     F("doc", "string", "", "What the op computes."),
     F("schema", "schema", REQUIRED, "PyTorch schema; its name must equal the op key.", True),
     F("reference", "module:function", REQUIRED, "PyTorch reference implementation.", True),
-    F("shader", "identifier", REQUIRED, "Shader of this family that the op dispatches.", True),
-    F("fixed", "axis mapping", {}, "Axis values fixed for this op (selects its variants)."),
     F("let", "mapping of name to expression", {}, "Derived values, evaluated in order."),
-    F("select", "mapping of AXIS to expression", {}, "Every non-fixed axis <- its value."),
     F("checks", "list of check names or checks", [], "Argument checks, in order."),
     F("outputs", "list of output", [], "Output tensors, in return order."),
-    F("bind", "mapping of binding to name", {}, "Binding <- argument, let or output name."),
+    F("scratch", "list of scratch", [], "Device temporaries that steps pass to each other."),
+    F("layouts", "mapping of name to expression", {}, "Tensor <- packed int8 layout it has."),
+    F("shader", "identifier", None, "Single-step form: the shader the op dispatches."),
+    F("fixed", "axis mapping", {}, "Single-step form: see step."),
+    F("select", "mapping of AXIS to expression", {}, "Single-step form: see step."),
+    F("spec", "mapping of name to expression", {}, "Single-step form: see step."),
+    F("bind", "mapping of binding to name", {}, "Single-step form: see step."),
+    F("push", "mapping of name to expression", {}, "Single-step form: see step."),
+    F("dispatch", "dispatch", None, "Single-step form: see step."),
+    F("steps", "list of step", [], "Dispatches recorded in order (instead of the single-step keys)."),
+    F("routes", "list of route", [], "Dispatcher form: hand the arguments to another op."),
+)
+STEP = (
+    F("shader", "identifier", REQUIRED, "Shader of this family that the step dispatches.", True),
+    F("fixed", "axis mapping", {}, "Axis values fixed for this step (selects its variants)."),
+    F("select", "mapping of AXIS to expression", {}, "Every non-fixed axis <- its value (None: any)."),
+    F("spec", "mapping of name to expression", {}, "Spec constant <- value for this call."),
+    F("bind", "mapping of binding to name", {}, "Binding <- argument, let, output or scratch."),
     F("push", "mapping of name to expression", {}, "Push constant <- value."),
     F("dispatch", "dispatch", REQUIRED, "`global` (invocations) or `groups` (workgroups).", True),
 )
+ROUTE = (
+    F("when", "expression", None, "Condition (arguments and lets); omitted: otherwise."),
+    F("op", "identifier", REQUIRED, "Op of this family with the same arguments.", True),
+)
 OUTPUT = (
-    F("name", "identifier", REQUIRED, "Output name (usable in push and dispatch).", True),
+    F("name", "identifier", REQUIRED, "Output name (usable in push, spec and dispatch).", True),
     F("shape", "expression", REQUIRED, "Shape of the output.", True),
     F("dtype", "expression", REQUIRED, "torch dtype of the output.", True),
+)
+SCRATCH = (
+    F("name", "identifier", REQUIRED, "Name (usable in bind, push, spec and dispatch).", True),
+    F("shape", "expression", REQUIRED, "Shape of the temporary.", True),
+    F("dtype", "expression", REQUIRED, "torch dtype of the temporary.", True),
 )
 DISPATCH = (
     F("global", "expression", None, "Global size [x, y, z] in invocations."),
@@ -109,7 +132,10 @@ TABLES = {
     "spec constant": SPEC_CONSTANT,
     "override": OVERRIDE,
     "op": OP,
+    "step": STEP,
+    "route": ROUTE,
     "output": OUTPUT,
+    "scratch": SCRATCH,
     "dispatch": DISPATCH,
 }
 

@@ -1,13 +1,15 @@
 """Prepare the view of one family's Python stub module for templates/ops.py.j2.
 
 Turns `ResolvedOp`s into the strings the stub template lays out (internals.md
-§4): signatures, argument checks, lets, the `op.select` call, uploads, output
-allocation, the dispatch call and the `OpDef` fields. All naming comes from
+§4): signatures, argument checks, lets, then per step the `op.select` call,
+uploads, output and scratch allocation and the dispatch call (or, for a
+dispatcher op, the choice of route), and the `OpDef` fields. All naming comes from
 `naming.py`. Must not render templates or write files. Called by `build.py`.
 """
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 
@@ -46,6 +48,16 @@ def _signature(name: str, lead: list[str], op: ResolvedOp, extra: list[str]) -> 
     return f"def {name}({', '.join(params)}):"
 
 
+def _negate(cond: str) -> str:
+    """`not (cond)`, written `a not in b` for a membership test (as linters want it)."""
+    tree = ast.parse(cond, mode="eval").body
+    flip = {ast.In: ast.NotIn, ast.NotIn: ast.In}
+    if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in flip:
+        tree.ops = [flip[type(tree.ops[0])]()]
+        return ast.unparse(tree)
+    return f"not ({cond})"
+
+
 def _record_body(op: ResolvedOp) -> list[str]:
     schema = op.spec.schema
     lines = [
@@ -56,27 +68,66 @@ def _record_body(op: ResolvedOp) -> list[str]:
         typ = re.sub(r"\[\d+\]", "[]", a.type)
         lines.append(f"rt.check_arg(op, {_q(a.name)}, {a.name}, {_q(typ)})")
     for arg, cond, message in op.checks:
-        lines.append(f"if not ({cond}):")
+        lines.append(f"if {_negate(cond)}:")
         lines.append(f"    raise rt.ArgumentError(op, {_q(arg)}, {message})")
     lines += [f"{name} = {code}" for name, code in op.lets]
-    wanted = [(axis, f"({_q(arg) if arg else 'None'}, {code})") for axis, arg, code in op.select]
-    lines.append(f"v = op.select(variant, storage, {_dict(wanted)})")
-    for binding, name, kind in op.bind:
-        if kind != "output":
-            label = f"op.label({_q(name)}{', ' + _q('value') if kind == 'let' else ''})"
-            lines.append(f"{name} = stream.upload({name}, v.binding({_q(binding)}), {label})")
-    for name, shape, dtype in op.outputs:
-        binding = next(b for b, n, _ in op.bind if n == name)
+    if op.routes:
+        return lines + _route_lines(op)
+    layouts = dict(op.layouts)
+    shapes = {name: (shape, dtype) for name, shape, dtype in (*op.outputs, *op.scratch)}
+    ready: set[str] = set()
+    for i, step in enumerate(op.steps):
+        wanted = [
+            (axis, f"({_q(arg) if arg else 'None'}, {code})") for axis, arg, code in step.select
+        ]
+        at = f", step={i}" if len(op.steps) > 1 else ""
+        lines.append(f"v = op.select(variant, storage, {_dict(wanted)}{at})")
+        # Inputs first, then outputs and scratch, each once: at its first step.
+        order = sorted(step.bind, key=lambda b: b[2] in ("output", "scratch"))
+        for binding, name, kind in order:
+            if name in ready:
+                continue
+            ready.add(name)
+            layout = f", layout={layouts[name]}" if name in layouts else ""
+            if kind in ("output", "scratch"):
+                shape, dtype = shapes[name]
+                lines.append(
+                    f"{name} = stream.empty({shape}, {dtype}, v.binding({_q(binding)}), "
+                    f"op.label({_q(name)}, {_q(kind)}){layout})"
+                )
+            else:
+                label = f"op.label({_q(name)}{', ' + _q('value') if kind == 'let' else ''})"
+                lines.append(
+                    f"{name} = stream.upload({name}, v.binding({_q(binding)}), {label}{layout})"
+                )
+        bindings = _dict([(b, n) for b, n, _ in step.bind])
+        extra = f", spec_constants={_dict(list(step.spec))}" if step.spec else ""
+        kind, code = step.dispatch
         lines.append(
-            f"{name} = stream.empty({shape}, {dtype}, v.binding({_q(binding)}), "
-            f"op.label({_q(name)}, {_q('output')}))"
+            f"stream.dispatch(v, op.name, bindings={bindings}, push={_dict(list(step.push))}"
+            f"{extra}, {kind}={code})"
         )
-    bindings = _dict([(b, n) for b, n, _ in op.bind])
-    push = _dict(list(op.push))
-    kind, code = op.dispatch
-    lines.append(f"stream.dispatch(v, op.name, bindings={bindings}, push={push}, {kind}={code})")
     names = [n for n, _, _ in op.outputs]
     lines.append("return " + (", ".join(names) if names else "None"))
+    return lines
+
+
+def _route_lines(op: ResolvedOp) -> list[str]:
+    """The body of a dispatcher op after its checks and lets: pick a route, record it."""
+    lines = []
+    for i, (when, target) in enumerate(op.routes):
+        if when is None and i == 0:
+            lines.append(f"target = {op_constant(target)}")
+            continue
+        lines.append("else:" if when is None else f"{'elif' if i else 'if'} {when}:")
+        lines.append(f"    target = {op_constant(target)}")
+    positional, keyword = [], []
+    for a in op.spec.schema.args:
+        (keyword if a.kw_only else positional).append(a.name)
+    call = ", ".join(
+        ["stream", *positional, *(f"{k}={k}" for k in keyword), "variant=variant", "storage=storage"]
+    )
+    lines.append(f"return op.route(target, variant).record({call})")
     return lines
 
 
@@ -98,10 +149,14 @@ def _fake_body(op: ResolvedOp) -> list[str]:
 
 def _opdef(op: ResolvedOp) -> list[str]:
     spec = op.spec
-    axes = [a.name for a in op.variants[0].shader.axes]
     variants = [
         f"({_q(v.name)}, {_dict([(k, _q(x)) for k, x in v.axes.items()])})," for v in op.variants
     ]
+    steps = [_tuple([_q(v.name) for v in step.variants]) + "," for step in op.steps]
+    if len(op.steps) == 1:  # the default: one step of every variant
+        steps_lines = []
+    else:
+        steps_lines = ["steps=(", *(f"    {st}" for st in steps), "),"]
     return [
         f"name={_q(registry_key(spec.name))},",
         f"family={_q(spec.family)},",
@@ -109,10 +164,10 @@ def _opdef(op: ResolvedOp) -> list[str]:
         f"doc={_q(spec.doc)},",
         f"spec={_q(spec.loc.short())},",
         f"reference={_q(spec.reference)},",
-        f"axes={_tuple([_q(a) for a in axes]) if axes else '()'},",
         "variants=(",
         *(f"    {v}" for v in variants),
         "),",
+        *steps_lines,
         f"record={spec.name},",
         f"fake={fake_function(spec.name)},",
     ]

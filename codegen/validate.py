@@ -1,10 +1,12 @@
-"""Check each op against its shader and rewrite its expressions into stub code.
+"""Check each op against its shaders and rewrite its expressions into stub code.
 
-For every op: the shader exists, `fixed` and `select` name real axes and
-values, `select` covers exactly the non-fixed axes, the op has variants,
-checks name schema arguments, outputs match the schema's returns, `bind` and
-`push` cover the interface of every variant of the op, and every expression
-uses only names in scope. Produces `model.ResolvedOp` (what `stubs.py` and
+For every op: checks name schema arguments, outputs match the schema's
+returns, and every expression uses only names in scope. For each step: the
+shader exists, `fixed` and `select` name real axes and values, `select`
+covers exactly the non-fixed axes, the step has variants, `spec` names the
+shader's spec constants, and `bind` and `push` cover the interface of every
+variant of the step. A dispatcher op's routes name ops of the family with the
+same arguments. Produces `model.ResolvedOp` (what `stubs.py` and
 `manifest.py` need). Pure: no files, no templates. Called by `build.py`.
 """
 
@@ -12,9 +14,35 @@ from __future__ import annotations
 
 from codegen.errors import SpecError, did_you_mean
 from codegen.expressions import rewrite, rewrite_fstring
-from codegen.model import FamilySpec, Interface, OpSpec, ResolvedOp, Variant
+from codegen.model import (
+    FamilySpec,
+    Interface,
+    OpSpec,
+    ResolvedOp,
+    ResolvedStep,
+    StepSpec,
+    Variant,
+)
 from codegen.naming import registry_key
 from codegen.variants import check_axis_refs, matches
+
+
+class _Scope:
+    """Rewrites expressions of one op, collecting errors, modules and the names lets feed."""
+
+    def __init__(self, errors: list[SpecError]):
+        self.errors = errors
+        self.modules: set[str] = set()
+        self.used: set[str] = set()  # names that make a let used
+
+    def code(self, expr, scope, what, uses_lets=True):
+        r = rewrite(expr, scope, what, self.errors)
+        if uses_lets:  # a failed expression still counts its names as used
+            self.used.update(r.names if r else _names_of(expr))
+        if r is None:
+            return None
+        self.modules.update(r.modules)
+        return r
 
 
 def resolve_op(
@@ -22,80 +50,21 @@ def resolve_op(
     family: FamilySpec,
     variants: dict[str, list[Variant]],
     interfaces: dict[str, Interface],
+    resolved: dict[str, ResolvedOp] | None = None,
 ) -> tuple[ResolvedOp | None, list[SpecError]]:
-    """Validates one op; returns (resolved op or None, errors)."""
+    """Validates one op; returns (resolved op or None, errors).
+
+    `resolved` holds the family's ops resolved so far; a dispatcher op's routes
+    must name ops in it (build.py resolves dispatchers last).
+    """
     errors: list[SpecError] = []
     err = errors.append
-    shader = next((s for s in family.shaders if s.name == op.shader), None)
-    if shader is None:
-        names = [s.name for s in family.shaders]
-        err(
-            SpecError(
-                op.shader_loc,
-                f"op '{op.name}' uses unknown shader '{op.shader}'"
-                f"{did_you_mean(op.shader, names)}; family '{family.name}' has: {', '.join(names)}",
-            )
-        )
-        return None, errors
     schema = op.schema
     if schema is None:
         return None, errors  # already reported by spec.py
-    errors += check_axis_refs(shader, op.fixed, f"'fixed' of op '{op.name}'")
-    fixed = {m.axis for m in op.fixed}
-    axis_names = [a.name for a in shader.axes]
-    for s in op.select:
-        if s.key in fixed:
-            err(
-                SpecError(
-                    s.loc,
-                    f"axis {s.key} is fixed by `fixed` of op '{op.name}'; remove it from select",
-                )
-            )
-        elif s.key not in axis_names:
-            err(
-                SpecError(
-                    s.loc,
-                    f"select names unknown axis '{s.key}'{did_you_mean(s.key, axis_names)}; "
-                    f"shader '{shader.name}' has axes: {', '.join(axis_names)}",
-                )
-            )
-    missing = [a for a in axis_names if a not in fixed and all(s.key != a for s in op.select)]
-    if missing:
-        err(
-            SpecError(
-                op.loc,
-                f"op '{op.name}' must select every axis that is not fixed; "
-                f"add to select: {', '.join(missing)}",
-            )
-        )
-    if errors:
-        return None, errors
-    op_variants = tuple(v for v in variants.get(shader.name, []) if matches(op.fixed, v.axes))
-    if not op_variants:
-        if variants.get(shader.name):
-            err(
-                SpecError(
-                    op.loc,
-                    f"op '{op.name}' has no variants: no variant of shader "
-                    f"'{shader.name}' matches its `fixed` values",
-                )
-            )
-        return None, errors
-
+    x = _Scope(errors)
     args = {a.name for a in schema.args}
     tensor_args = [a.name for a in schema.args if a.is_tensor]
-    modules: set[str] = set()
-
-    used: set[str] = {b.value.text for b in op.bind}  # names that make a let used
-
-    def code(expr, scope, what, uses_lets=False):
-        r = rewrite(expr, scope, what, errors)
-        if uses_lets:  # a failed expression still counts its names as used
-            used.update(r.names if r else _names_of(expr))
-        if r is None:
-            return None
-        modules.update(r.modules)
-        return r
 
     checks = []
     for c in op.checks:
@@ -109,41 +78,24 @@ def resolve_op(
                 )
             )
             continue
-        cond = code(c.expr, args, label + (f" (used by op '{op.name}')" if c.name else ""))
+        what = label + (f" (used by op '{op.name}')" if c.name else "")
+        cond = x.code(c.expr, args, what, uses_lets=False)
         msg = rewrite_fstring(c.error, args, f"error of {label}", errors)
         if cond and msg:
-            modules.update(msg.modules)
+            x.modules.update(msg.modules)
             checks.append((c.arg, cond.code, msg.code))
     scope = set(args)
     lets, let_names = [], {}
     for let in op.lets:
-        r = code(let.value, scope, f"let {let.key}")
+        r = x.code(let.value, scope, f"let {let.key}", uses_lets=False)
         if r:
             lets.append((let.key, r.code))
             let_names[let.key] = r.names
         scope.add(let.key)
-    select = []
-    for axis in axis_names:
-        s = next((s for s in op.select if s.key == axis), None)
-        if s is not None:
-            r = code(s.value, scope, f"select {axis}", uses_lets=True)
-            if r:
-                select.append((axis, _first_arg(r.names, args, let_names), r.code))
-    outputs, output_refs = [], []  # output_refs: the names the outputs' shapes and dtypes use
-    out_list = [o.name for o in op.outputs]
-    out_names = set(out_list)
-    for o in op.outputs:
-        if o.name in scope or out_list.count(o.name) > 1:
-            err(
-                SpecError(
-                    o.loc, f"output name '{o.name}' clashes with an argument, let or another output"
-                )
-            )
-        shape = code(o.shape, scope, f"output {o.name} shape", uses_lets=True)
-        dtype = code(o.dtype, scope, f"output {o.name} dtype", uses_lets=True)
-        if shape and dtype:
-            outputs.append((o.name, shape.code, dtype.code))
-            output_refs += shape.names + dtype.names
+    outputs, output_refs = _tensors(op.outputs, "output", scope, set(), x)
+    out_names = {o.name for o in op.outputs}
+    scratch, _ = _tensors(op.scratch, "scratch", scope, out_names, x)
+    scratch_names = {t.name for t in op.scratch}
     if len(op.outputs) != len(schema.returns):
         err(
             SpecError(
@@ -160,41 +112,222 @@ def resolve_op(
                 "(its device decides where outputs live)",
             )
         )
-    full = scope | out_names
-    push = []
-    for p in op.push:
-        r = code(p.value, full, f"push {p.key}", uses_lets=True)
+    tensors = set(tensor_args) | set(let_names) | out_names | scratch_names
+    layouts = []
+    for n in op.layouts:
+        if n.key not in tensors:
+            err(
+                SpecError(
+                    n.loc,
+                    f"layouts names unknown tensor '{n.key}'{did_you_mean(n.key, tensors)}; "
+                    f"expected a Tensor argument, a let, an output or a scratch: "
+                    f"{', '.join(sorted(tensors))}",
+                )
+            )
+        r = x.code(n.value, scope, f"layout of {n.key}")
         if r:
-            push.append((p.key, r.code))
-    dispatch = None
-    if op.dispatch:
-        dispatch = code(op.dispatch, full, f"dispatch {op.dispatch_kind}", uses_lets=True)
-    bind = _check_bind(
-        op, op_variants, interfaces, args, tensor_args, set(let_names), out_names, errors
-    )
-    _check_push(op, op_variants, interfaces, errors)
+            layouts.append((n.key, r.code))
+    full = scope | out_names | scratch_names
+    steps = []
+    for i, step in enumerate(op.steps):
+        who = f"op '{op.name}'" if len(op.steps) == 1 else f"step {i + 1} of op '{op.name}'"
+        names = (args, tensor_args, let_names, out_names, scratch_names)
+        r = _resolve_step(step, who, family, variants, interfaces, scope, full, names, x)
+        if r:
+            steps.append(r)
+    bound = {b.value.text for s in op.steps for b in s.bind}
+    if op.steps:
+        for o in (*op.outputs, *op.scratch):
+            if o.name not in bound:
+                err(
+                    SpecError(
+                        o.loc, f"'{o.name}' is not bound; add '<binding>: {o.name}' to a bind"
+                    )
+                )
+    x.used.update(bound)
+    routes = _resolve_routes(op, family, resolved or {}, scope, x)
     for deps in let_names.values():
-        used.update(deps)
+        x.used.update(deps)
     for let in op.lets:
-        if let.key not in used:
+        if let.key not in x.used:
             err(SpecError(let.loc, f"let '{let.key}' is never used; remove it or use it"))
     needed = _lets_needed(let_names, output_refs)
     if errors:
         return None, errors
+    if routes:
+        op_variants = tuple(v for _, target in routes for v in resolved[target].variants)
+    else:
+        op_variants = tuple(v for s in steps for v in s.variants)
     return ResolvedOp(
         op,
         registry_key(op.name),
-        op_variants,
+        tuple({v.name: v for v in op_variants}.values()),
         tuple(checks),
         tuple(lets),
-        tuple(select),
         tuple(outputs),
-        bind,
-        tuple(push),
-        ("global_size" if op.dispatch_kind == "global" else "groups", dispatch.code),
+        tuple(scratch),
+        tuple(layouts),
+        tuple(steps),
+        tuple(routes),
         tuple(lt for lt in lets if lt[0] in needed),
-        tuple(sorted(modules)),
+        tuple(sorted(x.modules)),
     ), errors
+
+
+def _tensors(entries, kind: str, scope: set[str], taken: set[str], x: _Scope):
+    """Resolved (name, shape code, dtype code) of outputs or scratch, and the names they use."""
+    out, refs = [], []
+    names = [e.name for e in entries]
+    for e in entries:
+        if e.name in scope or e.name in taken or names.count(e.name) > 1:
+            x.errors.append(
+                SpecError(
+                    e.loc,
+                    f"{kind} name '{e.name}' clashes with an argument, let, output or scratch",
+                )
+            )
+        shape = x.code(e.shape, scope, f"{kind} {e.name} shape")
+        dtype = x.code(e.dtype, scope, f"{kind} {e.name} dtype")
+        if shape and dtype:
+            out.append((e.name, shape.code, dtype.code))
+            refs += shape.names + dtype.names
+    return out, refs
+
+
+def _resolve_step(step: StepSpec, who, family, variants, interfaces, scope, full, names, x):
+    errors = x.errors
+    err = errors.append
+    shader = next((s for s in family.shaders if s.name == step.shader), None)
+    if shader is None:
+        shaders = [s.name for s in family.shaders]
+        err(
+            SpecError(
+                step.shader_loc,
+                f"{who} uses unknown shader '{step.shader}'"
+                f"{did_you_mean(step.shader, shaders)}; family '{family.name}' has: "
+                f"{', '.join(shaders)}",
+            )
+        )
+        return None
+    before = len(errors)
+    errors += check_axis_refs(shader, step.fixed, f"'fixed' of {who}")
+    fixed = {m.axis for m in step.fixed}
+    axis_names = [a.name for a in shader.axes]
+    for s in step.select:
+        if s.key in fixed:
+            err(SpecError(s.loc, f"axis {s.key} is fixed by `fixed` of {who}; remove it from select"))
+        elif s.key not in axis_names:
+            err(
+                SpecError(
+                    s.loc,
+                    f"select names unknown axis '{s.key}'{did_you_mean(s.key, axis_names)}; "
+                    f"shader '{shader.name}' has axes: {', '.join(axis_names)}",
+                )
+            )
+    missing = [a for a in axis_names if a not in fixed and all(s.key != a for s in step.select)]
+    if missing:
+        err(
+            SpecError(
+                step.loc,
+                f"{who} must select every axis that is not fixed; "
+                f"add to select: {', '.join(missing)}",
+            )
+        )
+    if len(errors) > before:
+        return None
+    step_variants = tuple(v for v in variants.get(shader.name, []) if matches(step.fixed, v.axes))
+    if not step_variants:
+        if variants.get(shader.name):
+            err(
+                SpecError(
+                    step.loc,
+                    f"{who} has no variants: no variant of shader "
+                    f"'{shader.name}' matches its `fixed` values",
+                )
+            )
+        return None
+    args, tensor_args, lets, outputs, scratch = names
+    select = []
+    for axis in axis_names:
+        s = next((s for s in step.select if s.key == axis), None)
+        if s is not None:
+            r = x.code(s.value, scope, f"select {axis}")
+            if r:
+                select.append((axis, _first_arg(r.names, args, lets), r.code))
+    declared = [c.name for c in shader.spec_constants]
+    spec = []
+    for n in step.spec:
+        if n.key not in declared:
+            err(
+                SpecError(
+                    n.loc,
+                    f"spec names unknown spec constant '{n.key}'{did_you_mean(n.key, declared)}; "
+                    f"shader '{shader.name}' declares: {', '.join(declared) or '(none)'}",
+                )
+            )
+        r = x.code(n.value, full, f"spec {n.key}")
+        if r:
+            spec.append((n.key, r.code))
+    push = []
+    for p in step.push:
+        r = x.code(p.value, full, f"push {p.key}")
+        if r:
+            push.append((p.key, r.code))
+    dispatch = None
+    if step.dispatch:
+        dispatch = x.code(step.dispatch, full, f"dispatch {step.dispatch_kind}")
+    bind = _check_bind(step, who, step_variants, interfaces, names, errors)
+    _check_push(step, who, step_variants, interfaces, errors)
+    if len(errors) > before or dispatch is None:
+        return None
+    kind = "global_size" if step.dispatch_kind == "global" else "groups"
+    return ResolvedStep(
+        step_variants, tuple(select), bind, tuple(push), tuple(spec), (kind, dispatch.code)
+    )
+
+
+def _resolve_routes(op: OpSpec, family: FamilySpec, resolved, scope, x: _Scope):
+    routes = []
+    for i, route in enumerate(op.routes):
+        when = None
+        if route.when is not None:
+            r = x.code(route.when, scope, "route when")
+            when = r.code if r else None
+        elif i != len(op.routes) - 1:
+            x.errors.append(
+                SpecError(route.loc, "only the last route may leave out `when` (it is the otherwise)")
+            )
+        target = next((o for o in family.ops if o.name == route.op), None)
+        if target is None or route.op == op.name or target.routes:
+            plain = [o.name for o in family.ops if not o.routes and o.name != op.name]
+            x.errors.append(
+                SpecError(
+                    route.op_loc,
+                    f"route names '{route.op}', which is not an op of family '{family.name}' "
+                    f"that dispatches shaders{did_you_mean(route.op, plain)}; expected one of: "
+                    f"{', '.join(plain) or '(none)'}",
+                )
+            )
+            continue
+        if target.schema is not None and target.schema.args != op.schema.args:
+            x.errors.append(
+                SpecError(
+                    route.op_loc,
+                    f"route op '{route.op}' must take the same arguments as '{op.name}' "
+                    f"(names, types, defaults, order)",
+                )
+            )
+            continue
+        if route.op in resolved:
+            routes.append((when, route.op))
+    if routes and op.routes[-1].when is not None:
+        x.errors.append(
+            SpecError(
+                op.routes[-1].loc,
+                "the last route must leave out `when`, so every call has an op to go to",
+            )
+        )
+    return routes
 
 
 def _names_of(expr) -> list[str]:
@@ -233,76 +366,74 @@ def _first_arg(names: list[str], args: set[str], lets: dict[str, list[str]]) -> 
     return None
 
 
-def _check_bind(op, op_variants, interfaces, args, tensor_args, lets, outputs, errors):
-    bound = {b.key: b for b in op.bind}
+def _check_bind(step: StepSpec, who, step_variants, interfaces, names, errors):
+    args, tensor_args, lets, outputs, scratch = names
+    bound = {b.key: b for b in step.bind}
     shader_bindings = []
-    for v in op_variants:
+    for v in step_variants:
         for slot in interfaces[v.name].bindings:
             if slot.name not in shader_bindings:
                 shader_bindings.append(slot.name)
-    for b in op.bind:
+    for b in step.bind:
         name = b.value.text
         if b.key not in shader_bindings:
             errors.append(
                 SpecError(
                     b.loc,
                     f"bind names unknown binding '{b.key}'"
-                    f"{did_you_mean(b.key, shader_bindings)}; the variants of op "
-                    f"'{op.name}' have: {', '.join(shader_bindings)}",
+                    f"{did_you_mean(b.key, shader_bindings)}; the variants of {who} "
+                    f"have: {', '.join(shader_bindings)}",
                 )
             )
-        elif any(all(s.name != b.key for s in interfaces[v.name].bindings) for v in op_variants):
+        elif any(all(s.name != b.key for s in interfaces[v.name].bindings) for v in step_variants):
             errors.append(
                 SpecError(
                     b.loc,
-                    f"binding '{b.key}' exists in only some variants of op "
-                    f"'{op.name}'; fix its `when` or the op's `fixed`",
+                    f"binding '{b.key}' exists in only some variants of {who}; "
+                    "fix its `when` or the `fixed` values",
                 )
             )
         if name in args and name not in tensor_args:
             errors.append(
                 SpecError(b.value.loc, f"bind {b.key}: argument '{name}' is not a Tensor")
             )
-        elif name not in args and name not in lets and name not in outputs:
-            choices = sorted(set(tensor_args) | lets | outputs)
+        elif name not in args and name not in lets and name not in outputs | scratch:
+            choices = sorted(set(tensor_args) | set(lets) | outputs | scratch)
             errors.append(
                 SpecError(
                     b.value.loc,
                     f"bind {b.key}: unknown name '{name}'"
-                    f"{did_you_mean(name, choices)}; expected a Tensor argument, a let "
-                    f"or an output: {', '.join(choices)}",
+                    f"{did_you_mean(name, choices)}; expected a Tensor argument, a let, "
+                    f"an output or a scratch: {', '.join(choices)}",
                 )
             )
     missing = [n for n in shader_bindings if n not in bound]
     if missing:
         errors.append(
             SpecError(
-                op.bind_loc,
-                f"bind of op '{op.name}' does not cover binding(s) "
+                step.bind_loc,
+                f"bind of {who} does not cover binding(s) "
                 f"{', '.join(missing)} of its variants; add them to bind",
             )
         )
-    bound_names = {b.value.text for b in op.bind}
-    for o in op.outputs:
-        if o.name not in bound_names:
-            errors.append(
-                SpecError(
-                    o.loc, f"output '{o.name}' is not bound; add '<binding>: {o.name}' to bind"
-                )
-            )
     order = {n: i for i, n in enumerate(shader_bindings)}
     result = []
-    for b in sorted(op.bind, key=lambda b: order.get(b.key, len(order))):
+    for b in sorted(step.bind, key=lambda b: order.get(b.key, len(order))):
         name = b.value.text
-        kind = "output" if name in outputs else "let" if name in lets else "arg"
+        kind = (
+            "output" if name in outputs
+            else "scratch" if name in scratch
+            else "let" if name in lets
+            else "arg"
+        )
         result.append((b.key, name, kind))
     return tuple(result)
 
 
-def _check_push(op, op_variants, interfaces, errors):
-    given = {p.key for p in op.push}
+def _check_push(step: StepSpec, who, step_variants, interfaces, errors):
+    given = {p.key for p in step.push}
     needed: list[str] = []
-    for v in op_variants:
+    for v in step_variants:
         for f in interfaces[v.name].push_fields:
             if f.name not in needed:
                 needed.append(f.name)
@@ -310,17 +441,17 @@ def _check_push(op, op_variants, interfaces, errors):
     if missing:
         errors.append(
             SpecError(
-                op.push_loc,
-                f"push of op '{op.name}' does not cover push constant(s) "
+                step.push_loc,
+                f"push of {who} does not cover push constant(s) "
                 f"{', '.join(missing)} of its variants; add them to push",
             )
         )
-    for p in op.push:
+    for p in step.push:
         if p.key not in needed:
             errors.append(
                 SpecError(
                     p.loc,
-                    f"push sets '{p.key}', which no variant of op '{op.name}' "
+                    f"push sets '{p.key}', which no variant of {who} "
                     f"declares{did_you_mean(p.key, needed)}; declared: {', '.join(needed) or '(none)'}",
                 )
             )

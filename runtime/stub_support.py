@@ -17,6 +17,7 @@ from typing import Any
 import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
+from runtime.prepack import prepacked
 from runtime.reference.quantize import fp32, fp32_recip
 
 STORAGES = ("buffer", "texture3d")
@@ -94,6 +95,54 @@ def elementwise(t) -> list[int]:
     return list(texture_extent(t.shape))
 
 
+def pair(value) -> tuple[int, int] | None:
+    """A conv argument (an int, or a list of 1 or 2 ints) as (y, x); None if it is neither."""
+    if _is_int(value):
+        return (value, value)
+    if isinstance(value, (list, tuple)) and len(value) in (1, 2) and all(map(_is_int, value)):
+        return (value[0], value[-1])
+    return None
+
+
+def conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups):
+    """The `runtime.conv2d.Conv2dParams` of a conv (its arguments already checked)."""
+    from runtime.conv2d import conv2d_params as params
+
+    return params(x.shape, weights.shape, kernel_size, stride, padding, dilation, groups)
+
+
+def conv2d_algorithm(params) -> str:
+    """What ``etvk.q8ta_conv2d.default`` runs on this device's GPU family: pw, dw, im2col, general."""
+    from runtime.conv2d import choose_algorithm
+    from runtime.device import get_device
+
+    return choose_algorithm(params, get_device().caps.family)
+
+
+def layout_of(t, default: str) -> str:
+    """The packed int8 layout of a device tensor ``t``, or ``default`` for a host tensor."""
+    return default if isinstance(t, torch.Tensor) or not t.packed else t.layout
+
+
+def layout_code(layout: str) -> int:
+    """The integer code shaders use for a packed int8 layout (4W4C 0, 4C 1, 4C1W 2)."""
+    from runtime.layouts import LAYOUT_CODES
+
+    return LAYOUT_CODES[layout]
+
+
+def packed_words(t) -> int:
+    """Number of 32-bit words of a device tensor in its packed int8 layout."""
+    from runtime.layouts import packed_words as words
+
+    return words(t.shape, t.layout)
+
+
+def on_host(t) -> bool:
+    """True for a torch tensor (False for a device tensor)."""
+    return isinstance(t, torch.Tensor)
+
+
 HELPERS: dict[str, Callable[..., Any]] = {
     f.__name__: f
     for f in (
@@ -108,6 +157,14 @@ HELPERS: dict[str, Callable[..., Any]] = {
         fits_int32,
         positive_fp32,
         elementwise,
+        prepacked,
+        pair,
+        conv2d_params,
+        conv2d_algorithm,
+        layout_of,
+        layout_code,
+        packed_words,
+        on_host,
     )
 }
 
@@ -182,7 +239,13 @@ def _show(axis_value: str, from_dtype: bool) -> str:
 
 @dataclass(frozen=True)
 class OpDef:
-    """One op as generated from its spec: schema, variants, record and fake functions."""
+    """One op as generated from its spec: schema, variants, record and fake functions.
+
+    ``variants`` lists (name, axis values) of every variant the op may run: of
+    all its steps, or for a dispatcher op (no steps) of every op it routes to.
+    ``steps`` holds the variant names of each step; None (the default) means
+    one step that may run any variant.
+    """
 
     name: str
     family: str
@@ -190,23 +253,42 @@ class OpDef:
     doc: str
     spec: str
     reference: str
-    axes: tuple[str, ...]
     variants: tuple[tuple[str, Mapping[str, str]], ...]
     record: Callable[..., Any]
     fake: Callable[..., Any]
+    steps: tuple[tuple[str, ...], ...] | None = None
 
     def label(self, name: str, kind: str = "argument") -> str:
         """Prefix for errors about one argument, output or derived value (`let`) of this op."""
         return f"{self.name}: {kind} '{name}'"
 
-    def select(self, variant: str | None, storage: str | None, wanted: Mapping[str, tuple]):
-        """Chooses the variant that serves a call.
+    def route(self, target: OpDef, variant: str | None) -> OpDef:
+        """The op a dispatcher hands this call to, after checking a forced variant fits it.
+
+        Raises:
+            UnsupportedVariant: ``variant`` belongs to another op than ``target``.
+        """
+        if variant is not None and variant not in dict(target.variants):
+            if variant not in dict(self.variants):
+                known = ", ".join(name for name, _ in self.variants)
+                raise ArgumentError(self, "variant", f"unknown variant {variant!r}; this op has: {known}")
+            raise UnsupportedVariant(
+                f"{self.name}: variant {variant} cannot serve these inputs: they go to "
+                f"{target.name}, whose variants are {', '.join(n for n, _ in target.variants)}"
+            )
+        return target
+
+    def select(self, variant: str | None, storage: str | None, wanted: Mapping[str, tuple],
+               step: int = 0):
+        """Chooses the variant that serves one step of a call.
 
         Args:
-            variant: a variant name the caller forces, or None.
+            variant: a variant name the caller forces, or None. A variant of
+                another step of the op leaves this step free.
             storage: the caller's storage preference ("buffer", "texture3d") or None.
             wanted: axis -> (argument name or None, value); a value of None
                 leaves the axis free; torch dtypes match axis values by name.
+            step: which step of the op.
 
         Returns:
             The `runtime.shaders.VariantInfo` of the chosen variant.
@@ -222,13 +304,14 @@ class OpDef:
         if storage is not None and storage not in STORAGES:
             raise ArgumentError(self, "storage", f"must be one of {STORAGES} or None, got {storage!r}")
         wanted = dict(wanted)
-        if "STORAGE" in self.axes and "STORAGE" not in wanted:
+        names = dict(self.variants) if self.steps is None else self.steps[step]
+        candidates = [(name, axes) for name, axes in self.variants if name in names]
+        if "STORAGE" in candidates[0][1] and "STORAGE" not in wanted:
             wanted["STORAGE"] = (None, storage)
         library = get_library()
         caps = get_device().caps
-        if variant is not None:
+        if variant is not None and (variant in names or variant not in dict(self.variants)):
             return self._check_forced(variant, wanted, library, caps)
-        candidates = list(self.variants)
         for axis, (arg, value) in wanted.items():
             name = _axis_value(value)
             if name is None:

@@ -42,6 +42,7 @@ void t_out_store(uint unit, ivec4 v) {
   const uvec4 b = uvec4(v) & 0xFFu;
   t_out.data[unit] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
 }
+void t_out_store_word(uint unit, uint w) { t_out.data[unit] = w; }
 layout(set = 0, binding = 1, std430) readonly buffer t_in_block {
   uvec2 data[];
 } t_in;
