@@ -22,6 +22,7 @@ import os
 from runtime import _vk
 from runtime._dispatch import check_names, fold_groups, group_counts, layout, pack_push
 from runtime.errors import DispatchError, VulkanError
+from runtime.prepack import Prepacked
 from runtime.tensor import Tensor, dtype_info
 
 POOL_SETS = 128
@@ -150,29 +151,41 @@ class Stream:
 
     # -- tensors --------------------------------------------------------------------
 
-    def upload(self, value, binding, label: str | None = None) -> Tensor:
+    def upload(self, value, binding, label: str | None = None,
+               layout: str | None = None) -> Tensor | None:
         """A device tensor for `binding` (a `BindingInfo`) holding `value`.
 
         Args:
-            value: a torch tensor (converted to the binding's dtype) or a device
-                `Tensor` of the binding's dtype and storage (used as is).
+            value: a torch tensor (converted to the binding's dtype), a device
+                `Tensor` of the binding's dtype and storage (used as is), or a
+                `Prepacked` constant (uploaded once, then reused), or None
+                (returned as is: an omitted optional tensor).
             binding: where the tensor will be bound.
             label: what it is, for errors (e.g. "etvk.x.default: argument 'input'").
+            layout: None (the storage's default) or a packed int8 layout.
 
         Raises:
-            DispatchError: a device tensor of another dtype or storage.
+            DispatchError: a device tensor of another dtype, storage or layout.
             TensorTooLarge: over the device's limits for the binding's storage.
         """
         label = label or f"binding '{binding.name}'"
         dtype = dtype_info(binding.dtype, label).torch_dtype
+        if value is None:  # an omitted optional tensor: dispatch binds a dummy
+            return None
+        if isinstance(value, Prepacked):
+            return value.on_device(self.device, dtype, binding.storage, label)
         if isinstance(value, Tensor):
             if value.dtype != dtype or value.storage != binding.storage:
                 raise DispatchError(f"{label}: device tensor is {value.dtype} {value.storage}, "
                                     f"binding '{binding.name}' needs {dtype} {binding.storage}")
+            if layout is not None and value.layout != layout:
+                raise DispatchError(f"{label}: device tensor has layout {value.layout}, "
+                                    f"this call needs {layout}")
             return value
-        return Tensor.from_torch(value, binding.storage, dtype, label, self.device)
+        return Tensor.from_torch(value, binding.storage, dtype, label, self.device, layout)
 
-    def empty(self, shape, dtype, binding, label: str | None = None) -> Tensor:
+    def empty(self, shape, dtype, binding, label: str | None = None,
+              layout: str | None = None) -> Tensor:
         """A device tensor of `shape` for `binding`, not initialised: the shader writes all of it.
 
         Raises:
@@ -183,7 +196,7 @@ class Stream:
         if dtype_info(dtype, label).name != binding.dtype:
             raise DispatchError(f"{label}: dtype {dtype} differs from binding '{binding.name}' "
                                 f"dtype {binding.dtype} (a spec bug)")
-        return Tensor.empty(shape, dtype, binding.storage, label, self.device)
+        return Tensor.empty(shape, dtype, binding.storage, label, self.device, layout)
 
     # -- recording ------------------------------------------------------------------
 

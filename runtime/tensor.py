@@ -4,7 +4,9 @@ Layouts (docs/internals.md section 2): a "buffer" tensor holds the natural
 bytes of a contiguous torch tensor, its allocation rounded up to 16 bytes and
 zero padded; a "texture3d" tensor of sizes [..., H, W] is a 3-D image of
 ceil(W/4) x H x D texels (D = product of the leading sizes), 4 consecutive
-last-dimension values per texel, padding 0. A 0-d tensor is stored as shape
+last-dimension values per texel, padding 0. An int8 [N, C, H, W] buffer
+tensor may instead hold a packed int8 layout (4W4C, 4C, 4C1W; OPS.md, packed
+and unpacked by runtime/layouts.py). A 0-d tensor is stored as shape
 [1]; an empty tensor has no memory. `Tensor.empty` leaves the memory
 uninitialised (it may be recycled), `Tensor.zeros` fills it with zeros.
 Limits are checked before allocation and reported as `TensorTooLarge`. It
@@ -19,12 +21,13 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime import layouts
 from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.memory import Buffer, Image3D
 
 STORAGES = ("buffer", "texture3d")
-# The memory layout each storage uses (docs/internals.md section 2); packed
-# int8 layouts (4W4C, 4C, 4C1W) join them with the conv family.
+# The default memory layout of each storage (docs/internals.md section 2); int8
+# buffers may also hold a packed layout of runtime/layouts.py.
 LAYOUTS = {"buffer": "contiguous", "texture3d": "width_packed"}
 BUFFER_ALIGNMENT = 16
 
@@ -69,16 +72,32 @@ def texture_extent(shape) -> tuple[int, int, int]:
     return -(-sizes[-1] // 4), height, math.prod(sizes[:-2])
 
 
-def buffer_bytes(shape, dtype: torch.dtype) -> int:
-    """The allocation size of a buffer tensor: its bytes rounded up to 16."""
-    nbytes = math.prod(shape) * dtype_info(dtype).itemsize
+def buffer_bytes(shape, dtype: torch.dtype, layout: str = "contiguous") -> int:
+    """The allocation size of a buffer tensor: its bytes (packed words for a
+    packed layout) rounded up to 16."""
+    if layout in layouts.PACKED_LAYOUTS:
+        nbytes = 4 * layouts.packed_words(shape, layout)
+    else:
+        nbytes = math.prod(shape) * dtype_info(dtype).itemsize
     return -(-nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
 
-def _check_fits(shape, info: DTypeInfo, storage: str, caps, label: str) -> None:
+def _check_layout(shape, info: DTypeInfo, storage: str, layout: str | None, label: str) -> str:
+    if layout is None or layout == LAYOUTS[storage]:
+        return LAYOUTS[storage]
+    if layout not in layouts.PACKED_LAYOUTS:
+        raise ValueError(f"{label}: layout must be {LAYOUTS[storage]!r} or one of "
+                         f"{layouts.PACKED_LAYOUTS}, got {layout!r}")
+    if info.name != "int8" or storage != "buffer" or len(shape) != 4:
+        raise ValueError(f"{label}: packed layout {layout} needs a 4-D int8 buffer tensor, "
+                         f"got shape {list(shape)} {info.name} {storage}")
+    return layout
+
+
+def _check_fits(shape, info: DTypeInfo, storage: str, layout: str, caps, label: str) -> None:
     limits = caps.limits
     max_bytes = min(limits.max_storage_buffer_range, limits.max_memory_allocation_size)
-    buffer_fits = buffer_bytes(shape, info.torch_dtype) <= max_bytes
+    buffer_fits = buffer_bytes(shape, info.torch_dtype, layout) <= max_bytes
     if storage == "buffer" and buffer_fits:
         return
     extent = texture_extent(shape)
@@ -89,7 +108,7 @@ def _check_fits(shape, info: DTypeInfo, storage: str, caps, label: str) -> None:
     if storage == "buffer" and not buffer_fits:
         hint = "; storage='texture3d' would fit" if image_fits else ""
         raise TensorTooLarge(
-            f"{label}: {shape_text} needs a {buffer_bytes(shape, info.torch_dtype)}-byte buffer, "
+            f"{label}: {shape_text} needs a {buffer_bytes(shape, info.torch_dtype, layout)}-byte buffer, "
             f"over the device limit of {max_bytes} bytes (maxStorageBufferRange / "
             f"maxMemoryAllocationSize){hint}")
     if storage == "texture3d" and not image_fits:
@@ -108,27 +127,29 @@ class Tensor:
         shape: torch.Size of the logical tensor.
         dtype: torch.dtype.
         storage: "buffer" or "texture3d".
-        layout: how values sit in that storage: "contiguous" (buffer, row-major)
-            or "width_packed" (texture3d, 4 last-dimension values per texel).
+        layout: how values sit in that storage: "contiguous" (buffer, row-major),
+            "width_packed" (texture3d, 4 last-dimension values per texel) or a
+            packed int8 layout "4W4C", "4C", "4C1W" (int8 [N, C, H, W] buffers).
         memory: the `Buffer` / `Image3D` holding it, or None when empty.
     """
 
-    def __init__(self, shape, dtype: torch.dtype, storage: str, label: str = "tensor", device=None):
+    def __init__(self, shape, dtype: torch.dtype, storage: str, label: str = "tensor", device=None,
+                 layout: str | None = None):
         if storage not in STORAGES:
             raise ValueError(f"{label}: storage must be one of {STORAGES}, got {storage!r}")
+        info = dtype_info(dtype, label)
+        self.shape, self.dtype, self.storage = torch.Size(shape), info.torch_dtype, storage
+        self.layout = _check_layout(self.shape, info, storage, layout, label)
         if device is None:
             from runtime.device import get_device
 
             device = get_device()
-        info = dtype_info(dtype, label)
-        self.shape, self.dtype, self.storage = torch.Size(shape), info.torch_dtype, storage
-        self.layout = LAYOUTS[storage]
         self.device, self.memory = device, None
         if self.numel() == 0:
             return
-        _check_fits(self.shape, info, storage, device.caps, label)
+        _check_fits(self.shape, info, storage, self.layout, device.caps, label)
         if storage == "buffer":
-            self.memory = Buffer(device, buffer_bytes(self.shape, self.dtype))
+            self.memory = Buffer(device, buffer_bytes(self.shape, self.dtype, self.layout))
         else:
             from runtime import _vk
 
@@ -136,9 +157,14 @@ class Tensor:
             self.memory = Image3D(device, texture_extent(self.shape), getattr(vk, info.vk_format),
                                   4 * info.itemsize)
 
+    @property
+    def packed(self) -> bool:
+        """True for a packed int8 layout (4W4C, 4C, 4C1W)."""
+        return self.layout in layouts.PACKED_LAYOUTS
+
     @classmethod
     def empty(cls, shape, dtype: torch.dtype, storage: str = "buffer", label: str = "tensor",
-              device=None) -> Tensor:
+              device=None, layout: str | None = None) -> Tensor:
         """A device tensor whose contents are undefined (the memory may be recycled).
 
         Args:
@@ -147,37 +173,43 @@ class Tensor:
             storage: "buffer" or "texture3d".
             label: what the tensor is, for error messages (e.g. "etvk.x.default: output 'out'").
             device: the `Device`; default `get_device()`.
+            layout: None (the storage's default) or a packed int8 layout.
 
         Raises:
             TensorTooLarge: over the device's limits for `storage`.
             UnsupportedDtype: another dtype.
+            ValueError: a layout the shape, dtype or storage cannot have.
         """
-        return cls(shape, dtype, storage, label, device)
+        return cls(shape, dtype, storage, label, device, layout)
 
     @classmethod
     def zeros(cls, shape, dtype: torch.dtype, storage: str = "buffer", label: str = "tensor",
-              device=None) -> Tensor:
+              device=None, layout: str | None = None) -> Tensor:
         """A zero-filled device tensor; arguments and errors as `Tensor.empty`."""
-        tensor = cls(shape, dtype, storage, label, device)
+        tensor = cls(shape, dtype, storage, label, device, layout)
         if tensor.memory is not None:
             tensor.memory.zero()
         return tensor
 
     @classmethod
     def from_torch(cls, value: torch.Tensor, storage: str = "buffer", dtype: torch.dtype | None = None,
-                   label: str = "tensor", device=None) -> Tensor:
-        """Upload a torch tensor (converted to `dtype` if given).
+                   label: str = "tensor", device=None, layout: str | None = None) -> Tensor:
+        """Upload a torch tensor (converted to `dtype` if given; packed if `layout` says so).
 
         Raises:
             TensorTooLarge: over the device's limits for `storage`.
             UnsupportedDtype: a dtype device tensors cannot hold.
+            ValueError: a layout the shape, dtype or storage cannot have.
         """
         dtype = value.dtype if dtype is None else dtype
-        tensor = cls(value.shape, dtype, storage, label, device)
+        tensor = cls(value.shape, dtype, storage, label, device, layout)
         if tensor.memory is None:
             return tensor
         host = value.detach().to("cpu", dtype).contiguous()
-        if storage == "buffer":
+        if tensor.packed:
+            host = layouts.pack(host, tensor.layout)
+            tensor.memory.write(host.data_ptr(), host.numel())
+        elif storage == "buffer":
             tensor.memory.write(host.data_ptr(), host.numel() * host.element_size())
         else:
             width, height, depth = texture_extent(tensor.shape)
@@ -203,6 +235,10 @@ class Tensor:
         """Download into a new contiguous CPU torch tensor."""
         if self.memory is None:
             return torch.empty(self.shape, dtype=self.dtype)
+        if self.packed:
+            words = torch.empty(4 * layouts.packed_words(self.shape, self.layout), dtype=torch.int8)
+            self.memory.read(words.data_ptr(), words.numel())
+            return layouts.unpack(words, self.shape, self.layout)
         if self.storage == "buffer":
             out = torch.empty(self.shape, dtype=self.dtype)
             self.memory.read(out.data_ptr(), self.nbytes)

@@ -1,0 +1,112 @@
+"""Reference numerics of the int8 conv2d family (OPS.md family 2) and its quantize ops.
+
+``q8ta_conv2d`` is the definition the conv shaders match: the integer
+accumulation is exact (integer values in float64, where every partial sum is
+an exact integer), the epilogue is fp32 in the order OPS.md gives, rounding is
+half-to-even and clamping happens in floating point. ``q8ta_quantize`` and
+``q8ta_dequantize`` are the per-tensor quantize family with the int8 range;
+their ``layout`` argument only says where the device keeps the values.
+
+Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
+tests. It must not import anything from the Vulkan side, nor validate more
+than the geometry needs (the op stubs check arguments).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.conv2d import conv2d_params
+from runtime.layouts import check_layout
+from runtime.reference.quantize import dequantize_per_tensor, fp32, fp32_recip, quantize_per_tensor
+
+ACTIVATIONS = ("none", "relu")
+INT8_MIN, INT8_MAX = -128, 127
+
+
+def conv2d_accumulators(x, input_zero_point, weights, stride, padding, dilation, groups):
+    """The exact integer sums ``Σ x * w`` of a conv, int64 ``[N, C_out, H_out, W_out]``.
+
+    Taps outside the image read ``input_zero_point``. The products are summed as
+    integer-valued float64, which is exact far beyond any int32 accumulator.
+    """
+    py, px = padding
+    padded = torch.nn.functional.pad(x.to(torch.float64), (px, px, py, py), value=float(input_zero_point))
+    acc = torch.nn.functional.conv2d(
+        padded, weights.to(torch.float64), stride=stride, dilation=dilation, groups=groups
+    )
+    return acc.round().to(torch.int64)
+
+
+def requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
+               output_scale, output_zero_point, bias, activation):
+    """The fp32 epilogue of OPS.md family 2 on int64 accumulators ``[N, C_out, H, W]``.
+
+    ``y = float32(acc - izp*wsum[oc]) * (float32(input_scale) * weight_scales[oc]) + bias[oc]``,
+    ``y = max(y, 0)`` for relu, then
+    ``out = clamp(roundEven(y * float32(1/output_scale)) + output_zero_point, -128, 127)``.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    per_channel = (1, -1, 1, 1)
+    sums = weight_sums.to(torch.int64).reshape(per_channel)
+    corrected = (acc - input_zero_point * sums).to(torch.float32)
+    scales = torch.tensor(fp32(input_scale), dtype=torch.float32) * weight_scales.to(torch.float32)
+    y = corrected * scales.reshape(per_channel)
+    if bias is not None:
+        y = y + bias.to(torch.float32).reshape(per_channel)
+    if activation == "relu":
+        y = torch.clamp_min(y, 0.0)
+    q = torch.round(y * fp32_recip(output_scale)) + output_zero_point
+    return q.clamp(INT8_MIN, INT8_MAX).to(torch.int8)
+
+
+def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_scales,
+                output_scale, output_zero_point, bias, kernel_size, stride, padding,
+                dilation, groups, activation):
+    """int8 conv2d with per-tensor activations and per-channel symmetric weights.
+
+    Args follow the family 2 schema: ``x`` int8 ``[N, C_in, H, W]``, ``weights``
+    int8 ``[C_out, C_in/groups, KH, KW]``, ``weight_sums`` int32 ``[C_out]``,
+    ``weight_scales`` fp32 ``[C_out]``, ``bias`` fp32 ``[C_out]`` or None,
+    ``kernel_size``/``stride``/``padding``/``dilation`` lists of 1 or 2 ints,
+    ``activation`` "none" or "relu".
+
+    Returns:
+        int8 ``[N, C_out, H_out, W_out]``.
+    """
+    params = conv2d_params(x.shape, weights.shape, kernel_size, stride, padding, dilation, groups)
+    acc = conv2d_accumulators(x, input_zero_point, weights, params.stride, params.padding,
+                              params.dilation, groups)
+    return requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
+                      output_scale, output_zero_point, bias, activation)
+
+
+def _check_nchw(t: torch.Tensor, what: str) -> None:
+    if t.dim() != 4:
+        raise ValueError(f"{what} must be a 4-D [N, C, H, W] tensor, got {list(t.shape)}")
+
+
+def q8ta_quantize(input, scale, zero_point, layout):
+    """Per-tensor quantize to int8 [-128, 127] (bit-identical to quantize_per_tensor).
+
+    Returns:
+        int8 of ``input``'s shape; ``layout`` (one of `PACKED_LAYOUTS`) does not
+        change the values.
+    """
+    check_layout(layout)
+    _check_nchw(input, "input")
+    return quantize_per_tensor(input, scale, zero_point, INT8_MIN, INT8_MAX, torch.int8)
+
+
+def q8ta_dequantize(input, scale, zero_point, layout, *, out_dtype=None):
+    """Per-tensor dequantize of int8 values: ``float32(q - zero_point) * float32(scale)``.
+
+    Returns:
+        ``out_dtype`` (fp32 by default) of ``input``'s shape; ``layout`` (one of
+        `PACKED_LAYOUTS`) does not change the values.
+    """
+    check_layout(layout)
+    _check_nchw(input, "input")
+    return dequantize_per_tensor(input, scale, zero_point, INT8_MIN, INT8_MAX, torch.int8,
+                                 out_dtype=out_dtype)
