@@ -47,4 +47,91 @@ ivec4 t_in_load(uint unit) {
 }
 uint t_in_load_word(uint unit) { return t_in.data[unit]; }
 
-void main() {}
+// Packed int8 activations (OPS.md "Packed int8 activations"): four int8 values
+// in one 32-bit word, value i in bits 8i..8i+7. Layout codes match
+// runtime/layouts.py LAYOUT_CODES. `sizes` is (W, H, C4, N) of the tensor,
+// C4 = ceil(C / 4).
+const int ETVK_4W4C = 0;
+const int ETVK_4C = 1;
+const int ETVK_4C1W = 2;
+
+// The 4 signed bytes of a word, sign-extended.
+ivec4 etvk_unpack_i8x4(uint w) {
+  const int v = int(w);
+  return ivec4(v << 24, v << 16, v << 8, v) >> 24;
+}
+
+// The word holding 4 values, each already in [-128, 127].
+uint etvk_pack_i8x4(ivec4 v) {
+  const uvec4 b = uvec4(v) & 0xFFu;
+  return b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+}
+
+// The word of a packed tensor holding channels 4*c4 .. 4*c4+3 of pixel (n, h, w).
+uint etvk_packed_word(int layout_code, ivec4 sizes, int n, int c4, int h, int w) {
+  if (layout_code == ETVK_4W4C) {
+    const int w4 = (sizes.x + 3) >> 2;
+    return uint((((n * sizes.y + h) * w4 + (w >> 2)) * sizes.z + c4) * 4 + (w & 3));
+  }
+  if (layout_code == ETVK_4C) {
+    return uint(((n * sizes.y + h) * sizes.x + w) * sizes.z + c4);
+  }
+  return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x + w);
+}
+
+// etvk_packed_word split in two, so a loop over widths computes the row part
+// once: etvk_packed_row(layout_code, sizes, n, c4, h) + etvk_packed_col(layout_code, sizes, w)
+// == etvk_packed_word(layout_code, sizes, n, c4, h, w).
+uint etvk_packed_row(int layout_code, ivec4 sizes, int n, int c4, int h) {
+  if (layout_code == ETVK_4W4C) {
+    const int w4 = (sizes.x + 3) >> 2;
+    return uint(((n * sizes.y + h) * w4 * sizes.z + c4) * 4);
+  }
+  if (layout_code == ETVK_4C) {
+    return uint((n * sizes.y + h) * sizes.x * sizes.z + c4);
+  }
+  return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x);
+}
+
+uint etvk_packed_col(int layout_code, ivec4 sizes, int w) {
+  if (layout_code == ETVK_4W4C) {
+    return uint((w >> 2) * sizes.z * 4 + (w & 3));
+  }
+  if (layout_code == ETVK_4C) {
+    return uint(w * sizes.z);
+  }
+  return uint(w);
+}
+
+// The int8 value at (n, c, h, w).
+int load_q(int n, int c, int h, int w, ivec4 sizes4) {
+  const uint word = t_in_load_word(etvk_packed_word(ETVK_4C, sizes4, n, c >> 2, h, w));
+  return bitfieldExtract(int(word), (c & 3) * 8, 8);
+}
+
+vec4 dequantize4(ivec4 q) {
+  precise vec4 x = vec4(q - pc.zero_point) * pc.scale;
+  return x;
+}
+
+void main() {
+  const int W = pc.sizes.x;
+  const int H = pc.sizes.y;
+  const int C = pc.sizes.z;
+  const ivec4 sizes4 = ivec4(W, H, (C + 3) >> 2, pc.sizes.w);
+  const ivec3 texel = ivec3(gl_GlobalInvocationID);
+  if (any(greaterThanEqual(texel, t_out_extents()))) {
+    return;
+  }
+  const int h = texel.y;
+  const int n = texel.z / C;
+  const int c = texel.z - n * C;
+  const int w0 = texel.x * 4;
+  ivec4 q = ivec4(pc.zero_point);
+  for (int i = 0; i < 4; ++i) {
+    if (w0 + i < W) {
+      q[i] = load_q(n, c, h, w0 + i, sizes4);
+    }
+  }
+  t_out_store(texel, dequantize4(q));
+}

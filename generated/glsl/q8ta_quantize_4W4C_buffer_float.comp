@@ -50,4 +50,145 @@ vec4 t_in_load(uint unit) {
   return t_in.data[unit];
 }
 
-void main() {}
+// Shared numerics for the quantize family (OPS.md "Shared numeric conventions").
+// Plain GLSL, included by templates through Jinja; needs no bindings.
+//
+// Vulkan guarantees correct rounding for fp32 add, sub and mul only: `a / b`
+// may be off by 2.5 ulp and fma() may be evaluated unfused (lavapipe does),
+// so correctly rounded division is built from exact products (Dekker).
+// `precise` keeps the compiler from contracting or reordering those steps.
+
+// a - q * b, exact when q is within one ulp of a / b (then it is representable).
+float etvk_residual(float a, float b, float q) {
+  precise float p = q * b;
+  precise float cq = 4097.0 * q;
+  precise float q_hi = cq - (cq - q);
+  precise float q_lo = q - q_hi;
+  precise float cb = 4097.0 * b;
+  precise float b_hi = cb - (cb - b);
+  precise float b_lo = b - b_hi;
+  precise float p_err = ((q_hi * b_hi - p) + q_hi * b_lo + q_lo * b_hi) + q_lo * b_lo;
+  precise float r = (a - p) - p_err;
+  return r;
+}
+
+// a / b correctly rounded (to nearest even) in fp32, for normal operands.
+// One Newton step makes the quotient faithful; the exact residual then says
+// on which side of the midpoint to the neighbouring float a / b lies. A
+// quotient is never exactly a midpoint, so there are no ties.
+float etvk_div_rn(float a, float b) {
+  precise float q0 = a / b;
+  precise float q = q0 + etvk_residual(a, b, q0) / b;
+  precise float r = etvk_residual(a, b, q);
+  if (r == 0.0 || q == 0.0) {
+    return q;
+  }
+  const bool toward_larger = (r > 0.0) == (b > 0.0);
+  const bool away_from_zero = toward_larger == (q > 0.0);
+  const float other = uintBitsToFloat(floatBitsToUint(q) + (away_from_zero ? 1u : 0xFFFFFFFFu));
+  precise float gap = abs(other - q);
+  return (2.0 * abs(r) > abs(b) * gap) ? other : q;
+}
+
+// Converts already rounded values to int32 after clamping in floating point
+// to [lo, hi]. float(2147483647) rounds up to 2^31, which has no int32, so
+// values at or above 2^31 saturate to hi instead of converting.
+ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
+  const vec4 c = clamp(q, vec4(float(lo)), vec4(float(hi)));
+  const ivec4 r = ivec4(min(c, vec4(2147483520.0)));
+  return mix(r, ivec4(hi), greaterThanEqual(c, vec4(2147483648.0)));
+}
+// Packed int8 activations (OPS.md "Packed int8 activations"): four int8 values
+// in one 32-bit word, value i in bits 8i..8i+7. Layout codes match
+// runtime/layouts.py LAYOUT_CODES. `sizes` is (W, H, C4, N) of the tensor,
+// C4 = ceil(C / 4).
+const int ETVK_4W4C = 0;
+const int ETVK_4C = 1;
+const int ETVK_4C1W = 2;
+
+// The 4 signed bytes of a word, sign-extended.
+ivec4 etvk_unpack_i8x4(uint w) {
+  const int v = int(w);
+  return ivec4(v << 24, v << 16, v << 8, v) >> 24;
+}
+
+// The word holding 4 values, each already in [-128, 127].
+uint etvk_pack_i8x4(ivec4 v) {
+  const uvec4 b = uvec4(v) & 0xFFu;
+  return b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
+}
+
+// The word of a packed tensor holding channels 4*c4 .. 4*c4+3 of pixel (n, h, w).
+uint etvk_packed_word(int layout_code, ivec4 sizes, int n, int c4, int h, int w) {
+  if (layout_code == ETVK_4W4C) {
+    const int w4 = (sizes.x + 3) >> 2;
+    return uint((((n * sizes.y + h) * w4 + (w >> 2)) * sizes.z + c4) * 4 + (w & 3));
+  }
+  if (layout_code == ETVK_4C) {
+    return uint(((n * sizes.y + h) * sizes.x + w) * sizes.z + c4);
+  }
+  return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x + w);
+}
+
+// etvk_packed_word split in two, so a loop over widths computes the row part
+// once: etvk_packed_row(layout_code, sizes, n, c4, h) + etvk_packed_col(layout_code, sizes, w)
+// == etvk_packed_word(layout_code, sizes, n, c4, h, w).
+uint etvk_packed_row(int layout_code, ivec4 sizes, int n, int c4, int h) {
+  if (layout_code == ETVK_4W4C) {
+    const int w4 = (sizes.x + 3) >> 2;
+    return uint(((n * sizes.y + h) * w4 * sizes.z + c4) * 4);
+  }
+  if (layout_code == ETVK_4C) {
+    return uint((n * sizes.y + h) * sizes.x * sizes.z + c4);
+  }
+  return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x);
+}
+
+uint etvk_packed_col(int layout_code, ivec4 sizes, int w) {
+  if (layout_code == ETVK_4W4C) {
+    return uint((w >> 2) * sizes.z * 4 + (w & 3));
+  }
+  if (layout_code == ETVK_4C) {
+    return uint(w * sizes.z);
+  }
+  return uint(w);
+}
+
+float load_x(int n, int c, int h, int w) {
+  const int e = ((n * pc.sizes.z + c) * pc.sizes.y + h) * pc.sizes.x + w;
+  return t_in_load(uint(e >> 2))[e & 3];
+}
+
+void main() {
+  const uint word = etvk_linear_invocation();
+  if (word >= pc.words) {
+    return;
+  }
+  const int W = pc.sizes.x;
+  const int H = pc.sizes.y;
+  const int C = pc.sizes.z;
+  const int C4 = (C + 3) >> 2;
+  int t = int(word);
+  int n, c4, h, w;
+  // (((n*H + h)*W4 + w/4)*C4 + c4)*4 + w%4
+  const int W4 = (W + 3) >> 2;
+  const int wi = t & 3; t >>= 2;
+  c4 = t % C4; t /= C4;
+  w = (t % W4) * 4 + wi; t /= W4;
+  h = t % H; n = t / H;
+  if (w >= W) {
+    t_out_store_word(word, 0u);
+    return;
+  }
+  vec4 x = vec4(0.0);
+  const int c0 = c4 * 4;
+  for (int j = 0; j < 4; ++j) {
+    if (c0 + j < C) {
+      x[j] = load_x(n, c0 + j, h, w);
+    }
+  }
+  precise vec4 q = roundEven(x * pc.inv_scale) + float(pc.zero_point);
+  const ivec4 r = etvk_to_int_clamped(q, -128, 127);
+  const bvec4 valid = lessThan(ivec4(c0) + ivec4(0, 1, 2, 3), ivec4(C));
+  t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), r, valid)));
+}

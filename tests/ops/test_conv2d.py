@@ -1,0 +1,248 @@
+"""Int8 conv2d family (OPS.md family 2) on the default Vulkan device, validation on.
+
+Every variant of every conv op runs the layer table of
+`runtime.examples_conv2d` that its op accepts, against the OPS.md fp32
+reference (at most one step, at least 99.5 % exact) and against PyTorch's
+quantized conv on the QNNPACK engine. Device inputs in each packed layout
+check that layouts flow through; the dispatcher is checked for every GPU
+family; bad arguments name the op and the argument.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import warnings
+
+import pytest
+import torch
+
+import runtime
+from runtime import conv2d as conv2d_module
+from runtime.command import Stream
+from runtime.device import GPU_FAMILIES, get_device
+from runtime.errors import UnsupportedVariant
+from runtime.examples_conv2d import CASES, CASES_BY_NAME, make_inputs
+from runtime.layouts import PACKED_LAYOUTS
+from runtime.reference import conv2d as ref
+from runtime.tensor import Tensor
+
+MIN_EXACT = 0.995
+CONV_OPS = {
+    "im2col": "etvk.q8ta_conv2d_im2col.default",
+    "general": "etvk.q8ta_conv2d_general.default",
+    "pw": "etvk.q8ta_conv2d_pw.default",
+    "dw": "etvk.q8ta_conv2d_dw.default",
+}
+
+
+def accepts(kind: str, case) -> bool:
+    """Whether the op of `kind` takes this case (the others reject it by design)."""
+    p = case.params
+    return {
+        "im2col": p.im2col_eligible,
+        "general": True,
+        "pw": p.is_pointwise,
+        "dw": p.is_depthwise,
+    }[kind]
+
+
+def compare(got: torch.Tensor, want: torch.Tensor, what: str) -> float:
+    """Asserts at most one step apart and at least MIN_EXACT exact; returns the exact fraction."""
+    assert got.dtype == want.dtype == torch.int8, what
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    steps = (got.to(torch.int32) - want.to(torch.int32)).abs()
+    assert steps.max().item() <= 1, f"{what}: {steps.max().item()} steps from the reference"
+    exact = (steps == 0).double().mean().item()
+    assert exact >= MIN_EXACT, f"{what}: only {exact:.4%} exact"
+    return exact
+
+
+def qnnpack_conv2d(inp) -> torch.Tensor:
+    """PyTorch's quantized conv on QNNPACK; int8 activations travel as quint8 + 128."""
+    previous = torch.backends.quantized.engine
+    torch.backends.quantized.engine = "qnnpack"
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)  # deprecated in 2.13, still works
+            shifted = (inp.x.to(torch.int32) + 128).to(torch.uint8)
+            qx = torch._make_per_tensor_quantized_tensor(shifted, inp.input_scale,
+                                                         inp.input_zero_point + 128)
+            zeros = torch.zeros(inp.weights.shape[0], dtype=torch.int64)
+            qw = torch._make_per_channel_quantized_tensor(inp.weights, inp.weight_scales.double(),
+                                                          zeros, 0)
+            packed = torch.ops.quantized.conv2d_prepack(qw, inp.bias, inp.stride, inp.padding,
+                                                        inp.dilation, inp.groups)
+            conv = (torch.ops.quantized.conv2d_relu if inp.activation == "relu"
+                    else torch.ops.quantized.conv2d)
+            out = conv(qx, packed, inp.output_scale, inp.output_zero_point + 128)
+    finally:
+        torch.backends.quantized.engine = previous
+    return (out.int_repr().to(torch.int32) - 128).to(torch.int8)
+
+
+def _variant_cases():
+    params = []
+    for kind, op_name in CONV_OPS.items():
+        for info in runtime.get_op(op_name).variants:
+            for case in CASES:
+                if accepts(kind, case):
+                    params.append(pytest.param(op_name, info.name, case,
+                                               id=f"{info.name}-{case.name}"))
+    return params
+
+
+@pytest.mark.parametrize(("op_name", "variant", "case"), _variant_cases())
+def test_variant_matches_reference_and_qnnpack(op_name, variant, case, dispatch_trace):
+    op = runtime.get_op(op_name)
+    inp = make_inputs(case)
+    args = list(inp.args())
+    if variant == "q8ta_im2col_4W4C":  # the specialised im2col reads 4W4C input only
+        args[0] = Tensor.from_torch(inp.x, dtype=torch.int8, layout="4W4C")
+    got = op(*args, variant=variant)
+    compare(got, ref.q8ta_conv2d(*inp.args()), f"{variant} {case.name} vs reference")
+    compare(got, qnnpack_conv2d(inp), f"{variant} {case.name} vs QNNPACK")
+    assert variant in dispatch_trace(), f"{variant} never reached the device"
+
+
+LAYOUT_CASES = ["grouped_g2_cg8", "strided_3x3s2_w13_cout12", "mobilenetv2_dw_c30_w13",
+                "pointwise_cin6_cout7", "batch2_3x3_cout10"]
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+@pytest.mark.parametrize("kind", list(CONV_OPS))
+def test_device_input_layouts_flow_through(kind, layout):
+    """A device input in any packed layout is read in place; the output keeps its layout."""
+    op = runtime.get_op(CONV_OPS[kind])
+    cases = [CASES_BY_NAME[name] for name in LAYOUT_CASES if accepts(kind, CASES_BY_NAME[name])]
+    assert cases
+    for case in cases:
+        inp = make_inputs(case)
+        with Stream() as stream:
+            x = Tensor.from_torch(inp.x, layout=layout)
+            out = op.record(stream, x, *inp.args()[1:])
+            stream.run()
+            assert out.layout == layout
+            compare(out.to_torch(), ref.q8ta_conv2d(*inp.args()), f"{kind} {layout} {case.name}")
+
+
+def trace_lines(path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_dispatcher_follows_the_family_rule(family, monkeypatch, dispatch_trace_path):
+    device = get_device()
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps, family=family))
+    op = runtime.get_op("etvk.q8ta_conv2d.default")
+    shaders = {"pw": "q8ta_gemm", "dw": "q8ta_conv2d_dw", "im2col": "q8ta_im2col",
+               "general": "q8ta_conv2d_direct"}
+    for name in ("resnet_bottleneck_3x3", "mobilenetv2_dw_3x3s1", "mobilenetv2_expand_1x1",
+                 "grouped_g2_cg8", "wide_c4_70x70", "grouped_g3_cg5_cout9"):
+        case = CASES_BY_NAME[name]
+        inp = make_inputs(case)
+        expected = conv2d_module.choose_algorithm(case.params, family)
+        before = len(trace_lines(dispatch_trace_path))
+        compare(op(*inp.args()), ref.q8ta_conv2d(*inp.args()), f"{family} {name}")
+        ran = [line["variant"] for line in trace_lines(dispatch_trace_path)[before:]]
+        assert ran and ran[0].startswith(shaders[expected]), f"{family} {name}: ran {ran}"
+
+
+def test_prepacking_happens_once_per_weight(monkeypatch):
+    calls = []
+    real = conv2d_module.pack_gemm_weights
+    monkeypatch.setattr(conv2d_module, "pack_gemm_weights",
+                        lambda *a: calls.append(1) or real(*a))
+    op = runtime.get_op("etvk.q8ta_conv2d_im2col.default")
+    inp = make_inputs(CASES_BY_NAME["grouped_g2_cg8"])
+    first = op(*inp.args())
+    assert torch.equal(op(*inp.args()), first)
+    assert len(calls) == 1
+    inp.weights.add_(0)  # an in-place change (a new version) repacks
+    op(*inp.args())
+    assert len(calls) == 2
+
+
+def test_quantize_conv_dequantize_in_one_stream():
+    """fp -> packed int8 -> conv -> conv -> fp recorded once, with no host round trip."""
+    case = CASES_BY_NAME["resnet_bottleneck_3x3"]
+    inp = make_inputs(case)
+    x = (inp.x.float() - inp.input_zero_point) * inp.input_scale
+    q = runtime.get_op("etvk.q8ta_quantize.default")
+    conv = runtime.get_op("etvk.q8ta_conv2d.default")
+    dq = runtime.get_op("etvk.q8ta_dequantize.default")
+    with Stream() as stream:
+        packed = q.record(stream, x, inp.input_scale, inp.input_zero_point)
+        y = conv.record(stream, packed, *inp.args()[1:])
+        z = conv.record(stream, y, inp.output_scale, inp.output_zero_point, *inp.args()[3:])
+        out = dq.record(stream, z, inp.output_scale, inp.output_zero_point)
+        stream.run()
+        got = out.to_torch()
+    y_ref = ref.q8ta_conv2d(*inp.args())
+    z_ref = ref.q8ta_conv2d(y_ref, inp.output_scale, inp.output_zero_point, *inp.args()[3:])
+    want = ref.q8ta_dequantize(z_ref, inp.output_scale, inp.output_zero_point, "4C1W")
+    # One step at the first conv can move the second by more; bound it by the output scale.
+    assert (got - want).abs().max().item() <= 4 * inp.output_scale
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_q8ta_quantize_dequantize_every_variant(layout, storage, dtype, dispatch_trace):
+    gen = torch.Generator().manual_seed(7)
+    q, dq = runtime.get_op("etvk.q8ta_quantize.default"), runtime.get_op("etvk.q8ta_dequantize.default")
+    for shape in [(1, 1, 1, 1), (1, 6, 3, 5), (2, 13, 4, 9), (1, 4, 2, 8)]:
+        x = (torch.randn(shape, generator=gen) * 3).to(dtype)
+        got = q(x, 0.0371, -5, layout, storage=storage)
+        assert torch.equal(got, ref.q8ta_quantize(x, 0.0371, -5, layout)), f"{shape}"
+        back = dq(got, 0.0371, -5, layout, out_dtype=dtype, storage=storage)
+        want = ref.q8ta_dequantize(got, 0.0371, -5, layout, out_dtype=dtype)
+        assert torch.equal(back.view(-1), want.view(-1)), f"{shape}"
+    ran = dispatch_trace()
+    assert any(v.startswith(f"q8ta_quantize_{layout}_{storage}") for v in ran)
+    assert any(v.startswith(f"q8ta_dequantize_{layout}_{storage}") for v in ran)
+
+
+BAD_ARGS = [
+    ("im2col", "grouped_g2_cg6_cout10", {}, "groups", "multiple of 4"),
+    ("pw", "resnet_bottleneck_3x3", {}, "kernel_size", "1x1"),
+    ("pw", "resnet_downsample_1x1s2", {}, "kernel_size", "stride 1"),
+    ("dw", "grouped_g2_cg8", {}, "groups", "groups == C_in == C_out"),
+    ("general", "grouped_g2_cg8", {"stride": [0, 1]}, "stride", "> 0"),
+    ("general", "grouped_g2_cg8", {"dilation": [1, -1]}, "dilation", "> 0"),
+    ("general", "grouped_g2_cg8", {"padding": [-1]}, "padding", ">= 0"),
+    ("general", "large_pad_5x5_pad4", {"padding": [0, 0], "dilation": [2, 2]}, "kernel_size",
+     "padded input"),
+    ("general", "grouped_g2_cg8", {"kernel_size": [3, 1]}, "kernel_size", "equal to the weights"),
+    ("general", "grouped_g2_cg8", {"weight_sums": torch.zeros(5, dtype=torch.int32)},
+     "weight_sums", "one int32 value per output channel (16)"),
+    ("general", "grouped_g2_cg8", {"weight_scales": torch.ones(15)}, "weight_scales", "(16)"),
+    ("general", "grouped_g2_cg8", {"weight_scales": -torch.ones(16)}, "weight_scales", "> 0"),
+    ("general", "grouped_g2_cg8", {"bias": torch.zeros(3)}, "bias", "(16)"),
+    ("general", "grouped_g2_cg8", {"activation": "relu6"}, "activation", "'none' or 'relu'"),
+    ("general", "grouped_g2_cg8", {"groups": 3}, "groups", "divide C_in=16"),
+    ("general", "grouped_g2_cg8", {"input_scale": 0.0}, "input_scale", "> 0"),
+    ("general", "grouped_g2_cg8", {"output_zero_point": 200}, "output_zero_point", "int8"),
+    ("general", "grouped_g2_cg8", {"x": torch.zeros(1, 16, 10, 10)}, "x", "int8"),
+    ("general", "grouped_g2_cg8", {"weights": torch.zeros(16, 8, 3, 3)}, "weights", "int8"),
+    ("im2col", "grouped_g2_cg8", {"activation": None}, "activation", "expected a str"),
+]
+
+
+@pytest.mark.parametrize(("kind", "case_name", "changes", "arg", "text"), BAD_ARGS,
+                         ids=[f"{k}-{a}-{t}" for k, _, _, a, t in BAD_ARGS])
+def test_bad_arguments_name_the_op_and_argument(kind, case_name, changes, arg, text):
+    op = runtime.get_op(CONV_OPS[kind])
+    inp = dataclasses.replace(make_inputs(CASES_BY_NAME[case_name]), **changes)
+    with pytest.raises((ValueError, TypeError)) as info:
+        op(*inp.args())
+    message = str(info.value)
+    assert message.startswith(f"{op.name}: argument '{arg}'"), message
+    assert text in message, message
+
+
+def test_forcing_a_variant_of_another_route_is_refused():
+    op = runtime.get_op("etvk.q8ta_conv2d.default")
+    inp = make_inputs(CASES_BY_NAME["mobilenetv2_dw_3x3s1"])
+    with pytest.raises(UnsupportedVariant, match="q8ta_conv2d_dw"):
+        op(*inp.args(), variant="q8ta_conv2d_direct_fallback")
