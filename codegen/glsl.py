@@ -137,19 +137,21 @@ _UNIT_CODE = {
 }
 
 
-def image_binding(name: str, binding: int, dtype: str, access: str) -> str:
-    """Declaration and accessors of a 3-D storage image (texture3d tensor)."""
+def image_binding(name: str, binding: int, dtype: str, access: str, dims: int = 3) -> str:
+    """Declaration and accessors of a storage image: 3-D (texture3d) or 2-D (texture2d)."""
     _, v4, fmt, image = DTYPE_TABLE[dtype]
+    image = image.replace("3D", f"{dims}D")
+    coord = f"ivec{dims}"
     qual = ACCESS_QUALIFIERS[access]
     lines = [
         f"layout(set = 0, binding = {binding}, {fmt}) uniform {qual}{image} {name};",
-        f"ivec3 {name}_extents() {{ return imageSize({name}); }}",
+        f"{coord} {name}_extents() {{ return imageSize({name}); }}",
     ]
     if access in ("read", "read_write"):
         value = f"imageLoad({name}, texel)"
         if dtype == "uint8":
             value = f"ivec4({value})"
-        lines.append(f"{v4} {name}_load(ivec3 texel) {{ return {value}; }}")
+        lines.append(f"{v4} {name}_load({coord} texel) {{ return {value}; }}")
     if access in ("write", "read_write"):
         value = "v"
         if dtype == "float16":
@@ -157,6 +159,6 @@ def image_binding(name: str, binding: int, dtype: str, access: str) -> str:
         elif dtype == "uint8":
             value = "uvec4(v)"
         lines.append(
-            f"void {name}_store(ivec3 texel, {v4} v) {{ imageStore({name}, texel, {value}); }}"
+            f"void {name}_store({coord} texel, {v4} v) {{ imageStore({name}, texel, {value}); }}"
         )
     return "\n".join(lines) + "\n"

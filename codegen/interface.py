@@ -16,7 +16,7 @@ from codegen import glsl
 from codegen.errors import SpecError
 from codegen.model import BindingSlot, Interface, PushField, SpecConstantSlot, Variant
 from codegen.naming import GENERATOR
-from codegen.spec import DTYPES, STORAGES
+from codegen.spec import DTYPES, IMAGE_STORAGES, STORAGES
 from codegen.variants import matches
 
 FIRST_SPEC_ID = 3
@@ -71,7 +71,7 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
             )
             continue
         seen.add(b.name)
-        image = storage == "texture3d"
+        image = storage in IMAGE_STORAGES
         slots.append(
             BindingSlot(
                 b.name,
@@ -142,8 +142,9 @@ def glsl_header(interface: Interface, template: str, spec: str) -> str:
         out.append("} pc;")
     text = "\n".join(out) + "\n" + glsl.HELPERS_GLSL  # before the accessors, which use them
     for b in interface.bindings:
-        if b.storage == "texture3d":
-            text += glsl.image_binding(b.name, b.binding, b.dtype, b.access)
+        if b.storage in IMAGE_STORAGES:
+            dims = 2 if b.storage == "texture2d" else 3
+            text += glsl.image_binding(b.name, b.binding, b.dtype, b.access, dims)
         else:
             text += glsl.buffer_binding(b.name, b.binding, b.dtype, b.vec, b.access)
     return text

@@ -45,6 +45,7 @@ from codegen.spec_tables import (  # noqa: F401  (re-exported: spec.TABLES etc.)
     DISPATCH,
     DTYPES,
     FAMILY,
+    IMAGE_STORAGES,
     OP,
     OUTPUT,
     OVERRIDE,

@@ -54,7 +54,7 @@ AXIS = (
 BINDING = (
     F("name", "identifier", REQUIRED, "GLSL name; accessors are NAME_load / NAME_store.", True),
     F("dtype", "dtype", REQUIRED, "float32, float16, int32, int8, uint8 or ${AXIS}.", True),
-    F("storage", "storage", "buffer", "buffer or texture3d, or ${AXIS}."),
+    F("storage", "storage", "buffer", "buffer, texture3d or texture2d, or ${AXIS}."),
     F("vec", "integer", 4, "Values per unit: 4, or 1 (32-bit dtypes in buffers only)."),
     F("access", "access", "read", "read, write or read_write."),
     F("when", "axis mapping", {}, "Only in variants whose axes match."),
@@ -140,7 +140,8 @@ TABLES = {
 }
 
 DTYPES = ("float32", "float16", "int32", "int8", "uint8")
-STORAGES = ("buffer", "texture3d")
+STORAGES = ("buffer", "texture3d", "texture2d")
+IMAGE_STORAGES = ("texture3d", "texture2d")
 ACCESS = ("read", "write", "read_write")
 PUSH_TYPES = ("int", "uint", "float", "ivec4", "uvec4", "vec4")
 SPEC_TYPES = ("int", "uint", "float", "bool")

@@ -23,7 +23,7 @@ from runtime import _vk
 from runtime._dispatch import check_names, fold_groups, group_counts, layout, pack_push
 from runtime.errors import DispatchError, VulkanError
 from runtime.prepack import Prepacked
-from runtime.tensor import Tensor, dtype_info
+from runtime.tensor import IMAGE_STORAGES, Tensor, dtype_info
 
 POOL_SETS = 128
 QUERIES_PER_POOL = 128
@@ -106,7 +106,7 @@ class _Resources:
                 write = writes[i]
                 write.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
                 write.dstBinding, write.descriptorCount = binding.binding, 1
-                if binding.storage == "texture3d":
+                if binding.storage in IMAGE_STORAGES:
                     image_infos[i].imageLayout = vk.VK_IMAGE_LAYOUT_GENERAL
                     write.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE
                     write.pImageInfo = image_infos + i
@@ -286,7 +286,7 @@ class Stream:
         for i, binding in enumerate(info.interface.bindings):
             memory = self._memory_for(binding, bindings[binding.name])
             writes[i].dstSet = descriptor_set
-            if binding.storage == "texture3d":
+            if binding.storage in IMAGE_STORAGES:
                 image_infos[i].imageView = memory.view
             else:
                 buffer_infos[i].buffer, buffer_infos[i].range = memory.handle, memory.nbytes

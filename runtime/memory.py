@@ -215,11 +215,13 @@ class Buffer:
                   lambda cb: lib.vkCmdCopyBuffer(cb, source.handle, destination.handle, 1, region))
 
 
-def _new_image(device, extent: tuple, vk_format: int, nbytes: int, subrange: dict) -> _Allocation:
-    """Create a 3-D storage image with memory and view, and move it to layout GENERAL."""
+def _new_image(device, extent: tuple, vk_format: int, nbytes: int, subrange: dict,
+               dims: int) -> _Allocation:
+    """Create a 3-D (or 2-D) storage image with memory and view, in layout GENERAL."""
     vk, ffi, lib = _vk.load()
     info = ffi.new("VkImageCreateInfo*", {
-        "sType": vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO, "imageType": vk.VK_IMAGE_TYPE_3D,
+        "sType": vk.VK_STRUCTURE_TYPE_IMAGE_CREATE_INFO,
+        "imageType": vk.VK_IMAGE_TYPE_2D if dims == 2 else vk.VK_IMAGE_TYPE_3D,
         "format": vk_format, "extent": dict(zip(("width", "height", "depth"), extent, strict=True)),
         "mipLevels": 1, "arrayLayers": 1, "samples": vk.VK_SAMPLE_COUNT_1_BIT,
         "tiling": vk.VK_IMAGE_TILING_OPTIMAL,
@@ -238,7 +240,8 @@ def _new_image(device, extent: tuple, vk_format: int, nbytes: int, subrange: dic
         _vk.check(lib.vkBindImageMemory(device.handle, image, memory, 0), "vkBindImageMemory")
         view_info = ffi.new("VkImageViewCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_IMAGE_VIEW_CREATE_INFO, "image": image,
-            "viewType": vk.VK_IMAGE_VIEW_TYPE_3D, "format": vk_format, "subresourceRange": subrange})
+            "viewType": vk.VK_IMAGE_VIEW_TYPE_2D if dims == 2 else vk.VK_IMAGE_VIEW_TYPE_3D,
+            "format": vk_format, "subresourceRange": subrange})
         out = ffi.new("VkImageView*")
         _vk.check(lib.vkCreateImageView(device.handle, view_info, ffi.NULL, out), "vkCreateImageView")
         view = out[0]
@@ -271,21 +274,23 @@ class Image3D:
         extent: (width, height, depth) in texels, each >= 1.
         vk_format: the VkFormat.
         texel_bytes: bytes per texel of `vk_format`.
+        dims: 3, or 2 for a 2-D image (depth must then be 1).
 
     Attributes:
-        handle, view: the VkImage and its 3-D VkImageView.
+        handle, view: the VkImage and its VkImageView (3-D, or 2-D).
     """
 
-    def __init__(self, device, extent: tuple[int, int, int], vk_format: int, texel_bytes: int):
+    def __init__(self, device, extent: tuple[int, int, int], vk_format: int, texel_bytes: int,
+                 dims: int = 3):
         vk, _, _ = _vk.load()
         device.require_open()
         self.device, self.extent, self.nbytes = device, tuple(extent), texel_bytes
         for size in extent:
             self.nbytes *= size
         self._range = {"aspectMask": vk.VK_IMAGE_ASPECT_COLOR_BIT, "levelCount": 1, "layerCount": 1}
-        key = ("image", vk_format, self.extent)
+        key = ("image", vk_format, self.extent, dims)
         allocation = device.spare_memory.take(key) or _new_image(device, self.extent, vk_format,
-                                                                 self.nbytes, self._range)
+                                                                 self.nbytes, self._range, dims)
         self.handle, self.view = allocation.handle, allocation.view
         _hold(self, device, key, allocation)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from runtime import _vk
 from runtime.errors import UnsupportedVariant
 from runtime.shaders import VariantInfo, cache_dir
+from runtime.tensor import IMAGE_STORAGES
 
 SPEC_FORMATS = {"int": "i", "uint": "I", "float": "f", "bool": "I"}
 
@@ -87,7 +88,7 @@ class Pipeline:
             bindings = variant.interface.bindings
             layout_bindings = ffi.new("VkDescriptorSetLayoutBinding[]", [{
                 "binding": b.binding, "descriptorCount": 1,
-                "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE if b.storage == "texture3d"
+                "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE if b.storage in IMAGE_STORAGES
                 else vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
                 "stageFlags": vk.VK_SHADER_STAGE_COMPUTE_BIT} for b in bindings])
             set_info = ffi.new("VkDescriptorSetLayoutCreateInfo*", {

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from runtime.errors import EtvkError
+from runtime.tensor import IMAGE_STORAGES
 
 IMAGE_FORMAT_OF_DTYPE = {"float32": "rgba32f", "float16": "rgba16f", "int32": "rgba32i",
                          "int8": "rgba8i", "uint8": "rgba8ui"}
@@ -196,7 +197,7 @@ class ShaderLibrary:
         """
         missing = [r for r in variant.requires if not caps.supports(r)]
         formats = sorted({IMAGE_FORMAT_OF_DTYPE[b.dtype] for b in variant.interface.bindings
-                          if b.storage == "texture3d"})
+                          if b.storage in IMAGE_STORAGES})
         missing += [f"storage images of {f}" for f in formats if not caps.supports_storage_image(f)]
         if missing:
             return False, f"{caps.name} lacks " + ", ".join(missing)

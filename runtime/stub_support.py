@@ -20,7 +20,7 @@ from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.prepack import prepacked
 from runtime.reference.quantize import fp32, fp32_recip
 
-STORAGES = ("buffer", "texture3d")
+STORAGES = ("buffer", "texture3d", "texture2d")
 
 # ---------------------------------------------------------------- helpers
 

@@ -4,7 +4,8 @@ Layouts (docs/internals.md section 2): a "buffer" tensor holds the natural
 bytes of a contiguous torch tensor, its allocation rounded up to 16 bytes and
 zero padded; a "texture3d" tensor of sizes [..., H, W] is a 3-D image of
 ceil(W/4) x H x D texels (D = product of the leading sizes), 4 consecutive
-last-dimension values per texel, padding 0. An int8 [N, C, H, W] buffer
+last-dimension values per texel, padding 0; a "texture2d" tensor (at most 2-D,
+[H, W]) is a 2-D image of ceil(W/4) x H texels. An int8 [N, C, H, W] buffer
 tensor may instead hold a packed int8 layout (4W4C, 4C, 4C1W; OPS.md, packed
 and unpacked by runtime/layouts.py). A 0-d tensor is stored as shape
 [1]; an empty tensor has no memory. `Tensor.empty` leaves the memory
@@ -25,10 +26,11 @@ from runtime import layouts
 from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.memory import Buffer, Image3D
 
-STORAGES = ("buffer", "texture3d")
+STORAGES = ("buffer", "texture3d", "texture2d")
+IMAGE_STORAGES = ("texture3d", "texture2d")
 # The default memory layout of each storage (docs/internals.md section 2); int8
 # buffers may also hold a packed layout of runtime/layouts.py.
-LAYOUTS = {"buffer": "contiguous", "texture3d": "width_packed"}
+LAYOUTS = {"buffer": "contiguous", "texture3d": "width_packed", "texture2d": "width_packed"}
 BUFFER_ALIGNMENT = 16
 
 
@@ -66,7 +68,7 @@ def dtype_info(dtype: torch.dtype | str, label: str = "tensor") -> DTypeInfo:
 
 
 def texture_extent(shape) -> tuple[int, int, int]:
-    """The (width, height, depth) texel extent of a texture3d tensor of `shape`."""
+    """The (width, height, depth) texel extent of an image tensor of `shape` (depth 1 for 2-D)."""
     sizes = list(shape) or [1]
     height = sizes[-2] if len(sizes) >= 2 else 1
     return -(-sizes[-1] // 4), height, math.prod(sizes[:-2])
@@ -83,6 +85,9 @@ def buffer_bytes(shape, dtype: torch.dtype, layout: str = "contiguous") -> int:
 
 
 def _check_layout(shape, info: DTypeInfo, storage: str, layout: str | None, label: str) -> str:
+    if storage == "texture2d" and len(shape) > 2:
+        raise ValueError(f"{label}: storage 'texture2d' holds tensors of at most 2 dimensions, "
+                         f"got shape {list(shape)}")
     if layout is None or layout == LAYOUTS[storage]:
         return LAYOUTS[storage]
     if layout not in layouts.PACKED_LAYOUTS:
@@ -111,7 +116,7 @@ def _check_fits(shape, info: DTypeInfo, storage: str, layout: str, caps, label: 
             f"{label}: {shape_text} needs a {buffer_bytes(shape, info.torch_dtype, layout)}-byte buffer, "
             f"over the device limit of {max_bytes} bytes (maxStorageBufferRange / "
             f"maxMemoryAllocationSize){hint}")
-    if storage == "texture3d" and not image_fits:
+    if storage in IMAGE_STORAGES and not image_fits:
         hint = "; storage='buffer' would fit" if buffer_fits else ""
         raise TensorTooLarge(
             f"{label}: {shape_text} needs a {'x'.join(map(str, extent))}-texel 3-D image "
@@ -126,9 +131,9 @@ class Tensor:
     Attributes:
         shape: torch.Size of the logical tensor.
         dtype: torch.dtype.
-        storage: "buffer" or "texture3d".
+        storage: "buffer", "texture3d" or "texture2d".
         layout: how values sit in that storage: "contiguous" (buffer, row-major),
-            "width_packed" (texture3d, 4 last-dimension values per texel) or a
+            "width_packed" (images, 4 last-dimension values per texel) or a
             packed int8 layout "4W4C", "4C", "4C1W" (int8 [N, C, H, W] buffers).
         memory: the `Buffer` / `Image3D` holding it, or None when empty.
     """
@@ -155,7 +160,7 @@ class Tensor:
 
             vk, _, _ = _vk.load()
             self.memory = Image3D(device, texture_extent(self.shape), getattr(vk, info.vk_format),
-                                  4 * info.itemsize)
+                                  4 * info.itemsize, 2 if storage == "texture2d" else 3)
 
     @property
     def packed(self) -> bool:
@@ -170,7 +175,7 @@ class Tensor:
         Args:
             shape: sizes.
             dtype: float32, float16, int32, int8 or uint8.
-            storage: "buffer" or "texture3d".
+            storage: "buffer", "texture3d" or "texture2d" (at most 2-D).
             label: what the tensor is, for error messages (e.g. "etvk.x.default: output 'out'").
             device: the `Device`; default `get_device()`.
             layout: None (the storage's default) or a packed int8 layout.

@@ -22,21 +22,25 @@ def _sample(shape, dtype):
     return values.clamp(0, 255).to(dtype) if dtype == torch.uint8 else values.to(dtype)
 
 
-@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+@pytest.mark.parametrize("storage", ["buffer", "texture3d", "texture2d"])
 @pytest.mark.parametrize("dtype", DTYPES, ids=str)
 @pytest.mark.parametrize("shape", SHAPES, ids=str)
 def test_round_trip(shape, dtype, storage):
+    if storage == "texture2d" and len(shape) > 2:
+        with pytest.raises(ValueError, match="at most 2 dimensions"):
+            Tensor.from_torch(_sample(shape, dtype), storage)
+        return
     value = _sample(shape, dtype)
     tensor = Tensor.from_torch(value, storage)
     assert (tensor.shape, tensor.dtype, tensor.storage) == (value.shape, dtype, storage)
-    assert tensor.layout == {"buffer": "contiguous", "texture3d": "width_packed"}[storage]
+    assert tensor.layout == ("contiguous" if storage == "buffer" else "width_packed")
     assert (tensor.numel(), tensor.dim(), tensor.nbytes) == (value.numel(), value.dim(), value.nbytes)
     assert (tensor.memory is None) == (value.numel() == 0)
     back = tensor.to_torch()
     assert back.dtype == dtype and back.shape == value.shape and torch.equal(back, value)
 
 
-@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+@pytest.mark.parametrize("storage", ["buffer", "texture3d", "texture2d"])
 def test_from_torch_converts_dtype_and_zeros_is_zero(storage):
     value = torch.tensor([[1.6, -2.2, 3.0], [4.0, 5.5, -6.5]])
     assert torch.equal(Tensor.from_torch(value, storage, torch.int32).to_torch(), value.to(torch.int32))
