@@ -21,6 +21,7 @@ from runtime.errors import (
     VulkanError,
     VulkanUnavailable,
 )
+from runtime.int4 import pack_int4, unpack_int4
 from runtime.registry import Op, get_op, list_ops
 from runtime.torch_ops import register_torch_ops
 
@@ -37,4 +38,6 @@ __all__ = [
     "VulkanUnavailable",
     "get_op",
     "list_ops",
+    "pack_int4",
+    "unpack_int4",
 ]

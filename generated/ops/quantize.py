@@ -43,7 +43,6 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
     spec="op_specs/quantize.yaml:127",
     reference="runtime.reference.quantize:quantize_per_tensor",
-    axes=("MODE", "STORAGE", "IN_DTYPE", "OUT_DTYPE"),
     variants=(
         ("quantize_per_tensor_buffer_float_int8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
         ("quantize_per_tensor_buffer_float_uint8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "uint8"}),
@@ -108,7 +107,6 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
     spec="op_specs/quantize.yaml:150",
     reference="runtime.reference.quantize:quantize_per_token",
-    axes=("MODE", "STORAGE", "IN_DTYPE", "OUT_DTYPE"),
     variants=(
         ("quantize_per_token_buffer_float_int8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
         ("quantize_per_token_buffer_float_uint8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "uint8"}),
@@ -168,7 +166,6 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
     spec="op_specs/quantize.yaml:179",
     reference="runtime.reference.quantize:dequantize_per_tensor",
-    axes=("MODE", "STORAGE", "IN_DTYPE", "OUT_DTYPE"),
     variants=(
         ("dequantize_per_tensor_buffer_int8_float", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
         ("dequantize_per_tensor_buffer_int8_half", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float16"}),
@@ -236,7 +233,6 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
     spec="op_specs/quantize.yaml:202",
     reference="runtime.reference.quantize:dequantize_per_token",
-    axes=("MODE", "STORAGE", "IN_DTYPE", "OUT_DTYPE"),
     variants=(
         ("dequantize_per_token_buffer_int8_float", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
         ("dequantize_per_token_buffer_int8_half", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float16"}),
@@ -289,7 +285,6 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
     spec="op_specs/quantize.yaml:230",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
-    axes=("STORAGE", "IN_DTYPE"),
     variants=(
         ("choose_qparams_per_token_asymmetric_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
         ("choose_qparams_per_token_asymmetric_buffer_half", {"STORAGE": "buffer", "IN_DTYPE": "float16"}),

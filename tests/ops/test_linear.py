@@ -1,0 +1,375 @@
+"""linear_qta8a_qga4w (OPS.md family 3): every generated variant against the
+fp64 oracle (tight tolerance) and the fp32 reference (bit-identical: the
+shaders take the reference's fp32 steps in its order, unfused), the
+bad-argument errors, the dynamic-activation sequence recorded in one stream,
+and weight prepacking, on the default Vulkan device with the validation
+layer on (tests/conftest.py).
+
+Cases are tables: `CASES` are (leading shape, K, N, group size); gemv
+variants serve one token, gemm variants more, so each variant runs the cases
+its kernel serves.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+
+import pytest
+import torch
+
+import runtime
+import runtime.linear_weights as linear_weights
+from runtime.command import Stream
+from runtime.device import get_device
+from runtime.examples import linear_args
+from runtime.int4 import pack_int4, unpack_int4
+from runtime.reference import linear as ref
+from runtime.reference import quantize as qref
+from runtime.shaders import get_library
+
+OP = "etvk.linear_qta8a_qga4w.default"
+
+# (leading shape of x, K, N, group size). Tokens 1, 2, 3, 17 and 3-D inputs;
+# N not a multiple of 4; one group, many groups, more groups than a gemv
+# round (K / 8 = 512 groups); at most ~10 MFLOP each to keep lavapipe fast.
+CASES = [
+    ((), 64, 8, 32),  # 1-D x
+    ((1,), 64, 7, 64),  # one group
+    ((1, 1), 256, 13, 64),
+    ((1, 1), 128, 5, 8),
+    ((1,), 4096, 40, 128),
+    ((1,), 4096, 12, 8),
+    ((1,), 4096, 33, 32),
+    ((2,), 64, 9, 32),
+    ((3,), 256, 12, 128),
+    ((17,), 256, 37, 64),
+    ((17,), 4096, 16, 32),
+    ((2, 3), 64, 5, 8),
+    ((2, 17), 256, 21, 32),
+    ((3, 1), 128, 4, 128),
+    ((1, 17), 4096, 6, 64),
+]
+
+# The fp64 oracle: relative to the largest output magnitude of the case.
+RTOL = 1e-5
+
+
+def _variants():
+    return [pytest.param(info.name, id=info.name) for info in runtime.get_op(OP).variants]
+
+
+def _serves(axes, lead) -> bool:
+    return (axes["KERNEL"] == "gemv") == (math.prod(lead) == 1)
+
+
+def _skip_unless_runnable(variant):
+    info = get_library().variant(variant)
+    ok, reason = get_library().runnable(info, get_device().caps)
+    if not ok:
+        pytest.skip(f"{variant}: {reason}")
+
+
+def assert_close_to_oracle(got, args, what):
+    want = ref.linear_qta8a_qga4w_fp64(*args)
+    assert got.dtype == torch.float32 and got.shape == want.shape, f"{what}: {got.dtype} {got.shape}"
+    scale = want.abs().max().item() if want.numel() else 0.0
+    err = (got.double() - want).abs().max().item() if want.numel() else 0.0
+    assert err <= RTOL * scale, f"{what}: max error {err:.3g} > {RTOL:g} * {scale:.3g}"
+
+
+def assert_bit_equal(got, want, what):
+    assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.shape} vs {want.shape}"
+    differ = (got.view(torch.int32) != want.view(torch.int32)).sum().item()
+    assert differ == 0, f"{what}: {differ} of {got.numel()} values differ from the fp32 reference"
+
+
+@pytest.mark.parametrize("variant", _variants())
+def test_variant_matches_references(variant, dispatch_trace):
+    _skip_unless_runnable(variant)
+    op = runtime.get_op(OP)
+    axes = get_library().variant(variant).axes
+    gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
+    ran = 0
+    for lead, k, n, gs in CASES:
+        if not _serves(axes, lead):
+            continue
+        args, _ = linear_args(lead, k, n, gs, gen)
+        got = op(*args, variant=variant)
+        what = f"{variant} x={(*lead, k)} N={n} group_size={gs}"
+        assert_close_to_oracle(got, args, what)
+        assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), what)
+        ran += 1
+    assert ran >= 5
+    assert variant in dispatch_trace(), f"{variant} never reached the device"
+
+
+def test_op_picks_gemv_for_one_token_and_gemm_for_more(dispatch_trace_path):
+    op = runtime.get_op(OP)
+    gen = torch.Generator().manual_seed(1)
+    for lead, kernel in (((1,), "gemv"), ((1, 1), "gemv"), ((2,), "gemm"), ((3, 5), "gemm")):
+        for storage in ("buffer", "texture3d"):
+            args, _ = linear_args(lead, 64, 6, 32, gen)
+            before = dispatch_trace_path.read_text().count("\n") if dispatch_trace_path.exists() else 0
+            got = op(*args, storage=storage)
+            assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), f"{lead} {storage}")
+            line = dispatch_trace_path.read_text().splitlines()[before]
+            assert f"linear_qta8a_qga4w_{kernel}_" in line and f"_{storage}_" in line, line
+
+
+def test_forced_variant_of_the_other_kernel_is_rejected():
+    op = runtime.get_op(OP)
+    args, _ = linear_args((3,), 64, 4, 32, torch.Generator().manual_seed(2))
+    with pytest.raises(runtime.UnsupportedVariant, match="argument 'x' asks for KERNEL=gemm"):
+        op(*args, variant="linear_qta8a_qga4w_gemv_fallback_buffer_buffer")
+    args, _ = linear_args((1,), 64, 4, 32, torch.Generator().manual_seed(2))
+    with pytest.raises(runtime.UnsupportedVariant, match="argument 'x' asks for KERNEL=gemv"):
+        op(*args, variant="linear_qta8a_qga4w_gemm_fallback_buffer_buffer")
+
+
+def test_zero_tokens_and_flat_parameters():
+    op = runtime.get_op(OP)
+    gen = torch.Generator().manual_seed(3)
+    args, _ = linear_args((0, 3), 64, 5, 32, gen)
+    assert op(*args).shape == (0, 3, 5)
+    x, s, z, w, gs, ws, wz = linear_args((4, 3), 64, 5, 32, gen)[0]
+    flat = (x, s.reshape(12), z.reshape(12), w, gs, ws, wz)
+    assert_bit_equal(op(*flat), ref.linear_qta8a_qga4w(*flat), "[tokens] scales and zero points")
+
+
+@pytest.mark.parametrize(("kernel", "lead"), [("gemv", (1,)), ("gemm", (5,))])
+def test_every_work_split_gives_the_same_bits(kernel, lead):
+    """The host picks C invocations per tile and GL groups per round; the shader's
+    contract allows any powers of two GL <= C <= 64, and all give the same bits."""
+    from runtime.tensor import Tensor
+
+    variant = f"linear_qta8a_qga4w_{kernel}_fallback_buffer_buffer"
+    k, n, gs = 256, 10, 32  # 8 groups of 4 weight texels per row block
+    x, s, z, w, _, ws, wz = linear_args(lead, k, n, gs, torch.Generator().manual_seed(10))[0]
+    want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz).reshape(-1, n)
+    tokens = want.shape[0]
+    packed = linear_weights.pack_linear_weights(w, ws, wz, gs)
+    blocks = -(-n // 4)
+    splits = [(c, 2**e) for c in (1, 2, 4, 8, 16, 32, 64) for e in range(c.bit_length())]
+    for c, gl in splits:
+        with Stream() as stream:
+            out = Tensor.empty((tokens, n), torch.float32, "buffer")
+            bindings = {
+                "t_out": out,
+                "t_x": Tensor.from_torch(x.reshape(tokens, k)),
+                "t_w": Tensor.from_torch(packed),
+                "t_input_scale": Tensor.from_torch(s.reshape(-1)),
+                "t_input_zero_point": Tensor.from_torch(z.reshape(-1)),
+            }
+            groups = [-(-blocks // (64 // c)), 1 if kernel == "gemv" else -(-tokens // 4), 1]
+            stream.dispatch(variant, OP, bindings=bindings, push={"sizes": [k, n, tokens, gs],
+                            "coop": [c, gl, 0, 0]}, groups=groups)
+            stream.run()
+            assert_bit_equal(out.to_torch(), want, f"{variant} C={c} GL={gl}")
+
+
+# ---------------------------------------------------------------- dynamic activations in one stream
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+@pytest.mark.parametrize("lead", [(1,), (2, 5)], ids=["gemv", "gemm"])
+def test_dynamic_activation_sequence_in_one_stream(storage, lead, monkeypatch, dispatch_trace_path):
+    """choose_qparams -> quantize_per_token -> linear recorded in one stream; nothing
+    is read back to the host until the stream has run."""
+    from runtime.tensor import Tensor
+
+    gen = torch.Generator().manual_seed(4)
+    k, n, gs = 256, 11, 64
+    x = torch.randn(*lead, k, generator=gen) * 3
+    _, _, _, weight, _, weight_scales, weight_zeros = linear_args(lead, k, n, gs, gen)[0]
+    choose = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
+    quantize = runtime.get_op("etvk.quantize_per_token.default")
+    linear = runtime.get_op(OP)
+
+    def no_read_back(self):
+        raise AssertionError("a device tensor was read back while recording")
+
+    before = dispatch_trace_path.read_text().count("\n") if dispatch_trace_path.exists() else 0
+    with Stream() as stream:
+        with monkeypatch.context() as m:
+            m.setattr(Tensor, "to_torch", no_read_back)
+            scales, zps = choose.record(stream, x, torch.int8, storage=storage)
+            q = quantize.record(stream, x, scales, zps, -128, 127, torch.int8, storage=storage)
+            y = linear.record(stream, q, scales, zps, weight, gs, weight_scales, weight_zeros,
+                              storage=storage)
+            stream.run()
+        got = y.to_torch()
+    trace = dispatch_trace_path.read_text().splitlines()[before:]
+    assert len(trace) == 3, trace
+
+    ref_scales, ref_zps = qref.choose_qparams_per_token_asymmetric(x, torch.int8)
+    ref_q = qref.quantize_per_token(x, ref_scales, ref_zps, -128, 127, torch.int8)
+    args = (ref_q, ref_scales, ref_zps, weight, gs, weight_scales, weight_zeros)
+    assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), "sequence")
+    assert_close_to_oracle(got, args, "sequence")
+
+
+# ---------------------------------------------------------------- prepacking
+
+
+def test_weights_are_packed_and_uploaded_once(monkeypatch):
+    import runtime.tensor
+
+    calls = []
+    pack = linear_weights.pack_linear_weights
+
+    def counting(*args):
+        calls.append(args)
+        return pack(*args)
+
+    monkeypatch.setattr(linear_weights, "pack_linear_weights", counting)
+    uploads = []
+    from_torch = runtime.tensor.Tensor.from_torch.__func__
+
+    def counting_upload(cls, value, *args, **kwargs):
+        uploads.append((tuple(value.shape), value.dtype))
+        return from_torch(cls, value, *args, **kwargs)
+
+    monkeypatch.setattr(runtime.tensor.Tensor, "from_torch", classmethod(counting_upload))
+
+    op = runtime.get_op(OP)
+    gen = torch.Generator().manual_seed(6)
+    args, _ = linear_args((3,), 128, 10, 32, gen)
+    _, _, _, weight, gs, ws, wz = args
+    packed_shape = (3, 4 * linear_weights.packed_row_texels(128, gs))
+    one, _ = linear_args((1,), 128, 10, 32, gen)
+    one = one[:3] + args[3:]
+    for call in (args, args, one, one):  # gemm twice, gemv twice, the same weights
+        got = op(*call)
+        assert_bit_equal(got, ref.linear_qta8a_qga4w(*call), "prepacked")
+    assert len(calls) == 1, f"packed {len(calls)} times"
+    assert uploads.count((packed_shape, torch.int32)) == 1, uploads
+
+    # An in-place change to the weight repacks it (the cache keys on the tensor version).
+    weight.copy_(pack_int4(-unpack_int4(weight).clamp(-7, 7)))
+    got = op(*args)
+    assert len(calls) == 2
+    assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), "after an in-place change")
+
+
+def test_packed_layout_matches_its_description():
+    """Texel t = j*G + g of block b, component r: 8 nibbles of row 4b+r (byte i: low
+    nibble k+i, high nibble k+4+i), then the scale bits, then (c << 4) | zq."""
+    gen = torch.Generator().manual_seed(7)
+    n, k, gs = 6, 64, 16
+    w = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
+    ws = torch.randn(n, k // gs, generator=gen)
+    wz = torch.randint(-8, 8, (n, k // gs), generator=gen, dtype=torch.int32)
+    packed = linear_weights.pack_linear_weights(pack_int4(w), ws, wz, gs)
+    groups, j_count = k // gs, gs // 8
+    row_texels = linear_weights.packed_row_texels(k, gs)
+    assert packed.shape == (2, 4 * row_texels) and packed.dtype == torch.int32
+    texels = packed.reshape(2, row_texels, 4)
+    for row in range(n):
+        b, r = divmod(row, 4)
+        for g in range(groups):
+            for j in range(j_count):
+                word = int(texels[b, j * groups + g, r]) & 0xFFFFFFFF
+                k0 = g * gs + 8 * j
+                for i in range(4):
+                    byte = (word >> (8 * i)) & 0xFF
+                    assert byte & 0xF == int(w[row, k0 + i]) + 8
+                    assert byte >> 4 == int(w[row, k0 + 4 + i]) + 8
+            scale = texels[b, j_count * groups + g, r].reshape(1).view(torch.float32)
+            assert scale.item() == ws[row, g].item()
+            corr = int(texels[b, (j_count + 1) * groups + g, r])
+            assert corr & 0xF == int(wz[row, g]) + 8
+            assert corr >> 4 == int((w[row, g * gs:(g + 1) * gs].int() - wz[row, g]).sum())
+    # Rows 6 and 7 pad block 1: w = 0 (nibbles 8), scale 0, zq = 8, c = 0.
+    padding = texels[1, :, 2:]
+    assert (padding[: j_count * groups] == 0x88888888 - 2**32).all()
+    assert (padding[j_count * groups : (j_count + 1) * groups] == 0).all()
+    assert (padding[(j_count + 1) * groups :] == 8).all()
+    back = linear_weights.unpack_linear_weights(packed, n, k, gs)
+    for got, want in zip(back, (pack_int4(w), ws, wz), strict=True):
+        assert torch.equal(got, want)
+
+
+# ---------------------------------------------------------------- bad inputs
+
+_GOOD, _ = linear_args((2, 3), 64, 6, 32, torch.Generator().manual_seed(8))
+X, S, Z, W, GS, WS, WZ = _GOOD
+
+
+def _with(**changes):
+    names = ("x", "input_scale", "input_zero_point", "weight", "group_size", "weight_scales", "weight_zeros")
+    values = dict(zip(names, _GOOD, strict=True))
+    values.update(changes)
+    return tuple(values[n] for n in names)
+
+
+BAD = [
+    # (arguments, exception, text the message must contain)
+    (_with(x=X.float()), ValueError, "argument 'x': must be int8"),
+    (_with(x=torch.zeros((), dtype=torch.int8)), ValueError, "argument 'x': must have shape [..., K]"),
+    (_with(x=X[..., :63]), ValueError, "argument 'x': has an odd last dimension K=63"),
+    (_with(weight=W.to(torch.int8)), ValueError, "argument 'weight': must be packed 4-bit weights of dtype torch.uint8"),
+    (_with(weight=W[:, :16]), ValueError, "argument 'weight': must have shape [N, K/2] = [N, 32]"),
+    (_with(weight=W.reshape(-1)), ValueError, "argument 'weight': must have shape [N, K/2]"),
+    (_with(x=X[..., :48], weight=W[:, :24]), ValueError, "argument 'group_size': must divide K=48, got 32"),
+    (_with(group_size=12), ValueError, "argument 'group_size': must be a positive multiple of 8, got 12"),
+    (_with(group_size=0), ValueError, "argument 'group_size': must be a positive multiple of 8, got 0"),
+    (_with(group_size=32.0), TypeError, "argument 'group_size': expected an int"),
+    (_with(weight_scales=WS[:, :1]), ValueError, "argument 'weight_scales': must have shape [N, K/group_size] = [6, 2], got (6, 1)"),
+    (_with(weight_scales=WS.double()), ValueError, "argument 'weight_scales': must be torch.float32"),
+    (_with(weight_zeros=WZ[:5]), ValueError, "argument 'weight_zeros': must have shape [N, K/group_size] = [6, 2], got (5, 2)"),
+    (_with(weight_zeros=WZ.long()), ValueError, "argument 'weight_zeros': must be torch.int32"),
+    (_with(weight_zeros=WZ + 8), ValueError, "argument 'weight_zeros': values must lie in [-8, 7]"),
+    (_with(input_scale=S[:1]), ValueError, "argument 'input_scale': must hold one value per token of x (6 tokens)"),
+    (_with(input_scale=S.reshape(2, 3)), ValueError, "argument 'input_scale': must hold one value per token"),
+    (_with(input_scale=S.double()), ValueError, "argument 'input_scale': must be torch.float32"),
+    (_with(input_zero_point=Z[:, :2]), ValueError, "argument 'input_zero_point': must hold one value per token of x (6 tokens)"),
+    (_with(input_zero_point=Z.float()), ValueError, "argument 'input_zero_point': must be torch.int32"),
+    (_with(input_scale=[0.1] * 6), TypeError, "argument 'input_scale': expected a tensor"),
+]
+
+
+@pytest.mark.parametrize(("args", "error", "text"), BAD, ids=[f"bad-{i}" for i in range(len(BAD))])
+def test_bad_arguments_are_rejected_clearly(args, error, text):
+    with pytest.raises(error) as info:
+        runtime.get_op(OP)(*args)
+    assert isinstance(info.value, runtime.EtvkError)
+    message = str(info.value)
+    assert message.startswith(OP + ": "), message
+    assert text in message, message
+
+
+def test_bad_storage_and_variant_are_rejected():
+    op = runtime.get_op(OP)
+    with pytest.raises(ValueError, match="argument 'storage'"):
+        op(*_GOOD, storage="image")
+    with pytest.raises(ValueError, match="argument 'variant': unknown variant 'nope'"):
+        op(*_GOOD, variant="nope")
+
+
+def test_weights_beyond_the_image_limit_are_rejected_with_op_and_name():
+    """texture2d weights: one image row per block of 4 output rows."""
+    limit = get_device().caps.limits.max_image_dimension_3d
+    args, _ = linear_args((1,), 64, 4 * (limit + 1), 32, torch.Generator().manual_seed(11))
+    with pytest.raises(runtime.TensorTooLarge) as info:
+        runtime.get_op(OP)(*args, variant="linear_qta8a_qga4w_gemv_fallback_buffer_texture2d")
+    assert str(info.value).startswith(f"{OP}: value 'w_packed'"), str(info.value)
+
+
+# ---------------------------------------------------------------- torch.ops
+
+
+def test_torch_ops_cpu_kernel_is_the_reference_and_exports():
+    args, _ = linear_args((2, 3), 64, 6, 32, torch.Generator().manual_seed(9))
+    got = torch.ops.etvk.linear_qta8a_qga4w.default(*args)
+    assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), "cpu kernel")
+    _, _, _, weight, gs, ws, wz = args
+
+    class Module(torch.nn.Module):
+        def forward(self, x, s, z):
+            return torch.ops.etvk.linear_qta8a_qga4w.default(x, s, z, weight, gs, ws, wz)
+
+    program = torch.export.export(Module(), args[:3])
+    targets = {str(node.target) for node in program.graph.nodes if node.op == "call_function"}
+    assert "etvk.linear_qta8a_qga4w.default" in targets
+    assert_bit_equal(program.module()(*args[:3]), got, "exported program")
