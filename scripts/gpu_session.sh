@@ -6,7 +6,8 @@
 #   whl/  vulkan cffi pycparser wheels for cp312
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
 #   cache/spv/  the SPIR-V cache (make generate with ETVK_CACHE_DIR=.devkit/cache)
-# Usage: scripts/gpu_session.sh [tests|bench|all] (output also under $OUT when set)
+# Usage: scripts/gpu_session.sh [tests|bench|kernels|all] (output also under $OUT when set);
+# kernels runs only the conv2d and linear benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -33,5 +34,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
   ETVK_VALIDATION=0 python3 benchmarks/runtime_bench.py 2>&1 | tee "$log/gpu_bench.log"
+fi
+if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = kernels ]; then
+  ETVK_VALIDATION=0 python3 benchmarks/conv2d_bench.py 2>&1 | tee "$log/gpu_conv2d_bench.log"
+  ETVK_VALIDATION=0 python3 benchmarks/linear_bench.py 2>&1 | tee "$log/gpu_linear_bench.log"
 fi
 exit $rc

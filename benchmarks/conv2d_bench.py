@@ -1,0 +1,264 @@
+"""Conv2d benchmark (not a test): TOPS of each int8 conv algorithm op on real layer shapes.
+
+For each layer shape of ResNet-50 and MobileNetV2 (batch 1 and 32) it times
+every conv op that accepts the shape, with the op's default variant:
+
+- ``etvk.q8ta_conv2d_im2col.default`` (im2col + pointwise GEMM, 2 dispatches per call),
+- ``etvk.q8ta_conv2d_general.default`` (direct),
+- ``etvk.q8ta_conv2d_pw.default`` (1x1, stride 1, padding 0),
+- ``etvk.q8ta_conv2d_dw.default`` (groups == C_in == C_out),
+
+next to cuDNN fp16 (``torch.nn.functional.conv2d`` on CUDA, half, channels_last,
+``cudnn.benchmark``) measured in the same run with CUDA events; without CUDA
+the baseline columns print "n/a".
+
+Method (benchmarks/NOTES.md): x is uploaded once in the op's preferred layout
+(4C for im2col and pw, 4C1W for general and dw), so uploads are excluded; a
+stream records several back-to-back calls, is replayed for ~1 s of continuous
+work (an idle H100 drops its clock), then replayed a few times more; a call's
+GPU time is the sum of its dispatches' timestamps, and the row reports the
+median call. TOPS = 2 * MACs / GPU seconds. The cuDNN side is warmed the same
+way and timed per call with CUDA events, queued behind a GPU spin so that
+host launch overhead does not leak into the kernel times.
+
+Usage: ``python benchmarks/conv2d_bench.py [--quick] [--repeats R] [--batches 1,32] [--only REGEX]``
+(``--quick``: tiny spatial sizes, batch 1 and 2, short warm-up; runs on lavapipe.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import os
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
+    print("note: ETVK_VALIDATION ignored: timings are taken without validation")
+    os.environ.pop("ETVK_VALIDATION")
+
+from timing import open_device, time_cuda, warm  # noqa: E402
+
+import runtime  # noqa: E402
+from runtime.command import Stream  # noqa: E402
+from runtime.examples_conv2d import Conv2dCase, make_inputs  # noqa: E402
+from runtime.stub_support import conv2d_algorithm  # noqa: E402
+from runtime.tensor import Tensor  # noqa: E402
+
+C = Conv2dCase
+# Real layer shapes at batch 1; the batch is replaced per run.
+SHAPES = [
+    C("resnet50 stem 7x7/2 3->64 224", 1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3), activation="relu"),
+    C("resnet50 l1 1x1 256->64 56", 1, 256, 56, 56, 64, (1, 1), activation="relu"),
+    C("resnet50 l1 3x3 64->64 56", 1, 64, 56, 56, 64, (3, 3), padding=(1, 1), activation="relu"),
+    C("resnet50 l2 3x3 128->128 28", 1, 128, 28, 28, 128, (3, 3), padding=(1, 1), activation="relu"),
+    C("resnet50 l3 3x3 256->256 14", 1, 256, 14, 14, 256, (3, 3), padding=(1, 1), activation="relu"),
+    C("resnet50 l4 3x3 512->512 7", 1, 512, 7, 7, 512, (3, 3), padding=(1, 1), activation="relu"),
+    C("resnet50 l3 1x1 1024->256 14", 1, 1024, 14, 14, 256, (1, 1), activation="relu"),
+    C("mbv2 expand 1x1 24->144 56", 1, 24, 56, 56, 144, (1, 1), activation="relu"),
+    C("mbv2 dw 3x3 144 56", 1, 144, 56, 56, 144, (3, 3), padding=(1, 1), groups=144, activation="relu"),
+    C("mbv2 dw 3x3/2 144 56->28", 1, 144, 56, 56, 144, (3, 3), (2, 2), (1, 1), groups=144,
+      activation="relu"),
+    C("mbv2 project 1x1 144->24 56", 1, 144, 56, 56, 24, (1, 1)),
+    C("mbv2 1x1 320->1280 7", 1, 320, 7, 7, 1280, (1, 1), activation="relu"),
+]
+
+# op short name -> (op, layout x is uploaded in, accepts(params))
+OPS = {
+    "im2col": ("etvk.q8ta_conv2d_im2col.default", "4C", lambda p: p.im2col_eligible),
+    "direct": ("etvk.q8ta_conv2d_general.default", "4C1W", lambda p: True),
+    "pw": ("etvk.q8ta_conv2d_pw.default", "4C", lambda p: p.is_pointwise),
+    "dw": ("etvk.q8ta_conv2d_dw.default", "4C1W", lambda p: p.is_depthwise),
+}
+ALGORITHM_NAMES = {"im2col": "im2col", "general": "direct", "pw": "pw", "dw": "dw"}
+
+MAX_CALLS = 10  # back-to-back calls per recorded stream (fewer when outputs are big)
+STREAM_BYTES = 256 << 20  # outputs + im2col scratch of one recorded stream, at most
+TIMED_SECONDS = 0.5  # replays after the warm-up: about this long, `--repeats` at most
+
+
+@dataclasses.dataclass
+class Settings:
+    repeats: int
+    warmup: float
+    max_calls: int
+
+
+def shrink(case: Conv2dCase, batch: int, quick: bool) -> Conv2dCase:
+    """The case at `batch`; with `quick`, spatial sizes cut to an eighth (at least 4), named."""
+    if not quick:
+        return dataclasses.replace(case, N=batch)
+    h, w = max(4, case.H // 8), max(4, case.W // 8)
+    return dataclasses.replace(case, name=f"{case.name} @{h}", N=batch, H=h, W=w)
+
+
+def time_ours(op, args: tuple, call_bytes: int, s: Settings):
+    """Median GPU seconds of one call and of each of its dispatches, and the variants used.
+
+    Returns None when the device has no timestamp queries.
+    """
+    calls = max(2, min(s.max_calls, STREAM_BYTES // max(1, call_bytes)))
+    with Stream() as stream:
+        for _ in range(calls):
+            op.record(stream, *args)
+        stream.run()
+        timings = stream.timings()
+        if not timings:
+            return None
+        per_call = len(timings) // calls
+        variants = [name for name, _ in timings[:per_call]]
+        replay_seconds = warm(stream.replay, s.warmup)
+        replays = max(3, min(s.repeats, math.ceil(TIMED_SECONDS / replay_seconds)))
+        totals, parts = [], [[] for _ in range(per_call)]
+        for _ in range(replays):
+            stream.replay()
+            seconds = [t for _, t in stream.timings()]
+            for i in range(calls):
+                call = seconds[i * per_call:(i + 1) * per_call]
+                totals.append(sum(call))
+                for j, t in enumerate(call):
+                    parts[j].append(t)
+    return statistics.median(totals), [statistics.median(p) for p in parts], variants
+
+
+def time_cudnn(case: Conv2dCase, s: Settings) -> float | None:
+    """Median seconds of cuDNN fp16 conv2d (channels_last) on the case, or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    torch.backends.cudnn.benchmark = True
+    p = case.params
+    dev = torch.device("cuda")
+    x = torch.randn(p.N, p.C_in, p.H, p.W, device=dev, dtype=torch.half)
+    x = x.contiguous(memory_format=torch.channels_last)
+    w = torch.randn(p.C_out, p.Cg, p.KH, p.KW, device=dev, dtype=torch.half) * 0.05
+    w = w.contiguous(memory_format=torch.channels_last)
+    b = torch.randn(p.C_out, device=dev, dtype=torch.half) if case.bias else None
+    conv = torch.nn.functional.conv2d
+
+    def fn(_):
+        return conv(x, w, b, case.stride, case.padding, case.dilation, case.groups)
+
+    with torch.no_grad():
+        fn(0)  # cudnn.benchmark picks its algorithm here
+        torch.cuda.synchronize()
+        return time_cuda(fn, 1, s.repeats * s.max_calls, s.warmup)
+
+
+def fmt(value: float | None, spec: str, width: int) -> str:
+    return f"{'n/a':>{width}}" if value is None else f"{value:>{width}{spec}}"
+
+
+def tops(macs: int, seconds: float | None) -> float | None:
+    return None if not seconds else 2 * macs / seconds / 1e12
+
+
+def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict) -> None:
+    p = case.params
+    chosen = ALGORITHM_NAMES.get(conv2d_algorithm(p), "")
+    inputs = make_inputs(case)
+    cudnn = None
+    ran_cudnn = False
+    for short, (name, layout, accepts) in OPS.items():
+        if not accepts(p) or not only.search(f"{case.name} {short}"):
+            continue
+        if not ran_cudnn:
+            try:
+                cudnn = time_cudnn(case, s)
+            except RuntimeError as error:  # e.g. out of memory: report, keep going
+                print(f"  (cuDNN failed on {case.name}: {str(error).splitlines()[0]})")
+            ran_cudnn = True
+        op = runtime.get_op(name)
+        args = list(inputs.args())
+        args[0] = Tensor.from_torch(inputs.x, layout=layout, label=f"{case.name} x")
+        call_bytes = p.N * p.C_out * p.H_out * p.W_out
+        if short == "im2col":
+            call_bytes += p.N * p.groups * p.Kg * p.H_out * p.W_out
+        try:
+            measured = time_ours(op, tuple(args), call_bytes, s)
+        except runtime.EtvkError as error:
+            print(f"{case.name:<34} {p.N:>5} {short:<14} failed: {error}")
+            continue
+        if measured is None:
+            print("device has no timestamp queries: nothing to time")
+            sys.exit(1)
+        seconds, parts, variants = measured
+        dot = variants[-1].rsplit("_", 1)[-1]
+        label = f"{short}/{dot}" + ("*" if short == chosen else "")
+        note = ""
+        if short == "im2col" and len(parts) == 2:
+            note = f"im2col {parts[0] / seconds:.0%}"
+        results[(case.name, p.N, short)] = seconds
+        ratio = seconds / cudnn if cudnn else None
+        print(f"{case.name:<34} {p.N:>5} {label:<14} {seconds * 1e6:>10.1f} "
+              f"{fmt(tops(case.macs, seconds), '.3g', 8)} {fmt(cudnn and cudnn * 1e6, '.1f', 10)} "
+              f"{fmt(tops(case.macs, cudnn), '.3g', 8)} {fmt(ratio, '.2f', 11)}  {note}", flush=True)
+
+
+def summary(cases: list[Conv2dCase], results: dict) -> None:
+    print("\n== im2col vs direct, non-grouped shapes with C_in >= 32 (GPU time per call) ==")
+    wins = total = 0
+    for case in cases:
+        if case.groups != 1 or case.C_in < 32:
+            continue
+        im2col = results.get((case.name, case.N, "im2col"))
+        direct = results.get((case.name, case.N, "direct"))
+        if im2col is None or direct is None:
+            continue
+        total += 1
+        wins += im2col < direct
+        verdict = (f"im2col {direct / im2col:.2f}x faster" if im2col < direct
+                   else f"im2col {im2col / direct:.2f}x slower")
+        print(f"{case.name:<34} batch {case.N:>3}: im2col {im2col * 1e6:9.1f} us, "
+              f"direct {direct * 1e6:9.1f} us -> {verdict}")
+    if total:
+        print(f"im2col beats direct on {wins} of {total} shapes")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny spatial sizes, batch 1 and 2, short warm-up (CPU drivers)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="replays of each recorded stream after the warm-up, at most (default 20)")
+    parser.add_argument("--batches", default=None, help="comma-separated batches (default 1,32; quick 1,2)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="seconds of continuous work before timing each row (default 1; quick 0.05)")
+    parser.add_argument("--only", default="", help="regular expression on '<layer> <op>', e.g. 'l4|dw'")
+    options = parser.parse_args()
+    started = time.perf_counter()
+    caps = open_device()
+    if caps is None:
+        return 1
+    batches = [int(b) for b in (options.batches or ("1,2" if options.quick else "1,32")).split(",")]
+    warmup = options.warmup if options.warmup is not None else (0.05 if options.quick else 1.0)
+    s = Settings(repeats=3 if options.quick and options.repeats == 20 else options.repeats,
+                 warmup=warmup, max_calls=2 if options.quick else MAX_CALLS)
+    only = re.compile(options.only)
+    print(f"\n== int8 conv ops vs cuDNN fp16, median GPU time per call ({s.max_calls} back-to-back "
+          f"calls per stream, <= {s.repeats} replays after {s.warmup:g} s warm-up each) ==")
+    print("op: algorithm/dot of the default variant; * = what etvk.q8ta_conv2d.default picks here. "
+          "ours/cuDNN: GPU time ratio (< 1: ours faster)")
+    print(f"{'layer':<34} {'batch':>5} {'op':<14} {'GPU us':>10} {'TOPS':>8} {'cuDNN us':>10} "
+          f"{'TOPS':>8} {'ours/cuDNN':>11}  note")
+    results: dict = {}
+    cases = []
+    for batch in batches:
+        for shape in SHAPES:
+            case = shrink(shape, batch, options.quick)
+            cases.append(case)
+            bench_shape(case, s, only, results)
+    summary(cases, results)
+    print(f"\n(total {time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,236 @@
+"""Linear benchmark (not a test): etvk.linear_qta8a_qga4w against tinygemm and bf16 on cold weights.
+
+Times ``etvk.linear_qta8a_qga4w.default`` (int8 per-token activations x 4-bit
+weights in groups of 128) at M = 1 and 8 tokens, K = 4096, N = 4096 and
+14336: the op's default variant (gemv for one token, gemm for more) and, at
+M = 8, the other KERNEL variant forced where the op accepts it. GPU time per
+call and weight GB/s (the bytes of the packed int4 weight with its scales and
+zeros, over the GPU time).
+
+Weights are ROTATED beyond the L2 cache (50 MB on an H100): several distinct
+weight sets (8 for N = 4096, ~9.4 MB each; 4 for N = 14336, ~33 MB each) are
+cycled through the calls recorded back to back in one stream, so every call
+reads weights that are not in L2.
+
+Baselines in the same run, with CUDA (else "n/a"), rotated over as many
+weight copies and timed per call with CUDA events:
+
+- ``torch._weight_int4pack_mm`` (tinygemm) with bf16 activations, weights
+  from ``torch.ops.aten._convert_weight_to_int4pack`` and bf16 scales and
+  zeros of shape [K / 128, N, 2];
+- ``torch.nn.functional.linear`` in bf16.
+
+Method (benchmarks/NOTES.md): every measured thing gets ~1 s of continuous
+work first (an idle H100 drops its clock), then a median over timestamped
+calls.
+
+Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R]``
+(``--quick``: K = 512, N = 256 and 512, 2 weight copies, short warm-up; runs on lavapipe.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
+    print("note: ETVK_VALIDATION ignored: timings are taken without validation")
+    os.environ.pop("ETVK_VALIDATION")
+
+from timing import open_device, time_cuda, warm  # noqa: E402
+
+import runtime  # noqa: E402
+from runtime.command import Stream  # noqa: E402
+from runtime.examples import linear_args  # noqa: E402
+from runtime.linear_weights import packed_row_texels  # noqa: E402
+
+OP = "etvk.linear_qta8a_qga4w.default"
+GROUP_SIZE = 128
+CALLS = 16  # calls recorded back to back per stream, cycling through the weight copies
+TIMED_SECONDS = 0.5  # replays after the warm-up: about this long, `--repeats` at most
+TARGET = "target: M=1 4096->14336 under 13 us (tinygemm 18.3 us on an H100)"
+
+
+def activations(m: int, k: int, gen: torch.Generator) -> tuple:
+    """x int8 [m, k], input_scale fp32 [m, 1], input_zero_point int32 [m, 1]."""
+    x = torch.randint(-128, 128, (m, k), generator=gen, dtype=torch.int8)
+    scale = torch.rand(m, 1, generator=gen) * 0.05 + 1e-3
+    zero_point = torch.randint(-128, 128, (m, 1), generator=gen, dtype=torch.int32)
+    return x, scale, zero_point
+
+
+def time_ours(op, m: int, k: int, weights: list, gen, variant, repeats: int, warmup: float):
+    """Median GPU seconds of one call and the variant that ran; None without timestamps."""
+    x, scale, zero_point = activations(m, k, gen)
+    with Stream() as stream:
+        for i in range(CALLS):
+            weight, weight_scales, weight_zeros = weights[i % len(weights)]
+            op.record(stream, x, scale, zero_point, weight, GROUP_SIZE, weight_scales, weight_zeros,
+                      variant=variant)
+        stream.run()
+        timings = stream.timings()
+        if not timings:
+            return None
+        name = timings[0][0]
+        replay_seconds = warm(stream.replay, warmup)
+        replays = max(3, min(repeats, math.ceil(TIMED_SECONDS / replay_seconds)))
+        samples = []
+        for _ in range(replays):
+            stream.replay()
+            samples += [seconds for _, seconds in stream.timings()]
+    return statistics.median(samples), name
+
+
+def tinygemm_setup(m: int, k: int, n: int, copies: int):
+    """(fn(i), weight bytes) for torch._weight_int4pack_mm over `copies` weights, or (None, why)."""
+    if not torch.cuda.is_available():
+        return None, "no CUDA"
+    try:
+        dev = torch.device("cuda")
+        x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+        groups = k // GROUP_SIZE
+        packed, qparams = [], []
+        for _ in range(copies):
+            q = torch.randint(0, 16, (n, k), device=dev, dtype=torch.int32)
+            w_uint8 = ((q[:, ::2] << 4) | q[:, 1::2]).to(torch.uint8)  # [N, K/2], since torch 2.5
+            packed.append(torch.ops.aten._convert_weight_to_int4pack(w_uint8, 8))  # innerKTiles 8
+            scales = torch.rand(groups, n, device=dev) * 0.01 + 1e-3
+            zeros = (torch.rand(groups, n, device=dev) - 0.5) * 0.1
+            qparams.append(torch.stack([scales, zeros], dim=2).to(torch.bfloat16).contiguous())
+
+        def fn(i):
+            return torch._weight_int4pack_mm(x, packed[i], GROUP_SIZE, qparams[i])
+
+        fn(0)
+        torch.cuda.synchronize()
+    except (RuntimeError, AttributeError, TypeError) as error:
+        return None, f"{type(error).__name__}: {str(error).splitlines()[0][:150]}"
+    return fn, n * k // 2 + groups * n * 2 * 2
+
+
+def bf16_setup(m: int, k: int, n: int, copies: int):
+    """(fn(i), weight bytes) for bf16 F.linear over `copies` weights, or (None, why)."""
+    if not torch.cuda.is_available():
+        return None, "no CUDA"
+    dev = torch.device("cuda")
+    x = torch.randn(m, k, device=dev, dtype=torch.bfloat16)
+    weights = [torch.randn(n, k, device=dev, dtype=torch.bfloat16) * 0.02 for _ in range(copies)]
+
+    def fn(i):
+        return torch.nn.functional.linear(x, weights[i])
+
+    return fn, n * k * 2
+
+
+def row(m, n, what, seconds, nbytes, ours, note=""):
+    if seconds is None:
+        print(f"{m:>3} {n:>6} {what:<54} {'n/a':>9} {'':>9} {'':>9} {'':>10}  {note}", flush=True)
+        return
+    ratio = f"{ours / seconds:>10.2f}" if ours else f"{'':>10}"
+    print(f"{m:>3} {n:>6} {what:<54} {seconds * 1e6:>9.2f} {nbytes / 1e6:>9.2f} "
+          f"{nbytes / seconds / 1e9:>9.1f} {ratio}  {note}", flush=True)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="K=512, N=256 and 512, 2 weight copies, short warm-up (CPU drivers)")
+    parser.add_argument("--repeats", type=int, default=20,
+                        help="replays of each recorded stream after the warm-up, at most (default 20)")
+    parser.add_argument("--warmup", type=float, default=None,
+                        help="seconds of continuous work before timing each row (default 1; quick 0.05)")
+    options = parser.parse_args()
+    started = time.perf_counter()
+    caps = open_device()
+    if caps is None:
+        return 1
+    if options.quick:
+        k, sizes = 512, ((256, 2), (512, 2))
+        repeats = 3 if options.repeats == 20 else options.repeats
+    else:
+        k, sizes = 4096, ((4096, 8), (14336, 4))  # (N, weight copies): >= 67 MB per rotation
+        repeats = options.repeats
+    warmup = options.warmup if options.warmup is not None else (0.05 if options.quick else 1.0)
+    op = runtime.get_op(OP)
+    gen = torch.Generator().manual_seed(0)
+    print(f"\n== {OP}, K={k}, group size {GROUP_SIZE}: median GPU time per call, weights rotated "
+          f"over distinct copies ({CALLS} calls per stream, <= {repeats} replays after {warmup:g} s "
+          f"warm-up each) ==")
+    print("GB/s: weight bytes (int4 + scales/zeros; bf16 for F.linear) per GPU second. "
+          "ours/this: GPU time ratio of our default variant to the row (< 1: ours faster)")
+    print(f"{'M':>3} {'N':>6} {'what':<54} {'GPU us':>9} {'weight MB':>9} {'GB/s':>9} "
+          f"{'ours/this':>10}")
+    target_ours = target_tinygemm = None
+    for n, copies in sizes:
+        start = time.perf_counter()
+        weights = []
+        for _ in range(copies):
+            args, _ = linear_args((1,), k, n, GROUP_SIZE, gen)
+            weights.append((args[3], args[5], args[6]))  # weight, weight_scales, weight_zeros
+        our_bytes = -(-n // 4) * 16 * packed_row_texels(k, GROUP_SIZE)
+        print(f"-- N={n}: {copies} weight copies of {our_bytes / 1e6:.1f} MB "
+              f"(host set-up {time.perf_counter() - start:.1f} s; packed on first record)")
+        for m in (1, 8):
+            measured = time_ours(op, m, k, weights, gen, None, repeats, warmup)
+            if measured is None:
+                print("device has no timestamp queries: nothing to time")
+                return 1
+            ours, variant = measured
+            row(m, n, f"ours {variant}", ours, our_bytes, ours)
+            if m == 1 and n == sizes[-1][0]:
+                target_ours = ours
+            if m == 8:
+                other = other_kernel(op, variant)
+                try:
+                    seconds, _ = time_ours(op, m, k, weights, gen, other, repeats, warmup)
+                    row(m, n, f"ours {other} (forced)", seconds, our_bytes, ours)
+                except (runtime.EtvkError, ValueError) as error:
+                    row(m, n, f"ours {other} (forced)", None, our_bytes, ours,
+                        f"does not apply: {str(error).split('these inputs: ')[-1][:100]}")
+            fn, info = tinygemm_setup(m, k, n, copies)
+            if fn is None:
+                row(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", None, 0, ours, info)
+            else:
+                seconds = time_cuda(fn, copies, repeats * CALLS, warmup)
+                row(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", seconds, info, ours)
+                if m == 1 and n == sizes[-1][0]:
+                    target_tinygemm = seconds
+            del fn
+            fn, info = bf16_setup(m, k, n, copies)
+            if fn is None:
+                row(m, n, "torch F.linear bf16", None, 0, ours, info)
+            else:
+                row(m, n, "torch F.linear bf16", time_cuda(fn, copies, repeats * CALLS, warmup),
+                    info, ours)
+            del fn
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()
+    print(f"\n{TARGET}")
+    if options.quick:
+        print("(--quick: sizes differ from the target's; no verdict)")
+    elif target_ours is not None:
+        verdict = "met" if target_ours * 1e6 < 13 else "not met"
+        tiny = f"{target_tinygemm * 1e6:.1f} us" if target_tinygemm else "n/a"
+        print(f"this run: ours {target_ours * 1e6:.1f} us ({verdict}); tinygemm {tiny}")
+    print(f"\n(total {time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+def other_kernel(op, variant_name: str) -> str:
+    """The op's variant that differs from `variant_name` in KERNEL only."""
+    axes = next(v.axes for v in op.variants if v.name == variant_name)
+    want = {**axes, "KERNEL": "gemv" if axes["KERNEL"] == "gemm" else "gemm"}
+    return next(v.name for v in op.variants if dict(v.axes) == want)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""Timing helpers shared by the kernel benchmarks (conv2d_bench.py, linear_bench.py).
+
+`warm` keeps the host (and so the GPU) busy for a while before timing, since
+an idle NVIDIA GPU drops its clock (benchmarks/NOTES.md); `time_cuda` times a
+torch baseline with CUDA events, its calls queued behind a GPU spin so that
+host launch overhead stays outside the events; `open_device` prints the
+Vulkan and CUDA devices. No Vulkan recording here: each benchmark times its
+own streams.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+
+import torch
+
+import runtime
+from runtime.device import get_device
+
+
+def warm(fn, seconds: float) -> float:
+    """Calls `fn` for `seconds` of wall time; returns seconds per call."""
+    count, start = 0, time.perf_counter()
+    end = start + seconds
+    while True:
+        fn()
+        count += 1
+        now = time.perf_counter()
+        if now >= end:
+            return (now - start) / count
+
+
+def time_cuda(fn, variants: int, calls: int, warmup: float) -> float:
+    """Median seconds of ``fn(i)`` on CUDA (``i`` cycles over ``variants`` inputs, e.g.
+    weight copies): warmed for `warmup` s, then `calls` calls timed with CUDA events."""
+    burst_calls = max(8, 4 * variants)
+
+    def burst():
+        for i in range(burst_calls):
+            fn(i % variants)
+        torch.cuda.synchronize()
+
+    per_call = warm(burst, warmup) / burst_calls  # host or GPU time per call, the longer
+    events = [(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
+              for _ in range(calls)]
+    if hasattr(torch.cuda, "_sleep"):  # a GPU spin (cycles at <= ~2 GHz) while the calls queue
+        torch.cuda._sleep(int(min(2.0, 2 * calls * per_call + 5e-3) * 2e9))
+    for i, (start, end) in enumerate(events):
+        start.record()
+        fn(i % variants)
+        end.record()
+    torch.cuda.synchronize()
+    return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3
+
+
+def open_device():
+    """The Vulkan device's capabilities after printing both devices, or None (and a line on
+    stderr saying what to install) when there is no Vulkan."""
+    try:
+        caps = get_device().caps
+    except runtime.VulkanUnavailable as error:
+        print(error, file=sys.stderr)
+        return None
+    cuda = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "n/a (no CUDA)"
+    print(f"device: {caps.name} (family {caps.family}); torch {torch.__version__} CUDA device: {cuda}")
+    return caps
