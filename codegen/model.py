@@ -297,6 +297,7 @@ class ResolvedStep:
     push: tuple[tuple[str, str], ...]  # (name, code)
     spec: tuple[tuple[str, str], ...]  # (spec constant, code)
     dispatch: tuple[str, str]  # ("global_size" | "groups", code)
+    conditional_push: bool  # some push constant is missing from some variant of the step
 
 
 @dataclass(frozen=True)

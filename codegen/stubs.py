@@ -103,9 +103,11 @@ def _record_body(op: ResolvedOp) -> list[str]:
         bindings = _dict([(b, n) for b, n, _ in step.bind])
         extra = f", spec_constants={_dict(list(step.spec))}" if step.spec else ""
         kind, code = step.dispatch
+        push = _dict(list(step.push))
+        if step.conditional_push:
+            push = f"v.own_push({push})"
         lines.append(
-            f"stream.dispatch(v, op.name, bindings={bindings}, push={_dict(list(step.push))}"
-            f"{extra}, {kind}={code})"
+            f"stream.dispatch(v, op.name, bindings={bindings}, push={push}{extra}, {kind}={code})"
         )
     names = [n for n, _, _ in op.outputs]
     lines.append("return " + (", ".join(names) if names else "None"))

@@ -281,8 +281,16 @@ def _resolve_step(step: StepSpec, who, family, variants, interfaces, scope, full
     if len(errors) > before or dispatch is None:
         return None
     kind = "global_size" if step.dispatch_kind == "global" else "groups"
+    fields = [{f.name for f in interfaces[v.name].push_fields} for v in step_variants]
+    conditional = any(p.key not in names for p in step.push for names in fields)
     return ResolvedStep(
-        step_variants, tuple(select), bind, tuple(push), tuple(spec), (kind, dispatch.code)
+        step_variants,
+        tuple(select),
+        bind,
+        tuple(push),
+        tuple(spec),
+        (kind, dispatch.code),
+        conditional,
     )
 
 

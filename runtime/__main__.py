@@ -57,7 +57,8 @@ def describe_device(device) -> list[str]:
         f"timestamps: {_yes(caps.timestamps)} (period {caps.timestamp_period} ns)",
         "limits:",
         f"  max storage buffer range {limits.max_storage_buffer_range}, max allocation "
-        f"{limits.max_memory_allocation_size}, max 3-D image dimension {limits.max_image_dimension_3d}",
+        f"{limits.max_memory_allocation_size}, max image dimension 3-D {limits.max_image_dimension_3d}, "
+        f"2-D {limits.max_image_dimension_2d}",
         f"  max workgroup count {list(limits.max_compute_work_group_count)}, size "
         f"{list(limits.max_compute_work_group_size)}, invocations "
         f"{limits.max_compute_work_group_invocations}, shared memory "

@@ -202,6 +202,7 @@ def probe(physical, layer_version: tuple | None = None) -> Probe:
             "max_compute_work_group_invocations": lim.maxComputeWorkGroupInvocations,
             "max_compute_shared_memory_size": lim.maxComputeSharedMemorySize,
             "max_image_dimension_3d": lim.maxImageDimension3D,
+            "max_image_dimension_2d": lim.maxImageDimension2D,
             "max_push_constants_size": lim.maxPushConstantsSize,
             "min_storage_buffer_offset_alignment": lim.minStorageBufferOffsetAlignment,
         },

@@ -102,6 +102,7 @@ class Limits:
     max_compute_work_group_invocations: int
     max_compute_shared_memory_size: int
     max_image_dimension_3d: int
+    max_image_dimension_2d: int
     max_push_constants_size: int
     min_storage_buffer_offset_alignment: int
 

@@ -95,6 +95,12 @@ class VariantInfo:
         known = ", ".join(b.name for b in self.interface.bindings)
         raise KeyError(f"variant {self.name} has no binding {name!r}; its bindings: {known}")
 
+    def own_push(self, values: dict) -> dict:
+        """``values`` without the push constants this variant does not declare (a step's
+        stub computes those of all its variants, some of which are conditional)."""
+        names = {f.name for f in self.interface.push_constants}
+        return {name: value for name, value in values.items() if name in names}
+
 
 def default_generated_dir() -> Path:
     """`ETVK_GENERATED_DIR`, else the `generated` folder next to the `runtime` package."""

@@ -107,8 +107,9 @@ def _check_fits(shape, info: DTypeInfo, storage: str, layout: str, caps, label: 
         return
     extent = texture_extent(shape)
     image_bytes = math.prod(extent) * 4 * info.itemsize
-    image_fits = (max(extent) <= limits.max_image_dimension_3d
-                  and image_bytes <= limits.max_memory_allocation_size)
+    dims, side = ((2, limits.max_image_dimension_2d) if storage == "texture2d"
+                  else (3, limits.max_image_dimension_3d))
+    image_fits = max(extent) <= side and image_bytes <= limits.max_memory_allocation_size
     shape_text = f"shape {list(shape)} ({info.name})"
     if storage == "buffer" and not buffer_fits:
         hint = "; storage='texture3d' would fit" if image_fits else ""
@@ -119,10 +120,9 @@ def _check_fits(shape, info: DTypeInfo, storage: str, layout: str, caps, label: 
     if storage in IMAGE_STORAGES and not image_fits:
         hint = "; storage='buffer' would fit" if buffer_fits else ""
         raise TensorTooLarge(
-            f"{label}: {shape_text} needs a {'x'.join(map(str, extent))}-texel 3-D image "
-            f"({image_bytes} bytes), over the device limits of {limits.max_image_dimension_3d} "
-            f"texels a side (maxImageDimension3D) and {limits.max_memory_allocation_size} "
-            f"bytes{hint}")
+            f"{label}: {shape_text} needs a {'x'.join(map(str, extent[:dims]))}-texel {dims}-D "
+            f"image ({image_bytes} bytes), over the device limits of {side} texels a side "
+            f"(maxImageDimension{dims}D) and {limits.max_memory_allocation_size} bytes{hint}")
 
 
 class Tensor:

@@ -349,7 +349,7 @@ def test_bad_storage_and_variant_are_rejected():
 
 def test_weights_beyond_the_image_limit_are_rejected_with_op_and_name():
     """texture2d weights: one image row per block of 4 output rows."""
-    limit = get_device().caps.limits.max_image_dimension_3d
+    limit = get_device().caps.limits.max_image_dimension_2d
     args, _ = linear_args((1,), 64, 4 * (limit + 1), 32, torch.Generator().manual_seed(11))
     with pytest.raises(runtime.TensorTooLarge) as info:
         runtime.get_op(OP)(*args, variant="linear_qta8a_qga4w_gemv_fallback_buffer_texture2d")
