@@ -53,7 +53,8 @@ errors of a run together, sorted; the exit status is 1.
 | `naming.py` | variant names (and `parse_variant_name`), registry keys, paths |
 | `interface.py` | bindings, push-constant offsets, spec-constant ids; GLSL header + manifest entry |
 | `glsl.py` | dtype -> GLSL unit types, image formats, accessor code |
-| `validate.py` | ops against their shader's variants; expressions -> stub code |
+| `validate.py` | ops: checks, lets, outputs, scratch, layouts, routes; expressions -> stub code |
+| `steps.py` | each step of an op against its shader's variants |
 | `stubs.py` | the view `templates/ops.py.j2` lays out |
 | `render.py` | Jinja environment; template errors and generated lines mapped to template lines |
 | `manifest.py` | `generated/manifest.json` |
