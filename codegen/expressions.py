@@ -62,6 +62,11 @@ HELPERS: dict[str, tuple[str, str]] = {
         "`\"pw\"`, `\"dw\"`, `\"im2col\"` or `\"general\"`: OPS.md's choice for this device's "
         "GPU family",
     ),
+    "gemm_tiling": (
+        "m, k4, c_out",
+        "the q8ta_gemm tiling of `m` pixels, `k4` K words, `c_out` channels: `.tile_m .tile_n4 "
+        ".threads_n .split_k .block_k` (spec constants) and `.groups` (workgroup counts)",
+    ),
     "layout_of": ("t, default", "the packed int8 layout of a device tensor, `default` for a host tensor"),
     "layout_code": ("layout", "the shader code of a packed int8 layout: 4W4C 0, 4C 1, 4C1W 2"),
     "packed_words": ("t", "32-bit words of a device tensor in its packed int8 layout"),

@@ -119,6 +119,13 @@ def conv2d_algorithm(params) -> str:
     return choose_algorithm(params, get_device().caps.family)
 
 
+def gemm_tiling(m: int, k4: int, c_out: int):
+    """Spec constants and workgroup counts of a q8ta_gemm dispatch (runtime/conv2d_tiling.py)."""
+    from runtime.conv2d_tiling import gemm_tiling as tiling
+
+    return tiling(m, k4, c_out)
+
+
 def layout_of(t, default: str) -> str:
     """The packed int8 layout of a device tensor ``t``, or ``default`` for a host tensor."""
     return default if isinstance(t, torch.Tensor) or not t.packed else t.layout
@@ -161,6 +168,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         pair,
         conv2d_params,
         conv2d_algorithm,
+        gemm_tiling,
         layout_of,
         layout_code,
         packed_words,

@@ -40,7 +40,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:303",
+    spec="op_specs/conv2d.yaml:309",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -100,7 +100,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:326",
+    spec="op_specs/conv2d.yaml:332",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -179,6 +179,7 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     layout = rt.layout_of(x, '4C')
     k = p.Cg * p.KH * p.KW
     w_packed = rt.prepacked('runtime.conv2d:pack_gemm_weights', weights, groups)
+    tiling = rt.gemm_tiling(p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4, k // 4, p.C_out)
     v = op.select(variant, storage, {"INPUT": ("x", '4W4C' if layout == '4W4C' else 'any_layout')}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     cols = stream.empty([p.N, p.groups * k, p.H_out, p.W_out], torch.int8, v.binding("t_cols"), op.label("cols", "scratch"), layout='4W4C')
@@ -189,7 +190,7 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'relu')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout)}, global_size=[rt.ceil_div(p.W_out, 4), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'relu')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k}, groups=tiling.groups)
     return out
 
 
@@ -203,7 +204,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:350",
+    spec="op_specs/conv2d.yaml:356",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -279,6 +280,7 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C')
     w_packed = rt.prepacked('runtime.conv2d:pack_gemm_weights', weights, groups)
+    tiling = rt.gemm_tiling(p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W), rt.ceil_div(p.Cg, 4), p.C_out)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
@@ -286,7 +288,7 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'relu')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout)}, global_size=[rt.ceil_div(p.W, 4), p.H, p.N * rt.ceil_div(p.C_out, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'relu')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k}, groups=tiling.groups)
     return out
 
 
@@ -300,7 +302,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:393",
+    spec="op_specs/conv2d.yaml:401",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -388,7 +390,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:419",
+    spec="op_specs/conv2d.yaml:429",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -478,7 +480,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:448",
+    spec="op_specs/conv2d.yaml:458",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -548,7 +550,7 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
     doc="Int8 conv2d that picks its algorithm by OPS.md's rule for this device's GPU family (ETVK_GPU_FAMILY overrides it) - pointwise, depthwise, im2col or direct - and hands the call to that op.",
-    spec="op_specs/conv2d.yaml:478",
+    spec="op_specs/conv2d.yaml:488",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),

@@ -365,3 +365,19 @@ def test_depthwise_weights_give_the_reference_sums(c, k, stride):
     rows = rows.reshape(-1, t4 * 4)[:c].to(torch.int64)
     got = sum(patch[:, :c] * rows[:, t].reshape(1, c, 1, 1) for t, patch in enumerate(taps(x, p, 5)))
     assert torch.equal(got, conv2d_accumulators(x, 5, w, p.stride, p.padding, p.dilation, c))
+
+
+@pytest.mark.parametrize("m", [1, 4, 196, 3136, 100352])
+@pytest.mark.parametrize("k4", [1, 31, 32, 128, 512, 1152])
+@pytest.mark.parametrize("c_out", [1, 5, 32, 33, 256, 1280])
+def test_gemm_tiling_covers_the_problem(m, k4, c_out):
+    from runtime.conv2d_tiling import GEMM_WORKGROUP, gemm_tiling
+
+    t = gemm_tiling(m, k4, c_out)
+    rows = GEMM_WORKGROUP // t.split_k // t.threads_n
+    assert rows * t.split_k * t.threads_n == GEMM_WORKGROUP
+    assert t.split_k & (t.split_k - 1) == 0 and t.tile_m % 4 == 0
+    gx, gy, gz = t.groups
+    assert gz == 1
+    assert (gx - 1) * t.tile_m * rows < m <= gx * t.tile_m * rows
+    assert (gy - 1) * t.tile_n4 * t.threads_n < -(-c_out // 4) <= gy * t.tile_n4 * t.threads_n

@@ -1,0 +1,64 @@
+"""How the pointwise int8 GEMM (shader ``q8ta_gemm``) tiles one problem.
+
+The GEMM's M is output pixels, N output channel words (4 channels each) and
+K input channel words. A workgroup of `GEMM_WORKGROUP` invocations (the
+shader's workgroup in op_specs/conv2d.yaml) covers TILE_M pixels x TILE_N4
+words per invocation, THREADS_N invocations along N per K slice, and splits K
+into SPLIT_K slices of BLOCK_K-word chunks staged in shared memory. The rule
+was tuned on an H100 (benchmarks/NOTES.md): one slice per workgroup when K is
+short or there are enough workgroups, else K split over 2 to 16 slices; tiles
+of 8 or more accumulator ivec4 per invocation ran about 5x slower there, so
+every tiling is 4 pixels x 1 word. Pure arithmetic: no Vulkan. Called by the
+conv op specs through the ``gemm_tiling`` expression helper.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+GEMM_WORKGROUP = 256  # must equal q8ta_gemm's workgroup in op_specs/conv2d.yaml
+
+
+def _ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(frozen=True)
+class GemmTiling:
+    """The spec constants of one q8ta_gemm dispatch and its workgroup counts."""
+
+    tile_m: int
+    tile_n4: int
+    threads_n: int
+    split_k: int
+    block_k: int
+    m: int  # output pixels (rows padded to 4 widths when a layout is 4W4C)
+    n4: int  # output channel words
+
+    @property
+    def groups(self) -> list[int]:
+        """Workgroup counts [x, y, 1] covering M x N."""
+        rows = GEMM_WORKGROUP // self.split_k // self.threads_n
+        return [_ceil_div(self.m, self.tile_m * rows),
+                _ceil_div(self.n4, self.tile_n4 * self.threads_n), 1]
+
+
+def gemm_tiling(m: int, k4: int, c_out: int) -> GemmTiling:
+    """The tiling of a GEMM of `m` output pixels, `k4` K words and `c_out` output channels."""
+    n4 = _ceil_div(c_out, 4)
+    threads_n = 8 if n4 <= 8 else 16
+    one_slice_groups = _ceil_div(m, 4 * GEMM_WORKGROUP // threads_n) * _ceil_div(n4, threads_n)
+    if k4 < 32:
+        shape = (8, 1, 8)
+    elif one_slice_groups >= 192:
+        shape = (threads_n, 2 if k4 >= 512 else 1, 8)
+    elif k4 >= 512:
+        shape = (4, 16, 4)
+    elif one_slice_groups >= 40:
+        shape = (threads_n, 2, 8)
+    elif k4 >= 128:
+        shape = (8, 8, 4)
+    else:
+        shape = (8, 4, 4)
+    threads, split_k, block_k = shape
+    return GemmTiling(4, 1, threads, split_k, block_k, m, n4)
