@@ -5,7 +5,8 @@ The first call with these arguments imports ``function`` and calls it; later
 calls get the cached `Prepacked`. Tensor arguments are keyed by identity and
 version, so an in-place change repacks; other arguments by value. The cache
 entry lives as long as the first tensor argument and keeps the other tensor
-arguments alive (so their identities cannot be reused). `Stream.upload`
+arguments alive (so their identities cannot be reused); a repack replaces
+the function's earlier result for that tensor. `Stream.upload`
 keeps one device copy per (device, dtype, storage) inside the `Prepacked`, so
 a weight is packed and uploaded once. It must not know any packing format
 (the functions it calls do). Called by generated stubs (through
@@ -70,5 +71,8 @@ def prepacked(function: str, *args) -> Prepacked:
     if entry is None:
         module, _, name = function.partition(":")
         value = getattr(importlib.import_module(module), name)(*args)
+        # A repack (e.g. after an in-place change) replaces the stale result of this function.
+        for stale in [k for k in entries if k[0] == function]:
+            del entries[stale]
         entry = entries[key] = Prepacked(value, tensors[1:])
     return entry
