@@ -307,7 +307,9 @@ class ResolvedOp:
     spec: OpSpec
     key: str  # etvk.<op>.default
     variants: tuple[Variant, ...]  # of every step (or every route's op), in order
-    checks: tuple[tuple[str, str, str], ...]  # (arg, condition code, f-string code)
+    # (check name or "" for an inline check, arg, condition code, f-string code,
+    #  the schema arguments the check reads: its arg, then in order of appearance)
+    checks: tuple[tuple[str, str, str, str, tuple[str, ...]], ...]
     lets: tuple[tuple[str, str], ...]  # (name, code)
     outputs: tuple[tuple[str, str, str], ...]  # (name, shape code, dtype code)
     scratch: tuple[tuple[str, str, str], ...]  # (name, shape code, dtype code)

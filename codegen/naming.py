@@ -75,6 +75,11 @@ def op_constant(op: str) -> str:
     return op.upper()
 
 
+def check_function(check: str) -> str:
+    """Name of the stub-module function of a family check: ``_check_<name>``."""
+    return f"_check_{check}"
+
+
 def fake_function(op: str) -> str:
     """Name of the fake (meta) function in the stub module."""
     return f"_{op}_fake"

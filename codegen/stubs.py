@@ -14,7 +14,7 @@ import json
 import re
 
 from codegen.model import FamilySpec, ResolvedOp
-from codegen.naming import GENERATOR, fake_function, op_constant, registry_key
+from codegen.naming import GENERATOR, check_function, fake_function, op_constant, registry_key
 
 
 def _q(text: str) -> str:
@@ -58,6 +58,23 @@ def _negate(cond: str) -> str:
     return f"not ({cond})"
 
 
+def _check_lines(arg: str, cond: str, message: str) -> list[str]:
+    return [f"if {_negate(cond)}:", f"    raise rt.ArgumentError(op, {_q(arg)}, {message})"]
+
+
+def _family_checks(ops: list[ResolvedOp]) -> list[dict]:
+    """One function per named check the family's ops use, in first-use order."""
+    seen: dict[str, dict] = {}
+    for op in ops:
+        for name, arg, cond, message, used in op.checks:
+            if name and name not in seen:
+                seen[name] = {
+                    "signature": f"def {check_function(name)}({', '.join(['op', *used])}):",
+                    "body": _check_lines(arg, cond, message),
+                }
+    return list(seen.values())
+
+
 def _record_body(op: ResolvedOp) -> list[str]:
     schema = op.spec.schema
     lines = [
@@ -67,9 +84,11 @@ def _record_body(op: ResolvedOp) -> list[str]:
     for a in schema.args:
         typ = re.sub(r"\[\d+\]", "[]", a.type)
         lines.append(f"rt.check_arg(op, {_q(a.name)}, {a.name}, {_q(typ)})")
-    for arg, cond, message in op.checks:
-        lines.append(f"if {_negate(cond)}:")
-        lines.append(f"    raise rt.ArgumentError(op, {_q(arg)}, {message})")
+    for name, arg, cond, message, used in op.checks:
+        if name:  # a family check: one function in the module, called by every op using it
+            lines.append(f"{check_function(name)}({', '.join(['op', *used])})")
+        else:
+            lines += _check_lines(arg, cond, message)
     lines += [f"{name} = {code}" for name, code in op.lets]
     if op.routes:
         return lines + _route_lines(op)
@@ -197,6 +216,7 @@ def stub_view(family: FamilySpec, ops: list[ResolvedOp], template: str) -> dict:
         "family": family.name,
         "spec": family.file,
         "stdlib": modules,
+        "checks": _family_checks(ops),
         "ops": views,
         "constants": [op_constant(op.spec.name) for op in ops],
     }

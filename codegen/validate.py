@@ -72,7 +72,9 @@ def resolve_op(
         msg = rewrite_fstring(c.error, args, f"error of {label}", errors)
         if cond and msg:
             x.modules.update(msg.modules)
-            checks.append((c.arg, cond.code, msg.code))
+            # In order of appearance, the same for every op sharing a family check.
+            used = [n for n in dict.fromkeys([c.arg, *cond.names, *msg.names]) if n in args]
+            checks.append((c.name, c.arg, cond.code, msg.code, tuple(used)))
     scope = set(args)
     lets, let_names = [], {}
     for let in op.lets:

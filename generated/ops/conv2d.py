@@ -8,6 +8,146 @@ import torch
 from runtime import stub_support as rt
 
 
+def _check_fp_input(op, input):
+    if not (input.dtype in (torch.float32, torch.float16) and len(input.shape) == 4):
+        raise rt.ArgumentError(op, "input", f"must be a float32 or float16 [N, C, H, W] tensor, got {input.dtype} of shape {tuple(input.shape)}")
+
+
+def _check_scale_positive(op, scale):
+    if not (math.isfinite(scale) and scale > 0):
+        raise rt.ArgumentError(op, "scale", f"must be a finite number > 0, got {scale}")
+
+
+def _check_zero_point_int8(op, zero_point):
+    if not (-128 <= zero_point <= 127):
+        raise rt.ArgumentError(op, "zero_point", f"must be within int8 [-128, 127], got {zero_point}")
+
+
+def _check_layout_known(op, layout):
+    if layout not in (None, '4W4C', '4C', '4C1W'):
+        raise rt.ArgumentError(op, "layout", f"must be None or one of '4W4C', '4C', '4C1W', got {layout!r}")
+
+
+def _check_packed_input(op, input):
+    if not (input.dtype == torch.int8 and len(input.shape) == 4 and (rt.on_host(input) or input.packed)):
+        raise rt.ArgumentError(op, "input", f"must be an int8 [N, C, H, W] tensor (on the device: in a packed layout), got {input.dtype} of shape {tuple(input.shape)}")
+
+
+def _check_layout_matches_input(op, layout, input):
+    if not (layout is None or rt.layout_of(input, layout) == layout):
+        raise rt.ArgumentError(op, "layout", f"is {layout!r}, but the device tensor input is in {input.layout}")
+
+
+def _check_out_dtype_float(op, out_dtype):
+    if out_dtype not in (None, torch.float32, torch.float16):
+        raise rt.ArgumentError(op, "out_dtype", f"must be None, torch.float32 or torch.float16, got {out_dtype}")
+
+
+def _check_x_packed_int8(op, x):
+    if not (x.dtype == torch.int8 and len(x.shape) == 4 and (rt.on_host(x) or x.packed)):
+        raise rt.ArgumentError(op, "x", f"must be an int8 [N, C_in, H, W] tensor (on the device: in a packed layout), got {x.dtype} of shape {tuple(x.shape)}")
+
+
+def _check_weights_int8(op, weights):
+    if not (rt.on_host(weights) and weights.dtype == torch.int8 and (weights.dim() == 4)):
+        raise rt.ArgumentError(op, "weights", f"must be a host (torch) int8 [C_out, C_in/groups, KH, KW] tensor, since it is prepacked on the host; got {weights.dtype} of shape {tuple(weights.shape)}")
+
+
+def _check_groups_divide(op, groups, x, weights):
+    if not (groups >= 1 and x.shape[1] % groups == 0 and (weights.shape[0] % groups == 0)):
+        raise rt.ArgumentError(op, "groups", f"must be >= 1 and divide C_in={x.shape[1]} and C_out={weights.shape[0]}, got {groups}")
+
+
+def _check_weights_group_channels(op, weights, groups, x):
+    if not (weights.shape[1] * groups == x.shape[1]):
+        raise rt.ArgumentError(op, "weights", f"has {weights.shape[1]} input channels per group, but C_in={x.shape[1]} / groups={groups} is {x.shape[1] // groups}")
+
+
+def _check_kernel_size_matches(op, kernel_size, weights):
+    if not (rt.pair(kernel_size) == tuple(weights.shape[2:])):
+        raise rt.ArgumentError(op, "kernel_size", f"must be 1 or 2 ints equal to the weights' kernel {tuple(weights.shape[2:])}, got {kernel_size}")
+
+
+def _check_stride_positive(op, stride):
+    if not (rt.pair(stride) is not None and min(rt.pair(stride)) > 0):
+        raise rt.ArgumentError(op, "stride", f"must be 1 or 2 ints > 0, got {stride}")
+
+
+def _check_padding_non_negative(op, padding):
+    if not (rt.pair(padding) is not None and min(rt.pair(padding)) >= 0):
+        raise rt.ArgumentError(op, "padding", f"must be 1 or 2 ints >= 0, got {padding}")
+
+
+def _check_dilation_positive(op, dilation):
+    if not (rt.pair(dilation) is not None and min(rt.pair(dilation)) > 0):
+        raise rt.ArgumentError(op, "dilation", f"must be 1 or 2 ints > 0, got {dilation}")
+
+
+def _check_kernel_fits(op, kernel_size, weights, dilation, x, padding):
+    if not ((weights.shape[2] - 1) * rt.pair(dilation)[0] < x.shape[2] + 2 * rt.pair(padding)[0] and (weights.shape[3] - 1) * rt.pair(dilation)[1] < x.shape[3] + 2 * rt.pair(padding)[1]):
+        raise rt.ArgumentError(op, "kernel_size", f"the {weights.shape[2]}x{weights.shape[3]} kernel with dilation {rt.pair(dilation)} spans more than the padded input {x.shape[2] + 2 * rt.pair(padding)[0]}x{x.shape[3] + 2 * rt.pair(padding)[1]}")
+
+
+def _check_weight_sums_per_channel(op, weight_sums, weights):
+    if not (rt.numel(weight_sums) == weights.shape[0] and rt.fits_int32(weight_sums)):
+        raise rt.ArgumentError(op, "weight_sums", f"must hold one int32 value per output channel ({weights.shape[0]}), got {weight_sums.dtype} of shape {tuple(weight_sums.shape)}")
+
+
+def _check_weight_scales_per_channel(op, weight_scales, weights):
+    if not (weight_scales.dtype.is_floating_point and rt.numel(weight_scales) == weights.shape[0] and rt.positive_fp32(weight_scales)):
+        raise rt.ArgumentError(op, "weight_scales", f"must hold one finite fp32 value > 0 per output channel ({weights.shape[0]}), got {weight_scales.dtype} of shape {tuple(weight_scales.shape)}")
+
+
+def _check_bias_per_channel(op, bias, weights):
+    if not (bias is None or (bias.dtype.is_floating_point and rt.numel(bias) == weights.shape[0])):
+        raise rt.ArgumentError(op, "bias", f"must be None or hold one float value per output channel ({weights.shape[0]}), got {bias.dtype} of shape {tuple(bias.shape)}")
+
+
+def _check_input_scale_positive(op, input_scale):
+    if not (math.isfinite(input_scale) and input_scale > 0):
+        raise rt.ArgumentError(op, "input_scale", f"must be a finite number > 0, got {input_scale}")
+
+
+def _check_output_scale_positive(op, output_scale):
+    if not (math.isfinite(output_scale) and output_scale > 0):
+        raise rt.ArgumentError(op, "output_scale", f"must be a finite number > 0, got {output_scale}")
+
+
+def _check_input_zero_point_int8(op, input_zero_point):
+    if not (-128 <= input_zero_point <= 127):
+        raise rt.ArgumentError(op, "input_zero_point", f"must be within int8 [-128, 127], got {input_zero_point}")
+
+
+def _check_output_zero_point_int8(op, output_zero_point):
+    if not (-128 <= output_zero_point <= 127):
+        raise rt.ArgumentError(op, "output_zero_point", f"must be within int8 [-128, 127], got {output_zero_point}")
+
+
+def _check_activation_known(op, activation):
+    if activation not in ('none', 'relu'):
+        raise rt.ArgumentError(op, "activation", f"must be 'none' or 'relu', got {activation!r}")
+
+
+def _check_im2col_channels(op, groups, x):
+    if not (x.shape[1] // groups % 4 == 0):
+        raise rt.ArgumentError(op, "groups", f"im2col needs C_in / groups to be a multiple of 4, got C_in={x.shape[1]}, groups={groups}; use etvk.q8ta_conv2d_general.default")
+
+
+def _check_pointwise_kernel(op, kernel_size, stride, padding):
+    if not (rt.pair(kernel_size) == (1, 1) and rt.pair(stride) == (1, 1) and (rt.pair(padding) == (0, 0))):
+        raise rt.ArgumentError(op, "kernel_size", f"the pointwise conv needs a 1x1 kernel, stride 1 and padding 0, got kernel_size={kernel_size}, stride={stride}, padding={padding}")
+
+
+def _check_pointwise_groups(op, groups, x):
+    if not (groups == 1 or x.shape[1] // groups % 4 == 0):
+        raise rt.ArgumentError(op, "groups", f"the pointwise conv needs groups == 1 or C_in / groups a multiple of 4, got C_in={x.shape[1]}, groups={groups}")
+
+
+def _check_depthwise_groups(op, groups, x, weights):
+    if not (groups == x.shape[1] and weights.shape[0] == x.shape[1]):
+        raise rt.ArgumentError(op, "groups", f"the depthwise conv needs groups == C_in == C_out, got groups={groups}, C_in={x.shape[1]}, C_out={weights.shape[0]}")
+
+
 def q8ta_quantize(stream, input, scale, zero_point, layout=None, *, variant=None, storage=None):
     """Record etvk.q8ta_quantize.default into `stream`; returns device tensors."""
     op = Q8TA_QUANTIZE
@@ -15,14 +155,10 @@ def q8ta_quantize(stream, input, scale, zero_point, layout=None, *, variant=None
     rt.check_arg(op, "scale", scale, "float")
     rt.check_arg(op, "zero_point", zero_point, "int")
     rt.check_arg(op, "layout", layout, "str?")
-    if not (input.dtype in (torch.float32, torch.float16) and len(input.shape) == 4):
-        raise rt.ArgumentError(op, "input", f"must be a float32 or float16 [N, C, H, W] tensor, got {input.dtype} of shape {tuple(input.shape)}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise rt.ArgumentError(op, "scale", f"must be a finite number > 0, got {scale}")
-    if not (-128 <= zero_point <= 127):
-        raise rt.ArgumentError(op, "zero_point", f"must be within int8 [-128, 127], got {zero_point}")
-    if layout not in (None, '4W4C', '4C', '4C1W'):
-        raise rt.ArgumentError(op, "layout", f"must be None or one of '4W4C', '4C', '4C1W', got {layout!r}")
+    _check_fp_input(op, input)
+    _check_scale_positive(op, scale)
+    _check_zero_point_int8(op, zero_point)
+    _check_layout_known(op, layout)
     out_layout = layout or '4C1W'
     v = op.select(variant, storage, {"LAYOUT": ("layout", out_layout), "STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
@@ -69,18 +205,12 @@ def q8ta_dequantize(stream, input, scale, zero_point, layout=None, *, out_dtype=
     rt.check_arg(op, "zero_point", zero_point, "int")
     rt.check_arg(op, "layout", layout, "str?")
     rt.check_arg(op, "out_dtype", out_dtype, "ScalarType?")
-    if not (input.dtype == torch.int8 and len(input.shape) == 4 and (rt.on_host(input) or input.packed)):
-        raise rt.ArgumentError(op, "input", f"must be an int8 [N, C, H, W] tensor (on the device: in a packed layout), got {input.dtype} of shape {tuple(input.shape)}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise rt.ArgumentError(op, "scale", f"must be a finite number > 0, got {scale}")
-    if not (-128 <= zero_point <= 127):
-        raise rt.ArgumentError(op, "zero_point", f"must be within int8 [-128, 127], got {zero_point}")
-    if layout not in (None, '4W4C', '4C', '4C1W'):
-        raise rt.ArgumentError(op, "layout", f"must be None or one of '4W4C', '4C', '4C1W', got {layout!r}")
-    if not (layout is None or rt.layout_of(input, layout) == layout):
-        raise rt.ArgumentError(op, "layout", f"is {layout!r}, but the device tensor input is in {input.layout}")
-    if out_dtype not in (None, torch.float32, torch.float16):
-        raise rt.ArgumentError(op, "out_dtype", f"must be None, torch.float32 or torch.float16, got {out_dtype}")
+    _check_packed_input(op, input)
+    _check_scale_positive(op, scale)
+    _check_zero_point_int8(op, zero_point)
+    _check_layout_known(op, layout)
+    _check_layout_matches_input(op, layout, input)
+    _check_out_dtype_float(op, out_dtype)
     in_layout = rt.layout_of(input, layout or '4C1W')
     fp_dtype = out_dtype or torch.float32
     v = op.select(variant, storage, {"LAYOUT": ("input", in_layout), "STORAGE": (None, storage), "OUT_DTYPE": ("out_dtype", fp_dtype)})
@@ -139,42 +269,24 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
-    if not (x.dtype == torch.int8 and len(x.shape) == 4 and (rt.on_host(x) or x.packed)):
-        raise rt.ArgumentError(op, "x", f"must be an int8 [N, C_in, H, W] tensor (on the device: in a packed layout), got {x.dtype} of shape {tuple(x.shape)}")
-    if not (rt.on_host(weights) and weights.dtype == torch.int8 and (weights.dim() == 4)):
-        raise rt.ArgumentError(op, "weights", f"must be a host (torch) int8 [C_out, C_in/groups, KH, KW] tensor, since it is prepacked on the host; got {weights.dtype} of shape {tuple(weights.shape)}")
-    if not (groups >= 1 and x.shape[1] % groups == 0 and (weights.shape[0] % groups == 0)):
-        raise rt.ArgumentError(op, "groups", f"must be >= 1 and divide C_in={x.shape[1]} and C_out={weights.shape[0]}, got {groups}")
-    if not (weights.shape[1] * groups == x.shape[1]):
-        raise rt.ArgumentError(op, "weights", f"has {weights.shape[1]} input channels per group, but C_in={x.shape[1]} / groups={groups} is {x.shape[1] // groups}")
-    if not (rt.pair(kernel_size) == tuple(weights.shape[2:])):
-        raise rt.ArgumentError(op, "kernel_size", f"must be 1 or 2 ints equal to the weights' kernel {tuple(weights.shape[2:])}, got {kernel_size}")
-    if not (rt.pair(stride) is not None and min(rt.pair(stride)) > 0):
-        raise rt.ArgumentError(op, "stride", f"must be 1 or 2 ints > 0, got {stride}")
-    if not (rt.pair(padding) is not None and min(rt.pair(padding)) >= 0):
-        raise rt.ArgumentError(op, "padding", f"must be 1 or 2 ints >= 0, got {padding}")
-    if not (rt.pair(dilation) is not None and min(rt.pair(dilation)) > 0):
-        raise rt.ArgumentError(op, "dilation", f"must be 1 or 2 ints > 0, got {dilation}")
-    if not ((weights.shape[2] - 1) * rt.pair(dilation)[0] < x.shape[2] + 2 * rt.pair(padding)[0] and (weights.shape[3] - 1) * rt.pair(dilation)[1] < x.shape[3] + 2 * rt.pair(padding)[1]):
-        raise rt.ArgumentError(op, "kernel_size", f"the {weights.shape[2]}x{weights.shape[3]} kernel with dilation {rt.pair(dilation)} spans more than the padded input {x.shape[2] + 2 * rt.pair(padding)[0]}x{x.shape[3] + 2 * rt.pair(padding)[1]}")
-    if not (rt.numel(weight_sums) == weights.shape[0] and rt.fits_int32(weight_sums)):
-        raise rt.ArgumentError(op, "weight_sums", f"must hold one int32 value per output channel ({weights.shape[0]}), got {weight_sums.dtype} of shape {tuple(weight_sums.shape)}")
-    if not (weight_scales.dtype.is_floating_point and rt.numel(weight_scales) == weights.shape[0] and rt.positive_fp32(weight_scales)):
-        raise rt.ArgumentError(op, "weight_scales", f"must hold one finite fp32 value > 0 per output channel ({weights.shape[0]}), got {weight_scales.dtype} of shape {tuple(weight_scales.shape)}")
-    if not (bias is None or (bias.dtype.is_floating_point and rt.numel(bias) == weights.shape[0])):
-        raise rt.ArgumentError(op, "bias", f"must be None or hold one float value per output channel ({weights.shape[0]}), got {bias.dtype} of shape {tuple(bias.shape)}")
-    if not (math.isfinite(input_scale) and input_scale > 0):
-        raise rt.ArgumentError(op, "input_scale", f"must be a finite number > 0, got {input_scale}")
-    if not (math.isfinite(output_scale) and output_scale > 0):
-        raise rt.ArgumentError(op, "output_scale", f"must be a finite number > 0, got {output_scale}")
-    if not (-128 <= input_zero_point <= 127):
-        raise rt.ArgumentError(op, "input_zero_point", f"must be within int8 [-128, 127], got {input_zero_point}")
-    if not (-128 <= output_zero_point <= 127):
-        raise rt.ArgumentError(op, "output_zero_point", f"must be within int8 [-128, 127], got {output_zero_point}")
-    if activation not in ('none', 'relu'):
-        raise rt.ArgumentError(op, "activation", f"must be 'none' or 'relu', got {activation!r}")
-    if not (x.shape[1] // groups % 4 == 0):
-        raise rt.ArgumentError(op, "groups", f"im2col needs C_in / groups to be a multiple of 4, got C_in={x.shape[1]}, groups={groups}; use etvk.q8ta_conv2d_general.default")
+    _check_x_packed_int8(op, x)
+    _check_weights_int8(op, weights)
+    _check_groups_divide(op, groups, x, weights)
+    _check_weights_group_channels(op, weights, groups, x)
+    _check_kernel_size_matches(op, kernel_size, weights)
+    _check_stride_positive(op, stride)
+    _check_padding_non_negative(op, padding)
+    _check_dilation_positive(op, dilation)
+    _check_kernel_fits(op, kernel_size, weights, dilation, x, padding)
+    _check_weight_sums_per_channel(op, weight_sums, weights)
+    _check_weight_scales_per_channel(op, weight_scales, weights)
+    _check_bias_per_channel(op, bias, weights)
+    _check_input_scale_positive(op, input_scale)
+    _check_output_scale_positive(op, output_scale)
+    _check_input_zero_point_int8(op, input_zero_point)
+    _check_output_zero_point_int8(op, output_zero_point)
+    _check_activation_known(op, activation)
+    _check_im2col_channels(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C')
     k = p.Cg * p.KH * p.KW
@@ -239,44 +351,25 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
-    if not (x.dtype == torch.int8 and len(x.shape) == 4 and (rt.on_host(x) or x.packed)):
-        raise rt.ArgumentError(op, "x", f"must be an int8 [N, C_in, H, W] tensor (on the device: in a packed layout), got {x.dtype} of shape {tuple(x.shape)}")
-    if not (rt.on_host(weights) and weights.dtype == torch.int8 and (weights.dim() == 4)):
-        raise rt.ArgumentError(op, "weights", f"must be a host (torch) int8 [C_out, C_in/groups, KH, KW] tensor, since it is prepacked on the host; got {weights.dtype} of shape {tuple(weights.shape)}")
-    if not (groups >= 1 and x.shape[1] % groups == 0 and (weights.shape[0] % groups == 0)):
-        raise rt.ArgumentError(op, "groups", f"must be >= 1 and divide C_in={x.shape[1]} and C_out={weights.shape[0]}, got {groups}")
-    if not (weights.shape[1] * groups == x.shape[1]):
-        raise rt.ArgumentError(op, "weights", f"has {weights.shape[1]} input channels per group, but C_in={x.shape[1]} / groups={groups} is {x.shape[1] // groups}")
-    if not (rt.pair(kernel_size) == tuple(weights.shape[2:])):
-        raise rt.ArgumentError(op, "kernel_size", f"must be 1 or 2 ints equal to the weights' kernel {tuple(weights.shape[2:])}, got {kernel_size}")
-    if not (rt.pair(stride) is not None and min(rt.pair(stride)) > 0):
-        raise rt.ArgumentError(op, "stride", f"must be 1 or 2 ints > 0, got {stride}")
-    if not (rt.pair(padding) is not None and min(rt.pair(padding)) >= 0):
-        raise rt.ArgumentError(op, "padding", f"must be 1 or 2 ints >= 0, got {padding}")
-    if not (rt.pair(dilation) is not None and min(rt.pair(dilation)) > 0):
-        raise rt.ArgumentError(op, "dilation", f"must be 1 or 2 ints > 0, got {dilation}")
-    if not ((weights.shape[2] - 1) * rt.pair(dilation)[0] < x.shape[2] + 2 * rt.pair(padding)[0] and (weights.shape[3] - 1) * rt.pair(dilation)[1] < x.shape[3] + 2 * rt.pair(padding)[1]):
-        raise rt.ArgumentError(op, "kernel_size", f"the {weights.shape[2]}x{weights.shape[3]} kernel with dilation {rt.pair(dilation)} spans more than the padded input {x.shape[2] + 2 * rt.pair(padding)[0]}x{x.shape[3] + 2 * rt.pair(padding)[1]}")
-    if not (rt.numel(weight_sums) == weights.shape[0] and rt.fits_int32(weight_sums)):
-        raise rt.ArgumentError(op, "weight_sums", f"must hold one int32 value per output channel ({weights.shape[0]}), got {weight_sums.dtype} of shape {tuple(weight_sums.shape)}")
-    if not (weight_scales.dtype.is_floating_point and rt.numel(weight_scales) == weights.shape[0] and rt.positive_fp32(weight_scales)):
-        raise rt.ArgumentError(op, "weight_scales", f"must hold one finite fp32 value > 0 per output channel ({weights.shape[0]}), got {weight_scales.dtype} of shape {tuple(weight_scales.shape)}")
-    if not (bias is None or (bias.dtype.is_floating_point and rt.numel(bias) == weights.shape[0])):
-        raise rt.ArgumentError(op, "bias", f"must be None or hold one float value per output channel ({weights.shape[0]}), got {bias.dtype} of shape {tuple(bias.shape)}")
-    if not (math.isfinite(input_scale) and input_scale > 0):
-        raise rt.ArgumentError(op, "input_scale", f"must be a finite number > 0, got {input_scale}")
-    if not (math.isfinite(output_scale) and output_scale > 0):
-        raise rt.ArgumentError(op, "output_scale", f"must be a finite number > 0, got {output_scale}")
-    if not (-128 <= input_zero_point <= 127):
-        raise rt.ArgumentError(op, "input_zero_point", f"must be within int8 [-128, 127], got {input_zero_point}")
-    if not (-128 <= output_zero_point <= 127):
-        raise rt.ArgumentError(op, "output_zero_point", f"must be within int8 [-128, 127], got {output_zero_point}")
-    if activation not in ('none', 'relu'):
-        raise rt.ArgumentError(op, "activation", f"must be 'none' or 'relu', got {activation!r}")
-    if not (rt.pair(kernel_size) == (1, 1) and rt.pair(stride) == (1, 1) and (rt.pair(padding) == (0, 0))):
-        raise rt.ArgumentError(op, "kernel_size", f"the pointwise conv needs a 1x1 kernel, stride 1 and padding 0, got kernel_size={kernel_size}, stride={stride}, padding={padding}")
-    if not (groups == 1 or x.shape[1] // groups % 4 == 0):
-        raise rt.ArgumentError(op, "groups", f"the pointwise conv needs groups == 1 or C_in / groups a multiple of 4, got C_in={x.shape[1]}, groups={groups}")
+    _check_x_packed_int8(op, x)
+    _check_weights_int8(op, weights)
+    _check_groups_divide(op, groups, x, weights)
+    _check_weights_group_channels(op, weights, groups, x)
+    _check_kernel_size_matches(op, kernel_size, weights)
+    _check_stride_positive(op, stride)
+    _check_padding_non_negative(op, padding)
+    _check_dilation_positive(op, dilation)
+    _check_kernel_fits(op, kernel_size, weights, dilation, x, padding)
+    _check_weight_sums_per_channel(op, weight_sums, weights)
+    _check_weight_scales_per_channel(op, weight_scales, weights)
+    _check_bias_per_channel(op, bias, weights)
+    _check_input_scale_positive(op, input_scale)
+    _check_output_scale_positive(op, output_scale)
+    _check_input_zero_point_int8(op, input_zero_point)
+    _check_output_zero_point_int8(op, output_zero_point)
+    _check_activation_known(op, activation)
+    _check_pointwise_kernel(op, kernel_size, stride, padding)
+    _check_pointwise_groups(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C')
     w_packed = rt.prepacked('runtime.conv2d:pack_gemm_weights', weights, groups)
@@ -331,40 +424,23 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
-    if not (x.dtype == torch.int8 and len(x.shape) == 4 and (rt.on_host(x) or x.packed)):
-        raise rt.ArgumentError(op, "x", f"must be an int8 [N, C_in, H, W] tensor (on the device: in a packed layout), got {x.dtype} of shape {tuple(x.shape)}")
-    if not (rt.on_host(weights) and weights.dtype == torch.int8 and (weights.dim() == 4)):
-        raise rt.ArgumentError(op, "weights", f"must be a host (torch) int8 [C_out, C_in/groups, KH, KW] tensor, since it is prepacked on the host; got {weights.dtype} of shape {tuple(weights.shape)}")
-    if not (groups >= 1 and x.shape[1] % groups == 0 and (weights.shape[0] % groups == 0)):
-        raise rt.ArgumentError(op, "groups", f"must be >= 1 and divide C_in={x.shape[1]} and C_out={weights.shape[0]}, got {groups}")
-    if not (weights.shape[1] * groups == x.shape[1]):
-        raise rt.ArgumentError(op, "weights", f"has {weights.shape[1]} input channels per group, but C_in={x.shape[1]} / groups={groups} is {x.shape[1] // groups}")
-    if not (rt.pair(kernel_size) == tuple(weights.shape[2:])):
-        raise rt.ArgumentError(op, "kernel_size", f"must be 1 or 2 ints equal to the weights' kernel {tuple(weights.shape[2:])}, got {kernel_size}")
-    if not (rt.pair(stride) is not None and min(rt.pair(stride)) > 0):
-        raise rt.ArgumentError(op, "stride", f"must be 1 or 2 ints > 0, got {stride}")
-    if not (rt.pair(padding) is not None and min(rt.pair(padding)) >= 0):
-        raise rt.ArgumentError(op, "padding", f"must be 1 or 2 ints >= 0, got {padding}")
-    if not (rt.pair(dilation) is not None and min(rt.pair(dilation)) > 0):
-        raise rt.ArgumentError(op, "dilation", f"must be 1 or 2 ints > 0, got {dilation}")
-    if not ((weights.shape[2] - 1) * rt.pair(dilation)[0] < x.shape[2] + 2 * rt.pair(padding)[0] and (weights.shape[3] - 1) * rt.pair(dilation)[1] < x.shape[3] + 2 * rt.pair(padding)[1]):
-        raise rt.ArgumentError(op, "kernel_size", f"the {weights.shape[2]}x{weights.shape[3]} kernel with dilation {rt.pair(dilation)} spans more than the padded input {x.shape[2] + 2 * rt.pair(padding)[0]}x{x.shape[3] + 2 * rt.pair(padding)[1]}")
-    if not (rt.numel(weight_sums) == weights.shape[0] and rt.fits_int32(weight_sums)):
-        raise rt.ArgumentError(op, "weight_sums", f"must hold one int32 value per output channel ({weights.shape[0]}), got {weight_sums.dtype} of shape {tuple(weight_sums.shape)}")
-    if not (weight_scales.dtype.is_floating_point and rt.numel(weight_scales) == weights.shape[0] and rt.positive_fp32(weight_scales)):
-        raise rt.ArgumentError(op, "weight_scales", f"must hold one finite fp32 value > 0 per output channel ({weights.shape[0]}), got {weight_scales.dtype} of shape {tuple(weight_scales.shape)}")
-    if not (bias is None or (bias.dtype.is_floating_point and rt.numel(bias) == weights.shape[0])):
-        raise rt.ArgumentError(op, "bias", f"must be None or hold one float value per output channel ({weights.shape[0]}), got {bias.dtype} of shape {tuple(bias.shape)}")
-    if not (math.isfinite(input_scale) and input_scale > 0):
-        raise rt.ArgumentError(op, "input_scale", f"must be a finite number > 0, got {input_scale}")
-    if not (math.isfinite(output_scale) and output_scale > 0):
-        raise rt.ArgumentError(op, "output_scale", f"must be a finite number > 0, got {output_scale}")
-    if not (-128 <= input_zero_point <= 127):
-        raise rt.ArgumentError(op, "input_zero_point", f"must be within int8 [-128, 127], got {input_zero_point}")
-    if not (-128 <= output_zero_point <= 127):
-        raise rt.ArgumentError(op, "output_zero_point", f"must be within int8 [-128, 127], got {output_zero_point}")
-    if activation not in ('none', 'relu'):
-        raise rt.ArgumentError(op, "activation", f"must be 'none' or 'relu', got {activation!r}")
+    _check_x_packed_int8(op, x)
+    _check_weights_int8(op, weights)
+    _check_groups_divide(op, groups, x, weights)
+    _check_weights_group_channels(op, weights, groups, x)
+    _check_kernel_size_matches(op, kernel_size, weights)
+    _check_stride_positive(op, stride)
+    _check_padding_non_negative(op, padding)
+    _check_dilation_positive(op, dilation)
+    _check_kernel_fits(op, kernel_size, weights, dilation, x, padding)
+    _check_weight_sums_per_channel(op, weight_sums, weights)
+    _check_weight_scales_per_channel(op, weight_scales, weights)
+    _check_bias_per_channel(op, bias, weights)
+    _check_input_scale_positive(op, input_scale)
+    _check_output_scale_positive(op, output_scale)
+    _check_input_zero_point_int8(op, input_zero_point)
+    _check_output_zero_point_int8(op, output_zero_point)
+    _check_activation_known(op, activation)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C1W')
     out_w = 4
@@ -419,42 +495,24 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
-    if not (x.dtype == torch.int8 and len(x.shape) == 4 and (rt.on_host(x) or x.packed)):
-        raise rt.ArgumentError(op, "x", f"must be an int8 [N, C_in, H, W] tensor (on the device: in a packed layout), got {x.dtype} of shape {tuple(x.shape)}")
-    if not (rt.on_host(weights) and weights.dtype == torch.int8 and (weights.dim() == 4)):
-        raise rt.ArgumentError(op, "weights", f"must be a host (torch) int8 [C_out, C_in/groups, KH, KW] tensor, since it is prepacked on the host; got {weights.dtype} of shape {tuple(weights.shape)}")
-    if not (groups >= 1 and x.shape[1] % groups == 0 and (weights.shape[0] % groups == 0)):
-        raise rt.ArgumentError(op, "groups", f"must be >= 1 and divide C_in={x.shape[1]} and C_out={weights.shape[0]}, got {groups}")
-    if not (weights.shape[1] * groups == x.shape[1]):
-        raise rt.ArgumentError(op, "weights", f"has {weights.shape[1]} input channels per group, but C_in={x.shape[1]} / groups={groups} is {x.shape[1] // groups}")
-    if not (rt.pair(kernel_size) == tuple(weights.shape[2:])):
-        raise rt.ArgumentError(op, "kernel_size", f"must be 1 or 2 ints equal to the weights' kernel {tuple(weights.shape[2:])}, got {kernel_size}")
-    if not (rt.pair(stride) is not None and min(rt.pair(stride)) > 0):
-        raise rt.ArgumentError(op, "stride", f"must be 1 or 2 ints > 0, got {stride}")
-    if not (rt.pair(padding) is not None and min(rt.pair(padding)) >= 0):
-        raise rt.ArgumentError(op, "padding", f"must be 1 or 2 ints >= 0, got {padding}")
-    if not (rt.pair(dilation) is not None and min(rt.pair(dilation)) > 0):
-        raise rt.ArgumentError(op, "dilation", f"must be 1 or 2 ints > 0, got {dilation}")
-    if not ((weights.shape[2] - 1) * rt.pair(dilation)[0] < x.shape[2] + 2 * rt.pair(padding)[0] and (weights.shape[3] - 1) * rt.pair(dilation)[1] < x.shape[3] + 2 * rt.pair(padding)[1]):
-        raise rt.ArgumentError(op, "kernel_size", f"the {weights.shape[2]}x{weights.shape[3]} kernel with dilation {rt.pair(dilation)} spans more than the padded input {x.shape[2] + 2 * rt.pair(padding)[0]}x{x.shape[3] + 2 * rt.pair(padding)[1]}")
-    if not (rt.numel(weight_sums) == weights.shape[0] and rt.fits_int32(weight_sums)):
-        raise rt.ArgumentError(op, "weight_sums", f"must hold one int32 value per output channel ({weights.shape[0]}), got {weight_sums.dtype} of shape {tuple(weight_sums.shape)}")
-    if not (weight_scales.dtype.is_floating_point and rt.numel(weight_scales) == weights.shape[0] and rt.positive_fp32(weight_scales)):
-        raise rt.ArgumentError(op, "weight_scales", f"must hold one finite fp32 value > 0 per output channel ({weights.shape[0]}), got {weight_scales.dtype} of shape {tuple(weight_scales.shape)}")
-    if not (bias is None or (bias.dtype.is_floating_point and rt.numel(bias) == weights.shape[0])):
-        raise rt.ArgumentError(op, "bias", f"must be None or hold one float value per output channel ({weights.shape[0]}), got {bias.dtype} of shape {tuple(bias.shape)}")
-    if not (math.isfinite(input_scale) and input_scale > 0):
-        raise rt.ArgumentError(op, "input_scale", f"must be a finite number > 0, got {input_scale}")
-    if not (math.isfinite(output_scale) and output_scale > 0):
-        raise rt.ArgumentError(op, "output_scale", f"must be a finite number > 0, got {output_scale}")
-    if not (-128 <= input_zero_point <= 127):
-        raise rt.ArgumentError(op, "input_zero_point", f"must be within int8 [-128, 127], got {input_zero_point}")
-    if not (-128 <= output_zero_point <= 127):
-        raise rt.ArgumentError(op, "output_zero_point", f"must be within int8 [-128, 127], got {output_zero_point}")
-    if activation not in ('none', 'relu'):
-        raise rt.ArgumentError(op, "activation", f"must be 'none' or 'relu', got {activation!r}")
-    if not (groups == x.shape[1] and weights.shape[0] == x.shape[1]):
-        raise rt.ArgumentError(op, "groups", f"the depthwise conv needs groups == C_in == C_out, got groups={groups}, C_in={x.shape[1]}, C_out={weights.shape[0]}")
+    _check_x_packed_int8(op, x)
+    _check_weights_int8(op, weights)
+    _check_groups_divide(op, groups, x, weights)
+    _check_weights_group_channels(op, weights, groups, x)
+    _check_kernel_size_matches(op, kernel_size, weights)
+    _check_stride_positive(op, stride)
+    _check_padding_non_negative(op, padding)
+    _check_dilation_positive(op, dilation)
+    _check_kernel_fits(op, kernel_size, weights, dilation, x, padding)
+    _check_weight_sums_per_channel(op, weight_sums, weights)
+    _check_weight_scales_per_channel(op, weight_scales, weights)
+    _check_bias_per_channel(op, bias, weights)
+    _check_input_scale_positive(op, input_scale)
+    _check_output_scale_positive(op, output_scale)
+    _check_input_zero_point_int8(op, input_zero_point)
+    _check_output_zero_point_int8(op, output_zero_point)
+    _check_activation_known(op, activation)
+    _check_depthwise_groups(op, groups, x, weights)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C1W')
     out_w = 4
@@ -509,24 +567,15 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
-    if not (x.dtype == torch.int8 and len(x.shape) == 4 and (rt.on_host(x) or x.packed)):
-        raise rt.ArgumentError(op, "x", f"must be an int8 [N, C_in, H, W] tensor (on the device: in a packed layout), got {x.dtype} of shape {tuple(x.shape)}")
-    if not (rt.on_host(weights) and weights.dtype == torch.int8 and (weights.dim() == 4)):
-        raise rt.ArgumentError(op, "weights", f"must be a host (torch) int8 [C_out, C_in/groups, KH, KW] tensor, since it is prepacked on the host; got {weights.dtype} of shape {tuple(weights.shape)}")
-    if not (groups >= 1 and x.shape[1] % groups == 0 and (weights.shape[0] % groups == 0)):
-        raise rt.ArgumentError(op, "groups", f"must be >= 1 and divide C_in={x.shape[1]} and C_out={weights.shape[0]}, got {groups}")
-    if not (weights.shape[1] * groups == x.shape[1]):
-        raise rt.ArgumentError(op, "weights", f"has {weights.shape[1]} input channels per group, but C_in={x.shape[1]} / groups={groups} is {x.shape[1] // groups}")
-    if not (rt.pair(kernel_size) == tuple(weights.shape[2:])):
-        raise rt.ArgumentError(op, "kernel_size", f"must be 1 or 2 ints equal to the weights' kernel {tuple(weights.shape[2:])}, got {kernel_size}")
-    if not (rt.pair(stride) is not None and min(rt.pair(stride)) > 0):
-        raise rt.ArgumentError(op, "stride", f"must be 1 or 2 ints > 0, got {stride}")
-    if not (rt.pair(padding) is not None and min(rt.pair(padding)) >= 0):
-        raise rt.ArgumentError(op, "padding", f"must be 1 or 2 ints >= 0, got {padding}")
-    if not (rt.pair(dilation) is not None and min(rt.pair(dilation)) > 0):
-        raise rt.ArgumentError(op, "dilation", f"must be 1 or 2 ints > 0, got {dilation}")
-    if not ((weights.shape[2] - 1) * rt.pair(dilation)[0] < x.shape[2] + 2 * rt.pair(padding)[0] and (weights.shape[3] - 1) * rt.pair(dilation)[1] < x.shape[3] + 2 * rt.pair(padding)[1]):
-        raise rt.ArgumentError(op, "kernel_size", f"the {weights.shape[2]}x{weights.shape[3]} kernel with dilation {rt.pair(dilation)} spans more than the padded input {x.shape[2] + 2 * rt.pair(padding)[0]}x{x.shape[3] + 2 * rt.pair(padding)[1]}")
+    _check_x_packed_int8(op, x)
+    _check_weights_int8(op, weights)
+    _check_groups_divide(op, groups, x, weights)
+    _check_weights_group_channels(op, weights, groups, x)
+    _check_kernel_size_matches(op, kernel_size, weights)
+    _check_stride_positive(op, stride)
+    _check_padding_non_negative(op, padding)
+    _check_dilation_positive(op, dilation)
+    _check_kernel_fits(op, kernel_size, weights, dilation, x, padding)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     algorithm = rt.conv2d_algorithm(p)
     if algorithm == 'pw':

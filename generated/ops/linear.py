@@ -8,6 +8,86 @@ import torch
 from runtime import stub_support as rt
 
 
+def _check_x_int8(op, x):
+    if not (x.dtype == torch.int8):
+        raise rt.ArgumentError(op, "x", f"must be int8 (activations quantized per token), got {x.dtype}")
+
+
+def _check_x_not_scalar(op, x):
+    if not (x.dim() >= 1):
+        raise rt.ArgumentError(op, "x", "must have shape [..., K], got a 0-d tensor")
+
+
+def _check_x_even_k(op, x):
+    if not (rt.last_dim(x) % 2 == 0):
+        raise rt.ArgumentError(op, "x", f"has an odd last dimension K={rt.last_dim(x)}; 4-bit weights pack two values per byte, so K must be even")
+
+
+def _check_weight_uint8(op, weight):
+    if not (weight.dtype == torch.uint8):
+        raise rt.ArgumentError(op, "weight", f"must be packed 4-bit weights of dtype torch.uint8 [N, K/2], got {weight.dtype}")
+
+
+def _check_weight_shape(op, weight, x):
+    if not (weight.dim() == 2 and 2 * weight.shape[1] == rt.last_dim(x)):
+        raise rt.ArgumentError(op, "weight", f"must have shape [N, K/2] = [N, {rt.last_dim(x) // 2}] for x of shape {tuple(x.shape)}, got {tuple(weight.shape)}")
+
+
+def _check_group_size_multiple_of_8(op, group_size):
+    if not (group_size > 0 and group_size % 8 == 0):
+        raise rt.ArgumentError(op, "group_size", f"must be a positive multiple of 8, got {group_size}")
+
+
+def _check_group_size_divides_k(op, group_size, x):
+    if not (rt.last_dim(x) % group_size == 0):
+        raise rt.ArgumentError(op, "group_size", f"must divide K={rt.last_dim(x)}, got {group_size}")
+
+
+def _check_weight_scales_fp32(op, weight_scales):
+    if not (weight_scales.dtype == torch.float32):
+        raise rt.ArgumentError(op, "weight_scales", f"must be torch.float32, got {weight_scales.dtype}")
+
+
+def _check_weight_scales_shape(op, weight_scales, weight, x, group_size):
+    if not (tuple(weight_scales.shape) == (weight.shape[0], rt.last_dim(x) // group_size)):
+        raise rt.ArgumentError(op, "weight_scales", f"must have shape [N, K/group_size] = [{weight.shape[0]}, {rt.last_dim(x) // group_size}], got {tuple(weight_scales.shape)}")
+
+
+def _check_weight_zeros_int32(op, weight_zeros):
+    if not (weight_zeros.dtype == torch.int32):
+        raise rt.ArgumentError(op, "weight_zeros", f"must be torch.int32, got {weight_zeros.dtype}")
+
+
+def _check_weight_zeros_shape(op, weight_zeros, weight, x, group_size):
+    if not (tuple(weight_zeros.shape) == (weight.shape[0], rt.last_dim(x) // group_size)):
+        raise rt.ArgumentError(op, "weight_zeros", f"must have shape [N, K/group_size] = [{weight.shape[0]}, {rt.last_dim(x) // group_size}], got {tuple(weight_zeros.shape)}")
+
+
+def _check_weight_zeros_range(op, weight_zeros):
+    if not (rt.numel(weight_zeros) == 0 or (int(weight_zeros.min()) >= -8 and int(weight_zeros.max()) <= 7)):
+        raise rt.ArgumentError(op, "weight_zeros", "values must lie in [-8, 7]")
+
+
+def _check_input_scale_fp32(op, input_scale):
+    if not (input_scale.dtype == torch.float32):
+        raise rt.ArgumentError(op, "input_scale", f"must be torch.float32, got {input_scale.dtype}")
+
+
+def _check_input_scale_per_token(op, input_scale, x):
+    if tuple(input_scale.shape) not in (rt.token_shape(x), (rt.tokens(x),)):
+        raise rt.ArgumentError(op, "input_scale", f"must hold one value per token of x ({rt.tokens(x)} tokens): shape {rt.token_shape(x)} or ({rt.tokens(x)},), got {tuple(input_scale.shape)}")
+
+
+def _check_input_zero_point_int32(op, input_zero_point):
+    if not (input_zero_point.dtype == torch.int32):
+        raise rt.ArgumentError(op, "input_zero_point", f"must be torch.int32, got {input_zero_point.dtype}")
+
+
+def _check_input_zero_point_per_token(op, input_zero_point, x):
+    if tuple(input_zero_point.shape) not in (rt.token_shape(x), (rt.tokens(x),)):
+        raise rt.ArgumentError(op, "input_zero_point", f"must hold one value per token of x ({rt.tokens(x)} tokens): shape {rt.token_shape(x)} or ({rt.tokens(x)},), got {tuple(input_zero_point.shape)}")
+
+
 def linear_qta8a_qga4w(stream, x, input_scale, input_zero_point, weight, group_size, weight_scales, weight_zeros, *, variant=None, storage=None):
     """Record etvk.linear_qta8a_qga4w.default into `stream`; returns device tensors."""
     op = LINEAR_QTA8A_QGA4W
@@ -18,38 +98,22 @@ def linear_qta8a_qga4w(stream, x, input_scale, input_zero_point, weight, group_s
     rt.check_arg(op, "group_size", group_size, "int")
     rt.check_arg(op, "weight_scales", weight_scales, "Tensor")
     rt.check_arg(op, "weight_zeros", weight_zeros, "Tensor")
-    if not (x.dtype == torch.int8):
-        raise rt.ArgumentError(op, "x", f"must be int8 (activations quantized per token), got {x.dtype}")
-    if not (x.dim() >= 1):
-        raise rt.ArgumentError(op, "x", "must have shape [..., K], got a 0-d tensor")
-    if not (rt.last_dim(x) % 2 == 0):
-        raise rt.ArgumentError(op, "x", f"has an odd last dimension K={rt.last_dim(x)}; 4-bit weights pack two values per byte, so K must be even")
-    if not (weight.dtype == torch.uint8):
-        raise rt.ArgumentError(op, "weight", f"must be packed 4-bit weights of dtype torch.uint8 [N, K/2], got {weight.dtype}")
-    if not (weight.dim() == 2 and 2 * weight.shape[1] == rt.last_dim(x)):
-        raise rt.ArgumentError(op, "weight", f"must have shape [N, K/2] = [N, {rt.last_dim(x) // 2}] for x of shape {tuple(x.shape)}, got {tuple(weight.shape)}")
-    if not (group_size > 0 and group_size % 8 == 0):
-        raise rt.ArgumentError(op, "group_size", f"must be a positive multiple of 8, got {group_size}")
-    if not (rt.last_dim(x) % group_size == 0):
-        raise rt.ArgumentError(op, "group_size", f"must divide K={rt.last_dim(x)}, got {group_size}")
-    if not (weight_scales.dtype == torch.float32):
-        raise rt.ArgumentError(op, "weight_scales", f"must be torch.float32, got {weight_scales.dtype}")
-    if not (tuple(weight_scales.shape) == (weight.shape[0], rt.last_dim(x) // group_size)):
-        raise rt.ArgumentError(op, "weight_scales", f"must have shape [N, K/group_size] = [{weight.shape[0]}, {rt.last_dim(x) // group_size}], got {tuple(weight_scales.shape)}")
-    if not (weight_zeros.dtype == torch.int32):
-        raise rt.ArgumentError(op, "weight_zeros", f"must be torch.int32, got {weight_zeros.dtype}")
-    if not (tuple(weight_zeros.shape) == (weight.shape[0], rt.last_dim(x) // group_size)):
-        raise rt.ArgumentError(op, "weight_zeros", f"must have shape [N, K/group_size] = [{weight.shape[0]}, {rt.last_dim(x) // group_size}], got {tuple(weight_zeros.shape)}")
-    if not (rt.numel(weight_zeros) == 0 or (int(weight_zeros.min()) >= -8 and int(weight_zeros.max()) <= 7)):
-        raise rt.ArgumentError(op, "weight_zeros", "values must lie in [-8, 7]")
-    if not (input_scale.dtype == torch.float32):
-        raise rt.ArgumentError(op, "input_scale", f"must be torch.float32, got {input_scale.dtype}")
-    if tuple(input_scale.shape) not in (rt.token_shape(x), (rt.tokens(x),)):
-        raise rt.ArgumentError(op, "input_scale", f"must hold one value per token of x ({rt.tokens(x)} tokens): shape {rt.token_shape(x)} or ({rt.tokens(x)},), got {tuple(input_scale.shape)}")
-    if not (input_zero_point.dtype == torch.int32):
-        raise rt.ArgumentError(op, "input_zero_point", f"must be torch.int32, got {input_zero_point.dtype}")
-    if tuple(input_zero_point.shape) not in (rt.token_shape(x), (rt.tokens(x),)):
-        raise rt.ArgumentError(op, "input_zero_point", f"must hold one value per token of x ({rt.tokens(x)} tokens): shape {rt.token_shape(x)} or ({rt.tokens(x)},), got {tuple(input_zero_point.shape)}")
+    _check_x_int8(op, x)
+    _check_x_not_scalar(op, x)
+    _check_x_even_k(op, x)
+    _check_weight_uint8(op, weight)
+    _check_weight_shape(op, weight, x)
+    _check_group_size_multiple_of_8(op, group_size)
+    _check_group_size_divides_k(op, group_size, x)
+    _check_weight_scales_fp32(op, weight_scales)
+    _check_weight_scales_shape(op, weight_scales, weight, x, group_size)
+    _check_weight_zeros_int32(op, weight_zeros)
+    _check_weight_zeros_shape(op, weight_zeros, weight, x, group_size)
+    _check_weight_zeros_range(op, weight_zeros)
+    _check_input_scale_fp32(op, input_scale)
+    _check_input_scale_per_token(op, input_scale, x)
+    _check_input_zero_point_int32(op, input_zero_point)
+    _check_input_zero_point_per_token(op, input_zero_point, x)
     n_out = int(weight.shape[0])
     tiles = rt.ceil_div(n_out, 4) * (1 if rt.tokens(x) == 1 else rt.ceil_div(rt.tokens(x), 4))
     coop_lanes = min(2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // 8))), 64 if rt.tokens(x) == 1 else max(4, min(64, 2 ** int(math.log2(max(1, 32768 // max(1, tiles)))))))

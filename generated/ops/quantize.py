@@ -8,6 +8,56 @@ import torch
 from runtime import stub_support as rt
 
 
+def _check_scale_positive(op, scale):
+    if not (math.isfinite(scale) and scale > 0):
+        raise rt.ArgumentError(op, "scale", f"must be a finite number > 0, got {scale}")
+
+
+def _check_quant_range(op, quant_min, quant_max):
+    if not (quant_min <= quant_max):
+        raise rt.ArgumentError(op, "quant_min", f"must be <= quant_max, got quant_min={quant_min} > quant_max={quant_max}")
+
+
+def _check_quant_min_in_dtype(op, quant_min, dtype):
+    if not (quant_min >= rt.int_range(dtype)[0]):
+        raise rt.ArgumentError(op, "quant_min", f"{quant_min} is below the range of {dtype} (minimum {rt.int_range(dtype)[0]})")
+
+
+def _check_quant_max_in_dtype(op, quant_max, dtype):
+    if not (quant_max <= rt.int_range(dtype)[1]):
+        raise rt.ArgumentError(op, "quant_max", f"{quant_max} is above the range of {dtype} (maximum {rt.int_range(dtype)[1]})")
+
+
+def _check_scales_float(op, scales):
+    if not (scales.dtype.is_floating_point):
+        raise rt.ArgumentError(op, "scales", f"must be a floating-point tensor, got {scales.dtype}")
+
+
+def _check_scales_per_token(op, scales, input):
+    if not (rt.numel(scales) == rt.tokens(input)):
+        raise rt.ArgumentError(op, "scales", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(scales.shape)}")
+
+
+def _check_scales_positive(op, scales):
+    if not (rt.positive_fp32(scales)):
+        raise rt.ArgumentError(op, "scales", "must all be finite and > 0 as fp32 values (the shaders compute in fp32)")
+
+
+def _check_zero_points_per_token(op, zero_points, input):
+    if not (rt.numel(zero_points) == rt.tokens(input)):
+        raise rt.ArgumentError(op, "zero_points", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(zero_points.shape)}")
+
+
+def _check_zero_points_int32(op, zero_points):
+    if not (rt.fits_int32(zero_points)):
+        raise rt.ArgumentError(op, "zero_points", f"must hold whole numbers within int32 (the shaders read int32), got {zero_points.dtype} values")
+
+
+def _check_input_is_dtype(op, input, dtype):
+    if not (input.dtype == dtype):
+        raise rt.ArgumentError(op, "input", f"has dtype {input.dtype} but the dtype argument says {dtype}")
+
+
 def quantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max, dtype, *, variant=None, storage=None):
     """Record etvk.quantize_per_tensor.default into `stream`; returns device tensors."""
     op = QUANTIZE_PER_TENSOR
@@ -17,14 +67,10 @@ def quantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max, 
     rt.check_arg(op, "quant_min", quant_min, "int")
     rt.check_arg(op, "quant_max", quant_max, "int")
     rt.check_arg(op, "dtype", dtype, "ScalarType")
-    if not (math.isfinite(scale) and scale > 0):
-        raise rt.ArgumentError(op, "scale", f"must be a finite number > 0, got {scale}")
-    if not (quant_min <= quant_max):
-        raise rt.ArgumentError(op, "quant_min", f"must be <= quant_max, got quant_min={quant_min} > quant_max={quant_max}")
-    if not (quant_min >= rt.int_range(dtype)[0]):
-        raise rt.ArgumentError(op, "quant_min", f"{quant_min} is below the range of {dtype} (minimum {rt.int_range(dtype)[0]})")
-    if not (quant_max <= rt.int_range(dtype)[1]):
-        raise rt.ArgumentError(op, "quant_max", f"{quant_max} is above the range of {dtype} (maximum {rt.int_range(dtype)[1]})")
+    _check_scale_positive(op, scale)
+    _check_quant_range(op, quant_min, quant_max)
+    _check_quant_min_in_dtype(op, quant_min, dtype)
+    _check_quant_max_in_dtype(op, quant_max, dtype)
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
@@ -71,22 +117,14 @@ def quantize_per_token(stream, input, scales, zero_points, quant_min, quant_max,
     rt.check_arg(op, "quant_min", quant_min, "int")
     rt.check_arg(op, "quant_max", quant_max, "int")
     rt.check_arg(op, "dtype", dtype, "ScalarType")
-    if not (quant_min <= quant_max):
-        raise rt.ArgumentError(op, "quant_min", f"must be <= quant_max, got quant_min={quant_min} > quant_max={quant_max}")
-    if not (quant_min >= rt.int_range(dtype)[0]):
-        raise rt.ArgumentError(op, "quant_min", f"{quant_min} is below the range of {dtype} (minimum {rt.int_range(dtype)[0]})")
-    if not (quant_max <= rt.int_range(dtype)[1]):
-        raise rt.ArgumentError(op, "quant_max", f"{quant_max} is above the range of {dtype} (maximum {rt.int_range(dtype)[1]})")
-    if not (scales.dtype.is_floating_point):
-        raise rt.ArgumentError(op, "scales", f"must be a floating-point tensor, got {scales.dtype}")
-    if not (rt.numel(scales) == rt.tokens(input)):
-        raise rt.ArgumentError(op, "scales", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(scales.shape)}")
-    if not (rt.positive_fp32(scales)):
-        raise rt.ArgumentError(op, "scales", "must all be finite and > 0 as fp32 values (the shaders compute in fp32)")
-    if not (rt.numel(zero_points) == rt.tokens(input)):
-        raise rt.ArgumentError(op, "zero_points", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(zero_points.shape)}")
-    if not (rt.fits_int32(zero_points)):
-        raise rt.ArgumentError(op, "zero_points", f"must hold whole numbers within int32 (the shaders read int32), got {zero_points.dtype} values")
+    _check_quant_range(op, quant_min, quant_max)
+    _check_quant_min_in_dtype(op, quant_min, dtype)
+    _check_quant_max_in_dtype(op, quant_max, dtype)
+    _check_scales_float(op, scales)
+    _check_scales_per_token(op, scales, input)
+    _check_scales_positive(op, scales)
+    _check_zero_points_per_token(op, zero_points, input)
+    _check_zero_points_int32(op, zero_points)
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
@@ -136,16 +174,11 @@ def dequantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max
     rt.check_arg(op, "quant_max", quant_max, "int")
     rt.check_arg(op, "dtype", dtype, "ScalarType")
     rt.check_arg(op, "out_dtype", out_dtype, "ScalarType?")
-    if not (input.dtype == dtype):
-        raise rt.ArgumentError(op, "input", f"has dtype {input.dtype} but the dtype argument says {dtype}")
-    if not (math.isfinite(scale) and scale > 0):
-        raise rt.ArgumentError(op, "scale", f"must be a finite number > 0, got {scale}")
-    if not (quant_min <= quant_max):
-        raise rt.ArgumentError(op, "quant_min", f"must be <= quant_max, got quant_min={quant_min} > quant_max={quant_max}")
-    if not (quant_min >= rt.int_range(dtype)[0]):
-        raise rt.ArgumentError(op, "quant_min", f"{quant_min} is below the range of {dtype} (minimum {rt.int_range(dtype)[0]})")
-    if not (quant_max <= rt.int_range(dtype)[1]):
-        raise rt.ArgumentError(op, "quant_max", f"{quant_max} is above the range of {dtype} (maximum {rt.int_range(dtype)[1]})")
+    _check_input_is_dtype(op, input, dtype)
+    _check_scale_positive(op, scale)
+    _check_quant_range(op, quant_min, quant_max)
+    _check_quant_min_in_dtype(op, quant_min, dtype)
+    _check_quant_max_in_dtype(op, quant_max, dtype)
     out_dtype = torch.float32 if out_dtype is None else out_dtype
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("out_dtype", out_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
@@ -195,24 +228,15 @@ def dequantize_per_token(stream, input, scales, zero_points, quant_min, quant_ma
     rt.check_arg(op, "quant_max", quant_max, "int")
     rt.check_arg(op, "dtype", dtype, "ScalarType")
     rt.check_arg(op, "output_dtype", output_dtype, "ScalarType")
-    if not (input.dtype == dtype):
-        raise rt.ArgumentError(op, "input", f"has dtype {input.dtype} but the dtype argument says {dtype}")
-    if not (quant_min <= quant_max):
-        raise rt.ArgumentError(op, "quant_min", f"must be <= quant_max, got quant_min={quant_min} > quant_max={quant_max}")
-    if not (quant_min >= rt.int_range(dtype)[0]):
-        raise rt.ArgumentError(op, "quant_min", f"{quant_min} is below the range of {dtype} (minimum {rt.int_range(dtype)[0]})")
-    if not (quant_max <= rt.int_range(dtype)[1]):
-        raise rt.ArgumentError(op, "quant_max", f"{quant_max} is above the range of {dtype} (maximum {rt.int_range(dtype)[1]})")
-    if not (scales.dtype.is_floating_point):
-        raise rt.ArgumentError(op, "scales", f"must be a floating-point tensor, got {scales.dtype}")
-    if not (rt.numel(scales) == rt.tokens(input)):
-        raise rt.ArgumentError(op, "scales", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(scales.shape)}")
-    if not (rt.positive_fp32(scales)):
-        raise rt.ArgumentError(op, "scales", "must all be finite and > 0 as fp32 values (the shaders compute in fp32)")
-    if not (rt.numel(zero_points) == rt.tokens(input)):
-        raise rt.ArgumentError(op, "zero_points", f"must hold one value per token of input ({rt.tokens(input)} tokens), got shape {tuple(zero_points.shape)}")
-    if not (rt.fits_int32(zero_points)):
-        raise rt.ArgumentError(op, "zero_points", f"must hold whole numbers within int32 (the shaders read int32), got {zero_points.dtype} values")
+    _check_input_is_dtype(op, input, dtype)
+    _check_quant_range(op, quant_min, quant_max)
+    _check_quant_min_in_dtype(op, quant_min, dtype)
+    _check_quant_max_in_dtype(op, quant_max, dtype)
+    _check_scales_float(op, scales)
+    _check_scales_per_token(op, scales, input)
+    _check_scales_positive(op, scales)
+    _check_zero_points_per_token(op, zero_points, input)
+    _check_zero_points_int32(op, zero_points)
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("output_dtype", output_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
