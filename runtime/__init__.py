@@ -7,10 +7,20 @@ Public API (OPS.md "Public contract")::
     q = op(x, 0.05, 3, -128, 127, torch.int8)
     op.variants
     runtime.list_ops()
+    runtime.load_ops("my_ops/generated")   # ops generated from a folder of one's own
 
 Importing the package registers ``torch.ops.etvk.*`` (reference CPU kernels
 and fake kernels) but opens no Vulkan device; the first op call does.
+
+Layers (each imports only those above it in this list): `runtime.errors`;
+`runtime.vulkan` (instance, device, memory, tensors, pipelines, streams);
+`runtime.families` and `runtime.reference` (host-side rules and PyTorch
+definitions of each op family); `runtime.ops` (shader libraries, the
+registry, what generated stubs call); `runtime.pytorch` (``torch.ops.etvk``,
+graph passes); `runtime.tools` (``python -m runtime``, the demo, examples).
 """
+
+from pathlib import Path
 
 from runtime.errors import (
     ArgumentError,
@@ -21,9 +31,33 @@ from runtime.errors import (
     VulkanError,
     VulkanUnavailable,
 )
-from runtime.int4 import pack_int4, unpack_int4
-from runtime.registry import Op, get_op, list_ops
-from runtime.torch_ops import register_torch_ops
+from runtime.families.int4 import pack_int4, unpack_int4
+from runtime.ops import registry
+from runtime.ops.library import ManifestError
+from runtime.ops.registry import Op, get_op, list_ops
+from runtime.pytorch.torch_ops import register_torch_ops
+from runtime.vulkan.stream import Stream
+
+
+def load_ops(folder: Path | str) -> list[str]:
+    """Serves the ops of a generated folder of one's own next to the built-in ones.
+
+    The folder is what ``python -m codegen generate --specs DIR --templates DIR
+    --out FOLDER`` wrote; its ops become callable through `get_op` and as
+    ``torch.ops.etvk.*``.
+
+    Returns:
+        The names of the ops it added, sorted.
+
+    Raises:
+        ManifestError: the folder is unreadable, of another format, already
+            loaded, or one of its op or variant names is already registered
+            (the message names both sources).
+    """
+    names = registry.load_ops(folder)
+    register_torch_ops()
+    return names
+
 
 register_torch_ops()
 
@@ -31,13 +65,16 @@ __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
     "EtvkError",
+    "ManifestError",
     "Op",
+    "Stream",
     "TensorTooLarge",
     "UnsupportedVariant",
     "VulkanError",
     "VulkanUnavailable",
     "get_op",
     "list_ops",
+    "load_ops",
     "pack_int4",
     "unpack_int4",
 ]

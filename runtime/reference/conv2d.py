@@ -16,9 +16,9 @@ from __future__ import annotations
 
 import torch
 
-from runtime.conv2d import conv2d_params
-from runtime.layouts import check_layout
+from runtime.families.conv2d import conv2d_params
 from runtime.reference.quantize import dequantize_per_tensor, fp32, fp32_recip, quantize_per_tensor
+from runtime.vulkan.layouts import check_layout
 
 ACTIVATIONS = ("none", "relu")
 INT8_MIN, INT8_MAX = -128, 127

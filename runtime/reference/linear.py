@@ -30,7 +30,7 @@ import math
 import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError
-from runtime.int4 import unpack_int4
+from runtime.families.int4 import unpack_int4
 
 OP = "etvk.linear_qta8a_qga4w.default"
 
@@ -45,7 +45,7 @@ def linear_qta8a_qga4w(x, input_scale, input_zero_point, weight, group_size, wei
         x: int8 ``[..., K]``, quantized per token.
         input_scale: fp32, one per token (shape ``[..., 1]`` or ``[tokens]``).
         input_zero_point: int32, one per token, same shape rule.
-        weight: uint8 ``[N, K/2]`` packed by `runtime.int4.pack_int4`.
+        weight: uint8 ``[N, K/2]`` packed by `runtime.families.int4.pack_int4`.
         group_size: weights per group along K; divides K and is a multiple of 8.
         weight_scales: fp32 ``[N, K/group_size]``.
         weight_zeros: int32 ``[N, K/group_size]``, values in [-8, 7].

@@ -1,8 +1,8 @@
 """Fixtures for runtime tests: a tiny hand-written shader library compiled with glslc.
 
-`tiny_library` writes a manifest (docs/internals.md section 3) and GLSL for
-three variants into a temporary folder and compiles them into a temporary
-SPIR-V cache exactly as codegen would (key = sha256(flags + "\\n" + glsl)).
+`tiny_library` writes a generated folder by hand (docs/internals.md section
+3): a manifest, GLSL for three variants, and their SPIR-V under `spv/`,
+named by key exactly as codegen would (key = sha256(flags + "\\n" + glsl)).
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ import shutil
 import subprocess
 
 import pytest
+
+from runtime.ops.library import FORMAT, ShaderLibrary
+from runtime.vulkan.stream import Stream
 
 SPIRV_FLAGS = ["--target-env=vulkan1.2", "-O"]
 HEADER = """#version 450
@@ -91,16 +94,16 @@ def spirv_key(glsl: str) -> str:
     return hashlib.sha256((" ".join(SPIRV_FLAGS) + "\n" + glsl).encode()).hexdigest()
 
 
-def write_library(root, cache, requires=None):
-    """Write manifest + GLSL for SHADERS under `root`; compile into `cache`/spv. Returns root."""
+def write_library(root, requires=None):
+    """Write manifest, GLSL and SPIR-V (spv/) for SHADERS under `root`. Returns root."""
     (root / "glsl").mkdir(parents=True, exist_ok=True)
-    (cache / "spv").mkdir(parents=True, exist_ok=True)
+    (root / "spv").mkdir(parents=True, exist_ok=True)
     variants = {}
     for name, (body, interface) in SHADERS.items():
         glsl = HEADER + body
         (root / "glsl" / f"{name}.comp").write_text(glsl)
         key = spirv_key(glsl)
-        subprocess.run(["glslc", *SPIRV_FLAGS, "-fshader-stage=compute", "-o", str(cache / "spv" / f"{key}.spv"),
+        subprocess.run(["glslc", *SPIRV_FLAGS, "-fshader-stage=compute", "-o", str(root / "spv" / f"{key}.spv"),
                         str(root / "glsl" / f"{name}.comp")], check=True)
         variants[name] = {
             "shader": name.split("_")[0], "ops": [f"test.{name}.default"], "axes": {"STORAGE": name.split("_")[-2]},
@@ -108,34 +111,27 @@ def write_library(root, cache, requires=None):
             "spec": f"tests/runtime/conftest.py:{name}", "interface": interface}
     ops = {f"test.{n}.default": {"family": "test", "schema": "", "doc": "", "reference": "",
                                  "module": "ops/test.py", "spec": "", "variants": [n]} for n in SHADERS}
-    manifest = {"format": 1, "generator": "tests", "spirv_flags": SPIRV_FLAGS, "ops": ops, "variants": variants}
+    manifest = {"format": FORMAT, "generator": "tests", "spirv_flags": SPIRV_FLAGS, "ops": ops, "variants": variants}
     (root / "manifest.json").write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
     return root
 
 
 @pytest.fixture(scope="session")
-def tiny_dirs(tmp_path_factory):
-    """(generated dir, cache dir) holding the tiny library and its compiled SPIR-V."""
+def tiny_dir(tmp_path_factory):
+    """The generated folder of the tiny library, with its compiled SPIR-V."""
     if shutil.which("glslc") is None:
         pytest.fail("glslc is needed to build the tiny test shaders: install glslc (shaderc)")
-    base = tmp_path_factory.mktemp("tiny")
-    return write_library(base / "generated", base / "cache"), base / "cache"
+    return write_library(tmp_path_factory.mktemp("tiny") / "generated")
 
 
 @pytest.fixture
-def tiny_library(tiny_dirs, monkeypatch):
-    """A ShaderLibrary of SHADERS, with ETVK_CACHE_DIR pointing at its compiled SPIR-V."""
-    from runtime.shaders import ShaderLibrary
-
-    root, cache = tiny_dirs
-    monkeypatch.setenv("ETVK_CACHE_DIR", str(cache))
-    return ShaderLibrary(root)
+def tiny_library(tiny_dir):
+    """A ShaderLibrary of SHADERS."""
+    return ShaderLibrary(tiny_dir)
 
 
 @pytest.fixture
 def stream(tiny_library):
-    """A Stream on the process device that dispatches from the tiny library."""
-    from runtime.command import Stream
-
-    with Stream(library=tiny_library) as s:
+    """A Stream on the process device (the tests dispatch the tiny library's variants)."""
+    with Stream() as s:
         yield s

@@ -1,0 +1,403 @@
+"""Host-side rules of the int8 conv2d family (OPS.md "Packed int8 activations", family 2).
+
+Three jobs, all pure torch / Python:
+
+- geometry: `conv2d_params` turns PyTorch-style conv arguments into a frozen
+  `Conv2dParams` (output size, groups, pointwise / depthwise / im2col flags);
+- device rules: `prefers_im2col` and `choose_algorithm` (OPS.md rules 1-2 and
+  the dispatcher op's choice), and `resolve_packed_int8_conv2d`, which replaces
+  the ``PACKED_INT8_CONV2D`` placeholder of a program's packed int8 tensors by
+  concrete layouts (rules 3-4);
+- weight formats: the int8 weight packings the GEMM, direct and depthwise
+  shaders read, returned as int32 words (4 int8 bytes each, little-endian;
+  an ivec4 is 4 consecutive words).
+
+It must not touch Vulkan or cache anything (the op stubs cache packed weights
+per weight tensor), and it does not validate op arguments beyond what the
+geometry needs (the op specs' checks do that). Called by the conv op stubs,
+the conv references in runtime/reference/conv2d.py, and the tests.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+import torch
+
+from runtime.vulkan.device import GPU_FAMILIES
+from runtime.vulkan.layouts import PACKED_LAYOUTS
+
+PLACEHOLDER = "PACKED_INT8_CONV2D"
+DISPATCH_OP = "etvk.q8ta_conv2d.default"
+# The input layout each single-algorithm conv op wants (OPS.md rule 3): the
+# im2col family (im2col and its pointwise GEMM) reads 4C, direct and depthwise 4C1W.
+ALGORITHM_INPUT_LAYOUT = {"pw": "4C", "im2col": "4C", "general": "4C1W", "dw": "4C1W"}
+CONV_OP_ALGORITHMS = {
+    "etvk.q8ta_conv2d_pw.default": "pw",
+    "etvk.q8ta_conv2d_im2col.default": "im2col",
+    "etvk.q8ta_conv2d_general.default": "general",
+    "etvk.q8ta_conv2d_dw.default": "dw",
+}
+CONV_OPS = (DISPATCH_OP, *CONV_OP_ALGORITHMS)
+IM2COL_MIN_GROUP_CHANNELS = 32
+IM2COL_MAX_OUTPUT_PIXELS = 4096
+FALLBACK_LAYOUT = "4C1W"
+
+
+def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
+    """PyTorch's conv output size: ``(size + 2p - d*(k-1) - 1) // s + 1``."""
+    return (size + 2 * padding - dilation * (kernel - 1) - 1) // stride + 1
+
+
+def _pair(value, name: str) -> tuple[int, int]:
+    """An int or a list of 1 or 2 ints, as PyTorch's conv arguments, to (y, x)."""
+    items = [value] if isinstance(value, int) else list(value)
+    if len(items) not in (1, 2) or not all(isinstance(v, int) for v in items):
+        raise ValueError(f"{name} must be an int or a list of 1 or 2 ints, got {value!r}")
+    return (items[0], items[-1])
+
+
+@dataclass(frozen=True)
+class Conv2dParams:
+    """The geometry of one 2-D convolution (NCHW input, OIHW weights).
+
+    ``stride``, ``padding`` and ``dilation`` are (y, x) pairs. ``Cg`` and
+    ``Coutg`` are the input and output channels of one group.
+    """
+
+    N: int
+    C_in: int
+    H: int
+    W: int
+    C_out: int
+    KH: int
+    KW: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    groups: int
+    Cg: int
+    Coutg: int
+    H_out: int
+    W_out: int
+
+    @property
+    def taps(self) -> int:
+        """Kernel taps ``KH * KW``."""
+        return self.KH * self.KW
+
+    @property
+    def Kg(self) -> int:
+        """Reduction length of one group: ``Cg * KH * KW``."""
+        return self.Cg * self.taps
+
+    @property
+    def is_pointwise(self) -> bool:
+        """1x1 kernel, stride 1, padding 0, and whole channel words per group."""
+        return (
+            (self.KH, self.KW) == (1, 1)
+            and self.stride == (1, 1)
+            and self.padding == (0, 0)
+            and (self.groups == 1 or self.Cg % 4 == 0)
+        )
+
+    @property
+    def is_depthwise(self) -> bool:
+        """One input and one output channel per group: ``groups == C_in == C_out``."""
+        return self.groups == self.C_in == self.C_out
+
+    @property
+    def direct_word_span(self) -> int:
+        """``NW`` of `pack_direct_weights`: the most input channel words a group touches."""
+        return direct_word_span(self.C_in, self.groups)
+
+    @property
+    def im2col_eligible(self) -> bool:
+        """OPS.md rule 1: ``(C_in / groups) % 4 == 0``."""
+        return self.Cg % 4 == 0
+
+
+def conv2d_params(x_shape, weight_shape, kernel_size, stride, padding, dilation, groups) -> Conv2dParams:
+    """Builds the geometry of a conv from PyTorch-style arguments.
+
+    Args:
+        x_shape: input shape ``[N, C_in, H, W]``.
+        weight_shape: weight shape ``[C_out, C_in/groups, KH, KW]``.
+        kernel_size, stride, padding, dilation: an int or a list of 1 or 2 ints.
+        groups: number of groups; divides C_in and C_out.
+
+    Returns:
+        The `Conv2dParams`.
+
+    Raises:
+        ValueError: the shapes and arguments do not describe a valid conv.
+    """
+    if len(x_shape) != 4 or len(weight_shape) != 4:
+        raise ValueError(f"conv2d needs 4-D input and weights, got {list(x_shape)} and {list(weight_shape)}")
+    n, c_in, h, w = (int(s) for s in x_shape)
+    c_out, cg, kh, kw = (int(s) for s in weight_shape)
+    if not isinstance(groups, int) or groups < 1 or c_in % groups or c_out % groups:
+        raise ValueError(f"groups={groups!r} must be a positive int dividing C_in={c_in} and C_out={c_out}")
+    if cg != c_in // groups:
+        raise ValueError(f"weights have {cg} input channels per group, expected C_in/groups = {c_in // groups}")
+    if _pair(kernel_size, "kernel_size") != (kh, kw):
+        raise ValueError(f"kernel_size={kernel_size!r} does not match the weights' {kh}x{kw}")
+    sy, sx = _pair(stride, "stride")
+    py, px = _pair(padding, "padding")
+    dy, dx = _pair(dilation, "dilation")
+    if min(sy, sx, dy, dx, kh, kw) < 1 or min(py, px) < 0:
+        raise ValueError("stride, dilation and kernel size must be >= 1 and padding >= 0")
+    h_out = conv_output_size(h, kh, sy, py, dy)
+    w_out = conv_output_size(w, kw, sx, px, dx)
+    if h_out < 1 or w_out < 1:
+        raise ValueError(f"the output would be {h_out}x{w_out}: the kernel does not fit the input")
+    return Conv2dParams(
+        N=n, C_in=c_in, H=h, W=w, C_out=c_out, KH=kh, KW=kw, stride=(sy, sx), padding=(py, px),
+        dilation=(dy, dx), groups=groups, Cg=cg, Coutg=c_out // groups, H_out=h_out, W_out=w_out,
+    )
+
+
+def _check_family(family: str) -> None:
+    if family not in GPU_FAMILIES:
+        raise ValueError(f"unknown GPU family {family!r}; use one of {', '.join(GPU_FAMILIES)}")
+
+
+def prefers_im2col(params: Conv2dParams, family: str) -> bool:
+    """OPS.md rule 2: whether im2col (rather than direct convolution) serves ``params``.
+
+    On mali: whenever eligible. Elsewhere: eligible, one group, and either
+    at least 32 input channels or at most 4096 output pixels.
+    """
+    _check_family(family)
+    if not params.im2col_eligible:
+        return False
+    if family == "mali":
+        return True
+    return params.groups == 1 and (
+        params.Cg >= IM2COL_MIN_GROUP_CHANNELS
+        or params.H_out * params.W_out <= IM2COL_MAX_OUTPUT_PIXELS
+    )
+
+
+def choose_algorithm(params: Conv2dParams, family: str) -> str:
+    """The algorithm ``etvk.q8ta_conv2d.default`` runs: "pw", "dw", "im2col" or "general"."""
+    _check_family(family)
+    if params.is_pointwise and params.groups == 1:
+        return "pw"
+    if params.is_depthwise:
+        return "dw"
+    return "im2col" if prefers_im2col(params, family) else "general"
+
+
+@dataclass(frozen=True)
+class PackedOp:
+    """One op of a program, as the layout resolver sees it.
+
+    Attributes:
+        target: the op name, e.g. "etvk.q8ta_conv2d.default".
+        layouts: for each packed int8 tensor the op reads or writes (arguments
+            and outputs), its value name in the program -> a layout of
+            `PACKED_LAYOUTS` or `PLACEHOLDER`. A value name shared by two ops
+            is one tensor, so it ends up with one layout.
+        conv: the geometry, needed for the dispatcher op ``etvk.q8ta_conv2d``.
+        input_arg: the value name (a key of ``layouts``) a conv op reads as x.
+    """
+
+    target: str
+    layouts: Mapping[str, str] = field(hash=False)
+    conv: Conv2dParams | None = None
+    input_arg: str = "x"
+
+    def __post_init__(self):
+        object.__setattr__(self, "layouts", MappingProxyType(dict(self.layouts)))
+
+
+def _wanted_input_layout(op: PackedOp, family: str) -> str | None:
+    """Rule 3: the input layout a conv op wants, or None for any other op."""
+    if op.target not in CONV_OPS:
+        return None
+    if op.input_arg not in op.layouts:
+        raise ValueError(f"{op.target}: input {op.input_arg!r} is not among its packed tensors")
+    if op.target == DISPATCH_OP:
+        if op.conv is None:
+            raise ValueError(f"{op.target}: the conv geometry is needed to choose its algorithm")
+        return ALGORITHM_INPUT_LAYOUT[choose_algorithm(op.conv, family)]
+    return ALGORITHM_INPUT_LAYOUT[CONV_OP_ALGORITHMS[op.target]]
+
+
+def _value_layouts(ops: Sequence[PackedOp]) -> dict[str, str]:
+    """Every value's layout across ops; a concrete layout beats the placeholder."""
+    values: dict[str, str] = {}
+    for op in ops:
+        for name, layout in op.layouts.items():
+            if layout != PLACEHOLDER and layout not in PACKED_LAYOUTS:
+                raise ValueError(f"{op.target}: {name!r} has layout {layout!r}; use one of "
+                                 f"{', '.join(PACKED_LAYOUTS)} or {PLACEHOLDER}")
+            known = values.setdefault(name, layout)
+            if known == PLACEHOLDER:
+                values[name] = layout
+            elif layout not in (PLACEHOLDER, known):
+                raise ValueError(f"{name!r} is {known} in one op and {layout} in {op.target}")
+    return values
+
+
+def resolve_packed_int8_conv2d(ops: Sequence[PackedOp], family: str) -> list[PackedOp]:
+    """Replaces every `PLACEHOLDER` layout of a program's ops (OPS.md rules 1-4).
+
+    Layouts belong to values (tensors), not to op arguments: a value produced
+    by one op and read by another has one layout. The steps:
+
+    1. rule 3: each conv op, in program order, sets its input value to the
+       layout its algorithm wants (``choose_algorithm`` for the dispatcher) if
+       that value is still a placeholder; where two convs read one placeholder
+       value, the first in program order decides;
+    2. rule 4: an op holding a placeholder takes the first concrete layout
+       among its other values (in ``layouts`` order); passes over the program
+       in order repeat until nothing changes, so a layout also reaches ops
+       earlier in the program;
+    3. whatever is left becomes 4C1W.
+
+    Args:
+        ops: the program's ops that touch packed int8 tensors, in program order.
+        family: the device's GPU family (`runtime.vulkan.device.GPU_FAMILIES`).
+
+    Returns:
+        New `PackedOp`s, in the same order, with concrete layouts only.
+
+    Raises:
+        ValueError: an unknown family or layout, a value given two different
+            concrete layouts, or a conv op without its input or geometry.
+    """
+    _check_family(family)
+    values = _value_layouts(ops)
+    for op in ops:
+        wanted = _wanted_input_layout(op, family)
+        if wanted is not None and values[op.input_arg] == PLACEHOLDER:
+            values[op.input_arg] = wanted
+    changed = True
+    while changed:
+        changed = False
+        for op in ops:
+            concrete = [values[v] for v in op.layouts if values[v] != PLACEHOLDER]
+            for name in op.layouts:
+                if concrete and values[name] == PLACEHOLDER:
+                    values[name] = concrete[0]
+                    changed = True
+    resolved = {name: FALLBACK_LAYOUT if lay == PLACEHOLDER else lay for name, lay in values.items()}
+    return [replace(op, layouts={name: resolved[name] for name in op.layouts}) for op in ops]
+
+
+def _check_weights(w: torch.Tensor) -> None:
+    if w.dtype != torch.int8 or w.dim() != 4:
+        raise ValueError(f"weights must be an int8 [C_out, C_in/groups, KH, KW] tensor, "
+                         f"got {w.dtype} {list(w.shape)}")
+
+
+def _ceil4(n: int) -> int:
+    return -(-n // 4)
+
+
+def _words(blocks: torch.Tensor) -> torch.Tensor:
+    """int8 blocks whose last dimension is 4 bytes, as flat int32 words."""
+    return blocks.contiguous().view(torch.int32).reshape(-1)
+
+
+def pack_gemm_weights(w: torch.Tensor, groups: int) -> torch.Tensor:
+    """Weights of the im2col / pointwise GEMM.
+
+    Row ``oc`` is ``w[oc]`` in K order ``k = (ky*KW + kx)*Cg + ic`` (ic
+    fastest), zero padded to ``Kg4 = ceil(Cg*KH*KW / 4)`` words. ivec4
+    ``oc4 * Kg4 + k4`` holds in component ``j`` the word of row ``oc4*4 + j``
+    for K values ``4*k4 .. 4*k4+3`` (byte ``k % 4``); rows ``>= C_out`` are 0.
+
+    Args:
+        w: int8 ``[C_out, Cg, KH, KW]``.
+        groups: the conv's groups (each row is its own group's K vector).
+
+    Returns:
+        int32 ``[ceil(C_out/4) * Kg4 * 4]``.
+    """
+    _check_weights(w)
+    c_out, cg, kh, kw = w.shape
+    if groups < 1 or c_out % groups:
+        raise ValueError(f"groups={groups} must divide C_out={c_out}")
+    kg = cg * kh * kw
+    rows = w.permute(0, 2, 3, 1).reshape(c_out, kg)
+    o4, k4 = _ceil4(c_out), _ceil4(kg)
+    rows = torch.nn.functional.pad(rows, (0, k4 * 4 - kg, 0, o4 * 4 - c_out))
+    return _words(rows.reshape(o4, 4, k4, 4).permute(0, 2, 1, 3))
+
+
+def direct_word_span(c_in: int, groups: int) -> int:
+    """``NW``: the most input channel words one group's channels touch."""
+    cg = c_in // groups
+    return max(((g + 1) * cg - 1) // 4 - (g * cg) // 4 + 1 for g in range(groups))
+
+
+def pack_direct_weights(w: torch.Tensor, groups: int, C_in: int) -> torch.Tensor:
+    """Weights of the direct conv, laid out along the input's channel words.
+
+    Output channel ``oc`` of group ``g`` reads input words ``first(g) =
+    g*Cg // 4`` onwards. ivec4 ``(oc4*KH*KW + tap)*NW + i`` (``tap = ky*KW +
+    kx``) holds in component ``j`` the weights of ``oc = oc4*4 + j`` for input
+    channels ``ch = (first(g)+i)*4 + b`` in byte ``b``: ``w[oc, ch - g*Cg, ky,
+    kx]`` where ``ch`` is in group ``g``, else 0; rows ``>= C_out`` are 0.
+
+    Args:
+        w: int8 ``[C_out, Cg, KH, KW]``.
+        groups: the conv's groups.
+        C_in: the input's channels, ``Cg * groups``.
+
+    Returns:
+        int32 ``[ceil(C_out/4) * KH*KW * NW * 4]``, where ``NW`` is
+        `direct_word_span`.
+    """
+    _check_weights(w)
+    c_out, cg, kh, kw = w.shape
+    if groups < 1 or c_out % groups or C_in != cg * groups:
+        raise ValueError(f"C_in={C_in} and C_out={c_out} do not fit groups={groups} "
+                         f"with {cg} input channels per group")
+    nw = direct_word_span(C_in, groups)
+    o4, taps = _ceil4(c_out), kh * kw
+    oc = torch.arange(o4 * 4)
+    group = (oc // (c_out // groups)).clamp(max=groups - 1)
+    ch = ((group * cg) // 4 * 4)[:, None] + torch.arange(nw * 4)[None, :]  # [O, NW*4]
+    rel = ch - (group * cg)[:, None]
+    valid = (rel >= 0) & (rel < cg) & (oc < c_out)[:, None]
+    per_tap = torch.nn.functional.pad(w.permute(0, 2, 3, 1).reshape(c_out, taps, cg),
+                                      (0, 0, 0, 0, 0, o4 * 4 - c_out))  # [O, T, Cg]
+    index = rel.clamp(0, cg - 1)[:, None, :].expand(-1, taps, -1)
+    picked = torch.gather(per_tap, 2, index) * valid[:, None, :].to(torch.int8)
+    blocks = picked.reshape(o4, 4, taps, nw, 4).permute(0, 2, 3, 1, 4)
+    return _words(blocks)
+
+
+def pack_depthwise_weights(w: torch.Tensor) -> torch.Tensor:
+    """Weights of the depthwise conv (``groups == C_in == C_out``).
+
+    Taps ``T = KH*KW`` (``tap = ky*KW + kx``) are zero padded to ``T4 =
+    ceil(T/4)`` words. ivec4 ``c4 * T4 + t4`` holds in component ``j`` the
+    weights of channel ``c4*4 + j`` at taps ``4*t4 .. 4*t4+3``.
+
+    Args:
+        w: int8 ``[C, 1, KH, KW]``.
+
+    Returns:
+        int32 ``[ceil(C/4) * T4 * 4]``.
+    """
+    _check_weights(w)
+    c, one, kh, kw = w.shape
+    if one != 1:
+        raise ValueError(f"depthwise weights need one input channel per group, got {one}")
+    taps = kh * kw
+    c4, t4 = _ceil4(c), _ceil4(taps)
+    rows = torch.nn.functional.pad(w.reshape(c, taps), (0, t4 * 4 - taps, 0, c4 * 4 - c))
+    return _words(rows.reshape(c4, 4, t4, 4).permute(0, 2, 1, 3))
+
+
+def weight_sums(w: torch.Tensor) -> torch.Tensor:
+    """int32 ``[C_out]``: the sum of each output channel's weights."""
+    _check_weights(w)
+    return w.to(torch.int32).sum(dim=(1, 2, 3), dtype=torch.int32)

@@ -1,0 +1,120 @@
+"""Prepacking of 4-bit grouped weights for the `linear_qta8a_qga4w` shaders.
+
+`pack_linear_weights(weight, weight_scales, weight_zeros, group_size)` turns
+the OPS.md family 3 weight (uint8 ``[N, K/2]``, two nibbles ``w + 8`` per
+byte), its fp32 scales and int32 zero points (``[N, G]``, ``G = K /
+group_size``) into one int32 tensor that both shaders (gemv and gemm, see
+templates/linear_qta8a_qga4w.glsl.j2) read as 16-byte texels (an ``ivec4``:
+a buffer unit, or one texel of a 2-D ``rgba32i`` image). The op spec calls it
+through ``prepacked(...)``, so a weight is packed and uploaded once.
+
+Layout. Output rows are taken in blocks of 4 (``N4 = ceil(N / 4)`` blocks;
+rows past N are padding), and every block is one row of ``R = (J + 2) * G``
+texels, ``J = group_size / 8``. The result has shape ``[N4, 4 * R]``: block
+``b``'s texel ``t`` is buffer unit ``b * R + t``, or image texel ``(t, b)``.
+Texel ``t = j * G + g`` (groups fastest, so the invocations of a gemv
+workgroup that take consecutive groups read consecutive texels) holds, in
+component ``r`` (row ``n = 4 * b + r``):
+
+- ``j < J``: the 8 weights ``k = g * group_size + 8 * j + i``, ``i = 0..7``,
+  as nibbles ``q = w + 8`` in [0, 15]: byte ``i`` (bits ``8i..8i+7``) of the
+  word holds ``k + i`` in its low nibble and ``k + 4 + i`` in its high nibble.
+  So ``word & 0x0F0F0F0F`` and ``(word >> 4) & 0x0F0F0F0F`` are 4 int8
+  values each, byte-aligned with the int8 activation words of ``x[k..k+3]``
+  and ``x[k+4..k+7]``: the inner loop is two 4-way int8 dot products.
+- ``j == J``: the bits of ``weight_scales[n, g]`` (fp32).
+- ``j == J + 1``: ``(c << 4) | zq`` with ``zq = weight_zeros[n, g] + 8`` in
+  [0, 15] and ``c = Σ_{k in g} (q - zq) = Σ (w - weight_zeros)`` (an
+  arithmetic shift right by 4 recovers ``c``).
+
+Padding rows hold ``q = 8`` (w = 0), ``zq = 8``, ``c = 0`` and scale 0.
+
+With these, the exact group sum of OPS.md is, for token ``m`` with zero
+point ``izp``::
+
+    Σ_k (x - izp)(w - wz) = Σ_k x*q - zq * Σ_k x - izp * c
+
+all in int32 (``|Σ x*q| <= 128 * 15 * group_size``). Pure torch on the CPU;
+it must not touch Vulkan. Called through the op spec (op_specs/linear.yaml).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.families.int4 import unpack_int4
+
+ROWS_PER_BLOCK = 4
+VALUES_PER_TEXEL = 8  # k values of one row in one texel component (8 nibbles)
+METADATA_TEXELS = 2  # scales, (c << 4) | zq
+
+
+def packed_row_texels(k: int, group_size: int) -> int:
+    """R: texels per block of 4 output rows, ``(group_size / 8 + 2) * K / group_size``."""
+    return (group_size // VALUES_PER_TEXEL + METADATA_TEXELS) * (k // group_size)
+
+
+def pack_linear_weights(
+    weight: torch.Tensor, weight_scales: torch.Tensor, weight_zeros: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """Packs a 4-bit grouped weight for the linear shaders (layout in the module docstring).
+
+    Args:
+        weight: uint8 ``[N, K/2]`` (OPS.md family 3 nibbles).
+        weight_scales: fp32 ``[N, K/group_size]``.
+        weight_zeros: integer ``[N, K/group_size]``, values in [-8, 7].
+        group_size: a multiple of 8 that divides K.
+
+    Returns:
+        int32 ``[ceil(N/4), 4 * R]`` with ``R = packed_row_texels(K, group_size)``.
+        The op's checks have validated the arguments; this does not re-check.
+    """
+    n, k = weight.shape[0], 2 * weight.shape[1]
+    groups = k // group_size
+    j_count = group_size // VALUES_PER_TEXEL
+    blocks = -(-n // ROWS_PER_BLOCK)
+    rows = blocks * ROWS_PER_BLOCK
+
+    q = torch.full((rows, k), 8, dtype=torch.int32)
+    q[:n] = unpack_int4(weight).to(torch.int32) + 8
+    zq = torch.full((rows, groups), 8, dtype=torch.int32)
+    zq[:n] = weight_zeros.to(torch.int32) + 8
+    scales = torch.zeros(rows, groups, dtype=torch.float32)
+    scales[:n] = weight_scales.to(torch.float32)
+
+    # [rows, G, J, 2, 4]: (g, j, half, i) -> k = g*gs + 8j + 4*half + i
+    q5 = q.reshape(rows, groups, j_count, 2, 4)
+    nibbles = q5[:, :, :, 0, :] | (q5[:, :, :, 1, :] << 4)  # byte i: low k+i, high k+4+i
+    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32)
+    words = (nibbles << shifts).sum(dim=-1, dtype=torch.int64)  # [rows, G, J], < 2**32
+    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+    c = (q.reshape(rows, groups, group_size) - zq[:, :, None]).sum(dim=-1, dtype=torch.int32)
+    meta_corr = (c << 4) | zq
+    meta_scale = scales.view(torch.int32)
+
+    # [rows, J + 2, G]: texel index t = j * G + g
+    per_row = torch.cat(
+        (words.transpose(1, 2), meta_scale[:, None, :], meta_corr[:, None, :]), dim=1
+    ).reshape(rows, -1)
+    # rows -> (block, r) with r the texel component: [blocks, R, 4]
+    packed = per_row.reshape(blocks, ROWS_PER_BLOCK, -1).transpose(1, 2)
+    return packed.reshape(blocks, -1).contiguous()
+
+
+def unpack_linear_weights(packed: torch.Tensor, n: int, k: int, group_size: int):
+    """Inverse of `pack_linear_weights` (for tests): ``(weight, weight_scales, weight_zeros)``."""
+    groups = k // group_size
+    j_count = group_size // VALUES_PER_TEXEL
+    blocks = packed.shape[0]
+    per_row = packed.reshape(blocks, -1, ROWS_PER_BLOCK).transpose(1, 2).reshape(blocks * 4, -1)
+    per_row = per_row.reshape(-1, j_count + METADATA_TEXELS, groups)[:n]
+    words = per_row[:, :j_count, :].transpose(1, 2).to(torch.int64) & 0xFFFFFFFF  # [n, G, J]
+    nibbles = torch.stack([(words >> (8 * i)) & 0xFF for i in range(4)], dim=-1)  # [n, G, J, 4]
+    q = torch.stack((nibbles & 0xF, nibbles >> 4), dim=-2).reshape(n, k)  # (half, i)
+    w = (q - 8).to(torch.int8)
+    scales = per_row[:, j_count, :].contiguous().view(torch.float32)
+    zeros = (per_row[:, j_count + 1, :] & 0xF) - 8
+    from runtime.families.int4 import pack_int4
+
+    return pack_int4(w), scales, zeros.to(torch.int32)

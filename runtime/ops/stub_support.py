@@ -1,0 +1,363 @@
+"""What generated dispatch stubs call: `OpDef`, argument checks, variant choice, helpers.
+
+The stubs in ``generated/ops/`` are written by codegen and import this module
+as ``rt``. Everything an op spec's expressions may name is defined here (the
+list in ``codegen/expressions.py`` must stay equal to ``HELPERS``; a test
+checks it). This module validates and selects; it must not record commands
+(that is ``command.Stream``) or know any op by name.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
+from runtime.families import conv2d, conv2d_tiling
+from runtime.ops.library import catalog
+from runtime.ops.prepack import prepacked
+from runtime.reference.quantize import fp32, fp32_recip
+from runtime.vulkan import layouts
+from runtime.vulkan.device import get_device
+from runtime.vulkan.interface import STORAGES
+from runtime.vulkan.tensor import Tensor, texture_extent
+
+# ---------------------------------------------------------------- helpers
+
+
+def numel(t) -> int:
+    """Number of elements of a torch or device tensor."""
+    return int(t.numel())
+
+
+def last_dim(t) -> int:
+    """Size of the last dimension; 1 for a 0-d tensor."""
+    return int(t.shape[-1]) if len(t.shape) else 1
+
+
+def tokens(t) -> int:
+    """Product of all dimensions but the last; 1 for 0-d and 1-d tensors."""
+    return math.prod(int(d) for d in t.shape[:-1])
+
+
+def token_shape(t) -> tuple[int, ...]:
+    """``t.shape[:-1] + (1,)``: the shape of per-token parameters."""
+    return tuple(int(d) for d in t.shape[:-1]) + (1,)
+
+
+def ceil_div(a: int, b: int) -> int:
+    """Integer division rounding up."""
+    return -(-a // b)
+
+
+def int_range(dtype: torch.dtype) -> tuple[float, float]:
+    """(min, max) of an integer dtype; unbounded for other dtypes (select rejects them)."""
+    if dtype.is_floating_point or dtype.is_complex or dtype == torch.bool:
+        return (-math.inf, math.inf)
+    info = torch.iinfo(dtype)
+    return (info.min, info.max)
+
+
+def fits_int32(t) -> bool:
+    """True when every value is a whole number within int32 (shaders read them as int32).
+
+    Device tensors cannot be read on the host: True when their dtype is int32.
+    """
+    if not isinstance(t, torch.Tensor):
+        return t.dtype == torch.int32
+    if t.dtype == torch.bool or t.dtype.is_complex:
+        return False
+    if t.numel() == 0:
+        return True
+    if t.dtype.is_floating_point and not bool(torch.isfinite(t).all() and (t == t.round()).all()):
+        return False
+    info = torch.iinfo(torch.int32)
+    return bool(t.min() >= info.min and t.max() <= info.max)
+
+
+def positive_fp32(t) -> bool:
+    """True when every value, rounded to fp32 as the shaders use it, is finite and > 0.
+
+    Device tensors cannot be read on the host, so they pass.
+    """
+    if not isinstance(t, torch.Tensor):
+        return True
+    values = t.to(torch.float32)
+    return bool(torch.isfinite(values).all() and (values > 0).all())
+
+
+def elementwise(t) -> list[int]:
+    """Global size with one invocation per unit of 4 values of ``t``."""
+    if t.storage == "buffer":
+        return [ceil_div(numel(t), 4), 1, 1]
+    return list(texture_extent(t.shape))
+
+
+def pair(value) -> tuple[int, int] | None:
+    """A conv argument (an int, or a list of 1 or 2 ints) as (y, x); None if it is neither."""
+    if _is_int(value):
+        return (value, value)
+    if isinstance(value, (list, tuple)) and len(value) in (1, 2) and all(map(_is_int, value)):
+        return (value[0], value[-1])
+    return None
+
+
+def conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups):
+    """The `runtime.families.conv2d.Conv2dParams` of a conv (its arguments already checked)."""
+    return conv2d.conv2d_params(x.shape, weights.shape, kernel_size, stride, padding, dilation, groups)
+
+
+def conv2d_algorithm(params) -> str:
+    """What ``etvk.q8ta_conv2d.default`` runs on this device's GPU family: pw, dw, im2col, general."""
+    return conv2d.choose_algorithm(params, get_device().caps.family)
+
+
+def gemm_tiling(m: int, k4: int, c_out: int):
+    """Spec constants and workgroup counts of a q8ta_gemm dispatch (runtime/families/conv2d_tiling.py)."""
+    return conv2d_tiling.gemm_tiling(m, k4, c_out)
+
+
+def layout_of(t, default: str) -> str:
+    """The packed int8 layout of a device tensor ``t``, or ``default`` for a host tensor."""
+    return default if isinstance(t, torch.Tensor) or not t.packed else t.layout
+
+
+def layout_code(layout: str) -> int:
+    """The integer code shaders use for a packed int8 layout (4W4C 0, 4C 1, 4C1W 2)."""
+    return layouts.LAYOUT_CODES[layout]
+
+
+def packed_words(t) -> int:
+    """Number of 32-bit words of a device tensor in its packed int8 layout."""
+    return layouts.packed_words(t.shape, t.layout)
+
+
+def on_host(t) -> bool:
+    """True for a torch tensor (False for a device tensor)."""
+    return isinstance(t, torch.Tensor)
+
+
+HELPERS: dict[str, Callable[..., Any]] = {
+    f.__name__: f
+    for f in (
+        numel,
+        last_dim,
+        tokens,
+        token_shape,
+        ceil_div,
+        int_range,
+        fp32,
+        fp32_recip,
+        fits_int32,
+        positive_fp32,
+        elementwise,
+        prepacked,
+        pair,
+        conv2d_params,
+        conv2d_algorithm,
+        gemm_tiling,
+        layout_of,
+        layout_code,
+        packed_words,
+        on_host,
+    )
+}
+
+# ---------------------------------------------------------------- argument types
+
+_DTYPE_NAMES = {
+    torch.float32: "float32",
+    torch.float16: "float16",
+    torch.int32: "int32",
+    torch.int8: "int8",
+    torch.uint8: "uint8",
+}
+
+
+def _is_tensor(value) -> bool:
+    return isinstance(value, (torch.Tensor, Tensor))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_float(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+_TYPE_CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
+    "Tensor": (_is_tensor, "a tensor"),
+    "float": (_is_float, "a float"),
+    "int": (_is_int, "an int"),
+    "bool": (lambda v: isinstance(v, bool), "a bool"),
+    "str": (lambda v: isinstance(v, str), "a str"),
+    "ScalarType": (lambda v: isinstance(v, torch.dtype), "a torch.dtype"),
+    "int[]": (
+        lambda v: isinstance(v, (list, tuple)) and all(_is_int(i) for i in v),
+        "a list of ints",
+    ),
+    "float[]": (
+        lambda v: isinstance(v, (list, tuple)) and all(_is_float(i) for i in v),
+        "a list of floats",
+    ),
+}
+
+
+def check_arg(op, arg: str, value, schema_type: str) -> None:
+    """Raises `ArgumentTypeError` unless ``value`` fits the schema type (``T?`` allows None)."""
+    optional = schema_type.endswith("?")
+    base = schema_type.rstrip("?")
+    if optional and value is None:
+        return
+    check, expected = _TYPE_CHECKS[base]
+    if not check(value):
+        got = "None" if value is None else type(value).__name__
+        raise ArgumentTypeError(op, arg, f"expected {expected}, got {got}")
+
+
+def _axis_value(value):
+    """Maps a torch.dtype to its axis-value name; other values pass through."""
+    if isinstance(value, torch.dtype):
+        return _DTYPE_NAMES.get(value, str(value).removeprefix("torch."))
+    return value
+
+
+def _show(axis_value: str, from_dtype: bool) -> str:
+    return f"torch.{axis_value}" if from_dtype else repr(axis_value)
+
+
+# ---------------------------------------------------------------- OpDef
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op as generated from its spec: schema, variants, record and fake functions.
+
+    ``variants`` lists (name, axis values) of every variant the op may run: of
+    all its steps, or for a dispatcher op (no steps) of every op it routes to.
+    ``steps`` holds the variant names of each step; None (the default) means
+    one step that may run any variant.
+    """
+
+    name: str
+    family: str
+    schema: str
+    doc: str
+    spec: str
+    reference: str
+    variants: tuple[tuple[str, Mapping[str, str]], ...]
+    record: Callable[..., Any]
+    fake: Callable[..., Any]
+    steps: tuple[tuple[str, ...], ...] | None = None
+
+    def label(self, name: str, kind: str = "argument") -> str:
+        """Prefix for errors about one argument, output or derived value (`let`) of this op."""
+        return f"{self.name}: {kind} '{name}'"
+
+    def route(self, target: OpDef, variant: str | None) -> OpDef:
+        """The op a dispatcher hands this call to, after checking a forced variant fits it.
+
+        Raises:
+            UnsupportedVariant: ``variant`` belongs to another op than ``target``.
+        """
+        if variant is not None and variant not in dict(target.variants):
+            if variant not in dict(self.variants):
+                known = ", ".join(name for name, _ in self.variants)
+                raise ArgumentError(self, "variant", f"unknown variant {variant!r}; this op has: {known}")
+            raise UnsupportedVariant(
+                f"{self.name}: variant {variant} cannot serve these inputs: they go to "
+                f"{target.name}, whose variants are {', '.join(n for n, _ in target.variants)}"
+            )
+        return target
+
+    def select(self, variant: str | None, storage: str | None, wanted: Mapping[str, tuple],
+               step: int = 0):
+        """Chooses the variant that serves one step of a call.
+
+        Args:
+            variant: a variant name the caller forces, or None. A variant of
+                another step of the op leaves this step free.
+            storage: the caller's storage preference ("buffer", "texture3d") or None.
+            wanted: axis -> (argument name or None, value); a value of None
+                leaves the axis free; torch dtypes match axis values by name.
+            step: which step of the op.
+
+        Returns:
+            The `runtime.ops.library.VariantInfo` of the chosen variant.
+
+        Raises:
+            ArgumentError: an argument asks for an axis value no variant has.
+            UnsupportedVariant: the forced variant cannot serve the call, or no
+                matching variant can run on this device.
+        """
+        if storage is not None and storage not in STORAGES:
+            raise ArgumentError(self, "storage", f"must be one of {STORAGES} or None, got {storage!r}")
+        wanted = dict(wanted)
+        names = dict(self.variants) if self.steps is None else self.steps[step]
+        candidates = [(name, axes) for name, axes in self.variants if name in names]
+        if "STORAGE" in candidates[0][1] and "STORAGE" not in wanted:
+            wanted["STORAGE"] = (None, storage)
+        library = catalog()
+        caps = get_device().caps
+        if variant is not None and (variant in names or variant not in dict(self.variants)):
+            return self._check_forced(variant, wanted, library, caps)
+        for axis, (arg, value) in wanted.items():
+            name = _axis_value(value)
+            if name is None:
+                continue
+            matches = [c for c in candidates if c[1][axis] == name]
+            if not matches:
+                from_dtype = isinstance(value, torch.dtype)
+                offered = sorted({_show(c[1][axis], from_dtype) for c in candidates})
+                what = "dtype " if from_dtype else ""
+                raise ArgumentError(
+                    self,
+                    arg or "storage",
+                    f"{what}{_show(name, from_dtype)} is not supported; expected one of "
+                    + ", ".join(offered),
+                )
+            candidates = matches
+        reasons = []
+        for name, _ in candidates:
+            info = library.variant(name)
+            ok, reason = info.runnable(caps)
+            if ok:
+                return info
+            reasons.append(f"{name}: {reason}")
+        raise UnsupportedVariant(
+            f"{self.name}: no variant for these inputs runs on {caps.name}: " + "; ".join(reasons)
+        )
+
+    def _check_forced(self, variant, wanted, library, caps):
+        axes = dict(self.variants).get(variant)
+        if axes is None:
+            known = ", ".join(name for name, _ in self.variants)
+            raise ArgumentError(self, "variant", f"unknown variant {variant!r}; this op has: {known}")
+        for axis, (arg, value) in wanted.items():
+            name = _axis_value(value)
+            if name is not None and axes[axis] != name:
+                source = f"argument '{arg}'" if arg else "the storage preference"
+                raise UnsupportedVariant(
+                    f"{self.name}: variant {variant} cannot serve these inputs: {source} asks for "
+                    f"{axis}={name}, the variant has {axis}={axes[axis]}"
+                )
+        info = library.variant(variant)
+        ok, reason = info.runnable(caps)
+        if not ok:
+            raise UnsupportedVariant(f"{self.name}: variant {variant} cannot run on {caps.name}: {reason}")
+        return info
+
+
+__all__ = [
+    "ArgumentError",
+    "ArgumentTypeError",
+    "HELPERS",
+    "OpDef",
+    "check_arg",
+    *HELPERS,
+]

@@ -1,0 +1,215 @@
+"""Example arguments for every op, built from a variant's axis values and a shape.
+
+For elementwise ops the shape is the input's; for the others it is a size
+hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`).
+
+Shared by the tests (``tests/ops``), ``python -m runtime demo`` and the
+benchmarks, so that all three exercise the same cases. The inputs are chosen
+to hit the numerics that matter: rounding ties, saturation, narrow quant
+ranges, per-token parameters, rows that are all positive, negative or zero.
+Pure torch; no Vulkan.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+DTYPES = {
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "int8": torch.int8,
+    "uint8": torch.uint8,
+    "int32": torch.int32,
+}
+
+# A narrower range than the dtype's, so clamping at quant_min/quant_max is
+# exercised apart from the dtype's own limits.
+NARROW = {"int8": (-100, 90), "uint8": (10, 240), "int32": (-50000, 70000)}
+ZERO_POINT = {"int8": 3, "uint8": 128, "int32": -1000}
+
+
+def fp_input(shape, dtype, gen, scale):
+    """Normal values plus exact rounding ties and values far outside the range."""
+    x = torch.randn(shape, generator=gen) * 40 * scale
+    flat = x.view(-1)
+    n = flat.numel()
+    if n >= 8:
+        k = torch.arange(n // 4, dtype=torch.float32)
+        flat[: n // 4] = (k - n // 8 + 0.5) * scale  # ties: (k + 0.5) * scale
+        flat[-1] = 1e30
+        flat[-2] = -1e30
+    return x.to(dtype)
+
+
+def per_token_params(shape, gen, out):
+    tokens = math.prod(shape[:-1])
+    token_shape = tuple(shape[:-1]) + (1,)
+    scales = (torch.rand(tokens, generator=gen) * 0.2 + 1e-3).reshape(token_shape)
+    lo, hi = NARROW[out]
+    zps = torch.randint(lo, hi + 1, (tokens,), generator=gen).reshape(token_shape)
+    return scales, zps.to(torch.int32)
+
+
+def int_input(shape, dtype, gen):
+    info = torch.iinfo(dtype)
+    lo, hi = max(info.min, -(2**20)), min(info.max, 2**20)
+    x = torch.randint(lo, hi + 1, shape, generator=gen, dtype=torch.int64)
+    return x.to(dtype)
+
+
+def build_quantize_per_tensor(axes, shape, gen):
+    out = axes["OUT_DTYPE"]
+    scale = 0.0625 if shape and shape[-1] % 2 else 0.0371
+    lo, hi = NARROW[out]
+    x = fp_input(shape, DTYPES[axes["IN_DTYPE"]], gen, scale)
+    return (x, scale, ZERO_POINT[out], lo, hi, DTYPES[out]), {}
+
+
+def build_quantize_per_token(axes, shape, gen):
+    out = axes["OUT_DTYPE"]
+    scales, zps = per_token_params(shape, gen, out)
+    lo, hi = NARROW[out]
+    x = fp_input(shape, DTYPES[axes["IN_DTYPE"]], gen, 0.05)
+    return (x, scales, zps, lo, hi, DTYPES[out]), {}
+
+
+def build_dequantize_per_tensor(axes, shape, gen):
+    q_dtype = DTYPES[axes["IN_DTYPE"]]
+    info = torch.iinfo(q_dtype)
+    q = int_input(shape, q_dtype, gen)
+    zp = ZERO_POINT[axes["IN_DTYPE"]]
+    return (q, 0.0371, zp, info.min, info.max, q_dtype), {"out_dtype": DTYPES[axes["OUT_DTYPE"]]}
+
+
+def build_dequantize_per_token(axes, shape, gen):
+    q_dtype = DTYPES[axes["IN_DTYPE"]]
+    info = torch.iinfo(q_dtype)
+    scales, zps = per_token_params(shape, gen, axes["IN_DTYPE"])
+    q = int_input(shape, q_dtype, gen)
+    return (q, scales, zps, info.min, info.max, q_dtype, DTYPES[axes["OUT_DTYPE"]]), {}
+
+
+def build_choose_qparams(axes, shape, gen):
+    x = torch.randn(shape, generator=gen) * 3
+    rows = x.view(-1, shape[-1]) if x.numel() else x.view(0, 1)
+    if rows.shape[0] >= 4:
+        rows[0].abs_()  # all positive: min forced to 0
+        rows[1] = -rows[1].abs()  # all negative: max forced to 0
+        rows[2].zero_()  # all zero: scale = eps
+        rows[3] += 50.0  # far from zero: zero point clamps
+    return (x.to(DTYPES[axes["IN_DTYPE"]]), torch.int8), {}
+
+
+def linear_args(lead, k, n, group_size, gen):
+    """Arguments of ``etvk.linear_qta8a_qga4w`` for x of shape ``lead + (k,)`` and N = n.
+
+    Full ranges everywhere: x and the zero points over all of int8, weights
+    and weight zeros over [-8, 7], some negative weight scales, and a first
+    token that hits the largest group sums (x = -128 with zero point 127).
+    """
+    from runtime.families.int4 import pack_int4
+
+    tokens = math.prod(lead)
+    groups = k // group_size
+    x = torch.randint(-128, 128, (*lead, k), generator=gen, dtype=torch.int8)
+    input_scale = torch.rand(*lead, 1, generator=gen) * 0.05 + 1e-3
+    input_zero_point = torch.randint(-128, 128, (*lead, 1), generator=gen, dtype=torch.int32)
+    w = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
+    weight_scales = (torch.rand(n, groups, generator=gen) - 0.1) * 0.02
+    weight_zeros = torch.randint(-8, 8, (n, groups), generator=gen, dtype=torch.int32)
+    if tokens and n:
+        x.view(-1, k)[0] = -128
+        input_zero_point.view(-1)[0] = 127
+        w[0] = 7
+        weight_zeros[0] = -8
+    return (x, input_scale, input_zero_point, pack_int4(w), group_size, weight_scales, weight_zeros), {}
+
+
+def build_linear_qta8a_qga4w(axes, shape, gen):
+    """K is the last size rounded up to a multiple of 64 (at least 64), N = 20,
+    group size 32; gemv variants get one token, gemm variants at least two
+    (or none, for an empty shape)."""
+    k = max(64, -(-(shape[-1] if shape else 0) // 64) * 64)
+    lead = tuple(shape[:-1])
+    if axes["KERNEL"] == "gemv":
+        lead = (1,) * len(lead)
+    elif math.prod(lead) == 1:
+        lead = (2,) + lead[1:]
+    return linear_args(lead, k, 20, 32, gen)
+
+
+def build_conv2d(op_name):
+    """A builder for a conv op: the first layer of the conv table the op accepts whose
+    C_out is at least the shape's last size / 64 (so a bigger shape picks a bigger layer).
+
+    The specialised im2col variant reads 4W4C input only, so for it x is a device
+    tensor in that layout (the one place an example needs the device).
+    """
+    from runtime.tools.examples_conv2d import CASES, make_inputs
+
+    accepts = {
+        "etvk.q8ta_conv2d.default": lambda p: True,
+        "etvk.q8ta_conv2d_general.default": lambda p: True,
+        "etvk.q8ta_conv2d_im2col.default": lambda p: p.im2col_eligible,
+        "etvk.q8ta_conv2d_pw.default": lambda p: p.is_pointwise,
+        "etvk.q8ta_conv2d_dw.default": lambda p: p.is_depthwise,
+    }[op_name]
+
+    def build(axes, shape, gen):
+        want = (shape[-1] if shape else 0) // 64
+        fits = [c for c in CASES if accepts(c.params)]
+        case = next((c for c in fits if c.C_out >= want), fits[-1])
+        args = list(make_inputs(case, seed=int(torch.randint(0, 2**31, (), generator=gen))).args())
+        if axes.get("INPUT") == "4W4C":
+            from runtime.vulkan.tensor import Tensor
+
+            args[0] = Tensor.from_torch(args[0], layout="4W4C")
+        return tuple(args), {}
+
+    return build
+
+
+def build_q8ta_quantize(axes, shape, gen):
+    x = fp_input((2, 5, 3, max(1, shape[-1] if shape else 1) % 13 + 1), DTYPES[axes["IN_DTYPE"]],
+                 gen, 0.05)
+    return (x, 0.05, -3, axes["LAYOUT"]), {}
+
+
+def build_q8ta_dequantize(axes, shape, gen):
+    q = int_input((2, 5, 3, max(1, shape[-1] if shape else 1) % 13 + 1), torch.int8, gen)
+    return (q, 0.05, -3, axes["LAYOUT"]), {"out_dtype": DTYPES[axes["OUT_DTYPE"]]}
+
+
+def tolerance(op_name: str, want) -> float:
+    """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
+    the quantize family, one step for the int8 convs (their fp32 epilogue), and
+    1e-5 of the largest magnitude for linear_qta8a_qga4w (fp32 sums of groups)."""
+    if op_name.startswith("etvk.q8ta_conv2d"):
+        return 1.0
+    if op_name == "etvk.linear_qta8a_qga4w.default":
+        return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
+    return 0.0
+
+
+EXAMPLES = {
+    "etvk.quantize_per_tensor.default": build_quantize_per_tensor,
+    "etvk.quantize_per_token.default": build_quantize_per_token,
+    "etvk.dequantize_per_tensor.default": build_dequantize_per_tensor,
+    "etvk.dequantize_per_token.default": build_dequantize_per_token,
+    "etvk.choose_qparams_per_token_asymmetric.default": build_choose_qparams,
+    "etvk.linear_qta8a_qga4w.default": build_linear_qta8a_qga4w,
+    "etvk.q8ta_quantize.default": build_q8ta_quantize,
+    "etvk.q8ta_dequantize.default": build_q8ta_dequantize,
+    **{
+        name: build_conv2d(name)
+        for name in (
+            "etvk.q8ta_conv2d.default",
+            "etvk.q8ta_conv2d_im2col.default",
+            "etvk.q8ta_conv2d_general.default",
+            "etvk.q8ta_conv2d_pw.default",
+            "etvk.q8ta_conv2d_dw.default",
+        )
+    },
+}

@@ -1,0 +1,55 @@
+"""`Recycler`: idle objects kept for reuse by key, within bounds.
+
+The device keeps two (memory allocations for memory.py, stream resources for
+stream.py). Items are anything with `.nbytes` and `.destroy()`; this module
+must not call Vulkan itself. Used by device.py.
+"""
+
+from __future__ import annotations
+
+
+class Recycler:
+    """Idle objects kept for reuse by key, at most `max_entries` and `max_bytes`; oldest out first.
+
+    Items have `.nbytes` and `.destroy()` (a `Device.track` finalizer, so that
+    `Device.close()` destroys items still kept here).
+
+    Args:
+        max_entries: how many items are kept at most.
+        max_bytes: total `.nbytes` kept at most.
+    """
+
+    def __init__(self, max_entries: int, max_bytes: int = 0):
+        self.max_entries, self.max_bytes = max_entries, max_bytes
+        self.entries = self.nbytes = 0
+        self.closed = False
+        self._idle: dict[object, list] = {}
+
+    def take(self, key):
+        """Remove and return an item kept under `key`, or None."""
+        items = self._idle.get(key)
+        if not items:
+            return None
+        item = items.pop()
+        if not items:
+            del self._idle[key]
+        self.entries -= 1
+        self.nbytes -= item.nbytes
+        return item
+
+    def give(self, key, item) -> None:
+        """Keep `item` under `key`, destroying the oldest items over the bounds (or `item` itself)."""
+        if self.closed or item.nbytes > self.max_bytes or not self.max_entries:
+            item.destroy()
+            return
+        self._idle.setdefault(key, []).append(item)
+        self.entries += 1
+        self.nbytes += item.nbytes
+        while self.entries > self.max_entries or self.nbytes > self.max_bytes:
+            self.take(next(iter(self._idle))).destroy()
+
+    def close(self) -> None:
+        """Destroy every kept item; later `give()`s destroy at once."""
+        self.closed = True
+        while self._idle:
+            self.take(next(iter(self._idle))).destroy()

@@ -1,0 +1,425 @@
+"""Streams: record dispatches into one command buffer, submit, wait, replay.
+
+A `Stream` turns stub calls into Vulkan commands: it uploads inputs, makes
+outputs, writes descriptor sets, packs push constants by the manifest's
+offsets and converts global sizes to group counts (both in dispatch.py),
+brackets every dispatch with timestamps and barriers, and
+submits with a fence. The command buffer starts with a barrier from all
+earlier host/transfer/compute writes to compute, puts a compute->compute
+barrier between dispatches and ends with compute writes -> host/transfer
+reads. Recording and submission use pre-built cffi structs and raw `lib`
+calls. A stream's command buffer, fence, descriptor and query pools and
+structs (`_Resources`) are reset at `close()` and kept in the device's
+`spare_streams` for the next stream. It must not choose variants or check op
+arguments (the stubs do) nor know where kernels come from (the op library).
+Called by the op stubs, the registry, loaded programs and tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from runtime.errors import DispatchError, VulkanError
+from runtime.vulkan import raw
+from runtime.vulkan.device import get_device
+from runtime.vulkan.dispatch import check_names, fold_groups, group_counts, layout, pack_push
+from runtime.vulkan.interface import IMAGE_STORAGES
+from runtime.vulkan.tensor import Constant, Tensor, dtype_info
+
+POOL_SETS = 128
+QUERIES_PER_POOL = 128
+OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
+
+
+def _destroy_stream(lib, null, device, pool, command_buffers, fence, descriptor_pools, query_pools):
+    for query_pool in query_pools:
+        lib.vkDestroyQueryPool(device, query_pool, null)
+    for descriptor_pool in descriptor_pools:
+        lib.vkDestroyDescriptorPool(device, descriptor_pool, null)
+    lib.vkDestroyFence(device, fence, null)
+    lib.vkFreeCommandBuffers(device, pool, 1, command_buffers)
+
+
+class _Resources:
+    """What a stream records and submits with: command buffer, fence, pools, pre-built structs.
+
+    Pools grow as a recording needs; `reset()` makes everything reusable and
+    `destroy()` (tracked by the device) frees it.
+    """
+
+    nbytes = 0  # for the device's Recycler
+
+    def __init__(self, device):
+        vk, ffi, lib = raw.load()
+        self.command_buffers = ffi.new("VkCommandBuffer[]", 1)
+        alloc = ffi.new("VkCommandBufferAllocateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_ALLOCATE_INFO,
+            "commandPool": device.command_pool, "level": vk.VK_COMMAND_BUFFER_LEVEL_PRIMARY,
+            "commandBufferCount": 1})
+        raw.check(lib.vkAllocateCommandBuffers(device.handle, alloc, self.command_buffers),
+                  "vkAllocateCommandBuffers")
+        self.cb = self.command_buffers[0]
+        try:
+            self.fence = device.create_fence()
+        except BaseException:
+            lib.vkFreeCommandBuffers(device.handle, device.command_pool, 1, self.command_buffers)
+            raise
+        self.fences = ffi.new("VkFence[]", [self.fence])
+        self.descriptor_pools, self.query_pools = [], []
+        self.pending = False  # submitted and not yet waited for
+        self.writes: dict = {}  # Pipeline -> writes_for() template
+        self.destroy = device.track(
+            self, _destroy_stream, lib, ffi.NULL, device.handle, device.command_pool,
+            self.command_buffers, self.fence, self.descriptor_pools, self.query_pools)
+        self.submit = ffi.new("VkSubmitInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_SUBMIT_INFO, "commandBufferCount": 1,
+            "pCommandBuffers": self.command_buffers})
+        self.begin_info = ffi.new("VkCommandBufferBeginInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMMAND_BUFFER_BEGIN_INFO})
+        self.set_layouts = ffi.new("VkDescriptorSetLayout[]", 1)
+        self.set = ffi.new("VkDescriptorSet[]", 1)
+        self.set_alloc = ffi.new("VkDescriptorSetAllocateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_ALLOCATE_INFO, "descriptorSetCount": 1,
+            "pSetLayouts": self.set_layouts})
+        compute, shader = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT, vk.VK_ACCESS_SHADER_WRITE_BIT
+        shader_rw = vk.VK_ACCESS_SHADER_READ_BIT | shader
+        self.begin_barrier = raw.Barrier(
+            vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT | compute,
+            vk.VK_ACCESS_HOST_WRITE_BIT | vk.VK_ACCESS_TRANSFER_WRITE_BIT | shader, compute, shader_rw)
+        self.between_barrier = raw.Barrier(compute, shader, compute, shader_rw)
+        self.end_barrier = raw.Barrier(
+            compute, shader, vk.VK_PIPELINE_STAGE_HOST_BIT | vk.VK_PIPELINE_STAGE_TRANSFER_BIT,
+            vk.VK_ACCESS_HOST_READ_BIT | vk.VK_ACCESS_TRANSFER_READ_BIT)
+
+    def writes_for(self, pipeline, info) -> tuple:
+        """Pre-filled descriptor writes of `pipeline`: (writes, buffer infos, image infos).
+
+        Only the set, buffers and views are left to fill per dispatch.
+        """
+        template = self.writes.get(pipeline)
+        if template is None:
+            vk, ffi, _ = raw.load()
+            count = len(info.interface.bindings)
+            buffer_infos = ffi.new("VkDescriptorBufferInfo[]", count)
+            image_infos = ffi.new("VkDescriptorImageInfo[]", count)
+            writes = ffi.new("VkWriteDescriptorSet[]", count)
+            for i, binding in enumerate(info.interface.bindings):
+                write = writes[i]
+                write.sType = vk.VK_STRUCTURE_TYPE_WRITE_DESCRIPTOR_SET
+                write.dstBinding, write.descriptorCount = binding.binding, 1
+                if binding.storage in IMAGE_STORAGES:
+                    image_infos[i].imageLayout = vk.VK_IMAGE_LAYOUT_GENERAL
+                    write.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE
+                    write.pImageInfo = image_infos + i
+                else:
+                    write.descriptorType = vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER
+                    write.pBufferInfo = buffer_infos + i
+            template = self.writes[pipeline] = (writes, buffer_infos, image_infos)
+        return template
+
+    def reset(self, device) -> None:
+        """Make the command buffer and descriptor pools ready for a new recording."""
+        _, _, lib = raw.load()
+        raw.check(lib.vkResetCommandBuffer(self.cb, 0), "vkResetCommandBuffer")
+        for pool in self.descriptor_pools:
+            raw.check(lib.vkResetDescriptorPool(device.handle, pool, 0), "vkResetDescriptorPool")
+
+
+class Stream:
+    """Records dispatches into one command buffer; `run()` submits and waits.
+
+    Args:
+        device: the `Device`; default `get_device()`.
+    """
+
+    def __init__(self, device=None):
+        vk, ffi, lib = raw.load()
+        if device is None:
+            device = get_device()
+        device.require_open()
+        self.device, self._vk, self._ffi, self._lib = device, vk, ffi, lib
+        self._resources = device.spare_streams.take(_Resources) or _Resources(device)
+        res = self._resources
+        self._cb, self._set, self._set_alloc = res.cb, res.set, res.set_alloc
+        self._begin_barrier, self._between_barrier = res.begin_barrier, res.between_barrier
+        self._timestamps = device.caps.timestamps
+        self._dummies: dict[tuple, Tensor] = {}
+        self._state = "empty"  # -> "recording" -> "ready" (recorded, ended); "closed"
+        self._reset_recording()
+
+    # -- tensors --------------------------------------------------------------------
+
+    def upload(self, value, binding, label: str | None = None,
+               layout: str | None = None) -> Tensor | None:
+        """A device tensor for `binding` (a `BindingInfo`) holding `value`.
+
+        Args:
+            value: a torch tensor (converted to the binding's dtype), a device
+                `Tensor` of the binding's dtype and storage (used as is), or a
+                `Constant` (uploaded once per device, then reused), or None
+                (returned as is: an omitted optional tensor).
+            binding: where the tensor will be bound.
+            label: what it is, for errors (e.g. "etvk.x.default: argument 'input'").
+            layout: None (the storage's default) or a packed int8 layout.
+
+        Raises:
+            DispatchError: a device tensor of another dtype, storage or layout.
+            TensorTooLarge: over the device's limits for the binding's storage.
+        """
+        label = label or f"binding '{binding.name}'"
+        dtype = dtype_info(binding.dtype, label).torch_dtype
+        if value is None:  # an omitted optional tensor: dispatch binds a dummy
+            return None
+        if isinstance(value, Constant):
+            return value.on_device(self.device, dtype, binding.storage, label, layout)
+        if isinstance(value, Tensor):
+            if value.dtype != dtype or value.storage != binding.storage:
+                raise DispatchError(f"{label}: device tensor is {value.dtype} {value.storage}, "
+                                    f"binding '{binding.name}' needs {dtype} {binding.storage}")
+            if layout is not None and value.layout != layout:
+                raise DispatchError(f"{label}: device tensor has layout {value.layout}, "
+                                    f"this call needs {layout}")
+            return value
+        return Tensor.from_torch(value, binding.storage, dtype, label, self.device, layout)
+
+    def empty(self, shape, dtype, binding, label: str | None = None,
+              layout: str | None = None) -> Tensor:
+        """A device tensor of `shape` for `binding`, not initialised: the shader writes all of it.
+
+        Raises:
+            DispatchError: `dtype` is not the binding's dtype (a spec bug).
+            TensorTooLarge: over the device's limits for the binding's storage.
+        """
+        label = label or f"binding '{binding.name}'"
+        if dtype_info(dtype, label).name != binding.dtype:
+            raise DispatchError(f"{label}: dtype {dtype} differs from binding '{binding.name}' "
+                                f"dtype {binding.dtype} (a spec bug)")
+        return Tensor.empty(shape, dtype, binding.storage, label, self.device, layout)
+
+    # -- recording ------------------------------------------------------------------
+
+    def dispatch(self, kernel, op: str, *, bindings: dict, push: dict, global_size=None,
+                 groups=None, spec_constants: dict | None = None) -> None:
+        """Record one dispatch of `kernel` for op `op`.
+
+        Args:
+            kernel: the shader variant, a `runtime.vulkan.interface.Kernel` (e.g. a `VariantInfo`).
+            op: the op name, for errors and the dispatch trace.
+            bindings: binding name -> device `Tensor` (None or empty binds a dummy).
+            push: push-constant name -> value (int/float, or 4 numbers for vec4 types).
+            global_size: invocations per dimension (1 to 3 numbers), or
+            groups: workgroups per dimension; exactly one of the two.
+            spec_constants: spec-constant name -> value, overriding defaults.
+
+        Raises:
+            DispatchError: names or sizes that do not match the variant.
+            UnsupportedVariant: the variant exceeds a device limit.
+        """
+        self._require_stream()
+        names = layout(kernel).binding_names
+        if bindings.keys() != names:
+            check_names(op, kernel, "bindings", names, bindings)
+        push_data = pack_push(kernel, op, push)
+        counts, global_size = group_counts(kernel.interface.workgroup, global_size, groups)
+        if 0 in counts:
+            return
+        counts = fold_groups(counts, self.device.caps.limits.max_compute_work_group_count)
+        pipeline = self.device.pipelines.get(kernel, spec_constants)
+        if self._state == "ready":  # a new recording after run()
+            self._restart()
+        descriptor_set = self._write_descriptors(pipeline, kernel, bindings)
+        lib, cb = self._lib, self._cb
+        if self._state == "empty":
+            raw.check(lib.vkBeginCommandBuffer(cb, self._resources.begin_info), "vkBeginCommandBuffer")
+            self._begin_barrier.record(cb)
+            self._state = "recording"
+        else:
+            self._between_barrier.record(cb)
+        query = self._next_queries(kernel.name)
+        compute = self._vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        if query:
+            lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1])
+        lib.vkCmdBindPipeline(cb, self._vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
+        self._set[0] = descriptor_set
+        lib.vkCmdBindDescriptorSets(cb, self._vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
+                                    0, 1, self._set, 0, self._ffi.NULL)
+        if push_data:
+            lib.vkCmdPushConstants(cb, pipeline.layout, self._vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                   len(push_data), self._ffi.from_buffer(push_data))
+        lib.vkCmdDispatch(cb, *counts)
+        if query:
+            lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1] + 1)
+        self._keepalive.append(bindings)
+        trace = os.environ.get("ETVK_TRACE_DISPATCH")
+        if trace:
+            with open(trace, "a") as f:
+                f.write(json.dumps({"op": op, "variant": kernel.name, "global": global_size,
+                                    "local": list(kernel.interface.workgroup), "groups": counts,
+                                    "device": self.device.caps.name}) + "\n")
+
+    def _write_descriptors(self, pipeline, info, bindings: dict):
+        ffi, lib = self._ffi, self._lib
+        pools = self._resources.descriptor_pools
+        self._resources.set_layouts[0] = pipeline.set_layout
+        result = OUT_OF_POOL[0]
+        while result in OUT_OF_POOL:
+            if self._pool_index == len(pools):
+                self._new_descriptor_pool()
+            self._set_alloc.descriptorPool = pools[self._pool_index]
+            result = lib.vkAllocateDescriptorSets(self.device.handle, self._set_alloc, self._set)
+            if result in OUT_OF_POOL:
+                self._pool_index += 1
+        raw.check(result, "vkAllocateDescriptorSets")
+        descriptor_set = self._set[0]
+        writes, buffer_infos, image_infos = self._resources.writes_for(pipeline, info)
+        for i, binding in enumerate(info.interface.bindings):
+            memory = self._memory_for(binding, bindings[binding.name])
+            writes[i].dstSet = descriptor_set
+            if binding.storage in IMAGE_STORAGES:
+                image_infos[i].imageView = memory.view
+            else:
+                buffer_infos[i].buffer, buffer_infos[i].range = memory.handle, memory.nbytes
+        lib.vkUpdateDescriptorSets(self.device.handle, len(writes), writes, 0, ffi.NULL)
+        return descriptor_set
+
+    def _memory_for(self, binding, tensor):
+        if tensor is not None and tensor.memory is not None:
+            if tensor.device is not self.device:
+                raise DispatchError(f"binding '{binding.name}': {tensor!r} lives on another device")
+            if tensor.storage != binding.storage or tensor.dtype != dtype_info(binding.dtype).torch_dtype:
+                raise DispatchError(f"binding '{binding.name}' needs {binding.dtype} {binding.storage}, "
+                                    f"got {tensor!r}")
+            return tensor.memory
+        key = (binding.storage, binding.dtype)
+        if key not in self._dummies:
+            self._dummies[key] = Tensor.zeros([4], dtype_info(binding.dtype).torch_dtype,
+                                              binding.storage, "dummy binding", self.device)
+        return self._dummies[key].memory
+
+    def _new_descriptor_pool(self):
+        vk, ffi, lib = self._vk, self._ffi, self._lib
+        sizes = ffi.new("VkDescriptorPoolSize[]", [
+            {"type": vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER, "descriptorCount": 8 * POOL_SETS},
+            {"type": vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE, "descriptorCount": 8 * POOL_SETS}])
+        info = ffi.new("VkDescriptorPoolCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_POOL_CREATE_INFO, "maxSets": POOL_SETS,
+            "poolSizeCount": 2, "pPoolSizes": sizes})
+        pool = ffi.new("VkDescriptorPool*")
+        raw.check(lib.vkCreateDescriptorPool(self.device.handle, info, ffi.NULL, pool),
+                  "vkCreateDescriptorPool")
+        self._resources.descriptor_pools.append(pool[0])
+
+    def _next_queries(self, label: str):
+        """Reserve two timestamp queries for one dispatch: (pool, first index), or None."""
+        if not self._timestamps:
+            return None
+        used, pools = len(self._timed) * 2, self._resources.query_pools
+        if used // QUERIES_PER_POOL >= len(pools):
+            vk, ffi, lib = self._vk, self._ffi, self._lib
+            info = ffi.new("VkQueryPoolCreateInfo*", {
+                "sType": vk.VK_STRUCTURE_TYPE_QUERY_POOL_CREATE_INFO,
+                "queryType": vk.VK_QUERY_TYPE_TIMESTAMP, "queryCount": QUERIES_PER_POOL})
+            pool = ffi.new("VkQueryPool*")
+            raw.check(lib.vkCreateQueryPool(self.device.handle, info, ffi.NULL, pool),
+                      "vkCreateQueryPool")
+            pools.append(pool[0])
+        pool = pools[used // QUERIES_PER_POOL]
+        if used % QUERIES_PER_POOL == 0:
+            self._lib.vkCmdResetQueryPool(self._cb, pool, 0, QUERIES_PER_POOL)
+        query = (pool, used % QUERIES_PER_POOL)
+        self._timed.append((label, *query))
+        return query
+
+    def _reset_recording(self) -> None:
+        self._keepalive: list = []
+        self._timed: list[tuple] = []
+        self._pool_index = 0
+
+    def _restart(self) -> None:
+        self._resources.reset(self.device)
+        self._reset_recording()
+        self._state = "empty"
+
+    def _require_stream(self) -> None:
+        self.device.require_open()
+        if self._state == "closed":
+            raise DispatchError("this stream was closed")
+
+    # -- submission -----------------------------------------------------------------
+
+    def run(self) -> None:
+        """Finish recording, submit and wait. A stream with no dispatches does nothing.
+
+        Raises:
+            VulkanError: submission or wait failed.
+        """
+        self._require_stream()
+        if self._state == "recording":
+            self._resources.end_barrier.record(self._cb)
+            raw.check(self._lib.vkEndCommandBuffer(self._cb), "vkEndCommandBuffer")
+            self._state = "ready"
+        if self._state == "ready":
+            self._submit_and_wait()
+
+    def replay(self) -> None:
+        """Submit the recorded command buffer again and wait.
+
+        Raises:
+            DispatchError: nothing was recorded and run yet.
+        """
+        if self._state != "ready":
+            raise DispatchError("replay() needs a stream that was recorded and run()")
+        self._submit_and_wait()
+
+    def _submit_and_wait(self) -> None:
+        self.device.require_open()
+        lib, handle, res = self._lib, self.device.handle, self._resources
+        res.pending = True  # until the fence is waited for and reset: not reusable
+        raw.check(lib.vkQueueSubmit(self.device.queue, 1, res.submit, res.fence), "vkQueueSubmit")
+        raw.check(lib.vkWaitForFences(handle, 1, res.fences, 1, 2**64 - 1), "vkWaitForFences")
+        raw.check(lib.vkResetFences(handle, 1, res.fences), "vkResetFences")
+        res.pending = False
+
+    def timings(self) -> list[tuple[str, float]]:
+        """`[(variant name, seconds)]` of every dispatch of the last run, from timestamps.
+
+        Returns:
+            An empty list when the queue has no timestamps or nothing ran.
+        """
+        if self._state != "ready":
+            return []
+        ffi, lib = self._ffi, self._lib
+        mask = (1 << self.device.timestamp_valid_bits) - 1 if self.device.timestamp_valid_bits < 64 else -1
+        period = self.device.caps.timestamp_period * 1e-9
+        stamps = ffi.new("uint64_t[2]")
+        flags = self._vk.VK_QUERY_RESULT_64_BIT | self._vk.VK_QUERY_RESULT_WAIT_BIT
+        result = []
+        for label, pool, index in self._timed:
+            status = lib.vkGetQueryPoolResults(self.device.handle, pool, index, 2, 16, stamps, 8, flags)
+            if status != 0:
+                raise VulkanError(status, "vkGetQueryPoolResults")
+            result.append((label, ((stamps[1] - stamps[0]) & mask) * period))
+        return result
+
+    def close(self) -> None:
+        """Reset the command buffer and pools for the next stream, drop the dummies; idempotent.
+
+        Tensors stay valid; the stream cannot record or run any more.
+        """
+        res, self._resources = self._resources, None
+        if res is not None:
+            if self.device.closed or res.pending:
+                res.destroy()
+            else:
+                res.reset(self.device)
+                self.device.spare_streams.give(_Resources, res)
+        self._state = "closed"
+        self._dummies.clear()
+        self._reset_recording()
+
+    def __enter__(self) -> Stream:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
