@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 STAMP := .venv/.setup-done
 
-.PHONY: setup generate check test demo bench clean
+.PHONY: setup generate spirv check test demo bench wheel wheel-test clean
 
 setup: $(STAMP)
 
@@ -14,21 +14,32 @@ generate: $(STAMP)
 	$(PY) -m codegen generate
 	$(PY) -m codegen docs
 
+# The SPIR-V of generated/ (git-ignored, compiled from the committed GLSL); a no-op when present.
+spirv: $(STAMP)
+	$(PY) -m codegen compile
+
 check: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m codegen check
 	$(PY) -m codegen docs --check
 
-test: $(STAMP)
+test: $(STAMP) spirv
 	$(PY) -m pytest -q
 
 demo: $(STAMP)
 	$(PY) -m codegen generate
 	$(PY) -m runtime demo
 
-bench: $(STAMP)
+bench: $(STAMP) spirv
 	$(PY) benchmarks/codegen_bench.py
 	$(PY) benchmarks/runtime_bench.py
 
+wheel: $(STAMP)
+	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
+
+# The wheel in a fresh virtualenv outside the checkout, without glslc (scripts/wheel_smoke.sh).
+wheel-test: $(STAMP)
+	bash scripts/wheel_smoke.sh
+
 clean:
-	rm -rf .venv .pytest_cache .ruff_cache
+	rm -rf .venv .pytest_cache .ruff_cache build dist generated/spv

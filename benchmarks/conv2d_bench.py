@@ -48,10 +48,10 @@ if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
 from timing import open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.command import Stream  # noqa: E402
-from runtime.examples_conv2d import Conv2dCase, make_inputs  # noqa: E402
-from runtime.stub_support import conv2d_algorithm  # noqa: E402
-from runtime.tensor import Tensor  # noqa: E402
+from runtime.ops.stub_support import conv2d_algorithm  # noqa: E402
+from runtime.tools.examples_conv2d import Conv2dCase, make_inputs  # noqa: E402
+from runtime.vulkan.stream import Stream  # noqa: E402
+from runtime.vulkan.tensor import Tensor  # noqa: E402
 
 C = Conv2dCase
 # Real layer shapes at batch 1; the batch is replaced per run.

@@ -49,9 +49,9 @@ if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
 from timing import open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.command import Stream  # noqa: E402
-from runtime.examples import linear_args  # noqa: E402
-from runtime.linear_weights import packed_row_texels  # noqa: E402
+from runtime.families.linear_weights import packed_row_texels  # noqa: E402
+from runtime.tools.examples import linear_args  # noqa: E402
+from runtime.vulkan.stream import Stream  # noqa: E402
 
 OP = "etvk.linear_qta8a_qga4w.default"
 GROUP_SIZE = 128

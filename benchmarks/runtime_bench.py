@@ -28,10 +28,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import runtime  # noqa: E402
-from runtime.command import Stream  # noqa: E402
-from runtime.device import get_device  # noqa: E402
-from runtime.examples import EXAMPLES  # noqa: E402
-from runtime.shaders import get_library  # noqa: E402
+from runtime.ops.library import catalog  # noqa: E402
+from runtime.tools.examples import EXAMPLES  # noqa: E402
+from runtime.vulkan.device import get_device  # noqa: E402
+from runtime.vulkan.stream import Stream  # noqa: E402
 
 QUANTIZE = "etvk.quantize_per_tensor.default"
 BACK_TO_BACK = 8  # dispatches per submitted stream in the throughput runs
@@ -58,7 +58,7 @@ def overhead(repeats: int) -> None:
     variant = "quantize_per_tensor_buffer_float_int8"
     args = (0.05, 0, -128, 127, torch.int8)
     with Stream() as upload_stream:
-        x_dev = upload_stream.upload(x, get_library().variant(variant).binding("t_in"), "bench x")
+        x_dev = upload_stream.upload(x, catalog().variant(variant).binding("t_in"), "bench x")
 
     def fresh():
         with Stream() as stream:
@@ -96,7 +96,6 @@ def gpu_seconds(stream: Stream, repeats: int) -> float:
 def throughput(elements: int, repeats: int, only: re.Pattern) -> float | None:
     """Prints GB/s per quantize-family variant; returns per-tensor int8 fp32 buffer GB/s."""
     caps = get_device().caps
-    library = get_library()
     gen = torch.Generator().manual_seed(0)
     shape = (max(1, elements >> 20), 1024, 1024)
     print(f"\n== Throughput, {'x'.join(map(str, shape))} values, median of {repeats} x {BACK_TO_BACK} "
@@ -106,7 +105,7 @@ def throughput(elements: int, repeats: int, only: re.Pattern) -> float | None:
     for name, build in EXAMPLES.items():
         op = runtime.get_op(name)
         for info in op.variants:
-            if not only.search(info.name) or not library.runnable(info, caps)[0]:
+            if not only.search(info.name) or not info.runnable(caps)[0]:
                 continue
             args, kwargs = build(info.axes, shape, gen)
             with Stream() as stream:

@@ -17,7 +17,7 @@ import time
 import torch
 
 import runtime
-from runtime.device import get_device
+from runtime.vulkan.device import get_device
 
 
 def warm(fn, seconds: float) -> float:

@@ -1,15 +1,22 @@
-"""Command line: `python -m codegen generate | check | list | docs`.
+"""Command line: `python -m codegen generate | compile | check | list | docs`.
 
 generate  render every variant and stub module, write what changed into
           --out (glsl/, ops/, manifest.json), remove orphans, and compile all
-          SPIR-V into the cache (skip with --no-compile).
+          SPIR-V into --out/spv/ (skip with --no-compile).
+compile   compile the SPIR-V of an existing generated folder (--out) from its
+          manifest and GLSL alone, into --out/spv/; what a fresh checkout, the
+          tests and the wheel build need. No specs or templates are read.
 check     exit 1 with a diff and the fix command when --out is stale or has
           orphans; 0 otherwise. Does not compile.
-list      print every variant: name, op(s), axis values, spec file:line.
+list      print every variant: name, op(s), axis values, spec file:line;
+          --stats: variants, ops and SPIR-V bytes per family and in total.
 docs      rewrite codegen/README.md from the schema tables (--check: exit 1 if stale).
 
+--specs, --templates and --out default to the checkout's op_specs/,
+templates/ and generated/; a folder of one's own passes all three. Templates
+may include the built-in ones (the stub template, templates/include/).
 User errors print compiler-style diagnostics, never a traceback, and exit 1.
-This module only parses arguments and calls `build`, `emit`, `docs`.
+This module only parses arguments and calls `build`, `emit`, `glslc`, `docs`.
 """
 
 from __future__ import annotations
@@ -26,16 +33,21 @@ def _parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     for name, helptext in (
         ("generate", "write generated/ and compile SPIR-V"),
+        ("compile", "compile the SPIR-V of a generated folder"),
         ("check", "fail if generated/ is stale"),
         ("list", "print every variant"),
         ("docs", "rewrite codegen/README.md"),
     ):
         s = sub.add_parser(name, help=helptext)
-        s.add_argument("--specs", type=Path, default=REPO / "op_specs", help="spec folder")
-        s.add_argument("--templates", type=Path, default=REPO / "templates", help="template folder")
+        if name != "compile":
+            s.add_argument("--specs", type=Path, default=REPO / "op_specs", help="spec folder")
+            s.add_argument("--templates", type=Path, default=REPO / "templates", help="template folder")
         s.add_argument("--out", type=Path, default=REPO / "generated", help="output folder")
         if name == "generate":
             s.add_argument("--no-compile", action="store_true", help="skip the SPIR-V compile")
+        if name == "list":
+            s.add_argument("--stats", action="store_true",
+                           help="variants, ops and SPIR-V bytes per family and in total")
         if name == "docs":
             s.add_argument("--check", action="store_true", help="exit 1 if README.md is stale")
             s.add_argument("--readme", type=Path, default=REPO / "codegen" / "README.md")
@@ -46,10 +58,10 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     from codegen.errors import DiagnosticsError, report
 
+    commands = {"generate": _generate, "compile": _compile, "check": _check, "list": _list,
+                "docs": _docs}
     try:
-        return {"generate": _generate, "check": _check, "list": _list, "docs": _docs}[args.command](
-            args
-        )
+        return commands[args.command](args)
     except DiagnosticsError as e:
         return report(e.errors)
 
@@ -65,7 +77,20 @@ def _generate(args) -> int:
     for rel in removed:
         print(f"removed orphan {args.out.name}/{rel}", file=sys.stderr)
     if not args.no_compile:
-        compile_plan(result, glslc.cache_dir(), args.out.name)
+        paths = compile_plan(result, args.out / "spv", args.out.name)
+        for name in glslc.prune(args.out / "spv", paths):
+            print(f"removed orphan {args.out.name}/spv/{name}", file=sys.stderr)
+    return 0
+
+
+def _compile(args) -> int:
+    from codegen import glslc
+
+    try:
+        glslc.compile_folder(args.out, progress=True)
+    except glslc.CompileError as e:
+        print(e, file=sys.stderr)
+        return 1
     return 0
 
 
@@ -89,10 +114,23 @@ def _check(args) -> int:
     return 1
 
 
+def _table(rows: list[tuple[str, ...]], right: int = 0) -> str:
+    """Rows as aligned columns; the last `right` columns are right-aligned."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for r in rows:
+        cells = [c.rjust(w) if i >= len(r) - right else c.ljust(w)
+                 for i, (c, w) in enumerate(zip(r, widths, strict=True))]
+        lines.append("  ".join(cells).rstrip() + "\n")
+    return "".join(lines)
+
+
 def _list(args) -> int:
-    from codegen.build import expand, load_families, ops_by_variant, resolve_ops
+    from codegen.build import build, expand, load_families, ops_by_variant, resolve_ops
     from codegen.errors import Diagnostics
 
+    if args.stats:
+        return _stats(build(args.specs, args.templates), args.out)
     diags = Diagnostics()
     result = expand(load_families(args.specs, diags), diags)
     resolve_ops(result, diags)
@@ -107,10 +145,41 @@ def _list(args) -> int:
         )
         for v in result.variants
     ]
-    widths = [max((len(r[i]) for r in rows), default=0) for i in range(3)]
-    out = ["  ".join(c.ljust(w) for c, w in zip(r, [*widths, 0], strict=True)) for r in rows]
-    sys.stdout.write("".join(line + "\n" for line in out))
+    if rows:
+        sys.stdout.write(_table(rows))
     print(f"{len(rows)} variants, {len(result.ops)} ops", file=sys.stderr)
+    return 0
+
+
+def _stats(result, out: Path) -> int:
+    """Variants, ops and SPIR-V binaries and bytes per family, from the build and `out`/spv."""
+    from codegen.glslc import spirv_path
+
+    families: dict[str, dict] = {}
+    for o in result.outputs:
+        entry = families.setdefault(o.variant.shader.family, {"variants": 0, "keys": set()})
+        entry["variants"] += 1
+        entry["keys"].add(o.key)
+    ops = {}
+    for op in result.ops:
+        ops[op.spec.family] = ops.get(op.spec.family, 0) + 1
+    rows = [("family", "variants", "ops", "SPIR-V binaries", "SPIR-V bytes")]
+    missing, total_keys = set(), set()
+    for family in sorted(families):
+        keys = families[family]["keys"]
+        present = [spirv_path(k, out / "spv") for k in sorted(keys)]
+        missing |= {p for p in present if not p.exists()}
+        size = sum(p.stat().st_size for p in present if p.exists())
+        rows.append((family, str(families[family]["variants"]), str(ops.get(family, 0)),
+                     str(len(keys)), f"{size:,}"))
+        total_keys |= keys
+    total_size = sum(p.stat().st_size for k in total_keys if (p := spirv_path(k, out / "spv")).exists())
+    rows.append(("total", str(len(result.outputs)), str(len(result.ops)), str(len(total_keys)),
+                 f"{total_size:,}"))
+    sys.stdout.write(_table(rows, right=4))
+    if missing:
+        print(f"{len(missing)} binaries are not compiled in {out}/spv (their bytes are not counted): "
+              f"run `python -m codegen compile --out {out}`", file=sys.stderr)
     return 0
 
 

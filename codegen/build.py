@@ -197,11 +197,11 @@ def build(specs_dir: Path, templates_dir: Path) -> Build:
     return result
 
 
-def compile_plan(result: Build, cache: Path, out_display: str, progress: bool = True) -> dict:
-    """Compiles every planned variant into the cache; raises `DiagnosticsError` on failure."""
+def compile_plan(result: Build, spv_dir: Path, out_display: str, progress: bool = True) -> dict:
+    """Compiles every planned variant into `spv_dir`; raises `DiagnosticsError` on failure."""
     items = [(o.key, o.text, o.variant.name) for o in result.outputs]
     try:
-        return glslc.ensure_spirv(items, cache, progress=progress)
+        return glslc.ensure_spirv(items, spv_dir, progress=progress)
     except glslc.CompileError as e:
         diags = Diagnostics()
         by_name = {o.variant.name: o for o in result.outputs}

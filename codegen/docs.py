@@ -18,20 +18,24 @@ INTRO = """\
 
 `python -m codegen` turns `op_specs/*.yaml` and `templates/*.j2` into
 `generated/glsl/<variant>.comp`, `generated/ops/<family>.py` and
-`generated/manifest.json`, and compiles SPIR-V into `$ETVK_CACHE_DIR/spv/`
-(default `~/.cache/etvk`). The contracts between codegen, the generated code
-and the runtime are in `docs/internals.md`.
+`generated/manifest.json` (committed), and compiles SPIR-V into
+`generated/spv/<key>.spv` (not committed; the key is a hash of the flags and
+the GLSL). The contracts between codegen, the generated code and the runtime
+are in `docs/internals.md`.
 
 ## Commands
 
 All take `--specs DIR --templates DIR --out DIR` (defaults: the repo's
-`op_specs/`, `templates/`, `generated/`).
+`op_specs/`, `templates/`, `generated/`; `compile` takes only `--out`). A
+folder of ops of one's own passes all three; its templates may include the
+built-in ones (`include/*.glslh`, the stub template).
 
 | command | does |
 |---|---|
-| `python -m codegen generate [--no-compile]` | write what changed under `generated/`, remove orphans, compile and validate all SPIR-V (content-hash cache) |
+| `python -m codegen generate [--no-compile]` | write what changed under `--out`, remove orphans, compile and validate all SPIR-V into `--out/spv/` (only what is missing) |
+| `python -m codegen compile` | compile the SPIR-V of an existing generated folder from its manifest and GLSL alone (a fresh checkout, the wheel build) |
 | `python -m codegen check` | exit 1 with a diff and the fix command if `generated/` is stale or has orphans; does not compile |
-| `python -m codegen list` | print every variant: name, ops, axis values, spec file:line |
+| `python -m codegen list [--stats]` | print every variant: name, ops, axis values, spec file:line; `--stats`: variants, ops and SPIR-V bytes per family and in total |
 | `python -m codegen docs [--check]` | rewrite this file (`--check`: exit 1 if stale) |
 
 Errors are printed compiler-style (`file:line:col: error: message`), all
@@ -60,7 +64,7 @@ errors of a run together, sorted; the exit status is 1.
 | `manifest.py` | `generated/manifest.json` |
 | `build.py` | the pipeline up to the output plan; compile errors mapped to template/spec lines |
 | `emit.py` | write only what changed; stale/orphan report with diffs |
-| `glslc.py` | parallel batched glslc + spirv-val, content-hash cache; `ensure_spirv` |
+| `glslc.py` | parallel batched glslc + spirv-val into a content-addressed folder; `ensure_spirv`, `compile_folder` |
 | `docs.py` | this README |
 
 ## Variants

@@ -3,7 +3,7 @@
 Each expression is parsed with `ast`; every free name must be in the scope
 the spec allows (schema arguments, `let` names, outputs, `storage`, `torch`,
 `math`, a few builtins, the HELPERS below). Helper calls are rewritten to
-`rt.<name>` so the generated stub calls `runtime.stub_support`. Errors point
+`rt.<name>` so the generated stub calls `runtime.ops.stub_support`. Errors point
 at the file:line:col of the character inside the YAML scalar. This module
 must not evaluate anything. Called by `validate.py`; `docs.py` documents the
 HELPERS and CAPABILITIES tables.
@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from codegen.errors import SpecError, did_you_mean
 from codegen.model import Expr
 
-# name -> (parameters, what it returns); internals.md §1, runtime/stub_support.py implements them.
+# name -> (parameters, what it returns); internals.md §1, runtime/ops/stub_support.py implements them.
 HELPERS: dict[str, tuple[str, str]] = {
     "numel": ("t", "number of elements"),
     "last_dim": ("t", "size of the last dimension (1 for a 0-d tensor)"),
@@ -54,7 +54,7 @@ HELPERS: dict[str, tuple[str, str]] = {
     "pair": ("v", "a conv argument (an int or a list of 1 or 2 ints) as `(y, x)`, else `None`"),
     "conv2d_params": (
         "x, weights, kernel_size, stride, padding, dilation, groups",
-        "the conv's geometry, `runtime.conv2d.Conv2dParams` (`N C_in H W C_out KH KW stride "
+        "the conv's geometry, `runtime.families.conv2d.Conv2dParams` (`N C_in H W C_out KH KW stride "
         "padding dilation groups Cg Coutg H_out W_out`, pairs as `(y, x)`)",
     ),
     "conv2d_algorithm": (

@@ -1,18 +1,22 @@
-"""Compile GLSL to SPIR-V through a content-hash cache, in parallel, validating every binary.
+"""Compile GLSL to SPIR-V into a content-addressed folder, in parallel, validating every binary.
 
-The cache key is sha256(" ".join(SPIRV_FLAGS) + "\\n" + glsl_text); binaries
-live at `<cache>/spv/<key>.spv` (cache = $ETVK_CACHE_DIR or ~/.cache/etvk).
+A binary's name is its key, sha256(" ".join(SPIRV_FLAGS) + "\\n" + glsl_text):
+`<spv folder>/<key>.spv`; the generated folder's `spv/` is that folder, so
+the runtime finds every variant's binary next to the manifest.
 `ensure_spirv` compiles only what is missing: the missing sources are split
 into one batch per worker (one `glslc -c` process compiles a whole batch),
-and every new binary is checked with `spirv-val` before it enters the cache.
-Failures raise `CompileError` naming each item's label and line. Must not
-know about specs or templates (the caller maps lines back). Called by
-`build.py` and, on demand, by the runtime (keep `ensure_spirv`'s signature).
+and every new binary is checked with `spirv-val` before it is moved in.
+`compile_folder` does that for a generated folder from its manifest and GLSL
+alone (no specs, templates, Jinja or YAML: the wheel build calls it) and
+removes binaries no variant uses. Failures raise `CompileError` naming each
+item's label and line. Must not know about specs or templates (the caller
+maps lines back). Called by `build.py`, `__main__.py` and the wheel build.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shutil
@@ -23,6 +27,8 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+
+from codegen.naming import MANIFEST
 
 SPIRV_FLAGS = ("--target-env=vulkan1.2", "-O")
 VALIDATE_FLAGS = ("--target-env", "vulkan1.2")
@@ -57,25 +63,19 @@ def spirv_key(text: str) -> str:
     return hashlib.sha256((" ".join(SPIRV_FLAGS) + "\n" + text).encode("utf-8")).hexdigest()
 
 
-def cache_dir() -> Path:
-    """$ETVK_CACHE_DIR, or ~/.cache/etvk."""
-    env = os.environ.get("ETVK_CACHE_DIR")
-    return Path(env) if env else Path.home() / ".cache" / "etvk"
-
-
-def spirv_path(key: str, cache: Path) -> Path:
-    """Where the binary of `key` lives in the cache."""
-    return Path(cache) / "spv" / f"{key}.spv"
+def spirv_path(key: str, spv_dir: Path) -> Path:
+    """Where the binary of `key` lives in a SPIR-V folder."""
+    return Path(spv_dir) / f"{key}.spv"
 
 
 def ensure_spirv(
-    items: list[tuple[str, str, str]], cache_dir: Path, *, progress: bool = False
+    items: list[tuple[str, str, str]], spv_dir: Path, *, progress: bool = False
 ) -> dict[str, Path]:
-    """Makes sure every (key, glsl_text, label) has a validated binary in the cache.
+    """Makes sure every (key, glsl_text, label) has a validated binary in `spv_dir`.
 
     Args:
-        items: (cache key from `spirv_key`, GLSL source, label used in errors).
-        cache_dir: the cache root (see `cache_dir()`).
+        items: (key from `spirv_key`, GLSL source, label used in errors).
+        spv_dir: the SPIR-V folder (a generated folder's `spv/`); created if needed.
         progress: print `compiling N shaders (W workers)... n/N` on stderr.
 
     Returns:
@@ -84,8 +84,8 @@ def ensure_spirv(
     Raises:
         CompileError: glslc or spirv-val failed for some items (all are reported).
     """
-    cache = Path(cache_dir)
-    paths = {key: spirv_path(key, cache) for key, _, _ in items}
+    spv_dir = Path(spv_dir)
+    paths = {key: spirv_path(key, spv_dir) for key, _, _ in items}
     missing = list(
         {key: (key, text, label) for key, text, label in items if not paths[key].exists()}.values()
     )
@@ -100,12 +100,12 @@ def ensure_spirv(
                     key,
                     0,
                     f"{' and '.join(tools)} not found on PATH; "
-                    "install shaderc and spirv-tools (or fill the SPIR-V cache)",
+                    "install shaderc and spirv-tools (`make setup` does)",
                 )
                 for key, _, label in missing
             ]
         )
-    (cache / "spv").mkdir(parents=True, exist_ok=True)
+    spv_dir.mkdir(parents=True, exist_ok=True)
     workers = max(1, min(os.cpu_count() or 1, len(missing)))
     batches = [missing[i::workers] for i in range(workers)]
     done = [0]
@@ -133,7 +133,7 @@ def ensure_spirv(
         ThreadPoolExecutor(workers) as pool,
     ):
         futures = [
-            pool.submit(_compile_batch, batch, Path(tmp) / str(i), cache, tick)
+            pool.submit(_compile_batch, batch, Path(tmp) / str(i), spv_dir, tick)
             for i, batch in enumerate(batches)
             if batch
         ]
@@ -147,7 +147,7 @@ def ensure_spirv(
 _DIAG = re.compile(r"^(?P<file>[0-9a-f]{64})\.comp:(?:(?P<line>\d+):)?\s*(?P<msg>.*)$")
 
 
-def _compile_batch(batch, workdir: Path, cache: Path, tick) -> list[CompileFailure]:
+def _compile_batch(batch, workdir: Path, spv_dir: Path, tick) -> list[CompileFailure]:
     workdir.mkdir(parents=True)
     for key, text, _ in batch:
         (workdir / f"{key}.comp").write_text(text, encoding="utf-8", newline="\n")
@@ -182,9 +182,59 @@ def _compile_batch(batch, workdir: Path, cache: Path, tick) -> list[CompileFailu
             text = (val.stderr + val.stdout).strip().splitlines()
             failures.append(CompileFailure(label, key, 0, "spirv-val: " + " ".join(text[:3])))
             continue
-        dest = spirv_path(key, cache)
+        dest = spirv_path(key, spv_dir)
         tmp = dest.with_suffix(f".tmp{os.getpid()}")
         shutil.copyfile(out, tmp)
         os.replace(tmp, dest)
     tick(len(batch))
     return failures
+
+
+def compile_folder(out_dir: Path, *, progress: bool = False) -> dict[str, Path]:
+    """Compiles the SPIR-V of every variant of a generated folder into `out_dir/spv`.
+
+    Reads only `manifest.json` and the `glsl/` files it names; binaries no
+    variant uses any more are removed.
+
+    Returns:
+        key -> path of every variant's binary.
+
+    Raises:
+        CompileError: the manifest is unreadable, a GLSL file is missing or does
+            not match its manifest key (stale: run `generate`), or glslc /
+            spirv-val failed.
+    """
+    out_dir = Path(out_dir)
+    try:
+        manifest = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+        flags, variants = tuple(manifest["spirv_flags"]), manifest["variants"]
+    except (OSError, ValueError, KeyError) as exc:
+        raise CompileError([CompileFailure(str(out_dir / MANIFEST), "", 0, f"cannot read it: {exc}")]) \
+            from None
+    items, stale = [], []
+    for name, entry in sorted(variants.items()):
+        path = out_dir / entry["glsl"]
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            stale.append(CompileFailure(str(path), entry["spirv"], 0, f"missing ({exc.strerror})"))
+            continue
+        if flags != SPIRV_FLAGS or spirv_key(text) != entry["spirv"]:
+            stale.append(CompileFailure(str(path), entry["spirv"], 0,
+                                        f"does not match {MANIFEST} (variant {name}): run "
+                                        f"`python -m codegen generate --out {out_dir}`"))
+            continue
+        items.append((entry["spirv"], text, f"{name} ({path})"))
+    if stale:
+        raise CompileError(stale)
+    paths = ensure_spirv(items, out_dir / "spv", progress=progress)
+    prune(out_dir / "spv", paths)
+    return paths
+
+
+def prune(spv_dir: Path, keys) -> list[str]:
+    """Removes the binaries of `spv_dir` whose key is not in `keys`; returns their names."""
+    removed = sorted(p.name for p in Path(spv_dir).glob("*.spv") if p.stem not in keys)
+    for name in removed:
+        (Path(spv_dir) / name).unlink()
+    return removed

@@ -10,7 +10,7 @@ import json
 
 from codegen.glslc import SPIRV_FLAGS
 from codegen.interface import interface_dict
-from codegen.naming import GENERATOR, glsl_path, module_path
+from codegen.naming import GENERATOR, MANIFEST_FORMAT, glsl_path, module_path
 
 
 def build_manifest(ops, variants, interfaces, keys, shader_ops) -> str:
@@ -24,7 +24,7 @@ def build_manifest(ops, variants, interfaces, keys, shader_ops) -> str:
         shader_ops: variant name -> sorted registry keys of the ops it serves.
     """
     data = {
-        "format": 1,
+        "format": MANIFEST_FORMAT,
         "generator": GENERATOR,
         "spirv_flags": list(SPIRV_FLAGS),
         "ops": {

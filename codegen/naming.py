@@ -4,7 +4,7 @@ Variant name = shader name + "_" + each axis value's short form in axis order
 (`float32` -> `float`, `float16` -> `half`). `parse_variant_name` reverses it.
 Everything that needs a name asks this module; nothing else glues names.
 This module must not know about specs or files beyond relative output paths.
-Called by variants, validate, stubs, manifest, render (as filters) and the runtime.
+Called by variants, validate, stubs, manifest, glslc and render (as filters).
 """
 
 from __future__ import annotations
@@ -13,6 +13,9 @@ from collections.abc import Mapping, Sequence
 
 SHORT_FORMS = {"float32": "float", "float16": "half"}
 MANIFEST = "manifest.json"
+# The generated-folder format (manifest + stub protocol); the runtime refuses other values
+# (runtime/ops/library.py FORMAT, kept equal by a test).
+MANIFEST_FORMAT = 2
 GENERATOR = "python -m codegen generate"
 
 

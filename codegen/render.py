@@ -1,7 +1,9 @@
 """Jinja rendering of GLSL variants and stub modules, with errors mapped to template lines.
 
-One `Renderer` per run: a Jinja environment on the templates folder
-(StrictUndefined, trim_blocks, lstrip_blocks, keep_trailing_newline), filters
+One `Renderer` per run: a Jinja environment on the templates folders, the
+caller's first and then the built-in ones (`builtin_templates()`: the stub
+template and the GLSL includes a user's templates may include), with
+StrictUndefined, trim_blocks, lstrip_blocks, keep_trailing_newline; filters
 only from `naming`/`glsl`. Template syntax errors and render errors become
 `SpecError`s at the template file:line (the caller says what it was
 rendering). `source_location` maps a line of rendered output back to the
@@ -30,14 +32,23 @@ FILTERS = {
 }
 
 
+def builtin_templates() -> Path:
+    """The built-in templates: ``codegen/templates`` in an installed wheel, else the checkout's."""
+    packaged = Path(__file__).resolve().parent / "templates"
+    return packaged if packaged.is_dir() else Path(__file__).resolve().parents[1] / "templates"
+
+
 class Renderer:
-    """Renders templates from one folder; `display` is the folder's name in messages."""
+    """Renders templates from `templates_dir`, then the built-in folder; messages name a
+    template as ``<folder name>/<template>``."""
 
     def __init__(self, templates_dir: Path):
         self.dir = Path(templates_dir)
-        self.display = self.dir.name
+        self.dirs = [self.dir]
+        if builtin_templates().resolve() != self.dir.resolve():
+            self.dirs.append(builtin_templates())
         self.env = jinja2.Environment(
-            loader=jinja2.FileSystemLoader(str(self.dir)),
+            loader=jinja2.FileSystemLoader([str(d) for d in self.dirs]),
             undefined=jinja2.StrictUndefined,
             trim_blocks=True,
             lstrip_blocks=True,
@@ -48,9 +59,13 @@ class Renderer:
         self._cache: dict[str, jinja2.Template | SpecError] = {}
         self._patterns: dict[str, list[tuple[re.Pattern | None, Location]]] = {}
 
+    def _folder(self, name: str) -> Path:
+        """The first folder holding template `name` (the caller's when none does)."""
+        return next((d for d in self.dirs if (d / name).is_file()), self.dir)
+
     def path(self, name: str) -> str:
         """Display path of a template, e.g. templates/quantize.glsl.j2."""
-        return f"{self.display}/{name}"
+        return f"{self._folder(name).name}/{name}"
 
     def template(self, name: str, used_at: Location) -> jinja2.Template | SpecError:
         """The compiled template, or the error that prevents it."""
@@ -62,7 +77,9 @@ class Renderer:
                 where = used_at if missing == name else Location(self.path(name), 1, 1)
                 self._cache[name] = SpecError(
                     where,
-                    f"template '{missing}' not found in {self.display}/; create it or fix the name",
+                    f"template '{missing}' not found in {self.dir.name}/"
+                    f"{' or the built-in templates' if len(self.dirs) > 1 else ''}; "
+                    "create it or fix the name",
                 )
             except jinja2.TemplateSyntaxError as e:
                 file = self._display_file(e.filename, e.name or name)
@@ -72,14 +89,17 @@ class Renderer:
         return self._cache[name]
 
     def _display_file(self, filename: str | None, name: str) -> str:
-        if filename:
+        relative = self._relative(filename) if filename else None
+        return self.path(relative or name)
+
+    def _relative(self, filename: str) -> str | None:
+        """`filename` relative to the template folder holding it, or None."""
+        for folder in self.dirs:
             try:
-                return self.path(
-                    Path(filename).resolve().relative_to(self.dir.resolve()).as_posix()
-                )
+                return Path(filename).resolve().relative_to(folder.resolve()).as_posix()
             except ValueError:
-                pass
-        return self.path(name)
+                continue
+        return None
 
     def render(self, name: str, context: dict, used_at: Location):
         """Renders a template; returns (text or None, error or None)."""
@@ -90,14 +110,10 @@ class Renderer:
             return template.render(context), None
         except Exception as e:  # any error inside a template is the template author's
             line, file = 1, self.path(name)
-            root = self.dir.resolve()
             for frame, lineno in traceback.walk_tb(e.__traceback__):
-                fname = frame.f_code.co_filename
-                try:
-                    rel = Path(fname).resolve().relative_to(root).as_posix()
-                except ValueError:
-                    continue
-                line, file = lineno, self.path(rel)
+                rel = self._relative(frame.f_code.co_filename)
+                if rel is not None:
+                    line, file = lineno, self.path(rel)
             message = getattr(e, "message", None) or str(e)
             kind = (
                 "undefined template variable"
@@ -126,7 +142,7 @@ class Renderer:
         """One (pattern, source line) per template line, included files expanded in place."""
         if name not in self._patterns:
             try:
-                source = (self.dir / name).read_text(encoding="utf-8")
+                source = (self._folder(name) / name).read_text(encoding="utf-8")
             except OSError:
                 source = ""
             patterns = []

@@ -5,7 +5,7 @@
 #   vvl/  vulkan-validationlayers (.deb), unpacked under /tmp, not into /
 #   whl/  vulkan cffi pycparser wheels for cp312
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
-#   cache/spv/  the SPIR-V cache (make generate with ETVK_CACHE_DIR=.devkit/cache)
+# and the git-ignored generated/spv/ (`make spirv`), carried next to it.
 # Usage: scripts/gpu_session.sh [tests|bench|kernels|all] (output also under $OUT when set);
 # kernels runs only the conv2d and linear benchmarks.
 set -uo pipefail
@@ -23,7 +23,7 @@ export LD_LIBRARY_PATH=/tmp/vvl/usr/lib/x86_64-linux-gnu:/tmp/tools/usr/lib/x86_
 if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
-export ETVK_CACHE_DIR=$PWD/.devkit/cache PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+export ETVK_CACHE_DIR=/tmp/etvk-cache PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 log=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -m runtime info 2>&1 | head -n 40

@@ -1,9 +1,10 @@
 """Test session set-up shared by every test folder.
 
 The validation layer (with synchronization validation) is on for the whole
-session unless ETVK_VALIDATION is set otherwise, every dispatch is traced to
-a session file, and a test fails when the device collected a validation
-message of error severity while it ran.
+session unless ETVK_VALIDATION is set otherwise, every dispatch is traced (to
+the file ETVK_TRACE_DISPATCH names when the user sets it, else to a session
+file), and a test fails when the device collected a validation message of
+error severity while it ran.
 
 Where no Vulkan device exists at all, a test that needs one is reported as
 skipped with the one-line reason (`VulkanUnavailable`); with
@@ -22,8 +23,19 @@ import pytest
 from runtime.errors import VulkanUnavailable
 
 os.environ.setdefault("ETVK_VALIDATION", "1")
-_TRACE = Path(tempfile.mkdtemp(prefix="etvk-tests-")) / "dispatch.jsonl"
-os.environ["ETVK_TRACE_DISPATCH"] = str(_TRACE)
+os.environ.setdefault("ETVK_TRACE_DISPATCH", str(Path(tempfile.mkdtemp(prefix="etvk-tests-")) / "dispatch.jsonl"))
+_TRACE = Path(os.environ["ETVK_TRACE_DISPATCH"])
+# Lines a user's trace file held before this session are not this session's dispatches.
+_TRACE_START = _TRACE.stat().st_size if _TRACE.exists() else 0
+
+
+def session_trace_lines() -> list[str]:
+    """The trace lines written during this session."""
+    if not _TRACE.exists():
+        return []
+    with _TRACE.open("rb") as f:
+        f.seek(_TRACE_START)
+        return f.read().decode().splitlines()
 
 
 @pytest.fixture
@@ -37,9 +49,7 @@ def dispatch_trace():
     """A function returning the set of variant names dispatched so far this session."""
 
     def variants() -> set[str]:
-        if not _TRACE.exists():
-            return set()
-        return {json.loads(line)["variant"] for line in _TRACE.read_text().splitlines()}
+        return {json.loads(line)["variant"] for line in session_trace_lines()}
 
     return variants
 
@@ -48,7 +58,7 @@ def dispatch_trace():
 def no_validation_errors():
     """Fails the test if the validation layer reported an error while it ran."""
     yield
-    from runtime.device import current_device
+    from runtime.vulkan.device import current_device
 
     device = current_device()
     if device is not None:

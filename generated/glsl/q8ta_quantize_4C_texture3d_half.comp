@@ -151,6 +151,38 @@ uint etvk_packed_col(int layout_code, ivec4 sizes, int w) {
   return uint(w);
 }
 
+// The inverse of etvk_packed_word: (w, h, c4, n) of word `word`. In 4W4C a word
+// past the width (w >= sizes.x) is padding.
+ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
+  int t = int(word);
+  int w, c4;
+  if (layout_code == ETVK_4W4C) {
+    const int w4 = (sizes.x + 3) >> 2;
+    const int wi = t & 3;
+    t >>= 2;
+    c4 = t % sizes.z;
+    t /= sizes.z;
+    w = (t % w4) * 4 + wi;
+    t /= w4;
+  } else if (layout_code == ETVK_4C) {
+    c4 = t % sizes.z;
+    t /= sizes.z;
+    w = t % sizes.x;
+    t /= sizes.x;
+  } else {
+    w = t % sizes.x;
+    t /= sizes.x;
+    c4 = t % sizes.z;
+    t /= sizes.z;
+  }
+  return ivec4(w, t % sizes.y, c4, t / sizes.y);
+}
+
+// Which of the 4 channels 4*c4 .. 4*c4+3 exist in a tensor of `channels` channels.
+bvec4 etvk_valid_channels(int c4, int channels) {
+  return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
+}
+
 float load_x(int n, int c, int h, int w) {
   return t_in_load(ivec3(w >> 2, h, n * pc.sizes.z + c))[w & 3];
 }

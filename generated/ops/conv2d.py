@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from runtime import stub_support as rt
+from runtime.ops import stub_support as rt
 
 
 def _check_fp_input(op, input):
@@ -290,7 +290,7 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C')
     k = p.Cg * p.KH * p.KW
-    w_packed = rt.prepacked('runtime.conv2d:pack_gemm_weights', weights, groups)
+    w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
     tiling = rt.gemm_tiling(p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4, k // 4, p.C_out)
     v = op.select(variant, storage, {"INPUT": ("x", '4W4C' if layout == '4W4C' else 'any_layout')}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
@@ -372,7 +372,7 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_pointwise_groups(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C')
-    w_packed = rt.prepacked('runtime.conv2d:pack_gemm_weights', weights, groups)
+    w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
     tiling = rt.gemm_tiling(p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W), rt.ceil_div(p.Cg, 4), p.C_out)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
@@ -444,7 +444,7 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C1W')
     out_w = 4
-    w_packed = rt.prepacked('runtime.conv2d:pack_direct_weights', weights, groups, p.C_in)
+    w_packed = rt.prepacked('runtime.families.conv2d:pack_direct_weights', weights, groups, p.C_in)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
@@ -516,7 +516,7 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C1W')
     out_w = 4
-    w_packed = rt.prepacked('runtime.conv2d:pack_depthwise_weights', weights)
+    w_packed = rt.prepacked('runtime.families.conv2d:pack_depthwise_weights', weights)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))

@@ -5,7 +5,7 @@ import math
 
 import torch
 
-from runtime import stub_support as rt
+from runtime.ops import stub_support as rt
 
 
 def _check_scale_positive(op, scale):

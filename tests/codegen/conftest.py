@@ -2,23 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 
-_CACHE: list[Path] = []
 
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory, monkeypatch):
-    """Every test compiles into a session-wide temp SPIR-V cache, never ~/.cache."""
-    monkeypatch.setenv("ETVK_CACHE_DIR", str(_session_cache(tmp_path_factory)))
-
-
-def _session_cache(factory) -> Path:
-    if not _CACHE:
-        _CACHE.append(factory.mktemp("spv-cache"))
-    return _CACHE[0]
+@pytest.fixture(scope="session")
+def spv_dir(tmp_path_factory):
+    """A session-wide SPIR-V folder: tests compile there, never into generated/spv."""
+    return tmp_path_factory.mktemp("spv")
 
 
 def pytest_configure(config):

@@ -39,10 +39,8 @@ VARIANTS = sorted(MANIFEST["variants"])
 
 
 @pytest.fixture(scope="module")
-def binaries():
-    return glslc.ensure_spirv(
-        [(o.key, o.text, o.variant.name) for o in RESULT.outputs], glslc.cache_dir()
-    )
+def binaries(spv_dir):
+    return glslc.ensure_spirv([(o.key, o.text, o.variant.name) for o in RESULT.outputs], spv_dir)
 
 
 def test_manifest_covers_every_op():

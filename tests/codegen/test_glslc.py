@@ -1,8 +1,10 @@
-"""glslc.py: cache key, cache hits, loud failures with labels and lines."""
+"""glslc.py: the key, compiling only what is missing, loud failures with labels and lines,
+and compiling a generated folder from its manifest."""
 
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 
 import pytest
@@ -21,19 +23,12 @@ def test_key_formula():
     assert glslc.SPIRV_FLAGS == ("--target-env=vulkan1.2", "-O")
 
 
-def test_cache_dir_env(monkeypatch, tmp_path):
-    monkeypatch.setenv("ETVK_CACHE_DIR", str(tmp_path))
-    assert glslc.cache_dir() == tmp_path
-    monkeypatch.delenv("ETVK_CACHE_DIR")
-    assert glslc.cache_dir().parts[-2:] == (".cache", "etvk")
-
-
 def test_compile_then_hit(tmp_path, monkeypatch):
     key = glslc.spirv_key(GOOD)
     paths = glslc.ensure_spirv([(key, GOOD, "good")], tmp_path)
-    assert paths[key] == tmp_path / "spv" / f"{key}.spv"
+    assert paths[key] == tmp_path / f"{key}.spv"
     assert paths[key].read_bytes()[:4] == b"\x03\x02\x23\x07"
-    monkeypatch.setattr(glslc, "_compile_batch", None)  # a cache hit must not compile
+    monkeypatch.setattr(glslc, "_compile_batch", None)  # a present binary is not compiled again
     assert glslc.ensure_spirv([(key, GOOD, "good")], tmp_path) == paths
 
 
@@ -44,5 +39,39 @@ def test_failure_names_label_and_line(tmp_path):
     (failure,) = info.value.failures
     assert (failure.label, failure.line) == ("bad_variant", 4)
     assert "'nope' : no matching overloaded function found" in failure.message
-    assert not (tmp_path / "spv" / f"{glslc.spirv_key(BAD)}.spv").exists()
-    assert (tmp_path / "spv" / f"{glslc.spirv_key(GOOD)}.spv").exists()
+    assert not (tmp_path / f"{glslc.spirv_key(BAD)}.spv").exists()
+    assert (tmp_path / f"{glslc.spirv_key(GOOD)}.spv").exists()
+
+
+def _folder(root, sources: dict[str, str]):
+    """A generated folder by hand: manifest + glsl/ for `sources` (variant name -> GLSL)."""
+    (root / "glsl").mkdir(parents=True)
+    variants = {}
+    for name, text in sources.items():
+        (root / "glsl" / f"{name}.comp").write_text(text)
+        variants[name] = {"glsl": f"glsl/{name}.comp", "spirv": glslc.spirv_key(text)}
+    (root / "manifest.json").write_text(json.dumps({"spirv_flags": list(glslc.SPIRV_FLAGS),
+                                                    "variants": variants}))
+    return root
+
+
+def test_compile_folder_compiles_and_prunes(tmp_path):
+    root = _folder(tmp_path / "generated", {"good": GOOD})
+    (root / "spv").mkdir()
+    (root / "spv" / "orphan.spv").write_bytes(b"old")
+    paths = glslc.compile_folder(root)
+    assert sorted(p.name for p in (root / "spv").iterdir()) == [f"{glslc.spirv_key(GOOD)}.spv"]
+    assert paths == {glslc.spirv_key(GOOD): root / "spv" / f"{glslc.spirv_key(GOOD)}.spv"}
+
+
+def test_compile_folder_refuses_stale_glsl(tmp_path):
+    root = _folder(tmp_path / "generated", {"good": GOOD})
+    (root / "glsl" / "good.comp").write_text(GOOD + "// edited\n")
+    with pytest.raises(glslc.CompileError, match=r"good.comp: error: does not match manifest.json \(variant "
+                                                 r"good\): run `python -m codegen generate --out "):
+        glslc.compile_folder(root)
+    (root / "glsl" / "good.comp").unlink()
+    with pytest.raises(glslc.CompileError, match=r"good.comp: error: missing"):
+        glslc.compile_folder(root)
+    with pytest.raises(glslc.CompileError, match=r"manifest.json: error: cannot read it"):
+        glslc.compile_folder(tmp_path / "nowhere")

@@ -1,7 +1,7 @@
 """Int8 conv2d family (OPS.md family 2) on the default Vulkan device, validation on.
 
 Every variant of every conv op runs the layer table of
-`runtime.examples_conv2d` that its op accepts, against the OPS.md fp32
+`runtime.tools.examples_conv2d` that its op accepts, against the OPS.md fp32
 reference (at most one step, at least 99.5 % exact) and against PyTorch's
 quantized conv on the QNNPACK engine. Device inputs in each packed layout
 check that layouts flow through; the dispatcher is checked for every GPU
@@ -18,14 +18,14 @@ import pytest
 import torch
 
 import runtime
-from runtime import conv2d as conv2d_module
-from runtime.command import Stream
-from runtime.device import GPU_FAMILIES, get_device
 from runtime.errors import UnsupportedVariant
-from runtime.examples_conv2d import CASES, CASES_BY_NAME, make_inputs
-from runtime.layouts import PACKED_LAYOUTS
+from runtime.families import conv2d as conv2d_module
 from runtime.reference import conv2d as ref
-from runtime.tensor import Tensor
+from runtime.tools.examples_conv2d import CASES, CASES_BY_NAME, make_inputs
+from runtime.vulkan.device import GPU_FAMILIES, get_device
+from runtime.vulkan.layouts import PACKED_LAYOUTS
+from runtime.vulkan.stream import Stream
+from runtime.vulkan.tensor import Tensor
 
 MIN_EXACT = 0.995
 CONV_OPS = {

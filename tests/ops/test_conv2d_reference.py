@@ -8,7 +8,7 @@
 - the fp32 epilogue against the same formula in float64 (one step);
 - q8ta_quantize / q8ta_dequantize bit-identical to quantized_decomposed.
 
-Cases come from the table in runtime/examples_conv2d.py. No Vulkan.
+Cases come from the table in runtime/tools/examples_conv2d.py. No Vulkan.
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import pytest
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
 
-from runtime.conv2d import Conv2dParams, conv2d_params
-from runtime.examples_conv2d import CASES, Conv2dCase, Conv2dInputs, make_inputs
-from runtime.layouts import PACKED_LAYOUTS
+from runtime.families.conv2d import Conv2dParams, conv2d_params
 from runtime.reference import conv2d as ref
+from runtime.tools.examples_conv2d import CASES, Conv2dCase, Conv2dInputs, make_inputs
+from runtime.vulkan.layouts import PACKED_LAYOUTS
 
 MIN_EXACT = 0.995
 _IDS = [case.name for case in CASES]

@@ -19,14 +19,14 @@ import pytest
 import torch
 
 import runtime
-import runtime.linear_weights as linear_weights
-from runtime.command import Stream
-from runtime.device import get_device
-from runtime.examples import linear_args
-from runtime.int4 import pack_int4, unpack_int4
+import runtime.families.linear_weights as linear_weights
+from runtime.families.int4 import pack_int4, unpack_int4
+from runtime.ops.library import catalog
 from runtime.reference import linear as ref
 from runtime.reference import quantize as qref
-from runtime.shaders import get_library
+from runtime.tools.examples import linear_args
+from runtime.vulkan.device import get_device
+from runtime.vulkan.stream import Stream
 
 OP = "etvk.linear_qta8a_qga4w.default"
 
@@ -64,8 +64,7 @@ def _serves(axes, lead) -> bool:
 
 
 def _skip_unless_runnable(variant):
-    info = get_library().variant(variant)
-    ok, reason = get_library().runnable(info, get_device().caps)
+    ok, reason = catalog().variant(variant).runnable(get_device().caps)
     if not ok:
         pytest.skip(f"{variant}: {reason}")
 
@@ -88,7 +87,7 @@ def assert_bit_equal(got, want, what):
 def test_variant_matches_references(variant, dispatch_trace):
     _skip_unless_runnable(variant)
     op = runtime.get_op(OP)
-    axes = get_library().variant(variant).axes
+    axes = catalog().variant(variant).axes
     gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
     ran = 0
     for lead, k, n, gs in CASES:
@@ -141,9 +140,9 @@ def test_zero_tokens_and_flat_parameters():
 def test_every_work_split_gives_the_same_bits(kernel, lead):
     """The host picks C invocations per tile and GL groups per round; the shader's
     contract allows any powers of two GL <= C <= 64, and all give the same bits."""
-    from runtime.tensor import Tensor
+    from runtime.vulkan.tensor import Tensor
 
-    variant = f"linear_qta8a_qga4w_{kernel}_fallback_buffer_buffer"
+    variant = catalog().variant(f"linear_qta8a_qga4w_{kernel}_fallback_buffer_buffer")
     k, n, gs = 256, 10, 32  # 8 groups of 4 weight texels per row block
     x, s, z, w, _, ws, wz = linear_args(lead, k, n, gs, torch.Generator().manual_seed(10))[0]
     want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz).reshape(-1, n)
@@ -165,7 +164,7 @@ def test_every_work_split_gives_the_same_bits(kernel, lead):
             stream.dispatch(variant, OP, bindings=bindings, push={"sizes": [k, n, tokens, gs],
                             "coop": [c, gl, 0, 0]}, groups=groups)
             stream.run()
-            assert_bit_equal(out.to_torch(), want, f"{variant} C={c} GL={gl}")
+            assert_bit_equal(out.to_torch(), want, f"{variant.name} C={c} GL={gl}")
 
 
 # ---------------------------------------------------------------- dynamic activations in one stream
@@ -176,7 +175,7 @@ def test_every_work_split_gives_the_same_bits(kernel, lead):
 def test_dynamic_activation_sequence_in_one_stream(storage, lead, monkeypatch, dispatch_trace_path):
     """choose_qparams -> quantize_per_token -> linear recorded in one stream; nothing
     is read back to the host until the stream has run."""
-    from runtime.tensor import Tensor
+    from runtime.vulkan.tensor import Tensor
 
     gen = torch.Generator().manual_seed(4)
     k, n, gs = 256, 11, 64
@@ -213,7 +212,7 @@ def test_dynamic_activation_sequence_in_one_stream(storage, lead, monkeypatch, d
 
 
 def test_weights_are_packed_and_uploaded_once(monkeypatch):
-    import runtime.tensor
+    import runtime.vulkan.tensor
 
     calls = []
     pack = linear_weights.pack_linear_weights
@@ -224,13 +223,13 @@ def test_weights_are_packed_and_uploaded_once(monkeypatch):
 
     monkeypatch.setattr(linear_weights, "pack_linear_weights", counting)
     uploads = []
-    from_torch = runtime.tensor.Tensor.from_torch.__func__
+    from_torch = runtime.vulkan.tensor.Tensor.from_torch.__func__
 
     def counting_upload(cls, value, *args, **kwargs):
         uploads.append((tuple(value.shape), value.dtype))
         return from_torch(cls, value, *args, **kwargs)
 
-    monkeypatch.setattr(runtime.tensor.Tensor, "from_torch", classmethod(counting_upload))
+    monkeypatch.setattr(runtime.vulkan.tensor.Tensor, "from_torch", classmethod(counting_upload))
 
     op = runtime.get_op(OP)
     gen = torch.Generator().manual_seed(6)

@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 import runtime
 from runtime.errors import ArgumentError, ArgumentTypeError
-from runtime.int4 import pack_int4, unpack_int4
+from runtime.families.int4 import pack_int4, unpack_int4
 from runtime.reference.linear import linear_qta8a_qga4w, linear_qta8a_qga4w_fp64
 
 U = 2.0**-24  # fp32 unit roundoff

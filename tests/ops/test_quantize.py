@@ -17,8 +17,9 @@ import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
 
 import runtime
-from runtime.device import get_device
-from runtime.examples import (
+from runtime.ops.library import catalog
+from runtime.reference import quantize as ref
+from runtime.tools.examples import (
     DTYPES,
     EXAMPLES,
     NARROW,
@@ -27,8 +28,7 @@ from runtime.examples import (
     int_input,
     per_token_params,
 )
-from runtime.reference import quantize as ref
-from runtime.shaders import get_library
+from runtime.vulkan.device import get_device
 
 # Shapes every variant runs: 0-d, empty, widths that are and are not
 # multiples of 4, several leading dimensions.
@@ -174,7 +174,7 @@ def test_per_token_parameters_in_other_dtypes_are_accepted():
 
 def test_recorded_sequence_runs_without_host_round_trip():
     """choose_qparams → quantize_per_token → dequantize_per_token in one stream."""
-    from runtime.command import Stream
+    from runtime.vulkan.stream import Stream
 
     gen = torch.Generator().manual_seed(5)
     x = torch.randn(9, 40, generator=gen)
@@ -306,7 +306,7 @@ def test_dispatch_trace_records_op_variant_and_sizes(dispatch_trace_path):
     line = json.loads(dispatch_trace_path.read_text().splitlines()[-1])
     assert line["op"] == "etvk.quantize_per_tensor.default"
     assert line["variant"] == "quantize_per_tensor_buffer_float_int8"
-    workgroup = list(get_library().variant(line["variant"]).interface.workgroup)
+    workgroup = list(catalog().variant(line["variant"]).interface.workgroup)
     assert line["global"] == [8, 1, 1]  # 30 values in units of 4
     assert line["local"] == workgroup
     assert line["groups"] == [-(-8 // workgroup[0]), 1, 1]
