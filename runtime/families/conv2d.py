@@ -5,9 +5,8 @@ Three jobs, all pure torch / Python:
 - geometry: `conv2d_params` turns PyTorch-style conv arguments into a frozen
   `Conv2dParams` (output size, groups, pointwise / depthwise / im2col flags);
 - device rules: `prefers_im2col` and `choose_algorithm` (OPS.md rules 1-2 and
-  the dispatcher op's choice), and `resolve_packed_int8_conv2d`, which replaces
-  the ``PACKED_INT8_CONV2D`` placeholder of a program's packed int8 tensors by
-  concrete layouts (rules 3-4);
+  the dispatcher op's choice; conv2d_layouts.py resolves the
+  ``PACKED_INT8_CONV2D`` placeholder with them);
 - weight formats: the int8 weight packings the GEMM, direct and depthwise
   shaders read, returned as int32 words (4 int8 bytes each, little-endian;
   an ivec4 is 4 consecutive words).
@@ -20,30 +19,14 @@ the conv references in runtime/reference/conv2d.py, and the tests.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from types import MappingProxyType
+from dataclasses import dataclass
 
 import torch
 
 from runtime.vulkan.device import GPU_FAMILIES
-from runtime.vulkan.layouts import PACKED_LAYOUTS
 
-PLACEHOLDER = "PACKED_INT8_CONV2D"
-DISPATCH_OP = "etvk.q8ta_conv2d.default"
-# The input layout each single-algorithm conv op wants (OPS.md rule 3): the
-# im2col family (im2col and its pointwise GEMM) reads 4C, direct and depthwise 4C1W.
-ALGORITHM_INPUT_LAYOUT = {"pw": "4C", "im2col": "4C", "general": "4C1W", "dw": "4C1W"}
-CONV_OP_ALGORITHMS = {
-    "etvk.q8ta_conv2d_pw.default": "pw",
-    "etvk.q8ta_conv2d_im2col.default": "im2col",
-    "etvk.q8ta_conv2d_general.default": "general",
-    "etvk.q8ta_conv2d_dw.default": "dw",
-}
-CONV_OPS = (DISPATCH_OP, *CONV_OP_ALGORITHMS)
 IM2COL_MIN_GROUP_CHANNELS = 32
 IM2COL_MAX_OUTPUT_PIXELS = 4096
-FALLBACK_LAYOUT = "4C1W"
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
@@ -159,7 +142,8 @@ def conv2d_params(x_shape, weight_shape, kernel_size, stride, padding, dilation,
     )
 
 
-def _check_family(family: str) -> None:
+def check_family(family: str) -> None:
+    """Raises `ValueError` unless `family` is one of `GPU_FAMILIES`."""
     if family not in GPU_FAMILIES:
         raise ValueError(f"unknown GPU family {family!r}; use one of {', '.join(GPU_FAMILIES)}")
 
@@ -170,7 +154,7 @@ def prefers_im2col(params: Conv2dParams, family: str) -> bool:
     On mali: whenever eligible. Elsewhere: eligible, one group, and either
     at least 32 input channels or at most 4096 output pixels.
     """
-    _check_family(family)
+    check_family(family)
     if not params.im2col_eligible:
         return False
     if family == "mali":
@@ -183,110 +167,12 @@ def prefers_im2col(params: Conv2dParams, family: str) -> bool:
 
 def choose_algorithm(params: Conv2dParams, family: str) -> str:
     """The algorithm ``etvk.q8ta_conv2d.default`` runs: "pw", "dw", "im2col" or "general"."""
-    _check_family(family)
+    check_family(family)
     if params.is_pointwise and params.groups == 1:
         return "pw"
     if params.is_depthwise:
         return "dw"
     return "im2col" if prefers_im2col(params, family) else "general"
-
-
-@dataclass(frozen=True)
-class PackedOp:
-    """One op of a program, as the layout resolver sees it.
-
-    Attributes:
-        target: the op name, e.g. "etvk.q8ta_conv2d.default".
-        layouts: for each packed int8 tensor the op reads or writes (arguments
-            and outputs), its value name in the program -> a layout of
-            `PACKED_LAYOUTS` or `PLACEHOLDER`. A value name shared by two ops
-            is one tensor, so it ends up with one layout.
-        conv: the geometry, needed for the dispatcher op ``etvk.q8ta_conv2d``.
-        input_arg: the value name (a key of ``layouts``) a conv op reads as x.
-    """
-
-    target: str
-    layouts: Mapping[str, str] = field(hash=False)
-    conv: Conv2dParams | None = None
-    input_arg: str = "x"
-
-    def __post_init__(self):
-        object.__setattr__(self, "layouts", MappingProxyType(dict(self.layouts)))
-
-
-def _wanted_input_layout(op: PackedOp, family: str) -> str | None:
-    """Rule 3: the input layout a conv op wants, or None for any other op."""
-    if op.target not in CONV_OPS:
-        return None
-    if op.input_arg not in op.layouts:
-        raise ValueError(f"{op.target}: input {op.input_arg!r} is not among its packed tensors")
-    if op.target == DISPATCH_OP:
-        if op.conv is None:
-            raise ValueError(f"{op.target}: the conv geometry is needed to choose its algorithm")
-        return ALGORITHM_INPUT_LAYOUT[choose_algorithm(op.conv, family)]
-    return ALGORITHM_INPUT_LAYOUT[CONV_OP_ALGORITHMS[op.target]]
-
-
-def _value_layouts(ops: Sequence[PackedOp]) -> dict[str, str]:
-    """Every value's layout across ops; a concrete layout beats the placeholder."""
-    values: dict[str, str] = {}
-    for op in ops:
-        for name, layout in op.layouts.items():
-            if layout != PLACEHOLDER and layout not in PACKED_LAYOUTS:
-                raise ValueError(f"{op.target}: {name!r} has layout {layout!r}; use one of "
-                                 f"{', '.join(PACKED_LAYOUTS)} or {PLACEHOLDER}")
-            known = values.setdefault(name, layout)
-            if known == PLACEHOLDER:
-                values[name] = layout
-            elif layout not in (PLACEHOLDER, known):
-                raise ValueError(f"{name!r} is {known} in one op and {layout} in {op.target}")
-    return values
-
-
-def resolve_packed_int8_conv2d(ops: Sequence[PackedOp], family: str) -> list[PackedOp]:
-    """Replaces every `PLACEHOLDER` layout of a program's ops (OPS.md rules 1-4).
-
-    Layouts belong to values (tensors), not to op arguments: a value produced
-    by one op and read by another has one layout. The steps:
-
-    1. rule 3: each conv op, in program order, sets its input value to the
-       layout its algorithm wants (``choose_algorithm`` for the dispatcher) if
-       that value is still a placeholder; where two convs read one placeholder
-       value, the first in program order decides;
-    2. rule 4: an op holding a placeholder takes the first concrete layout
-       among its other values (in ``layouts`` order); passes over the program
-       in order repeat until nothing changes, so a layout also reaches ops
-       earlier in the program;
-    3. whatever is left becomes 4C1W.
-
-    Args:
-        ops: the program's ops that touch packed int8 tensors, in program order.
-        family: the device's GPU family (`runtime.vulkan.device.GPU_FAMILIES`).
-
-    Returns:
-        New `PackedOp`s, in the same order, with concrete layouts only.
-
-    Raises:
-        ValueError: an unknown family or layout, a value given two different
-            concrete layouts, or a conv op without its input or geometry.
-    """
-    _check_family(family)
-    values = _value_layouts(ops)
-    for op in ops:
-        wanted = _wanted_input_layout(op, family)
-        if wanted is not None and values[op.input_arg] == PLACEHOLDER:
-            values[op.input_arg] = wanted
-    changed = True
-    while changed:
-        changed = False
-        for op in ops:
-            concrete = [values[v] for v in op.layouts if values[v] != PLACEHOLDER]
-            for name in op.layouts:
-                if concrete and values[name] == PLACEHOLDER:
-                    values[name] = concrete[0]
-                    changed = True
-    resolved = {name: FALLBACK_LAYOUT if lay == PLACEHOLDER else lay for name, lay in values.items()}
-    return [replace(op, layouts={name: resolved[name] for name in op.layouts}) for op in ops]
 
 
 def _check_weights(w: torch.Tensor) -> None:

@@ -17,8 +17,6 @@ import pytest
 import torch
 
 from runtime.families.conv2d import (
-    PLACEHOLDER,
-    PackedOp,
     choose_algorithm,
     conv2d_params,
     direct_word_span,
@@ -26,9 +24,9 @@ from runtime.families.conv2d import (
     pack_direct_weights,
     pack_gemm_weights,
     prefers_im2col,
-    resolve_packed_int8_conv2d,
     weight_sums,
 )
+from runtime.families.conv2d_layouts import PLACEHOLDER, PackedOp, resolve_packed_int8_conv2d
 from runtime.reference.conv2d import conv2d_accumulators
 from runtime.vulkan.device import GPU_FAMILIES
 
@@ -137,10 +135,23 @@ def layouts_of(ops):
 
 @pytest.mark.parametrize("family", GPU_FAMILIES)
 def test_resolver_on_a_program(family):
-    # The first conv is im2col on mali and direct elsewhere; dw wants 4C1W; pw wants 4C.
-    q = "4C" if family == "mali" else "4C1W"
+    # One class (each conv writes in its input's layout). The first conv is im2col on mali and
+    # direct elsewhere, dw wants 4C1W and pw 4C: the majority is 4C on mali, 4C1W elsewhere.
+    lay = "4C" if family == "mali" else "4C1W"
     assert layouts_of(resolve_packed_int8_conv2d(PROGRAM, family)) == [
-        {"q": q}, {"q": q, "a": "4C1W"}, {"a": "4C1W", "b": "4C"}, {"b": "4C", "c": "4C"}, {"c": "4C"}]
+        {"q": lay}, {"q": lay, "a": lay}, {"a": lay, "b": lay}, {"b": lay, "c": lay}, {"c": lay}]
+
+
+def test_majority_of_a_class_wins_and_ties_go_to_the_first_conv():
+    dw, pw = "etvk.q8ta_conv2d_dw.default", "etvk.q8ta_conv2d_pw.default"
+    two_pw = [PackedOp(dw, {"x": P, "y": P}), PackedOp(pw, {"y": P, "z": P}, input_arg="y"),
+              PackedOp(pw, {"z": P, "w": P}, input_arg="z")]
+    assert {lay for op in resolve_packed_int8_conv2d(two_pw, "nvidia") for lay in op.layouts.values()} == {"4C"}
+    tie = two_pw[:2]
+    assert {lay for op in resolve_packed_int8_conv2d(tie, "nvidia") for lay in op.layouts.values()} == {"4C1W"}
+    separate = [PackedOp(dw, {"x": P, "y": P}), PackedOp(pw, {"a": P, "b": P}, input_arg="a")]
+    assert layouts_of(resolve_packed_int8_conv2d(separate, "nvidia")) == [
+        {"x": "4C1W", "y": "4C1W"}, {"a": "4C", "b": "4C"}]
 
 
 @pytest.mark.parametrize("family", GPU_FAMILIES)
@@ -193,6 +204,8 @@ def test_resolver_returns_new_ops_and_keeps_the_rest():
 
 @pytest.mark.parametrize(("ops", "text"), [
     ([PackedOp("a", {"x": "4C"}), PackedOp("b", {"x": "4C1W"})], "'x' is 4C in one op and 4C1W in b"),
+    ([PackedOp("a", {"x": "4C", "y": P}), PackedOp("b", {"y": P, "z": "4C1W"})],
+     "'x' and 'z' share a layout but are 4C in one op and 4C1W in b"),
     ([PackedOp("a", {"x": "NCHW"})], "a: 'x' has layout 'NCHW'"),
     ([PackedOp("etvk.q8ta_conv2d.default", {"x": P})], "the conv geometry is needed"),
     ([PackedOp("etvk.q8ta_conv2d_dw.default", {"in": P})], "input 'x' is not among its packed tensors"),
