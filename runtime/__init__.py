@@ -9,6 +9,11 @@ Public API (OPS.md "Public contract")::
     runtime.list_ops()
     runtime.load_ops("my_ops/generated")   # ops generated from a folder of one's own
 
+    program = runtime.lower(exported_program)   # a quantized torch.export program
+    program.save("model.etvk")
+    loaded = runtime.load("model.etvk")         # on the default device
+    outputs = loaded(*inputs)
+
 Importing the package registers ``torch.ops.etvk.*`` (reference CPU kernels
 and fake kernels) but opens no Vulkan device; the first op call does.
 
@@ -17,7 +22,8 @@ Layers (each imports only those above it in this list): `runtime.errors`;
 `runtime.families` and `runtime.reference` (host-side rules and PyTorch
 definitions of each op family); `runtime.ops` (shader libraries, the
 registry, what generated stubs call); `runtime.pytorch` (``torch.ops.etvk``,
-graph passes); `runtime.tools` (``python -m runtime``, the demo, examples).
+graph passes); `runtime.programs` (lowered models: lower, save, load, run);
+`runtime.tools` (``python -m runtime``, the demo, examples).
 """
 
 from pathlib import Path
@@ -35,6 +41,9 @@ from runtime.families.int4 import pack_int4, unpack_int4
 from runtime.ops import registry
 from runtime.ops.library import ManifestError
 from runtime.ops.registry import Op, get_op, list_ops
+from runtime.programs.loader import LoadedProgram, load
+from runtime.programs.lower import lower
+from runtime.programs.program import Program
 from runtime.pytorch.torch_ops import register_torch_ops
 from runtime.vulkan.stream import Stream
 
@@ -65,8 +74,10 @@ __all__ = [
     "ArgumentError",
     "ArgumentTypeError",
     "EtvkError",
+    "LoadedProgram",
     "ManifestError",
     "Op",
+    "Program",
     "Stream",
     "TensorTooLarge",
     "UnsupportedVariant",
@@ -74,7 +85,9 @@ __all__ = [
     "VulkanUnavailable",
     "get_op",
     "list_ops",
+    "load",
     "load_ops",
+    "lower",
     "pack_int4",
     "unpack_int4",
 ]

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from runtime.ops.library import Catalog, ManifestError, ShaderLibrary, catalog
 from runtime.ops.stub_support import OpDef
+from runtime.vulkan.device import get_device
 from runtime.vulkan.stream import Stream
 
 
@@ -54,7 +55,8 @@ class Op:
         return self.opdef.record(stream, *args, **kwargs)
 
     def __call__(self, *args, **kwargs):
-        with Stream() as stream:
+        device = get_device()
+        with device.lock, Stream(device) as stream:  # calls from several threads take turns
             outputs = self.opdef.record(stream, *args, **kwargs)
             stream.run()
             if isinstance(outputs, tuple):

@@ -87,26 +87,28 @@ def _check_nchw(t: torch.Tensor, what: str) -> None:
         raise ValueError(f"{what} must be a 4-D [N, C, H, W] tensor, got {list(t.shape)}")
 
 
-def q8ta_quantize(input, scale, zero_point, layout):
+def q8ta_quantize(input, scale, zero_point, layout=None):
     """Per-tensor quantize to int8 [-128, 127] (bit-identical to quantize_per_tensor).
 
     Returns:
-        int8 of ``input``'s shape; ``layout`` (one of `PACKED_LAYOUTS`) does not
-        change the values.
+        int8 of ``input``'s shape; ``layout`` (None or one of `PACKED_LAYOUTS`)
+        does not change the values.
     """
-    check_layout(layout)
+    if layout is not None:
+        check_layout(layout)
     _check_nchw(input, "input")
     return quantize_per_tensor(input, scale, zero_point, INT8_MIN, INT8_MAX, torch.int8)
 
 
-def q8ta_dequantize(input, scale, zero_point, layout, *, out_dtype=None):
+def q8ta_dequantize(input, scale, zero_point, layout=None, *, out_dtype=None):
     """Per-tensor dequantize of int8 values: ``float32(q - zero_point) * float32(scale)``.
 
     Returns:
-        ``out_dtype`` (fp32 by default) of ``input``'s shape; ``layout`` (one of
-        `PACKED_LAYOUTS`) does not change the values.
+        ``out_dtype`` (fp32 by default) of ``input``'s shape; ``layout`` (None or
+        one of `PACKED_LAYOUTS`) does not change the values.
     """
-    check_layout(layout)
+    if layout is not None:
+        check_layout(layout)
     _check_nchw(input, "input")
     return dequantize_per_tensor(input, scale, zero_point, INT8_MIN, INT8_MAX, torch.int8,
                                  out_dtype=out_dtype)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import threading
 import weakref
 from dataclasses import dataclass, field
 
@@ -185,6 +186,9 @@ class Device:
             validation = os.environ.get("ETVK_VALIDATION") == "1"
         self.validation = validation
         self.closed = False
+        # Held by whoever records or submits through this device's shared objects (command
+        # pool, queue, caches) from a public entry point: op calls and loaded programs.
+        self.lock = threading.RLock()
         self._live: list[weakref.finalize] = []
         self._prune_at = 64
         self.spare_memory = Recycler(SPARE_MEMORY_ENTRIES, SPARE_MEMORY_BYTES)

@@ -7,6 +7,8 @@ must not call Vulkan itself. Used by device.py.
 
 from __future__ import annotations
 
+import threading
+
 
 class Recycler:
     """Idle objects kept for reuse by key, at most `max_entries` and `max_bytes`; oldest out first.
@@ -24,9 +26,14 @@ class Recycler:
         self.entries = self.nbytes = 0
         self.closed = False
         self._idle: dict[object, list] = {}
+        self._lock = threading.RLock()  # finalizers may give items back from any thread
 
     def take(self, key):
         """Remove and return an item kept under `key`, or None."""
+        with self._lock:
+            return self._take(key)
+
+    def _take(self, key):
         items = self._idle.get(key)
         if not items:
             return None
@@ -39,6 +46,10 @@ class Recycler:
 
     def give(self, key, item) -> None:
         """Keep `item` under `key`, destroying the oldest items over the bounds (or `item` itself)."""
+        with self._lock:
+            self._give(key, item)
+
+    def _give(self, key, item) -> None:
         if self.closed or item.nbytes > self.max_bytes or not self.max_entries:
             item.destroy()
             return
@@ -46,10 +57,11 @@ class Recycler:
         self.entries += 1
         self.nbytes += item.nbytes
         while self.entries > self.max_entries or self.nbytes > self.max_bytes:
-            self.take(next(iter(self._idle))).destroy()
+            self._take(next(iter(self._idle))).destroy()
 
     def close(self) -> None:
         """Destroy every kept item; later `give()`s destroy at once."""
-        self.closed = True
-        while self._idle:
-            self.take(next(iter(self._idle))).destroy()
+        with self._lock:
+            self.closed = True
+            while self._idle:
+                self._take(next(iter(self._idle))).destroy()

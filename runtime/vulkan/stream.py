@@ -131,9 +131,15 @@ class Stream:
 
     Args:
         device: the `Device`; default `get_device()`.
+        allocate: where `empty()` gets its tensors: a function of (shape, dtype,
+            storage, label, layout) returning a `Tensor` (a loaded program plans
+            its memory through it); default `Tensor.empty`.
+
+    Attributes:
+        dispatched: (op, variant name) of every dispatch recorded so far, in order.
     """
 
-    def __init__(self, device=None):
+    def __init__(self, device=None, allocate=None):
         vk, ffi, lib = raw.load()
         if device is None:
             device = get_device()
@@ -145,6 +151,7 @@ class Stream:
         self._begin_barrier, self._between_barrier = res.begin_barrier, res.between_barrier
         self._timestamps = device.caps.timestamps
         self._dummies: dict[tuple, Tensor] = {}
+        self._allocate = allocate
         self._state = "empty"  # -> "recording" -> "ready" (recorded, ended); "closed"
         self._reset_recording()
 
@@ -195,6 +202,8 @@ class Stream:
         if dtype_info(dtype, label).name != binding.dtype:
             raise DispatchError(f"{label}: dtype {dtype} differs from binding '{binding.name}' "
                                 f"dtype {binding.dtype} (a spec bug)")
+        if self._allocate is not None:
+            return self._allocate(shape, dtype, binding.storage, label, layout)
         return Tensor.empty(shape, dtype, binding.storage, label, self.device, layout)
 
     # -- recording ------------------------------------------------------------------
@@ -251,6 +260,7 @@ class Stream:
         if query:
             lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1] + 1)
         self._keepalive.append(bindings)
+        self.dispatched.append((op, kernel.name))
         trace = os.environ.get("ETVK_TRACE_DISPATCH")
         if trace:
             with open(trace, "a") as f:
@@ -332,6 +342,7 @@ class Stream:
         return query
 
     def _reset_recording(self) -> None:
+        self.dispatched = []
         self._keepalive: list = []
         self._timed: list[tuple] = []
         self._pool_index = 0
@@ -348,17 +359,26 @@ class Stream:
 
     # -- submission -----------------------------------------------------------------
 
+    def finish(self) -> None:
+        """End the recording without submitting it; `replay()` submits it. Nothing recorded: no-op."""
+        self._require_stream()
+        if self._state == "recording":
+            self._resources.end_barrier.record(self._cb)
+            raw.check(self._lib.vkEndCommandBuffer(self._cb), "vkEndCommandBuffer")
+            self._state = "ready"
+
+    @property
+    def recorded(self) -> bool:
+        """Whether a finished recording is ready to `replay()`."""
+        return self._state == "ready"
+
     def run(self) -> None:
         """Finish recording, submit and wait. A stream with no dispatches does nothing.
 
         Raises:
             VulkanError: submission or wait failed.
         """
-        self._require_stream()
-        if self._state == "recording":
-            self._resources.end_barrier.record(self._cb)
-            raw.check(self._lib.vkEndCommandBuffer(self._cb), "vkEndCommandBuffer")
-            self._state = "ready"
+        self.finish()
         if self._state == "ready":
             self._submit_and_wait()
 

@@ -145,7 +145,7 @@ class Tensor:
     """
 
     def __init__(self, shape, dtype: torch.dtype, storage: str, label: str = "tensor", device=None,
-                 layout: str | None = None):
+                 layout: str | None = None, memory: Buffer | None = None):
         if storage not in STORAGES:
             raise ValueError(f"{label}: storage must be one of {STORAGES}, got {storage!r}")
         info = dtype_info(dtype, label)
@@ -157,7 +157,12 @@ class Tensor:
         if self.numel() == 0:
             return
         _check_fits(self.shape, info, storage, self.layout, device.caps, label)
-        if storage == "buffer":
+        if memory is not None:  # a view of memory another owner planned (runtime.programs)
+            needed = buffer_bytes(self.shape, self.dtype, self.layout)
+            if storage != "buffer" or memory.device is not device or memory.nbytes < needed:
+                raise ValueError(f"{label}: a {storage} of {needed} bytes cannot live in {memory!r}")
+            self.memory = memory
+        elif storage == "buffer":
             self.memory = Buffer(device, buffer_bytes(self.shape, self.dtype, self.layout))
         else:
             vk, _, _ = raw.load()
@@ -210,20 +215,31 @@ class Tensor:
         """
         dtype = value.dtype if dtype is None else dtype
         tensor = cls(value.shape, dtype, storage, label, device, layout)
-        if tensor.memory is None:
-            return tensor
-        host = value.detach().to("cpu", dtype).contiguous()
-        if tensor.packed:
-            host = layouts.pack(host, tensor.layout)
-            tensor.memory.write(host.data_ptr(), host.numel())
-        elif storage == "buffer":
-            tensor.memory.write(host.data_ptr(), host.numel() * host.element_size())
-        else:
-            width, height, depth = texture_extent(tensor.shape)
-            texels = torch.zeros(depth, height, 4 * width, dtype=dtype)
-            texels[..., : host.shape[-1] if host.dim() else 1] = host.reshape(depth, height, -1)
-            tensor.memory.write(texels.data_ptr())
+        tensor.copy_from(value)
         return tensor
+
+    def copy_from(self, value: torch.Tensor) -> None:
+        """Overwrite the contents with a torch tensor of the same shape (converted to this dtype,
+        packed in this layout).
+
+        Raises:
+            ValueError: another shape.
+        """
+        if tuple(value.shape) != tuple(self.shape):
+            raise ValueError(f"cannot copy a tensor of shape {list(value.shape)} into {self!r}")
+        if self.memory is None:
+            return
+        host = value.detach().to("cpu", self.dtype).contiguous()
+        if self.packed:
+            host = layouts.pack(host, self.layout)
+            self.memory.write(host.data_ptr(), host.numel())
+        elif self.storage == "buffer":
+            self.memory.write(host.data_ptr(), host.numel() * host.element_size())
+        else:
+            width, height, depth = texture_extent(self.shape)
+            texels = torch.zeros(depth, height, 4 * width, dtype=self.dtype)
+            texels[..., : host.shape[-1] if host.dim() else 1] = host.reshape(depth, height, -1)
+            self.memory.write(texels.data_ptr())
 
     def numel(self) -> int:
         """Number of elements."""

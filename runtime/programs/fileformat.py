@@ -1,0 +1,283 @@
+"""The program file: one safetensors file, versioned, checked on read, never executed.
+
+Layout: the constants are the file's tensors (safetensors: a length-prefixed
+JSON header of names, dtypes, shapes and offsets, then raw bytes), and the
+header's metadata holds
+
+- ``etvk.format``: `FORMAT`, the version of this layout;
+- ``etvk.program``: the program as JSON (inputs, outputs, values with shape,
+  dtype and layout, nodes with their arguments, the ``etvk`` op schemas, the
+  manifest hash, and every constant's shape, dtype and sha256);
+- ``etvk.program_sha256``: the sha256 of that JSON.
+
+Reading parses with the safetensors library (no pickle) and checks every
+fault a damaged or foreign file can have; each becomes one
+`ProgramFileError` naming the file and the fault: an empty, truncated or
+non-safetensors file, another format version, a graph that fails its
+checksum or does not parse, a malformed graph, a missing, extra, mis-shaped
+or corrupted constant, a node reading an unknown value, an unknown op, or an
+``etvk`` op whose schema changed. Used by program.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+from pathlib import Path
+
+import torch
+
+from runtime.errors import EtvkError
+from runtime.ops.registry import get_op
+from runtime.programs.cpu import UnknownOp, resolve_op
+from runtime.programs.nodes import Const, Node, Ref, ValueSpec, walk_args
+
+FORMAT = 1
+_DTYPES = {str(d).removeprefix("torch."): d for d in (
+    torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
+    torch.int16, torch.int32, torch.int64, torch.bool)}
+_TAGS = {  # tagged JSON objects for arguments that are not JSON scalars
+    "dtype": (torch.dtype, lambda v: str(v).removeprefix("torch."), lambda s: _DTYPES[s]),
+    "device": (torch.device, str, torch.device),
+    "layout": (torch.layout, lambda v: str(v).removeprefix("torch."), lambda s: getattr(torch, s)),
+    "memory_format": (torch.memory_format, lambda v: str(v).removeprefix("torch."),
+                      lambda s: getattr(torch, s)),
+}
+_LAYOUT_NAMES = (torch.strided,)
+_MEMORY_FORMATS = (torch.contiguous_format, torch.channels_last, torch.preserve_format)
+
+
+class ProgramFileError(EtvkError, ValueError):
+    """A program file that cannot be read: `str()` is ``"<file>: <fault>"``."""
+
+    def __init__(self, path, fault: str):
+        self.path, self.fault = str(path), fault
+        super().__init__(f"{path}: {fault}")
+
+
+def _sha256(tensor: torch.Tensor) -> str:
+    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
+    return hashlib.sha256(data).hexdigest()
+
+
+# ---------------------------------------------------------------- writing
+
+
+def _encode(value, where: str):
+    if isinstance(value, Ref):
+        return {"ref": value.name}
+    if isinstance(value, Const):
+        return {"const": value.name}
+    if isinstance(value, (list, tuple)):
+        return [_encode(v, where) for v in value]
+    for tag, (kind, dump, _) in _TAGS.items():
+        if isinstance(value, kind):
+            return {tag: dump(value)}
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{where}: non-finite float argument {value!r} cannot be saved")
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    raise ValueError(f"{where}: argument {value!r} ({type(value).__name__}) cannot be saved")
+
+
+def _spec_json(spec: ValueSpec) -> dict:
+    return {"shape": list(spec.shape), "dtype": str(spec.dtype).removeprefix("torch."),
+            "layout": spec.layout}
+
+
+def write_program(program, path) -> None:
+    """Writes `program` to `path` (atomically: a temporary file, then a rename).
+
+    Raises:
+        ValueError: an argument or constant that the format cannot hold.
+    """
+    from safetensors.torch import save_file
+
+    tensors = {name: t.detach().cpu().contiguous().clone() for name, t in program.constants.items()}
+    graph = {
+        "format": FORMAT,
+        "manifest_hash": program.manifest_hash,
+        "inputs": list(program.inputs),
+        "outputs": list(program.outputs),
+        "output_tuple": program.output_tuple,
+        "values": {name: _spec_json(spec) for name, spec in program.values.items()},
+        "constants": {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
+                             "sha256": _sha256(t)} for name, t in tensors.items()},
+        "ops": dict(sorted(program.op_schemas.items())),
+        "nodes": [{"name": n.name, "target": n.target, "args": _encode(list(n.args), n.name),
+                   "kwargs": {k: _encode(v, n.name) for k, v in n.kwargs.items()},
+                   "outputs": list(n.outputs)} for n in program.nodes],
+    }
+    text = json.dumps(graph, sort_keys=True, separators=(",", ":"))
+    metadata = {"etvk.format": str(FORMAT), "etvk.program": text,
+                "etvk.program_sha256": hashlib.sha256(text.encode()).hexdigest()}
+    path = Path(path)
+    temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        save_file(tensors, str(temporary), metadata=metadata)
+        temporary.replace(path)
+    finally:
+        temporary.unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- reading
+
+
+class _Malformed(Exception):
+    """A fault of the graph, reported by `read_program` as a ProgramFileError."""
+
+
+def _require(condition: bool, message: str) -> None:
+    if not condition:
+        raise _Malformed(message)
+
+
+def _decode(value, where: str):
+    if isinstance(value, list):
+        return [_decode(v, where) for v in value]
+    if isinstance(value, dict):
+        _require(len(value) == 1, f"{where}: an argument object must have one key, got {sorted(value)}")
+        (tag, payload), = value.items()
+        if tag in ("ref", "const"):
+            _require(isinstance(payload, str), f"{where}: a {tag} must name a string")
+            return Ref(payload) if tag == "ref" else Const(payload)
+        _require(tag in _TAGS and isinstance(payload, str), f"{where}: unknown argument kind {tag!r}")
+        try:
+            decoded = _TAGS[tag][2](payload)
+        except (KeyError, AttributeError, RuntimeError, TypeError):
+            raise _Malformed(f"{where}: unknown {tag} {payload!r}") from None
+        allowed = {"layout": _LAYOUT_NAMES, "memory_format": _MEMORY_FORMATS}.get(tag)
+        _require(allowed is None or decoded in allowed, f"{where}: unsupported {tag} {payload!r}")
+        return decoded
+    _require(value is None or isinstance(value, (bool, int, float, str)),
+             f"{where}: unsupported argument {value!r}")
+    return value
+
+
+def _spec(entry, where: str) -> ValueSpec:
+    _require(isinstance(entry, dict) and isinstance(entry.get("shape"), list)
+             and all(isinstance(s, int) and s >= 0 for s in entry["shape"])
+             and entry.get("dtype") in _DTYPES and isinstance(entry.get("layout", None), (str, type(None))),
+             f"{where}: a value needs a shape (ints >= 0), a dtype ({', '.join(_DTYPES)}) and a layout")
+    return ValueSpec(tuple(entry["shape"]), _DTYPES[entry["dtype"]], entry.get("layout"))
+
+
+def _nodes(graph: dict, values: dict, constants: dict) -> list[Node]:
+    nodes, defined = [], set(graph["inputs"])
+    for index, entry in enumerate(graph["nodes"]):
+        where = f"node {index}"
+        _require(isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                 and isinstance(entry.get("target"), str) and isinstance(entry.get("args"), list)
+                 and isinstance(entry.get("kwargs"), dict) and isinstance(entry.get("outputs"), list),
+                 f"{where}: needs name, target, args, kwargs and outputs")
+        where = f"node {entry['name']!r}"
+        node = Node(entry["name"], entry["target"], tuple(_decode(entry["args"], where)),
+                    {k: _decode(v, where) for k, v in entry["kwargs"].items()}, tuple(entry["outputs"]))
+        for leaf in walk_args((node.args, node.kwargs)):
+            if isinstance(leaf, Ref):
+                _require(leaf.name in defined, f"{where} reads {leaf.name!r}, which no earlier node or "
+                                               "input defines")
+            if isinstance(leaf, Const):
+                _require(leaf.name in constants, f"{where} reads the unknown constant {leaf.name!r}")
+        for out in node.outputs:
+            _require(isinstance(out, str) and out in values and out not in defined,
+                     f"{where}: output {out!r} is undeclared or defined twice")
+            defined.add(out)
+        nodes.append(node)
+    for name in graph["outputs"]:
+        _require(name in defined or name in constants, f"output {name!r} is not defined")
+    return nodes
+
+
+def _check_ops(nodes: list[Node], schemas: dict) -> None:
+    for node in nodes:
+        try:
+            resolve_op(node.target)
+        except UnknownOp as exc:
+            raise _Malformed(f"node {node.name!r}: {exc}") from None
+        if node.is_etvk:
+            want = schemas.get(node.target)
+            have = get_op(node.target).schema
+            _require(want is not None, f"node {node.name!r}: the schema of {node.target} is not recorded")
+            _require(want == have, f"op {node.target} has changed: the file was written for "
+                                   f"{want!r}, this runtime has {have!r}")
+
+
+def _open(path: Path):
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        size = path.stat().st_size
+    except OSError as exc:
+        raise ProgramFileError(path, f"cannot read it ({exc.strerror})") from None
+    if size == 0:
+        raise ProgramFileError(path, "the file is empty")
+    try:
+        return safe_open(str(path), framework="pt")
+    except (SafetensorError, OSError, ValueError) as exc:
+        raise ProgramFileError(path, f"not a program file, or truncated or corrupted ({exc})") from None
+
+
+def read_program(path) -> dict:
+    """Reads and checks a program file; returns the `Program` constructor's keyword arguments.
+
+    Raises:
+        ProgramFileError: the file and its fault (module docstring).
+    """
+    path = Path(path)
+    handle = _open(path)
+    metadata = handle.metadata() or {}
+    if "etvk.program" not in metadata:
+        raise ProgramFileError(path, "not an etvk program file (no etvk.program metadata)")
+    if metadata.get("etvk.format") != str(FORMAT):
+        raise ProgramFileError(path, f"program format {metadata.get('etvk.format')!r}; this runtime "
+                                     f"reads format {FORMAT}: export the model again")
+    text = metadata["etvk.program"]
+    if hashlib.sha256(text.encode()).hexdigest() != metadata.get("etvk.program_sha256"):
+        raise ProgramFileError(path, "the program graph is corrupted (checksum mismatch)")
+    try:
+        graph = json.loads(text)
+        _require(isinstance(graph, dict), "the graph is not a JSON object")
+        for key, kind in (("inputs", list), ("outputs", list), ("values", dict), ("constants", dict),
+                          ("ops", dict), ("nodes", list), ("output_tuple", bool), ("manifest_hash", str)):
+            _require(isinstance(graph.get(key), kind), f"the graph's {key!r} is missing or not a "
+                                                      f"{kind.__name__}")
+        values = {name: _spec(entry, f"value {name!r}") for name, entry in graph["values"].items()}
+        _require(all(name in values for name in graph["inputs"]), "an input has no value entry")
+        constants = _constants(path, handle, graph["constants"])
+        nodes = _nodes(graph, values, constants)
+        _check_ops(nodes, graph["ops"])
+    except json.JSONDecodeError as exc:
+        raise ProgramFileError(path, f"the program graph is not valid JSON ({exc})") from None
+    except _Malformed as exc:
+        raise ProgramFileError(path, str(exc)) from None
+    return {"inputs": list(graph["inputs"]), "outputs": list(graph["outputs"]), "nodes": nodes,
+            "values": values, "constants": constants, "output_tuple": graph["output_tuple"],
+            "op_schemas": dict(graph["ops"]), "manifest_hash": graph["manifest_hash"]}
+
+
+def _constants(path: Path, handle, listed: dict) -> dict:
+    stored = set(handle.keys())
+    missing = sorted(set(listed) - stored)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise _Malformed(f"missing constant {missing[0]!r}{more}")
+    extra = sorted(stored - set(listed))
+    if extra:
+        raise _Malformed(f"unexpected constant {extra[0]!r} (not in the program graph)")
+    constants = {}
+    for name, entry in listed.items():
+        spec = _spec({**entry, "layout": None}, f"constant {name!r}")
+        try:
+            tensor = handle.get_tensor(name)
+        except Exception as exc:  # the library's own error types
+            raise ProgramFileError(path, f"constant {name!r} cannot be read ({exc})") from None
+        _require(tuple(tensor.shape) == spec.shape and tensor.dtype == spec.dtype,
+                 f"constant {name!r} is {str(tensor.dtype).removeprefix('torch.')} of shape "
+                 f"{list(tensor.shape)}; the program says {entry['dtype']} of shape {entry['shape']}")
+        _require(_sha256(tensor) == entry.get("sha256"), f"constant {name!r} is corrupted (checksum "
+                                                         "mismatch)")
+        constants[name] = tensor
+    return constants

@@ -1,0 +1,200 @@
+"""Loading a program on a device, and calling it: `runtime.load` and `LoadedProgram`.
+
+Loading does, once:
+
+1. layouts: resolves ``PACKED_INT8_CONV2D`` for this device's GPU family
+   (runtime.families.conv2d_layouts, or ETVK_GPU_FAMILY); a quantize node
+   writes its output in the layout its tensor got, and every other packed
+   tensor follows its producer;
+2. placement: every ``etvk`` node goes to the device, every other node runs
+   on the CPU (recording.py). A node whose op cannot run on this device (no
+   runnable variant, or over its limits) moves to the CPU, where its reference
+   kernel runs, with the reason in `placement()`, and recording starts again:
+   a program never fails to load for want of a variant;
+3. memory: the first recording logs every intermediate the ops allocate; the
+   plan (memory_plan.py) lets those whose lifetimes do not overlap share a
+   buffer, and a second recording places them there. Recording creates every
+   pipeline, so a call compiles nothing.
+
+A call writes the host values each segment reads into its input tensors,
+replays the segments in order with the CPU nodes between them, and
+downloads only what the CPU or the caller needs. Calls hold the device's
+lock, so calls from several threads are safe. Called by `runtime.load` and
+the tools.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from runtime.programs.cpu import check_inputs, run_node
+from runtime.programs.layouts import resolve_layouts
+from runtime.programs.memory_plan import Request, plan_memory
+from runtime.programs.program import Program
+from runtime.programs.recording import Fallback, PlannedAllocator, TrackingAllocator, record_program
+from runtime.vulkan.device import get_device
+from runtime.vulkan.memory import Buffer
+
+
+class LoadedProgram:
+    """A program loaded on a device, ready to be called (see the module docstring).
+
+    Args:
+        program: the lowered `Program`.
+        device: the `Device`; default `get_device()` (``ETVK_DEVICE`` picks it).
+        source: what to call the program in messages (its file).
+        progress: called with a line of text as loading goes (None: silent).
+    """
+
+    def __init__(self, program: Program, device=None, source: str = "program",
+                 progress: Callable[[str], None] | None = None):
+        self.device = device or get_device()
+        self.source = source
+        self.program = resolve_layouts(program, self.device.caps.family)
+        started = time.perf_counter()
+        on_cpu: dict[str, str] = {}
+        with self.device.lock:
+            while True:
+                tracker = TrackingAllocator(self.device)
+                try:
+                    first = record_program(self.program, self.device, on_cpu, tracker, source, progress)
+                    break
+                except Fallback as fallback:
+                    on_cpu[fallback.node] = fallback.reason
+                    if progress:
+                        progress(f"{fallback.node} runs on the CPU: {fallback.reason}")
+            allocs = tracker.allocs
+            self._plan = plan_memory([self._lifetime(a, first) for a in allocs if a.plannable])
+            del first  # its tensors go back to the device's spare memory before the second recording
+            slots = [Buffer(self.device, n) for n in self._plan.slot_bytes]
+            self._recording = record_program(self.program, self.device, on_cpu,
+                                             PlannedAllocator(self.device, allocs, self._plan, slots),
+                                             source)
+        self._slots = slots
+        needed = self._needed_on_host(self._recording)
+        nodes = self.program.nodes
+        for segment in self._recording.segments:
+            made = {o for p in segment.positions for o in nodes[p].outputs}
+            segment.outputs = [(v, self._recording.device_values[v]) for v in sorted(made & needed)]
+        self.load_seconds = time.perf_counter() - started
+        if progress:
+            progress(f"loaded {source}: {len(nodes)} nodes, {len(self._recording.segments)} device "
+                     f"segments, in {self.load_seconds:.1f} s")
+
+    def _needed_on_host(self, recording) -> set[str]:
+        """Values a CPU node reads, and the program's outputs."""
+        needed = set(self.program.outputs)
+        for node, record in zip(self.program.nodes, recording.records, strict=True):
+            if record.runs_on == "cpu":
+                needed |= set(node.reads())
+        return needed
+
+    def _lifetime(self, alloc, recording) -> Request:
+        """From the node that allocates it to the last one that needs its contents on the device
+        (the end of its segment when the host downloads it)."""
+        last = alloc.position
+        if alloc.value is not None:
+            for position, node in enumerate(self.program.nodes):
+                if recording.records[position].runs_on == "vulkan" and alloc.value in node.reads():
+                    last = max(last, position)
+            if alloc.value in self._needed_on_host(recording):
+                segment = next(s for s in recording.segments if alloc.position in s.positions)
+                last = max(last, segment.positions[-1])
+        return Request(alloc.nbytes, alloc.position, last)
+
+    # -- calling ------------------------------------------------------------------------------
+
+    def __call__(self, *inputs):
+        """Runs the program: torch tensors in, torch tensors out (a tensor or a tuple, as the model).
+
+        Raises:
+            runtime.programs.cpu.ProgramInputError: inputs of the wrong number, shape or dtype.
+        """
+        return self._run(inputs)[0]
+
+    def _run(self, inputs, timed: bool = False):
+        program = self.program
+        env = dict(zip(program.inputs, check_inputs(program, inputs, self.source), strict=True))
+        cpu_seconds = {}
+        with self.device.lock:
+            for step in self._recording.schedule:
+                if isinstance(step, int):
+                    start = time.perf_counter()
+                    run_node(program.nodes[step], env, program.constants)
+                    cpu_seconds[step] = time.perf_counter() - start
+                    continue
+                for name, tensor in step.inputs:
+                    tensor.copy_from(env[name])
+                step.stream.replay()
+                for name, tensor in step.outputs:
+                    env[name] = tensor.to_torch()
+            timings = [s.stream.timings() for s in self._recording.segments] if timed else None
+        outputs = tuple(env[n] if n in env else program.constants[n] for n in program.outputs)
+        return (outputs if program.output_tuple else outputs[0]), cpu_seconds, timings
+
+    def profile(self, *inputs) -> list[dict]:
+        """Runs the program once and times every node.
+
+        Returns:
+            One dict per node: ``node``, ``runs_on``, ``op`` and ``variant`` (as in
+            `placement`) and ``seconds``: GPU time from timestamps for device nodes
+            (empty without timestamp support), wall time for CPU nodes.
+        """
+        _, cpu_seconds, timings = self._run(inputs, timed=True)
+        gpu = {}
+        for segment, stamps in zip(self._recording.segments, timings, strict=True):
+            stamps = iter(stamps)
+            for position in segment.positions:
+                spent = [s for _, s in (next(stamps, ("", None)) for _ in
+                                        self._recording.records[position].dispatches)]
+                gpu[position] = sum(spent) if spent and None not in spent else None
+        rows = self.placement()
+        for position, row in enumerate(rows):
+            row["seconds"] = cpu_seconds.get(position, gpu.get(position))
+        return rows
+
+    # -- reports ------------------------------------------------------------------------------
+
+    def placement(self) -> list[dict]:
+        """One dict per node, in program order.
+
+        Keys: ``node``, ``target``, ``runs_on`` ("vulkan" or "cpu"), ``op`` (what
+        ran: for a dispatcher the op it routed to), ``variant`` (the variants it
+        dispatched, joined by "+"), ``layout`` (of its packed int8 input as
+        resolved on this device, or None) and ``reason`` (why it runs on the CPU;
+        "" on the device).
+        """
+        rows = []
+        for node, record in zip(self.program.nodes, self._recording.records, strict=True):
+            packed = [self.program.values[n].layout for n in node.reads()
+                      if self.program.values[n].layout is not None]
+            ops = list(dict.fromkeys(op for op, _ in record.dispatches))
+            on_device = record.runs_on == "vulkan"
+            rows.append({
+                "node": node.name, "target": node.target, "runs_on": record.runs_on,
+                "op": (ops[-1] if ops else node.target) if on_device else node.target,
+                "variant": "+".join(v for _, v in record.dispatches) or None,
+                "layout": packed[0] if packed else None,
+                "reason": "" if on_device else record.reason,
+            })
+        return rows
+
+    def memory_plan(self) -> dict:
+        """The intermediates' memory: ``tensors``, ``unshared_bytes`` (each alone),
+        ``planned_bytes`` (the shared buffers), ``buffers`` and ``peak_bytes`` (the most
+        live at once, a lower bound); ``input_bytes`` (the segments' input tensors)."""
+        inputs = sum(t.memory.nbytes for s in self._recording.segments for _, t in s.inputs
+                     if t.memory is not None)
+        return {"tensors": len(self._plan.slot_of), "unshared_bytes": self._plan.unshared_bytes,
+                "planned_bytes": self._plan.planned_bytes, "buffers": len(self._plan.slot_bytes),
+                "peak_bytes": self._plan.peak_bytes, "input_bytes": inputs}
+
+
+def load(path, device=None, progress: Callable[[str], None] | None = None) -> LoadedProgram:
+    """Reads a program file and loads it on `device` (default: ``ETVK_DEVICE``'s or the best one).
+
+    Raises:
+        runtime.programs.fileformat.ProgramFileError: the file and its fault.
+    """
+    return LoadedProgram(Program.load(path), device, str(path), progress)

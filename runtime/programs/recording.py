@@ -1,0 +1,198 @@
+"""One recording of a program on a device: segments of device nodes, each into one stream.
+
+`record_program` places every ``etvk`` node on the device (except those the
+caller moved to the CPU) and every other node on the CPU, groups consecutive
+device nodes into segments and records each segment's nodes into one
+`Stream` through the op registry's record functions. A device node reads
+device tensors: its producers' outputs, or for a value made on the host a
+segment input tensor (buffer storage, in the value's layout) that each call
+overwrites. The tensors ops ask for come from an allocator:
+`TrackingAllocator` logs them (which node asked, how large, whether a node
+output or scratch) for the memory plan, `PlannedAllocator` places them in
+the planned buffers and checks that the recording repeats the logged one.
+A node whose op cannot run here raises `Fallback`. Used by loader.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from runtime.errors import TensorTooLarge, UnsupportedVariant
+from runtime.ops.registry import get_op
+from runtime.programs.memory_plan import MemoryPlan
+from runtime.programs.nodes import Const, Ref, map_args
+from runtime.vulkan.memory import Buffer
+from runtime.vulkan.stream import Stream
+from runtime.vulkan.tensor import Tensor, buffer_bytes
+
+
+class Fallback(Exception):
+    """A node that cannot run on this device: its name and why."""
+
+    def __init__(self, node: str, reason: str):
+        super().__init__(node, reason)
+        self.node, self.reason = node, reason
+
+
+@dataclass
+class Alloc:
+    """One tensor an op asked its stream for while the node at `position` was recorded."""
+
+    position: int
+    shape: tuple
+    dtype: torch.dtype
+    storage: str
+    nbytes: int
+    value: str | None = None  # the node output it became; None for scratch
+
+    @property
+    def plannable(self) -> bool:
+        """Buffers share planned memory; images and empty tensors do not."""
+        return self.storage == "buffer" and self.nbytes > 0
+
+
+@dataclass
+class Segment:
+    """Consecutive device nodes, recorded into one stream."""
+
+    positions: list[int]
+    stream: Stream | None = None
+    inputs: list[tuple[str, Tensor]] = field(default_factory=list)  # host values written per call
+    outputs: list[tuple[str, Tensor]] = field(default_factory=list)  # values downloaded per call
+
+
+@dataclass
+class NodeRecord:
+    """Where a node runs, why, and (on the device) what it dispatched: (op, variant) pairs."""
+
+    runs_on: str
+    reason: str = ""
+    dispatches: list[tuple[str, str]] = field(default_factory=list)
+
+
+@dataclass
+class Recording:
+    """What `record_program` made: per-node records, segments, and the run order
+    (`schedule`: a node position for a CPU node, or a `Segment`)."""
+
+    records: list[NodeRecord]
+    segments: list[Segment]
+    schedule: list
+    device_values: dict[str, Tensor]
+
+
+class TrackingAllocator:
+    """Plain new tensors, each logged as an `Alloc` of the node being recorded."""
+
+    def __init__(self, device):
+        self.device, self.position = device, 0
+        self.allocs: list[Alloc] = []
+        self._current: list[tuple[Alloc, Tensor]] = []
+
+    def __call__(self, shape, dtype, storage, label, layout) -> Tensor:
+        tensor = Tensor.empty(shape, dtype, storage, label, self.device, layout)
+        nbytes = buffer_bytes(shape, dtype, tensor.layout) if tensor.memory is not None else 0
+        alloc = Alloc(self.position, tuple(shape), dtype, storage, nbytes)
+        self.allocs.append(alloc)
+        self._current.append((alloc, tensor))
+        return tensor
+
+    def node_done(self, outputs: dict[str, Tensor]) -> None:
+        """Marks which of the node's allocations became which output."""
+        for alloc, tensor in self._current:
+            alloc.value = next((name for name, t in outputs.items() if t is tensor), None)
+        self._current = []
+
+
+class PlannedAllocator:
+    """Tensors in the planned buffers, in the order the tracked recording asked for them."""
+
+    def __init__(self, device, allocs: list[Alloc], plan: MemoryPlan, slots: list[Buffer]):
+        self.device, self.position = device, 0
+        self._allocs, self._next = allocs, 0
+        self._slots = iter(slots[s] for s in plan.slot_of)
+
+    def __call__(self, shape, dtype, storage, label, layout) -> Tensor:
+        expected = self._allocs[self._next] if self._next < len(self._allocs) else None
+        if expected is None or (expected.position, expected.shape, expected.dtype, expected.storage) != (
+                self.position, tuple(shape), dtype, storage):
+            raise RuntimeError(f"{label}: the second recording did not repeat the first one's "
+                               "allocations (an op's recording is not deterministic)")
+        self._next += 1
+        if not expected.plannable:
+            return Tensor.empty(shape, dtype, storage, label, self.device, layout)
+        return Tensor(shape, dtype, storage, label, self.device, layout, next(self._slots))
+
+    def node_done(self, outputs: dict[str, Tensor]) -> None:
+        """Nothing to learn the second time."""
+
+
+def _schedule(records: list[NodeRecord]) -> tuple[list[Segment], list]:
+    segments, schedule = [], []
+    for position, record in enumerate(records):
+        if record.runs_on == "cpu":
+            schedule.append(position)
+        elif schedule and isinstance(schedule[-1], Segment):
+            schedule[-1].positions.append(position)
+        else:
+            segments.append(Segment([position]))
+            schedule.append(segments[-1])
+    return segments, schedule
+
+
+def record_program(program, device, on_cpu: dict[str, str], allocate, label: str,
+                   progress: Callable[[str], None] | None = None) -> Recording:
+    """Records every device node of `program` (see the module docstring).
+
+    Args:
+        program: the `Program`, its layouts resolved for `device`.
+        device: the `Device`.
+        on_cpu: node name -> why it runs on the CPU although it is an etvk op.
+        allocate: a `TrackingAllocator` or `PlannedAllocator`.
+        label: the program's name in messages.
+        progress: called with a line per node recorded, or None.
+
+    Raises:
+        Fallback: a node's op cannot run on this device.
+    """
+    records = [NodeRecord("cpu", on_cpu.get(n.name) or f"no generated op for {n.target}")
+               if not n.is_etvk or n.name in on_cpu else NodeRecord("vulkan") for n in program.nodes]
+    segments, schedule = _schedule(records)
+    on_device: dict[str, Tensor] = {}
+    for segment in segments:
+        segment.stream = Stream(device, allocate=allocate)
+        for position in segment.positions:
+            node = program.nodes[position]
+            if progress:
+                progress(f"recording {position + 1}/{len(program.nodes)}: {node.name} ({node.target})")
+
+            def argument(a, segment=segment):
+                if isinstance(a, Const):
+                    return program.constants[a.name]
+                if not isinstance(a, Ref):
+                    return a
+                if a.name not in on_device:  # made on the host: an input of this segment
+                    spec = program.values[a.name]
+                    tensor = Tensor.empty(spec.shape, spec.dtype, "buffer", f"{label}: {a.name}",
+                                          device, spec.layout)
+                    segment.inputs.append((a.name, tensor))
+                    on_device[a.name] = tensor
+                return on_device[a.name]
+
+            allocate.position = position
+            before = len(segment.stream.dispatched)
+            try:
+                result = get_op(node.target).record(segment.stream, *map_args(node.args, argument),
+                                                    **map_args(node.kwargs, argument))
+            except (UnsupportedVariant, TensorTooLarge) as exc:
+                raise Fallback(node.name, str(exc)) from None
+            outputs = dict(zip(node.outputs, result if isinstance(result, tuple) else (result,),
+                               strict=True))
+            allocate.node_done(outputs)
+            on_device.update(outputs)
+            records[position].dispatches = segment.stream.dispatched[before:]
+        segment.stream.finish()
+    return Recording(records, segments, schedule, on_device)
