@@ -12,13 +12,16 @@ fileformat.py and executor.py.
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
 from runtime.errors import EtvkError
 from runtime.programs.nodes import Const, Node, Ref, map_args
 
-# Namespaces of the ops a program may call on the CPU.
-CPU_NAMESPACES = ("aten", "quantized_decomposed", "etvk")
+# Namespaces of the ops a program may call on the CPU (torchao's quantize ops, for 8da4w
+# models, need torchao installed where the program runs).
+CPU_NAMESPACES = ("aten", "quantized_decomposed", "torchao", "etvk")
 
 
 class UnknownOp(EtvkError, ValueError):
@@ -29,9 +32,16 @@ class ProgramInputError(EtvkError, ValueError):
     """A program was called with inputs of the wrong number, shape or dtype."""
 
 
-def _load_quantized_decomposed() -> None:
-    """``torch.ops.quantized_decomposed`` is defined by a module PyTorch does not import itself."""
-    import torch.ao.quantization.fx._decomposed  # noqa: F401
+def _load_namespace(namespace: str) -> None:
+    """Imports what defines ``torch.ops.<namespace>`` (quantized_decomposed's module, torchao)."""
+    if namespace == "quantized_decomposed":
+        import torch.ao.quantization.fx._decomposed  # noqa: F401
+    elif namespace == "torchao":
+        logging.getLogger("torchao").setLevel(logging.ERROR)  # its CUDA libraries, on a CPU torch
+        try:
+            import torchao  # noqa: F401
+        except ImportError as exc:
+            raise UnknownOp(f"torchao ops need torchao installed ({exc})") from None
 
 
 def resolve_op(target: str) -> torch._ops.OpOverload:
@@ -45,8 +55,7 @@ def resolve_op(target: str) -> torch._ops.OpOverload:
         raise UnknownOp(f"unknown op {target!r}: a program may call "
                         f"{', '.join(f'{n}.<op>.<overload>' for n in CPU_NAMESPACES)} ops")
     namespace, name, overload = parts
-    if namespace == "quantized_decomposed":
-        _load_quantized_decomposed()
+    _load_namespace(namespace)
     try:
         packet = getattr(getattr(torch.ops, namespace), name)
         op = getattr(packet, overload)

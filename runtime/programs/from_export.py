@@ -4,10 +4,13 @@ Parameters, buffers and lifted constants become the program's constants
 (named after their placeholders); user inputs and outputs keep their
 order; every ``call_function`` of an op overload becomes a `Node` whose
 target is ``"<namespace>.<op>.<overload>"``, a tuple result's ``getitem``
-users naming its outputs; in-place ``aten`` ops whose mutated input nobody
+users naming its outputs (an op that returns nothing, such as an assertion,
+has none and is dropped later as unused); in-place ``aten`` ops whose mutated input nobody
 reads later become their functional twins. What a program cannot hold is
 refused with a `LoweringError` naming the node: dynamic shapes, buffer
-mutations, higher-order ops, arguments of other types. Patterns are
+mutations, higher-order ops (but ``wrap_with_set_grad_enabled``, whose body
+is inlined: grad mode does not matter to inference), arguments of other
+types. Patterns are
 rewritten afterwards (lower.py). Never touches Vulkan. Used by lower.py.
 """
 
@@ -80,16 +83,8 @@ def from_exported(exported: ExportedProgram) -> Program:
                 tensor = exported.state_dict.get(spec.target, exported.constants.get(spec.target))
                 program.constants[fx.name] = tensor.detach()
                 refs[fx.name] = Const(fx.name)
-        elif fx.op == "get_attr":
-            value = operator.attrgetter(fx.target)(exported.graph_module)
-            if not isinstance(value, torch.Tensor):
-                raise LoweringError(f"node {fx.name}: attribute {fx.target} is not a tensor")
-            program.constants[fx.name] = value.detach()
-            refs[fx.name] = Const(fx.name)
-        elif fx.op == "call_function" and fx.target is operator.getitem:
-            continue  # named by its producer below
-        elif fx.op == "call_function":
-            program.nodes.append(_node(fx, refs, program))
+        elif fx.op in ("get_attr", "call_function"):
+            _call(fx, refs, program, exported.graph_module, "")
         elif fx.op == "output":
             for out in fx.args[0]:
                 if not isinstance(out, FxNode):
@@ -103,11 +98,49 @@ def from_exported(exported: ExportedProgram) -> Program:
     return program
 
 
-def _node(fx: FxNode, refs: dict, program: Program) -> Node:
+def _call(fx: FxNode, refs: dict, program: Program, module: torch.nn.Module, prefix: str) -> None:
+    """Converts one get_attr or call_function node of `module`'s graph into `program`."""
+    if fx.op == "get_attr":
+        value = operator.attrgetter(fx.target)(module)
+        if isinstance(value, torch.fx.GraphModule):
+            refs[fx.name] = value  # the body of a higher-order op, inlined where it is called
+        elif isinstance(value, torch.Tensor):
+            program.constants[prefix + fx.name] = value.detach()
+            refs[fx.name] = Const(prefix + fx.name)
+        else:
+            raise LoweringError(f"node {fx.name}: attribute {fx.target} is not a tensor")
+    elif fx.target is operator.getitem:
+        if fx.args[0].name in refs and isinstance(refs[fx.args[0].name], tuple):
+            refs[fx.name] = refs[fx.args[0].name][fx.args[1]]  # an inlined body's result
+    elif fx.target is torch.ops.higher_order.wrap_with_set_grad_enabled:
+        _inline(fx, refs, program, prefix)
+    else:
+        program.nodes.append(_node(fx, refs, program, prefix))
+
+
+def _inline(fx: FxNode, refs: dict, program: Program, prefix: str) -> None:
+    """``wrap_with_set_grad_enabled(enabled, body, *operands)``: the body's nodes in place (grad
+    mode is irrelevant to inference); its results name the call's ``getitem`` users."""
+    body = refs[fx.args[1].name]
+    inner: dict[str, object] = {}
+    operands = iter(fx.args[2:])
+    inner_prefix = f"{prefix}{fx.name}__"
+    for node in body.graph.nodes:
+        if node.op == "placeholder":
+            inner[node.name] = refs[next(operands).name]
+        elif node.op == "output":
+            results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
+            refs[fx.name] = tuple(inner[r.name] for r in results)
+        else:
+            _call(node, inner, program, body, inner_prefix)
+
+
+def _node(fx: FxNode, refs: dict, program: Program, prefix: str = "") -> Node:
     target = target_name(fx.target)
     if target is None:
         raise LoweringError(f"node {fx.name}: {fx.target} is not an op overload (higher-order ops "
-                            "and Python functions are not supported)")
+                            "other than wrap_with_set_grad_enabled, and Python functions, are not "
+                            "supported)")
 
     def convert(value):
         if isinstance(value, FxNode):
@@ -120,19 +153,21 @@ def _node(fx: FxNode, refs: dict, program: Program) -> Node:
                             "is not supported")
 
     value = fx.meta.get("val")
-    if isinstance(value, (tuple, list)):
+    if value is None and not fx.users:  # returns nothing (an assertion): no outputs
+        outputs = []
+    elif isinstance(value, (tuple, list)):
         users = {u.args[1]: u for u in fx.users if u.target is operator.getitem}
         outputs = []
         for index, item in enumerate(value):
-            name = users[index].name if index in users else f"{fx.name}__{index}"
+            name = prefix + (users[index].name if index in users else f"{fx.name}__{index}")
             program.values[name] = _spec(fx, item)
-            refs[name] = Ref(name)
+            refs[users[index].name if index in users else name] = Ref(name)
             outputs.append(name)
     else:
-        program.values[fx.name] = _spec(fx, value)
-        refs[fx.name] = Ref(fx.name)
-        outputs = [fx.name]
-    return Node(fx.name, target, tuple(convert(a) for a in fx.args),
+        program.values[prefix + fx.name] = _spec(fx, value)
+        refs[fx.name] = Ref(prefix + fx.name)
+        outputs = [prefix + fx.name]
+    return Node(prefix + fx.name, target, tuple(convert(a) for a in fx.args),
                 {k: convert(v) for k, v in fx.kwargs.items()}, tuple(outputs))
 
 

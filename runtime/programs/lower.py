@@ -52,6 +52,8 @@ _TWINS = {
         "etvk.choose_qparams_per_token_asymmetric.default", (torch.float32, torch.int32)),
 }
 _FLOATS = (torch.float32, torch.float16)
+# cast target -> the arguments it may have (input, dtype, copy); any other must be default
+_CASTS = {"aten._to_copy.default": ("self", "dtype"), "aten.to.dtype": ("self", "dtype", "copy")}
 
 
 def bind(node: Node) -> dict:
@@ -209,13 +211,16 @@ class _Lowering:
         return None
 
     def drop_identity_casts(self) -> None:
-        """``aten._to_copy(x, dtype=d)`` of an x that already is d, with nothing else asked, goes."""
+        """A cast (``_to_copy`` / ``to``) of a tensor to the dtype it already has, with nothing else
+        asked, goes: in a functional graph its result is the same values."""
         for node in list(self.program.nodes):
-            if node.target != "aten._to_copy.default" or set(node.kwargs) - {"dtype"}:
+            if node.target not in _CASTS:
                 continue
-            source = self.program.values.get(getattr(node.args[0], "name", ""))
-            if source is not None and node.kwargs.get("dtype", source.dtype) == source.dtype \
-                    and self.program.values[node.outputs[0]].layout is None:
+            b = bind(node)
+            source = self.program.values.get(getattr(b.get(_CASTS[node.target][0]), "name", ""))
+            extras = {k: v for k, v in b.items() if k not in _CASTS[node.target]}
+            if source is not None and b.get("dtype") in (None, source.dtype) \
+                    and all(v in (None, False) for v in extras.values()):
                 self.program.replace_uses(node.outputs[0], node.args[0].name)
                 self.program.nodes.remove(node)
                 self._refresh()

@@ -1,35 +1,62 @@
-"""`python -m runtime <command>` (console script `etvk-info`).
+"""`python -m runtime <command>` (console script `etvk`).
 
-Commands: ``info`` (the default: the device and which variants run on it)
-and ``demo`` (every variant against its reference). A user mistake or a
-missing Vulkan device prints one line to stderr and exits 1, never a
-traceback. This module parses arguments and calls the tool modules.
+Commands: ``info`` (the default: the device and which variants run on it),
+``demo`` (every variant against its reference, then a small CNN exported,
+saved, loaded and run), ``export``, ``inspect`` and ``run`` (programs; see
+runtime.tools.program_commands). A user mistake or a missing Vulkan device
+prints one line to stderr and exits 1, never a traceback. This module parses
+arguments and calls the tool modules.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from runtime.errors import EtvkError
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m runtime", description=__doc__.split("\n")[0])
-    parser.add_argument("command", nargs="?", default="info", choices=["info", "demo"],
-                        help="info: the device and its variants (default); demo: every variant "
-                             "against its reference")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("info", help="the device, its capabilities and which variants run on it (default)")
+    sub.add_parser("demo", help="every variant against its reference, then a small CNN end to end")
+    export = sub.add_parser("export", help="quantize a torchvision model (random weights) and save it")
+    export.add_argument("name", help="a torchvision architecture, e.g. resnet18, resnet50, mobilenet_v2")
+    export.add_argument("--out", type=Path, required=True, help="the program file to write")
+    export.add_argument("--size", type=int, default=224, help="input height and width (default 224)")
+    export.add_argument("--batch", type=int, default=1, help="batch size (default 1)")
+    export.add_argument("--calibration", type=int, default=4, help="calibration batches (default 4)")
+    export.add_argument("--seed", type=int, default=0)
+    inspect = sub.add_parser("inspect", help="every node: where it runs and why; layouts; memory plan")
+    inspect.add_argument("file", type=Path)
+    run = sub.add_parser("run", help="run a program: agreement with PyTorch on the CPU, and timing")
+    run.add_argument("file", type=Path)
+    run.add_argument("--inputs", type=Path, help="a safetensors file with one tensor per program input "
+                                                 "(by input name); default: random")
+    run.add_argument("--repeat", type=int, default=10, help="timed calls (default 10)")
+    run.add_argument("--seed", type=int, default=0)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Console entry point (`etvk-info`, `python -m runtime ...`); returns the exit status."""
-    command = _parser().parse_args(argv).command
+    """Console entry point (`etvk`, `python -m runtime ...`); returns the exit status."""
+    args = _parser().parse_args(argv)
     try:
-        if command == "demo":
+        if args.command == "demo":
             from runtime.tools.demo import run_demo
 
             return run_demo()
+        if args.command in ("export", "inspect", "run"):
+            from runtime.tools import program_commands as commands
+
+            if args.command == "export":
+                return commands.export(args.name, args.out, args.size, args.batch, args.calibration,
+                                       args.seed)
+            if args.command == "inspect":
+                return commands.inspect(args.file)
+            return commands.run(args.file, args.inputs, args.repeat, args.seed)
         from runtime.tools.info import info
 
         return info()

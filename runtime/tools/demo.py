@@ -1,26 +1,35 @@
-"""``python -m runtime demo``: every op's variants on the default device.
+"""``python -m runtime demo``: every op's variants, then a quantized CNN, on the default device.
 
 Runs each generated variant once on the example arguments of
 `runtime.tools.examples`, compares with the op's PyTorch reference and prints one
 row per variant as it finishes: op, variant, device, max error, wall-clock µs
 per eager call (upload + dispatch + download) and GPU µs from timestamps.
-Called by ``runtime/__main__.py``; it adds no behaviour of its own to ops.
+Then a small CNN is quantized with PT2E, lowered, saved, loaded and run,
+printing its placement and its agreement with the CPU reference run and with
+PyTorch's own run. Called by runtime.tools.cli; it adds no behaviour of its
+own to ops or programs.
 """
 
 from __future__ import annotations
 
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
 import torch
 
 from runtime.ops.registry import get_op, list_ops
+from runtime.programs.loader import load
+from runtime.programs.lower import lower
 from runtime.tools.examples import EXAMPLES, tolerance
+from runtime.tools.models import ModelError, SmallCNN, quantize_pt2e
 from runtime.vulkan.device import get_device
 from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
 
 DEMO_SHAPE = (64, 1000)
+PROGRAM_SHAPE = (1, 3, 16, 16)
 REPEATS = 5
 
 
@@ -47,6 +56,12 @@ def _gpu_seconds(op, args, kwargs, variant) -> float | None:
 
 
 def run_demo(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
+    """Every variant, then a small CNN end to end; returns 0 when everything matches."""
+    status = run_variants(shape, repeats)
+    return run_program() or status
+
+
+def run_variants(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
     """Prints the table; returns 0 when every variant matches its reference exactly."""
     caps = get_device().caps
     device = caps.name.split(" (")[0][:24]  # "llvmpipe (LLVM 15.0.6, 256 bits)" -> "llvmpipe"
@@ -90,3 +105,41 @@ def run_demo(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
     print(f"{'all variants match their references' if not failures else f'{failures} variants differ from their references'}"
           " (within each op's tolerance: exact, one step for the convs, 1e-5 relative for linear)")
     return 1 if failures else 0
+
+
+def run_program() -> int:
+    """A small quantized CNN exported, saved, loaded on the default device and run.
+
+    Prints its placement and its agreement with the CPU reference run (which
+    must be bit-exact) and with PyTorch's own run of the quantized model.
+    Returns 0 when the device run is bit-exact; without torchao it says so
+    and returns 0.
+    """
+    print("\n== a quantized CNN: export -> save -> load -> run ==")
+    torch.manual_seed(0)
+    gen = torch.Generator().manual_seed(0)
+    batches = [(torch.randn(PROGRAM_SHAPE, generator=gen),) for _ in range(5)]
+    try:
+        exported = quantize_pt2e(SmallCNN(), batches[0], batches[1:])
+    except ModelError as exc:
+        print(f"skipped: {exc}")
+        return 0
+    with tempfile.TemporaryDirectory(prefix="etvk-demo-") as folder:
+        path = Path(folder) / "small_cnn.etvk"
+        lower(exported).save(path)
+        print(f"SmallCNN, PT2E int8, input {list(PROGRAM_SHAPE)} -> {path.name} "
+              f"({path.stat().st_size / 1024:.0f} KiB)")
+        loaded = load(path)
+    print(f"{'node':<26} {'runs on':<8} {'op':<44} {'layout':<6} variant / reason")
+    for row in loaded.placement():
+        what = row["variant"] if row["runs_on"] == "vulkan" else row["reason"]
+        op = row["op"].removeprefix("etvk.").removesuffix(".default")
+        print(f"{row['node']:<26} {row['runs_on']:<8} {op:<44} {row['layout'] or '':<6} {what}")
+    (x,) = batches[0]
+    got, want, theirs = loaded(x), loaded.program.run_reference(x), exported.module()(x)
+    exact = torch.equal(got, want)
+    same = int((got == theirs).sum())
+    print(f"device run vs CPU reference run: {'bit-exact' if exact else 'DIFFERENT'}; vs PyTorch's own "
+          f"run of the quantized model: {same} of {got.numel()} outputs equal, max |difference| "
+          f"{(got - theirs).abs().max().item():.3g}")
+    return 0 if exact else 1

@@ -1,0 +1,128 @@
+"""Models to export: PT2E int8 quantization, torchvision architectures, a small demo CNN.
+
+`quantize_pt2e` quantizes a float model the way OPS.md's programs expect it:
+torchao's PT2E flow with the XNNPACK quantizer's symmetric config
+(per-tensor int8 activations, per-channel symmetric int8 weights),
+calibrated on the given batches, and exports the result with
+``torch.export``. `SmallCNN` is a residual CNN small enough for the demo and
+the tests on a CPU Vulkan driver. `torchvision_model` builds a torchvision
+architecture by name with random weights (nothing is downloaded). With a
+CPU build of torch, PyPI's torchvision (linked against CUDA torch) fails to
+import (``torchvision::nms does not exist``: its package ``__init__``
+registers compiled ops); its model definitions are plain Python, so they are
+then imported without the two package ``__init__`` files that do that. Used by
+``python -m runtime export``, the demo and the tests; torchao and
+torchvision are imported only when needed.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+import types
+import warnings
+from importlib.util import find_spec
+from pathlib import Path
+
+import torch
+
+from runtime.errors import EtvkError
+
+
+class ModelError(EtvkError, ValueError):
+    """A model that cannot be built or quantized here (unknown name, a missing package)."""
+
+
+class SmallCNN(torch.nn.Module):
+    """conv-relu, a residual block (conv-relu, conv, add, relu), max pool, global pool, linear."""
+
+    def __init__(self, channels: int = 16, classes: int = 10):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, channels, 3, padding=1)
+        self.conv1 = torch.nn.Conv2d(channels, channels, 3, padding=1)
+        self.conv2 = torch.nn.Conv2d(channels, channels, 3, padding=1)
+        self.head = torch.nn.Linear(channels, classes)
+
+    def forward(self, x):
+        x = torch.relu(self.stem(x))
+        y = self.conv2(torch.relu(self.conv1(x)))
+        x = torch.relu(x + y)
+        x = torch.nn.functional.max_pool2d(x, 2)
+        x = torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
+        return self.head(x)
+
+
+def quantize_pt2e(model: torch.nn.Module, example: tuple, calibration: list[tuple]):
+    """The model quantized with PT2E (XNNPACK symmetric per-channel config) and exported.
+
+    Args:
+        model: a float model (put in eval mode here).
+        example: example inputs (their shapes are the program's).
+        calibration: input tuples to calibrate the activation ranges with.
+
+    Returns:
+        The ``torch.export.ExportedProgram`` of the quantized model.
+
+    Raises:
+        ModelError: torchao is not installed.
+    """
+    # torchao logs a warning for each of its CUDA kernel libraries a CPU torch cannot load, and
+    # torch one for an enum torchao registers: neither concerns quantizing here.
+    for noisy in ("torchao", "torch.utils._pytree"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    try:
+        from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+        from torchao.testing.pt2e._xnnpack_quantizer import (
+            XNNPACKQuantizer,
+            get_symmetric_quantization_config,
+        )
+    except ImportError as exc:
+        raise ModelError(f"quantizing needs torchao ({exc}); pip install torchao") from None
+    model = model.eval()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*XNNPACKQuantizer is deprecated.*")
+        quantizer = XNNPACKQuantizer().set_global(get_symmetric_quantization_config(is_per_channel=True))
+        prepared = prepare_pt2e(torch.export.export(model, example).module(), quantizer)
+    with torch.no_grad():
+        for batch in calibration:
+            prepared(*batch)
+    return torch.export.export(convert_pt2e(prepared), example)
+
+
+# torchvision architecture name -> the module of torchvision.models that defines it.
+TORCHVISION_MODELS = {
+    **{name: "resnet" for name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")},
+    "mobilenet_v2": "mobilenetv2",
+    "mobilenet_v3_small": "mobilenetv3",
+    "mobilenet_v3_large": "mobilenetv3",
+}
+
+
+def _torchvision_module(module: str):
+    """``torchvision.models.<module>``: through the package when it imports, else without its
+    ``__init__`` files (the compiled ops they register are not needed by model definitions)."""
+    try:
+        import torchvision.models  # noqa: F401
+    except ImportError as exc:
+        raise ModelError(f"torchvision is not installed ({exc}); pip install torchvision") from None
+    except RuntimeError:  # torchvision::nms does not exist: a torchvision built for another torch
+        spec = find_spec("torchvision")
+        root = Path(spec.submodule_search_locations[0])
+        for name, folder in (("torchvision", root), ("torchvision.models", root / "models")):
+            if not hasattr(sys.modules.get(name), "__path__"):
+                package = types.ModuleType(name)
+                package.__path__ = [str(folder)]
+                sys.modules[name] = package
+    return importlib.import_module(f"torchvision.models.{module}")
+
+
+def torchvision_model(name: str) -> torch.nn.Module:
+    """The torchvision architecture `name` with random weights (``weights=None``), in eval mode.
+
+    Raises:
+        ModelError: an unknown name, or torchvision missing.
+    """
+    if name not in TORCHVISION_MODELS:
+        raise ModelError(f"unknown model {name!r}; known: {', '.join(sorted(TORCHVISION_MODELS))}")
+    return getattr(_torchvision_module(TORCHVISION_MODELS[name]), name)(weights=None).eval()

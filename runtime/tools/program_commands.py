@@ -1,0 +1,137 @@
+"""``python -m runtime export | inspect | run``: programs from the command line.
+
+- ``export NAME --out FILE``: a torchvision architecture (random weights),
+  quantized with PT2E after a short calibration on random data, lowered and
+  saved;
+- ``inspect FILE``: every node, where it runs on this device and why, the
+  layouts as resolved here, and the memory plan;
+- ``run FILE``: random or given inputs, agreement with the same program run
+  by PyTorch on the CPU (its ops, and the etvk reference kernels), and timing.
+
+Progress goes to stderr, results to stdout. Errors are raised as `EtvkError`s
+for the CLI to print as one line. Called by runtime.tools.cli.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from runtime.errors import EtvkError
+from runtime.programs.loader import load
+from runtime.programs.lower import lower, manifest_hash
+from runtime.programs.program import Program
+from runtime.tools.models import quantize_pt2e, torchvision_model
+
+
+class CommandError(EtvkError, ValueError):
+    """A bad command-line argument (a missing file, inputs that do not fit)."""
+
+
+def progress(line: str) -> None:
+    """One progress line on stderr (rewritten in place on a terminal)."""
+    if sys.stderr.isatty():
+        sys.stderr.write("\r\033[K" + line[:150])
+        if not line.startswith("recording"):
+            sys.stderr.write("\n")
+    elif not line.startswith("recording"):
+        sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
+
+def _kib(nbytes: int) -> str:
+    return f"{nbytes / 1024:,.0f} KiB"
+
+
+def export(name: str, out: Path, size: int, batch: int, calibration: int, seed: int) -> int:
+    """Builds, quantizes, lowers and saves a torchvision model; returns the exit status."""
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    shape = (batch, 3, size, size)
+    model = torchvision_model(name)
+    progress(f"built {name} (random weights), input {list(shape)}")
+    progress(f"quantizing with PT2E (XNNPACK symmetric per-channel), {calibration} calibration batches")
+    started = time.perf_counter()
+    exported = quantize_pt2e(model, (torch.randn(shape, generator=gen),),
+                             [(torch.randn(shape, generator=gen),) for _ in range(calibration)])
+    progress(f"lowering ({time.perf_counter() - started:.1f} s so far)")
+    program = lower(exported)
+    program.save(out)
+    etvk = sum(n.is_etvk for n in program.nodes)
+    print(f"saved {out} ({out.stat().st_size / 2**20:.1f} MiB): {len(program.nodes)} nodes, {etvk} etvk ops, "
+          f"{len(program.nodes) - etvk} PyTorch ops")
+    return 0
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
+
+
+def inspect(path: Path) -> int:
+    """Prints every node's placement and the memory plan; returns the exit status."""
+    loaded = load(path, progress=progress)
+    caps = loaded.device.caps
+    same = "the same as" if loaded.program.manifest_hash == manifest_hash() else "differs from"
+    rows = [["node", "target", "runs on", "op", "variant", "layout", "reason"]]
+    for r in loaded.placement():
+        op = r["op"].removeprefix("etvk.").removesuffix(".default") if r["runs_on"] == "vulkan" else ""
+        rows.append([r["node"], r["target"], r["runs_on"], op, r["variant"] or "", r["layout"] or "",
+                     r["reason"]])
+    plan = loaded.memory_plan()
+    on_device = sum(r["runs_on"] == "vulkan" for r in loaded.placement())
+    print(f"{path}: {len(loaded.program.nodes)} nodes, {on_device} on {caps.name} (family {caps.family}); "
+          f"lowered with manifest {loaded.program.manifest_hash[:12]}, {same} this runtime's")
+    print(_table(rows))
+    print(f"memory: {plan['tensors']} intermediates, {_kib(plan['unshared_bytes'])} if each had its own; "
+          f"planned into {plan['buffers']} buffers of {_kib(plan['planned_bytes'])} "
+          f"(peak live {_kib(plan['peak_bytes'])}); segment inputs {_kib(plan['input_bytes'])}")
+    return 0
+
+
+def _inputs(program: Program, given: Path | None, seed: int) -> list[torch.Tensor]:
+    if given is None:
+        gen = torch.Generator().manual_seed(seed)
+        return [torch.randn(program.values[n].shape, generator=gen).to(program.values[n].dtype)
+                for n in program.inputs]
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        tensors = load_file(str(given))
+    except (SafetensorError, OSError) as exc:
+        raise CommandError(f"{given}: cannot read inputs ({exc})") from None
+    missing = [n for n in program.inputs if n not in tensors]
+    if missing:
+        raise CommandError(f"{given}: no tensor named {missing[0]!r}; the program's inputs are "
+                           f"{', '.join(program.inputs)}")
+    return [tensors[n] for n in program.inputs]
+
+
+def run(path: Path, given: Path | None, repeat: int, seed: int) -> int:
+    """Runs a program, compares it with its CPU run and times it; returns the exit status."""
+    loaded = load(path, progress=progress)
+    inputs = _inputs(loaded.program, given, seed)
+    got = loaded(*inputs)
+    want = loaded.program.run_reference(*inputs)
+    pairs = list(zip(got, want, strict=True)) if isinstance(got, tuple) else [(got, want)]
+    equal = sum(int((a == b).sum()) for a, b in pairs)
+    total = sum(b.numel() for _, b in pairs)
+    walls = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        loaded(*inputs)
+        walls.append(time.perf_counter() - start)
+    rows = loaded.profile(*inputs)
+    gpu = sum(r["seconds"] or 0 for r in rows if r["runs_on"] == "vulkan")
+    cpu = sum(r["seconds"] for r in rows if r["runs_on"] == "cpu")
+    verdict = "bit-exact" if equal == total else f"{total - equal} of {total} values differ"
+    print(f"{path} on {loaded.device.caps.name}: output {verdict} against PyTorch on the CPU "
+          "(its ops and the etvk reference kernels)")
+    print(f"per call: {statistics.median(walls) * 1e3:.2f} ms wall (median of {repeat}), "
+          f"{gpu * 1e3:.2f} ms on the device (timestamps), {cpu * 1e3:.2f} ms in CPU nodes")
+    return 0 if equal == total else 1

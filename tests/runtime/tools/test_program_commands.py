@@ -1,0 +1,74 @@
+"""``python -m runtime export | inspect | run`` and the demo's program part."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from runtime.programs.program import Program
+from runtime.tools import cli
+from runtime.tools.demo import run_program
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="module")
+def exported_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("cli") / "resnet18.etvk"
+    assert cli.main(["export", "resnet18", "--size", "32", "--calibration", "2", "--out", str(path)]) == 0
+    return path
+
+
+def test_export_writes_a_program(exported_file, capsys):
+    program = Program.load(exported_file)
+    assert program.values[program.inputs[0]].shape == (1, 3, 32, 32)
+    assert sum(n.target == "etvk.q8ta_conv2d.default" for n in program.nodes) == 20
+
+
+def test_inspect_shows_every_node_and_the_memory_plan(exported_file, capsys):
+    assert cli.main(["inspect", str(exported_file)]) == 0
+    out = capsys.readouterr().out
+    program = Program.load(exported_file)
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{exported_file}: {len(program.nodes)} nodes")
+    assert "the same as this runtime's" in lines[0]
+    assert lines[1].split() == ["node", "target", "runs", "on", "op", "variant", "layout", "reason"]
+    assert all(any(line.startswith(n.name + " ") for line in lines) for n in program.nodes)
+    assert "no generated op for aten.max_pool2d.default" in out
+    assert lines[-1].startswith("memory: ") and "planned into" in lines[-1]
+
+
+def test_run_random_and_given_inputs(exported_file, tmp_path, capsys):
+    assert cli.main(["run", str(exported_file), "--repeat", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "output bit-exact against PyTorch on the CPU" in out and "ms on the device" in out
+    inputs = tmp_path / "inputs.safetensors"
+    save_file({"x": torch.randn(1, 3, 32, 32)}, str(inputs))
+    assert cli.main(["run", str(exported_file), "--inputs", str(inputs), "--repeat", "1"]) == 0
+    save_file({"image": torch.randn(1, 3, 32, 32)}, str(inputs))
+    assert cli.main(["run", str(exported_file), "--inputs", str(inputs)]) == 1
+    assert "no tensor named 'x'; the program's inputs are x" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("args, message", [
+    (["export", "resnet7", "--out", "x.etvk"], "unknown model 'resnet7'; known: mobilenet_v2"),
+    (["inspect", "missing.etvk"], "missing.etvk: cannot read it"),
+    (["run", "missing.etvk"], "missing.etvk: cannot read it"),
+])
+def test_mistakes_print_one_line(args, message, tmp_path):
+    result = subprocess.run([sys.executable, "-m", "runtime", *args], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=300, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(REPO),
+                                                         "HOME": str(tmp_path)})
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1
+
+
+def test_demo_program_part(capsys):
+    assert run_program() == 0
+    out = capsys.readouterr().out
+    assert "device run vs CPU reference run: bit-exact" in out and "runs on" in out
