@@ -104,6 +104,8 @@ def throughput(elements: int, repeats: int, only: re.Pattern) -> float | None:
     baseline = None
     for name, build in EXAMPLES.items():
         op = runtime.get_op(name)
+        if op.opdef.family != "quantize":  # the other families have kernel benchmarks of their own
+            continue
         for info in op.variants:
             if not only.search(info.name) or not info.runnable(caps)[0]:
                 continue
