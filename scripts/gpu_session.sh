@@ -3,11 +3,15 @@
 # glslc, python3.12 with CUDA torch). Needs the git-ignored kit .devkit/:
 #   deb/  libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (.deb, amd64)
 #   vvl/  vulkan-validationlayers (.deb), unpacked under /tmp, not into /
-#   whl/  vulkan cffi pycparser wheels for cp312
+#   whl/  vulkan cffi pycparser safetensors wheels for cp312, and torchvision 0.26.0
+#         (the device's torch is 2.11; installed with --no-deps)
+#   programs/  saved programs NAME_bB.etvk, e.g. `python -m runtime export resnet50
+#         --batch 32 --out .devkit/programs/resnet50_b32.etvk` (optional)
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
-# Usage: scripts/gpu_session.sh [tests|bench|kernels|all] (output also under $OUT when set);
-# kernels runs only the conv2d and linear benchmarks.
+# Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|all] (output also under $OUT
+# when set); kernels runs only the conv2d and linear benchmarks; programs runs each saved
+# program under validation (`python -m runtime run`), then benchmarks/program_bench.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -17,7 +21,8 @@ mkdir -p /tmp/vvl /tmp/tools
 for f in .devkit/vvl/*.deb; do dpkg -x "$f" /tmp/vvl; done
 for f in .devkit/tools/*.deb; do dpkg -x "$f" /tmp/tools; done
 export PATH=/tmp/tools/usr/bin:$PATH
-python3 -m pip install -q --no-index --find-links .devkit/whl vulkan cffi pycparser
+python3 -m pip install -q --no-index --find-links .devkit/whl vulkan cffi pycparser safetensors
+python3 -m pip install -q --no-index --no-deps --find-links .devkit/whl torchvision
 export VK_LAYER_PATH=/tmp/vvl/usr/share/vulkan/explicit_layer.d
 export LD_LIBRARY_PATH=/tmp/vvl/usr/lib/x86_64-linux-gnu:/tmp/tools/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
@@ -38,5 +43,18 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = kernels ]; then
   ETVK_VALIDATION=0 python3 benchmarks/conv2d_bench.py 2>&1 | tee "$log/gpu_conv2d_bench.log"
   ETVK_VALIDATION=0 python3 benchmarks/linear_bench.py 2>&1 | tee "$log/gpu_linear_bench.log"
+fi
+if [ "$what" = programs ] || [ "$what" = all ]; then
+  specs=()
+  for f in .devkit/programs/*.etvk; do
+    [ -e "$f" ] || continue
+    ETVK_VALIDATION=1 python3 -m runtime run "$f" --repeat 3 2>&1 | tee -a "$log/gpu_programs.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    name=$(basename "$f" .etvk)
+    specs+=("${name%_b*}:$f")
+  done
+  if ((${#specs[@]})); then
+    python3 benchmarks/program_bench.py "${specs[@]}" 2>&1 | tee "$log/gpu_program_bench.log"
+  fi
 fi
 exit $rc

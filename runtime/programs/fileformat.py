@@ -117,9 +117,17 @@ def write_program(program, path) -> None:
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         save_file(tensors, str(temporary), metadata=metadata)
+        temporary.chmod(_created_file_mode())  # safetensors creates 0600; give the usual umask's
         temporary.replace(path)
     finally:
         temporary.unlink(missing_ok=True)
+
+
+def _created_file_mode() -> int:
+    """The mode ``open(path, "w")`` would give a new file (0666 less the umask)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 # ---------------------------------------------------------------- reading

@@ -134,4 +134,15 @@ def run(path: Path, given: Path | None, repeat: int, seed: int) -> int:
           "(its ops and the etvk reference kernels)")
     print(f"per call: {statistics.median(walls) * 1e3:.2f} ms wall (median of {repeat}), "
           f"{gpu * 1e3:.2f} ms on the device (timestamps), {cpu * 1e3:.2f} ms in CPU nodes")
-    return 0 if equal == total else 1
+    return 0 if equal == total and _validation_clean(loaded.device) else 1
+
+
+def _validation_clean(device) -> bool:
+    """With ETVK_VALIDATION=1: prints the validation layer's errors (the first few) and their count."""
+    if not device.validation:
+        return True
+    errors = device.take_validation_messages("error")
+    for text in errors[:5]:
+        print(f"validation error: {text}")
+    print(f"validation layer: {len(errors)} error(s)")
+    return not errors

@@ -13,6 +13,7 @@ from runtime.tools.models import SmallCNN, quantize_pt2e
 @pytest.fixture(scope="session")
 def small_cnn():
     """(float model, exported quantized program, lowered Program)."""
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     torch.manual_seed(0)
     model = SmallCNN().eval()
     exported = quantize_pt2e(model, random_batches(1)[0], random_batches(4, seed=1))

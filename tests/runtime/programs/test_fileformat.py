@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -100,6 +102,16 @@ def test_bad_file(case, small_cnn_file, tmp_path):
         Program.load(path)
     assert str(info.value).startswith(f"{path}: ") and fault in str(info.value), str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def test_a_saved_file_has_the_umask_mode(small_cnn, tmp_path):
+    """Like any file a program writes (safetensors alone would make it 0600, unreadable to others)."""
+    old = os.umask(0o027)
+    try:
+        small_cnn[2].save(tmp_path / "m.etvk")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "m.etvk").stat().st_mode) == 0o640
 
 
 def test_missing_file(tmp_path):

@@ -18,6 +18,7 @@ SHAPE = (1, 3, 32, 32)
 
 @pytest.fixture(scope="module", params=["resnet18", "mobilenet_v2"])
 def model_file(request, tmp_path_factory):
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     torch.manual_seed(0)
     exported = quantize_pt2e(torchvision_model(request.param), random_batches(1, SHAPE)[0],
                              random_batches(2, SHAPE, seed=1))
@@ -62,6 +63,7 @@ class MLP(nn.Module):
 
 
 def test_llama_mlp_with_8da4w_linears(tmp_path):
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     from torchao.quantization import Int8DynActInt4WeightQuantizer
 
     torch.manual_seed(0)

@@ -11,14 +11,16 @@ import torch
 from safetensors.torch import save_file
 
 from runtime.programs.program import Program
-from runtime.tools import cli
+from runtime.tools import cli, program_commands
 from runtime.tools.demo import run_program
+from runtime.vulkan.device import get_device
 
 REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")
 def exported_file(tmp_path_factory):
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     path = tmp_path_factory.mktemp("cli") / "resnet18.etvk"
     assert cli.main(["export", "resnet18", "--size", "32", "--calibration", "2", "--out", str(path)]) == 0
     return path
@@ -47,12 +49,26 @@ def test_run_random_and_given_inputs(exported_file, tmp_path, capsys):
     assert cli.main(["run", str(exported_file), "--repeat", "2"]) == 0
     out = capsys.readouterr().out
     assert "output bit-exact against PyTorch on the CPU" in out and "ms on the device" in out
+    assert ("validation layer: 0 error(s)" in out) == get_device().validation
     inputs = tmp_path / "inputs.safetensors"
     save_file({"x": torch.randn(1, 3, 32, 32)}, str(inputs))
     assert cli.main(["run", str(exported_file), "--inputs", str(inputs), "--repeat", "1"]) == 0
     save_file({"image": torch.randn(1, 3, 32, 32)}, str(inputs))
     assert cli.main(["run", str(exported_file), "--inputs", str(inputs)]) == 1
     assert "no tensor named 'x'; the program's inputs are x" in capsys.readouterr().err
+
+
+def test_run_fails_on_validation_errors(capsys):
+    class Device:
+        validation = True
+
+        def take_validation_messages(self, min_severity):
+            assert min_severity == "error"
+            return ["VUID-x: a missing barrier"]
+
+    assert not program_commands._validation_clean(Device())
+    assert capsys.readouterr().out.splitlines() == ["validation error: VUID-x: a missing barrier",
+                                                    "validation layer: 1 error(s)"]
 
 
 @pytest.mark.parametrize("args, message", [
@@ -69,6 +85,7 @@ def test_mistakes_print_one_line(args, message, tmp_path):
 
 
 def test_demo_program_part(capsys):
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     assert run_program() == 0
     out = capsys.readouterr().out
     assert "device run vs CPU reference run: bit-exact" in out and "runs on" in out
