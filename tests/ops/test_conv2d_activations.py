@@ -9,7 +9,8 @@
   activation, bit-exact against the reference; the dispatcher passes the
   activation through each of its routes;
 - the reference against PyTorch for ReLU6 (QNNPACK and the decomposed fp32
-  path) and hardswish (decomposed path): at most one step;
+  path) and hardswish (decomposed path): at most one step; a hardtanh after a
+  requantize with the same qparams (PT2E's ReLU6 pattern) folds exactly;
 - bad activation arguments name the op and the argument.
 """
 
@@ -228,6 +229,21 @@ def test_reference_agrees_with_pytorch(activation, pytorch):
     """At most one step from PyTorch everywhere, at least 99.9 % exact over all cases."""
     total, exact = _agreement(activation, pytorch)
     assert exact >= 0.999, f"{activation} vs {pytorch.__name__}: {exact:.4%} of {total} exact"
+
+
+@pytest.mark.parametrize(("lo", "hi"), [(0.0, 6.0), (-1.0, 2.0)])
+def test_hardtanh_after_a_requantize_with_the_same_qparams_folds_exactly(lo, hi):
+    """PT2E leaves conv -> q -> dq -> hardtanh -> q (one scale and zero point, the XNNPACK
+    quantizer's pattern for ReLU6); folding the hardtanh into the conv is bit-identical."""
+    for case in CASES:
+        inp = make_inputs(dataclasses.replace(case, activation="hardtanh", activation_min=lo,
+                                              activation_max=hi))
+        s, zp = inp.output_scale, inp.output_zero_point
+        q = ref.q8ta_conv2d(*dataclasses.replace(inp, activation="none").args())
+        y = torch.ops.quantized_decomposed.dequantize_per_tensor(q, s, zp, -128, 127, torch.int8)
+        chain = torch.ops.quantized_decomposed.quantize_per_tensor(
+            torch.nn.functional.hardtanh(y, lo, hi), s, zp, -128, 127, torch.int8)
+        assert_bit_exact(ref.q8ta_conv2d(*inp.args()), chain, f"{case.name} hardtanh({lo}, {hi})")
 
 
 # ---------------------------------------------------------------- bad arguments
