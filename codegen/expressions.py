@@ -57,6 +57,11 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the conv's geometry, `runtime.families.conv2d.Conv2dParams` (`N C_in H W C_out KH KW stride "
         "padding dilation groups Cg Coutg H_out W_out`, pairs as `(y, x)`)",
     ),
+    "conv2d_output_bounds": (
+        "activation, activation_min, activation_max, output_scale, output_zero_point",
+        "`(lo, hi)`: the int8 bounds a conv epilogue clamps its output to, relu's and "
+        "hardtanh's bounds quantized exactly as the epilogue quantizes (else `(-128, 127)`)",
+    ),
     "conv2d_algorithm": (
         "params",
         "`\"pw\"`, `\"dw\"`, `\"im2col\"` or `\"general\"`: OPS.md's choice for this device's "

@@ -18,6 +18,8 @@ layout(push_constant) uniform PushConstants {
   layout(offset = 52) float inv_output_scale;
   layout(offset = 56) int input_zero_point;
   layout(offset = 60) int output_zero_point;
+  layout(offset = 64) int output_min;
+  layout(offset = 68) int output_max;
 } pc;
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -231,17 +233,24 @@ int etvk_dot4_i8(uint a, uint b) {
 // Requantizing epilogue of the int8 conv family (OPS.md family 2), shared by
 // q8ta_gemm, q8ta_conv2d_direct and q8ta_conv2d_dw:
 //   y   = float(acc - input_zero_point * weight_sums[oc]) * (input_scale * weight_scales[oc]) + bias[oc]
-//   y   = max(y, 0) for relu (activation == 1)
+//   y   = (y * clamp(y + 3, 0, 6)) * fp32(1/6) for hardswish (hardswish == 1)
 //   out = clamp(roundEven(y * inv_output_scale) + output_zero_point, -128, 127)
+//   out = clamp(out, output_min, output_max)
+// relu and hardtanh are the last clamp: quantize is monotonic, so clamping y
+// to [a, b] before it equals clamping its result to [quantize(a), quantize(b)]
+// (runtime.families.conv2d.conv2d_output_bounds computes those on the host).
 // Needs include/numerics.glslh and include/packed_int8.glslh first, the vec-1
 // bindings t_weight_sums (int), t_weight_scales (float), t_bias (float) and
 // the push constants input_scale, inv_output_scale, input_zero_point,
-// output_zero_point. The activation is a parameter because each shader keeps
-// it in a different push constant.
+// output_zero_point, output_min, output_max. The hardswish flag is a
+// parameter because each shader keeps it in a different push constant.
 //
 // `precise` keeps the compiler from fusing the multiply-adds into fma (the
 // reference rounds after every fp32 operation). t_bias may be the runtime's
 // 4-value dummy (bias None): values past the bound buffer's length read 0.
+
+// hardswish's 1/6: fp32(1/6) = 0x3E2AAAAB (the reference's HARDSWISH_SIXTH).
+const float ETVK_HARDSWISH_SIXTH = 0.16666667163372039794921875;  // exact
 
 // Per-output-channel epilogue values of 4 consecutive output channels.
 struct EtvkQ8taChannels {
@@ -275,32 +284,22 @@ EtvkQ8taChannels etvk_q8ta_load_channels(int oc0, int c_out) {
   return ch;
 }
 
-// The requantized int8 values (in [-128, 127]) of 4 accumulators of the
-// channels ch; invalid lanes give 0.
-ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int activation) {
+// The requantized int8 values (in [output_min, output_max]) of 4
+// accumulators of the channels ch; invalid lanes give 0.
+ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
   precise vec4 y = vec4(acc - ch.zp_sums) * ch.scales + ch.biases;
-  if (activation == 1) {
-    y = max(y, vec4(0.0));
+  if (hardswish == 1) {
+    precise vec4 gate = clamp(y + 3.0, vec4(0.0), vec4(6.0));
+    y = (y * gate) * ETVK_HARDSWISH_SIXTH;
   }
   precise vec4 q = roundEven(y * pc.inv_output_scale) + float(pc.output_zero_point);
-  const ivec4 r = etvk_to_int_clamped(q, -128, 127);
+  const ivec4 r = clamp(etvk_to_int_clamped(q, -128, 127), ivec4(pc.output_min), ivec4(pc.output_max));
   return mix(ivec4(0), r, ch.valid);
 }
 
 // The same, packed into one word (value j in byte j).
-uint etvk_q8ta_requantize_word(ivec4 acc, EtvkQ8taChannels ch, int activation) {
-  return etvk_pack_i8x4(etvk_q8ta_requantize4(acc, ch, activation));
-}
-
-// One accumulator of output channel oc (which must be < C_out).
-int etvk_q8ta_requantize(int acc, int oc, int activation) {
-  precise float s = pc.input_scale * t_weight_scales_load(uint(oc));
-  precise float y = float(acc - pc.input_zero_point * t_weight_sums_load(uint(oc))) * s + etvk_q8ta_bias(oc);
-  if (activation == 1) {
-    y = max(y, 0.0);
-  }
-  precise float q = roundEven(y * pc.inv_output_scale) + float(pc.output_zero_point);
-  return etvk_to_int_clamped(vec4(q), -128, 127).x;
+uint etvk_q8ta_requantize_word(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
+  return etvk_pack_i8x4(etvk_q8ta_requantize4(acc, ch, hardswish));
 }
 
 const int WG = int(gl_WorkGroupSize.x);
@@ -504,7 +503,7 @@ void main() {
     return;
   }
 
-  const int activation = pc.gemm.w;
+  const int hardswish = pc.gemm.w;
   const ivec4 out4 = ivec4(W, pc.out_sizes.y, oc4_count, pc.out_sizes.w);
   [[unroll]] for (int j = 0; j < TILE_N4; ++j) {
     const int oc4 = n0 + tn + j * THREADS_N;
@@ -524,7 +523,7 @@ void main() {
         const int h = row - n * pc.out_sizes.y;
         if (w < W) {
           t_out_store_word(etvk_packed_word(OUT_LAYOUT, out4, n, oc4, h, w),
-                           etvk_q8ta_requantize_word(acc[(i * 4 + p) * TILE_N4 + j], ch, activation));
+                           etvk_q8ta_requantize_word(acc[(i * 4 + p) * TILE_N4 + j], ch, hardswish));
         } else if (OUT_LAYOUT == ETVK_4W4C) {
           t_out_store_word(etvk_packed_word(OUT_LAYOUT, out4, n, oc4, h, w), 0u);
         }

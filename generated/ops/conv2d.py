@@ -124,8 +124,18 @@ def _check_output_zero_point_int8(op, output_zero_point):
 
 
 def _check_activation_known(op, activation):
-    if activation not in ('none', 'relu'):
-        raise rt.ArgumentError(op, "activation", f"must be 'none' or 'relu', got {activation!r}")
+    if activation not in ('none', 'relu', 'hardtanh', 'hardswish'):
+        raise rt.ArgumentError(op, "activation", f"must be one of 'none', 'relu', 'hardtanh', 'hardswish', got {activation!r}")
+
+
+def _check_activation_min_finite(op, activation_min, activation):
+    if not (activation != 'hardtanh' or math.isfinite(rt.fp32(activation_min))):
+        raise rt.ArgumentError(op, "activation_min", f"must be a finite fp32 number for hardtanh, got {activation_min}")
+
+
+def _check_activation_max_bounds(op, activation_max, activation, activation_min):
+    if not (activation != 'hardtanh' or (math.isfinite(rt.fp32(activation_max)) and activation_min <= activation_max)):
+        raise rt.ArgumentError(op, "activation_max", f"must be a finite fp32 number >= activation_min={activation_min} for hardtanh, got {activation_max}")
 
 
 def _check_im2col_channels(op, groups, x):
@@ -176,7 +186,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:309",
+    spec="op_specs/conv2d.yaml:323",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -230,7 +240,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:332",
+    spec="op_specs/conv2d.yaml:346",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -251,7 +261,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
 )
 
 
-def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, *, variant=None, storage=None):
+def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_im2col.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_IM2COL
     rt.check_arg(op, "x", x, "Tensor")
@@ -269,6 +279,8 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
+    rt.check_arg(op, "activation_min", activation_min, "float")
+    rt.check_arg(op, "activation_max", activation_max, "float")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -286,9 +298,12 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     _check_input_zero_point_int8(op, input_zero_point)
     _check_output_zero_point_int8(op, output_zero_point)
     _check_activation_known(op, activation)
+    _check_activation_min_finite(op, activation_min, activation)
+    _check_activation_max_bounds(op, activation_max, activation, activation_min)
     _check_im2col_channels(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C')
+    bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     k = p.Cg * p.KH * p.KW
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
     tiling = rt.gemm_tiling(p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4, k // 4, p.C_out)
@@ -302,11 +317,11 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'relu')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k}, groups=tiling.groups)
     return out
 
 
-def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation):
+def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -314,9 +329,9 @@ def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_s
 Q8TA_CONV2D_IM2COL = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col.default",
     family="conv2d",
-    schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
+    schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:356",
+    spec="op_specs/conv2d.yaml:370",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -333,7 +348,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
 )
 
 
-def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, *, variant=None, storage=None):
+def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_pw.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_PW
     rt.check_arg(op, "x", x, "Tensor")
@@ -351,6 +366,8 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
+    rt.check_arg(op, "activation_min", activation_min, "float")
+    rt.check_arg(op, "activation_max", activation_max, "float")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -368,10 +385,13 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_input_zero_point_int8(op, input_zero_point)
     _check_output_zero_point_int8(op, output_zero_point)
     _check_activation_known(op, activation)
+    _check_activation_min_finite(op, activation_min, activation)
+    _check_activation_max_bounds(op, activation_max, activation, activation_min)
     _check_pointwise_kernel(op, kernel_size, stride, padding)
     _check_pointwise_groups(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C')
+    bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
     tiling = rt.gemm_tiling(p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W), rt.ceil_div(p.Cg, 4), p.C_out)
     v = op.select(variant, storage, {"DOT": (None, None)})
@@ -381,11 +401,11 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'relu')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k}, groups=tiling.groups)
     return out
 
 
-def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation):
+def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H, p.W], dtype=torch.int8, device=x.device)
 
@@ -393,9 +413,9 @@ def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums,
 Q8TA_CONV2D_PW = rt.OpDef(
     name="etvk.q8ta_conv2d_pw.default",
     family="conv2d",
-    schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
+    schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:401",
+    spec="op_specs/conv2d.yaml:418",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -406,7 +426,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
 )
 
 
-def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, *, variant=None, storage=None):
+def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_general.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_GENERAL
     rt.check_arg(op, "x", x, "Tensor")
@@ -424,6 +444,8 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
+    rt.check_arg(op, "activation_min", activation_min, "float")
+    rt.check_arg(op, "activation_max", activation_max, "float")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -441,8 +463,11 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     _check_input_zero_point_int8(op, input_zero_point)
     _check_output_zero_point_int8(op, output_zero_point)
     _check_activation_known(op, activation)
+    _check_activation_min_finite(op, activation_min, activation)
+    _check_activation_max_bounds(op, activation_max, activation, activation_min)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C1W')
+    bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     out_w = 4
     w_packed = rt.prepacked('runtime.families.conv2d:pack_direct_weights', weights, groups, p.C_in)
     v = op.select(variant, storage, {"DOT": (None, None)})
@@ -452,11 +477,11 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "conv": [p.Cg, p.Coutg, p.direct_word_span, int(activation == 'relu')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "conv": [p.Cg, p.Coutg, p.direct_word_span, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
     return out
 
 
-def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation):
+def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -464,9 +489,9 @@ def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_
 Q8TA_CONV2D_GENERAL = rt.OpDef(
     name="etvk.q8ta_conv2d_general.default",
     family="conv2d",
-    schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
+    schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:429",
+    spec="op_specs/conv2d.yaml:449",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -477,7 +502,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
 )
 
 
-def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, *, variant=None, storage=None):
+def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_dw.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_DW
     rt.check_arg(op, "x", x, "Tensor")
@@ -495,6 +520,8 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
+    rt.check_arg(op, "activation_min", activation_min, "float")
+    rt.check_arg(op, "activation_max", activation_max, "float")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -512,9 +539,12 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_input_zero_point_int8(op, input_zero_point)
     _check_output_zero_point_int8(op, output_zero_point)
     _check_activation_known(op, activation)
+    _check_activation_min_finite(op, activation_min, activation)
+    _check_activation_max_bounds(op, activation_max, activation, activation_min)
     _check_depthwise_groups(op, groups, x, weights)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C1W')
+    bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     out_w = 4
     w_packed = rt.prepacked('runtime.families.conv2d:pack_depthwise_weights', weights)
     v = op.select(variant, storage, {"DOT": (None, None)})
@@ -524,11 +554,11 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "taps4": rt.ceil_div(p.KH * p.KW, 4), "activation": int(activation == 'relu'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "taps4": rt.ceil_div(p.KH * p.KW, 4), "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
     return out
 
 
-def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation):
+def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -536,9 +566,9 @@ def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums,
 Q8TA_CONV2D_DW = rt.OpDef(
     name="etvk.q8ta_conv2d_dw.default",
     family="conv2d",
-    schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
+    schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:458",
+    spec="op_specs/conv2d.yaml:481",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -549,7 +579,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
 )
 
 
-def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, *, variant=None, storage=None):
+def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D
     rt.check_arg(op, "x", x, "Tensor")
@@ -567,6 +597,8 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     rt.check_arg(op, "dilation", dilation, "int[]")
     rt.check_arg(op, "groups", groups, "int")
     rt.check_arg(op, "activation", activation, "str")
+    rt.check_arg(op, "activation_min", activation_min, "float")
+    rt.check_arg(op, "activation_max", activation_max, "float")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -576,6 +608,9 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     _check_padding_non_negative(op, padding)
     _check_dilation_positive(op, dilation)
     _check_kernel_fits(op, kernel_size, weights, dilation, x, padding)
+    _check_activation_known(op, activation)
+    _check_activation_min_finite(op, activation_min, activation)
+    _check_activation_max_bounds(op, activation_max, activation, activation_min)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     algorithm = rt.conv2d_algorithm(p)
     if algorithm == 'pw':
@@ -586,10 +621,10 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
         target = Q8TA_CONV2D_IM2COL
     else:
         target = Q8TA_CONV2D_GENERAL
-    return op.route(target, variant).record(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, variant=variant, storage=storage)
+    return op.route(target, variant).record(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min, activation_max, variant=variant, storage=storage)
 
 
-def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation):
+def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -597,9 +632,9 @@ def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, we
 Q8TA_CONV2D = rt.OpDef(
     name="etvk.q8ta_conv2d.default",
     family="conv2d",
-    schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation) -> Tensor",
+    schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d that picks its algorithm by OPS.md's rule for this device's GPU family (ETVK_GPU_FAMILY overrides it) - pointwise, depthwise, im2col or direct - and hands the call to that op.",
-    spec="op_specs/conv2d.yaml:488",
+    spec="op_specs/conv2d.yaml:514",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),

@@ -4,6 +4,8 @@ Three jobs, all pure torch / Python:
 
 - geometry: `conv2d_params` turns PyTorch-style conv arguments into a frozen
   `Conv2dParams` (output size, groups, pointwise / depthwise / im2col flags);
+- epilogue: `conv2d_output_bounds`, the int8 bounds that apply relu and hardtanh as
+  a clamp of the quantized output;
 - device rules: `prefers_im2col` and `choose_algorithm` (OPS.md rules 1-2 and
   the dispatcher op's choice; conv2d_layouts.py resolves the
   ``PACKED_INT8_CONV2D`` placeholder with them);
@@ -23,8 +25,11 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.reference.quantize import quantize_per_tensor
 from runtime.vulkan.device import GPU_FAMILIES
 
+ACTIVATIONS = ("none", "relu", "hardtanh", "hardswish")
+INT8_MIN, INT8_MAX = -128, 127
 IM2COL_MIN_GROUP_CHANNELS = 32
 IM2COL_MAX_OUTPUT_PIXELS = 4096
 
@@ -140,6 +145,30 @@ def conv2d_params(x_shape, weight_shape, kernel_size, stride, padding, dilation,
         N=n, C_in=c_in, H=h, W=w, C_out=c_out, KH=kh, KW=kw, stride=(sy, sx), padding=(py, px),
         dilation=(dy, dx), groups=groups, Cg=cg, Coutg=c_out // groups, H_out=h_out, W_out=w_out,
     )
+
+
+def conv2d_output_bounds(activation: str, activation_min: float, activation_max: float,
+                         output_scale: float, output_zero_point: int) -> tuple[int, int]:
+    """The int8 bounds ``(lo, hi)`` the conv epilogue clamps its quantized output to.
+
+    quantize (``clamp(roundEven(y * fp32(1/output_scale)) + zp, -128, 127)``)
+    is monotonic, so ``quantize(clamp(y, a, b)) == clamp(quantize(y),
+    quantize(a), quantize(b))``: relu (``a = 0, b = +inf``) and hardtanh
+    (``a, b`` = the fp32 values of ``activation_min, activation_max``) become
+    a clamp of the int8 result by bounds quantized exactly as the epilogue
+    quantizes. "none" and "hardswish" clamp to the int8 range only.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    if activation == "relu":
+        bounds = (0.0, float("inf"))
+    elif activation == "hardtanh":
+        bounds = (activation_min, activation_max)
+    else:
+        return (INT8_MIN, INT8_MAX)
+    q = quantize_per_tensor(torch.tensor(bounds, dtype=torch.float32), output_scale,
+                            output_zero_point, INT8_MIN, INT8_MAX, torch.int8)
+    return (int(q[0]), int(q[1]))
 
 
 def check_family(family: str) -> None:

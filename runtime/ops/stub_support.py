@@ -111,6 +111,13 @@ def conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups):
     return conv2d.conv2d_params(x.shape, weights.shape, kernel_size, stride, padding, dilation, groups)
 
 
+def conv2d_output_bounds(activation, activation_min, activation_max, output_scale,
+                         output_zero_point) -> tuple[int, int]:
+    """The int8 clamp bounds of a conv epilogue (`runtime.families.conv2d.conv2d_output_bounds`)."""
+    return conv2d.conv2d_output_bounds(activation, activation_min, activation_max, output_scale,
+                                       output_zero_point)
+
+
 def conv2d_algorithm(params) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs on this device's GPU family: pw, dw, im2col, general."""
     return conv2d.choose_algorithm(params, get_device().caps.family)
@@ -158,6 +165,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         prepacked,
         pair,
         conv2d_params,
+        conv2d_output_bounds,
         conv2d_algorithm,
         gemm_tiling,
         layout_of,

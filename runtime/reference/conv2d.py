@@ -16,12 +16,12 @@ from __future__ import annotations
 
 import torch
 
-from runtime.families.conv2d import conv2d_params
+from runtime.families.conv2d import ACTIVATIONS, INT8_MAX, INT8_MIN, conv2d_params
 from runtime.reference.quantize import dequantize_per_tensor, fp32, fp32_recip, quantize_per_tensor
 from runtime.vulkan.layouts import check_layout
 
-ACTIVATIONS = ("none", "relu")
-INT8_MIN, INT8_MAX = -128, 127
+# hardswish's 1/6 as the fp32 constant the shaders multiply by (0x3E2AAAAB).
+HARDSWISH_SIXTH = fp32(1.0 / 6.0)
 
 
 def conv2d_accumulators(x, input_zero_point, weights, stride, padding, dilation, groups):
@@ -38,12 +38,28 @@ def conv2d_accumulators(x, input_zero_point, weights, stride, padding, dilation,
     return acc.round().to(torch.int64)
 
 
+def activate(y, activation, activation_min=0.0, activation_max=6.0):
+    """The conv activation on the fp32 conv output ``y``, every step rounded to fp32.
+
+    relu ``max(y, 0)``; hardtanh ``clamp(y, fp32(activation_min), fp32(activation_max))``;
+    hardswish ``(y * clamp(y + 3, 0, 6)) * fp32(1/6)``; none ``y``.
+    """
+    if activation == "relu":
+        return torch.clamp_min(y, 0.0)
+    if activation == "hardtanh":
+        return torch.clamp(y, fp32(activation_min), fp32(activation_max))
+    if activation == "hardswish":
+        return (y * torch.clamp(y + 3.0, 0.0, 6.0)) * HARDSWISH_SIXTH
+    return y
+
+
 def requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
-               output_scale, output_zero_point, bias, activation):
+               output_scale, output_zero_point, bias, activation,
+               activation_min=0.0, activation_max=6.0):
     """The fp32 epilogue of OPS.md family 2 on int64 accumulators ``[N, C_out, H, W]``.
 
     ``y = float32(acc - izp*wsum[oc]) * (float32(input_scale) * weight_scales[oc]) + bias[oc]``,
-    ``y = max(y, 0)`` for relu, then
+    ``y = activate(y, activation, activation_min, activation_max)``, then
     ``out = clamp(roundEven(y * float32(1/output_scale)) + output_zero_point, -128, 127)``.
     """
     if activation not in ACTIVATIONS:
@@ -55,22 +71,22 @@ def requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
     y = corrected * scales.reshape(per_channel)
     if bias is not None:
         y = y + bias.to(torch.float32).reshape(per_channel)
-    if activation == "relu":
-        y = torch.clamp_min(y, 0.0)
+    y = activate(y, activation, activation_min, activation_max)
     q = torch.round(y * fp32_recip(output_scale)) + output_zero_point
     return q.clamp(INT8_MIN, INT8_MAX).to(torch.int8)
 
 
 def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_scales,
                 output_scale, output_zero_point, bias, kernel_size, stride, padding,
-                dilation, groups, activation):
+                dilation, groups, activation, activation_min=0.0, activation_max=6.0):
     """int8 conv2d with per-tensor activations and per-channel symmetric weights.
 
     Args follow the family 2 schema: ``x`` int8 ``[N, C_in, H, W]``, ``weights``
     int8 ``[C_out, C_in/groups, KH, KW]``, ``weight_sums`` int32 ``[C_out]``,
     ``weight_scales`` fp32 ``[C_out]``, ``bias`` fp32 ``[C_out]`` or None,
     ``kernel_size``/``stride``/``padding``/``dilation`` lists of 1 or 2 ints,
-    ``activation`` "none" or "relu".
+    ``activation`` one of `ACTIVATIONS`, ``activation_min``/``activation_max``
+    the bounds of hardtanh (ignored by the other activations).
 
     Returns:
         int8 ``[N, C_out, H_out, W_out]``.
@@ -79,7 +95,8 @@ def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_s
     acc = conv2d_accumulators(x, input_zero_point, weights, params.stride, params.padding,
                               params.dilation, groups)
     return requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
-                      output_scale, output_zero_point, bias, activation)
+                      output_scale, output_zero_point, bias, activation, activation_min,
+                      activation_max)
 
 
 def _check_nchw(t: torch.Tensor, what: str) -> None:

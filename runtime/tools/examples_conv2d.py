@@ -5,10 +5,11 @@ names the original), shrunk spatially so that every case stays under about 2M
 multiply-adds and runs quickly on a CPU Vulkan driver (lavapipe), plus shapes
 that stress the packing: widths and channel counts that are not multiples of
 4, groups whose channels straddle channel words, dilation, asymmetric
-kernels, strides and paddings. `make_inputs` builds the arguments of
-``etvk.q8ta_conv2d`` in schema order. Used by the conv tests (tests/ops), the
-demo (through runtime/examples.py) and the conv benchmark. Pure torch; no
-Vulkan.
+kernels, strides and paddings, and every conv activation (MobileNetV2's
+ReLU6 as hardtanh(0, 6), MobileNetV3's hardswish). `make_inputs` builds the
+arguments of ``etvk.q8ta_conv2d`` in schema order. Used by the conv tests
+(tests/ops), the demo (through runtime/examples.py) and the conv benchmark.
+Pure torch; no Vulkan.
 """
 
 from __future__ import annotations
@@ -24,7 +25,11 @@ from runtime.families.conv2d import Conv2dParams, conv2d_params, weight_sums
 
 @dataclass(frozen=True)
 class Conv2dCase:
-    """One conv layer: input [N, C_in, H, W], weights [C_out, C_in/groups, *kernel]."""
+    """One conv layer: input [N, C_in, H, W], weights [C_out, C_in/groups, *kernel].
+
+    ``activation_min`` and ``activation_max`` are hardtanh's bounds (ignored
+    by the other activations).
+    """
 
     name: str
     N: int
@@ -40,6 +45,8 @@ class Conv2dCase:
     activation: str = "none"
     bias: bool = True
     real: str = ""
+    activation_min: float = 0.0
+    activation_max: float = 6.0
 
     @property
     def params(self) -> Conv2dParams:
@@ -58,6 +65,8 @@ class Conv2dCase:
 
 C = Conv2dCase
 CASES = [
+    C("mobilenetv3_stem_3x3s2", 1, 3, 24, 24, 16, (3, 3), (2, 2), (1, 1), activation="hardswish",
+      real="MobileNetV3-Large stem: 3->16, 224x224, 3x3 stride 2, hardswish"),
     C("resnet50_stem_7x7s2", 1, 3, 24, 24, 64, (7, 7), (2, 2), (3, 3), activation="relu",
       real="ResNet-50 conv1: 3->64, 224x224, 7x7 stride 2 pad 3"),
     C("resnet_bottleneck_1x1_reduce", 1, 256, 8, 8, 64, (1, 1), activation="relu",
@@ -68,12 +77,18 @@ CASES = [
       real="ResNet-50 layer1 conv3: 64->256, 56x56, no relu before the add"),
     C("resnet_downsample_1x1s2", 1, 64, 14, 14, 128, (1, 1), (2, 2), bias=False,
       real="ResNet-50 layer2 downsample: 256->512, 56x56, 1x1 stride 2"),
-    C("mobilenetv2_expand_1x1", 1, 24, 14, 14, 144, (1, 1), activation="relu",
-      real="MobileNetV2 block 3 expand: 24->144, 56x56 (relu6 in the model)"),
+    C("mobilenetv2_expand_1x1", 1, 24, 14, 14, 144, (1, 1), activation="hardtanh",
+      real="MobileNetV2 block 3 expand: 24->144, 56x56, relu6"),
     C("mobilenetv2_dw_3x3s1", 1, 144, 14, 14, 144, (3, 3), padding=(1, 1), groups=144,
-      activation="relu", real="MobileNetV2 block 3 depthwise: 144, 56x56, stride 1"),
+      activation="hardtanh", real="MobileNetV2 block 3 depthwise: 144, 56x56, stride 1, relu6"),
     C("mobilenetv2_dw_3x3s2_odd", 1, 144, 15, 15, 144, (3, 3), (2, 2), (1, 1), groups=144,
-      activation="relu", real="MobileNetV2 block 4 depthwise: 144, 56x56 -> 28x28, stride 2"),
+      activation="hardtanh",
+      real="MobileNetV2 block 4 depthwise: 144, 56x56 -> 28x28, stride 2, relu6"),
+    C("mobilenetv3_expand_1x1", 1, 80, 7, 7, 240, (1, 1), activation="hardswish",
+      real="MobileNetV3-Large block 7 expand: 80->240, 14x14, hardswish"),
+    C("mobilenetv3_dw_5x5s2", 1, 72, 11, 11, 72, (5, 5), (2, 2), (2, 2), groups=72,
+      activation="hardswish",
+      real="MobileNetV3-Large block 12 depthwise: 672, 14x14 -> 7x7, 5x5 stride 2, hardswish"),
     C("mobilenetv2_dw_c30_w13", 1, 30, 5, 13, 30, (3, 3), padding=(1, 1), groups=30, bias=False,
       real="depthwise with C and W not multiples of 4"),
     C("mobilenetv2_project_1x1", 1, 144, 14, 14, 24, (1, 1),
@@ -106,6 +121,9 @@ CASES = [
       real="few channels, 4900 output pixels: above the im2col pixel limit"),
     C("large_pad_5x5_pad4", 1, 4, 6, 5, 4, (5, 5), padding=(4, 4), bias=False,
       real="padding larger than half the kernel: outputs that see mostly padding"),
+    C("hardtanh_3x3_m1p5_2", 1, 8, 7, 9, 12, (3, 3), padding=(1, 1), activation="hardtanh",
+      activation_min=-1.5, activation_max=2.0,
+      real="hardtanh with a negative lower bound, C_out not a multiple of 8"),
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
 
@@ -129,6 +147,8 @@ class Conv2dInputs:
     dilation: list[int]
     groups: int
     activation: str
+    activation_min: float
+    activation_max: float
 
     def args(self) -> tuple:
         """The arguments as a tuple, in schema order."""
@@ -147,8 +167,9 @@ def make_inputs(case: Conv2dCase, seed: int | None = None,
     weight scales ~ U(0.001, 0.01) per output channel (all equal with
     ``per_tensor_weights``), bias ~ N(0, spread of y / 2) or None. The output
     scale is chosen from the spread of y so that outputs fill the int8 range
-    with a little saturation; relu cases use a low output zero point, as a
-    real network's post-relu activations do.
+    with a little saturation; relu and hardswish cases use a low output zero
+    point, as a real network's activations after them do; hardtanh cases map
+    [activation_min, activation_max] onto 220 steps inside the int8 range.
 
     Args:
         case: the conv.
@@ -175,6 +196,13 @@ def make_inputs(case: Conv2dCase, seed: int | None = None,
     if case.activation == "relu":
         output_scale = 3.2 * sigma / 255
         output_zero_point = int(torch.randint(-128, -100, (), generator=gen))
+    elif case.activation == "hardswish":  # outputs >= -0.375
+        output_scale = 3.2 * sigma / 255
+        output_zero_point = int(torch.randint(-110, -100, (), generator=gen))
+    elif case.activation == "hardtanh":
+        output_scale = (case.activation_max - case.activation_min) / 220
+        low = int(torch.randint(-120, -100, (), generator=gen))
+        output_zero_point = low - round(case.activation_min / output_scale)
     else:
         output_scale = 6.4 * sigma / 255
         output_zero_point = int(torch.randint(-10, 11, (), generator=gen))
@@ -183,5 +211,6 @@ def make_inputs(case: Conv2dCase, seed: int | None = None,
         weight_sums=weight_sums(w), weight_scales=weight_scales, output_scale=output_scale,
         output_zero_point=output_zero_point, bias=bias, kernel_size=list(case.kernel),
         stride=list(case.stride), padding=list(case.padding), dilation=list(case.dilation),
-        groups=case.groups, activation=case.activation,
+        groups=case.groups, activation=case.activation, activation_min=case.activation_min,
+        activation_max=case.activation_max,
     )

@@ -1,9 +1,10 @@
 """The int8 conv2d reference (OPS.md family 2) against PyTorch and against itself.
 
-- against PyTorch's quantized conv on the QNNPACK engine, per-channel and
-  per-tensor weights: at most one step apart and at least 99.5 % exact per
-  case (QNNPACK folds the scales into one fp32 multiplier and quantizes the
-  bias to int32, so values near a rounding tie may land one step away);
+- against PyTorch's quantized conv on the QNNPACK engine (hardswish, which
+  QNNPACK cannot fuse: against PyTorch's decomposed fp32 path), per-channel
+  and per-tensor weights: at most one step apart and at least 99.5 % exact
+  per case (QNNPACK folds the scales into one fp32 multiplier and quantizes
+  the bias to int32, so values near a rounding tie may land one step away);
 - the integer part against an independent int64 tap-by-tap sum (bit-exact);
 - the fp32 epilogue against the same formula in float64 (one step);
 - q8ta_quantize / q8ta_dequantize bit-identical to quantized_decomposed.
@@ -13,58 +14,18 @@ Cases come from the table in runtime/tools/examples_conv2d.py. No Vulkan.
 
 from __future__ import annotations
 
-import warnings
+import dataclasses
 
 import pytest
 import torch
-import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+from conv_testlib import MIN_EXACT, pytorch_conv2d, qnnpack_conv2d, steps_apart
 
 from runtime.families.conv2d import Conv2dParams, conv2d_params
 from runtime.reference import conv2d as ref
 from runtime.tools.examples_conv2d import CASES, Conv2dCase, Conv2dInputs, make_inputs
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 
-MIN_EXACT = 0.995
 _IDS = [case.name for case in CASES]
-
-
-@pytest.fixture
-def qnnpack():
-    """PyTorch's quantized engine set to QNNPACK for the test, restored afterwards."""
-    if "qnnpack" not in torch.backends.quantized.supported_engines:
-        pytest.skip("this PyTorch build has no QNNPACK engine")
-    previous = torch.backends.quantized.engine
-    torch.backends.quantized.engine = "qnnpack"
-    with warnings.catch_warnings():
-        # Quantized tensor creation is deprecated in PyTorch 2.13 but still works.
-        warnings.simplefilter("ignore", UserWarning)
-        yield
-    torch.backends.quantized.engine = previous
-
-
-def qnnpack_conv2d(inp: Conv2dInputs, per_channel: bool = True) -> torch.Tensor:
-    """The conv on QNNPACK; int8 activations travel as quint8 shifted by 128."""
-    shifted = (inp.x.to(torch.int32) + 128).to(torch.uint8)
-    qx = torch._make_per_tensor_quantized_tensor(shifted, inp.input_scale, inp.input_zero_point + 128)
-    if per_channel:
-        zeros = torch.zeros(inp.weights.shape[0], dtype=torch.int64)
-        qw = torch._make_per_channel_quantized_tensor(inp.weights, inp.weight_scales.double(), zeros, 0)
-    else:
-        qw = torch._make_per_tensor_quantized_tensor(inp.weights, float(inp.weight_scales[0]), 0)
-    packed = torch.ops.quantized.conv2d_prepack(qw, inp.bias, inp.stride, inp.padding,
-                                                inp.dilation, inp.groups)
-    conv = torch.ops.quantized.conv2d_relu if inp.activation == "relu" else torch.ops.quantized.conv2d
-    out = conv(qx, packed, inp.output_scale, inp.output_zero_point + 128)
-    return (out.int_repr().to(torch.int32) - 128).to(torch.int8)
-
-
-def compare(got: torch.Tensor, want: torch.Tensor, what: str) -> float:
-    """Asserts shape, dtype and at most one step apart; returns the exact fraction."""
-    assert got.dtype == want.dtype == torch.int8, what
-    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
-    steps = (got.to(torch.int32) - want.to(torch.int32)).abs()
-    assert steps.max().item() <= 1, f"{what}: {steps.max().item()} steps apart"
-    return (steps == 0).double().mean().item()
 
 
 def test_case_table_is_small_and_named_uniquely():
@@ -84,28 +45,31 @@ def test_outputs_spread_over_the_int8_range():
 
 
 @pytest.mark.parametrize("case", CASES, ids=_IDS)
-def test_reference_matches_qnnpack_per_channel(case: Conv2dCase, qnnpack):
+def test_reference_matches_pytorch_per_channel(case: Conv2dCase):
     inp = make_inputs(case)
-    exact = compare(ref.q8ta_conv2d(*inp.args()), qnnpack_conv2d(inp), case.name)
-    assert exact >= MIN_EXACT, f"{case.name}: only {exact:.4%} equal QNNPACK's"
+    exact = steps_apart(ref.q8ta_conv2d(*inp.args()), pytorch_conv2d(inp), case.name)
+    assert exact >= MIN_EXACT, f"{case.name}: only {exact:.4%} equal PyTorch's"
 
 
 @pytest.mark.parametrize("case", CASES, ids=_IDS)
-def test_reference_matches_qnnpack_per_tensor(case: Conv2dCase, qnnpack):
+def test_reference_matches_pytorch_per_tensor(case: Conv2dCase):
     inp = make_inputs(case, per_tensor_weights=True)
-    exact = compare(ref.q8ta_conv2d(*inp.args()), qnnpack_conv2d(inp, per_channel=False), case.name)
-    assert exact >= MIN_EXACT, f"{case.name}: only {exact:.4%} equal QNNPACK's"
+    exact = steps_apart(ref.q8ta_conv2d(*inp.args()), pytorch_conv2d(inp, per_channel=False),
+                        case.name)
+    assert exact >= MIN_EXACT, f"{case.name}: only {exact:.4%} equal PyTorch's"
 
 
-def test_reference_matches_qnnpack_over_all_cases(qnnpack):
-    """Over every case together, at least 99.9 % of the outputs equal QNNPACK's."""
+def test_reference_matches_qnnpack_over_all_cases():
+    """Over every case QNNPACK fuses together, at least 99.9 % of the outputs equal QNNPACK's."""
     total = exact = 0
     for case in CASES:
+        if case.activation == "hardswish":
+            continue
         inp = make_inputs(case)
         out = ref.q8ta_conv2d(*inp.args())
         total += out.numel()
-        exact += out.numel() * compare(out, qnnpack_conv2d(inp), case.name)
-    assert exact / total >= 0.999, f"{exact / total:.5%} of {total} outputs equal QNNPACK's"
+        exact += out.numel() * steps_apart(out, qnnpack_conv2d(inp), case.name)
+    assert exact / total >= 0.999, f"{exact / total:.5%} of {total} outputs equal PyTorch's"
 
 
 def tap_by_tap_accumulators(inp: Conv2dInputs) -> torch.Tensor:
@@ -139,7 +103,7 @@ def test_integer_part_is_exact(case: Conv2dCase):
     assert torch.equal(acc, want)
     requantized = ref.requantize(want, inp.input_scale, inp.input_zero_point, inp.weight_sums,
                                  inp.weight_scales, inp.output_scale, inp.output_zero_point,
-                                 inp.bias, inp.activation)
+                                 inp.bias, inp.activation, inp.activation_min, inp.activation_max)
     assert torch.equal(ref.q8ta_conv2d(*inp.args()), requantized)
 
 
@@ -153,6 +117,10 @@ def float64_formula(inp: Conv2dInputs) -> torch.Tensor:
         y = y + inp.bias.double().reshape(1, -1, 1, 1)
     if inp.activation == "relu":
         y = y.clamp_min(0)
+    elif inp.activation == "hardtanh":
+        y = y.clamp(inp.activation_min, inp.activation_max)
+    elif inp.activation == "hardswish":
+        y = y * (y + 3).clamp(0, 6) / 6
     q = torch.round(y / inp.output_scale) + inp.output_zero_point
     return q.clamp(-128, 127).to(torch.int8)
 
@@ -160,7 +128,7 @@ def float64_formula(inp: Conv2dInputs) -> torch.Tensor:
 @pytest.mark.parametrize("case", CASES, ids=_IDS)
 def test_fp32_epilogue_within_one_step_of_float64(case: Conv2dCase):
     inp = make_inputs(case)
-    exact = compare(ref.q8ta_conv2d(*inp.args()), float64_formula(inp), case.name)
+    exact = steps_apart(ref.q8ta_conv2d(*inp.args()), float64_formula(inp), case.name)
     assert exact >= MIN_EXACT, f"{case.name}: only {exact:.4%} equal the float64 formula"
 
 
@@ -169,7 +137,7 @@ def test_relu_clamps_at_the_output_zero_point():
     inp = make_inputs(case)
     out = ref.q8ta_conv2d(*inp.args())
     assert out.min().item() == inp.output_zero_point
-    linear = ref.q8ta_conv2d(*inp.args()[:-1], "none")
+    linear = ref.q8ta_conv2d(*dataclasses.replace(inp, activation="none").args())
     assert torch.equal(out, linear.clamp_min(inp.output_zero_point))
 
 
@@ -182,9 +150,9 @@ def test_scalar_kernel_arguments_as_single_item_lists():
 
 
 def test_bad_activation_and_kernel_size_are_rejected():
-    inp = make_inputs(CASES[0])
+    inp = make_inputs(next(c for c in CASES if c.name == "resnet50_stem_7x7s2"))
     with pytest.raises(ValueError, match="activation 'relu6'"):
-        ref.q8ta_conv2d(*inp.args()[:-1], "relu6")
+        ref.q8ta_conv2d(*dataclasses.replace(inp, activation="relu6").args())
     args = list(inp.args())
     args[9] = [3, 3]
     with pytest.raises(ValueError, match="does not match the weights' 7x7"):
