@@ -23,27 +23,21 @@ from dataclasses import dataclass
 
 import torch
 
+from runtime.families.conv2d import _pair, conv_output_size
+
 # Invocations of one global-pool workgroup (the shader's workgroup size).
 GLOBAL_POOL_THREADS = 256
-
-
-def _pair(value, name: str) -> tuple[int, int]:
-    """An int or a list of 1 or 2 ints, as PyTorch's pooling arguments, to (y, x)."""
-    items = [value] if isinstance(value, int) else list(value)
-    if len(items) not in (1, 2) or not all(isinstance(v, int) for v in items):
-        raise ValueError(f"{name} must be an int or a list of 1 or 2 ints, got {value!r}")
-    return (items[0], items[-1])
 
 
 def pool_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int,
                      ceil_mode: bool) -> int:
     """PyTorch's pooling output size along one axis (may be < 1, which PyTorch rejects).
 
-    ``floor_or_ceil((size + 2p - d*(k-1) - 1) / s) + 1``; with ceil_mode the last
-    window must start inside the input or the left padding, else it is dropped.
+    ``floor_or_ceil((size + 2p - d*(k-1) - 1) / s) + 1`` (the conv formula, on
+    ``size + s - 1`` for ceil_mode); with ceil_mode the last window must start
+    inside the input or the left padding, else it is dropped.
     """
-    span = dilation * (kernel - 1) + 1
-    out = (size + 2 * padding - span + (stride - 1 if ceil_mode else 0)) // stride + 1
+    out = conv_output_size(size + (stride - 1 if ceil_mode else 0), kernel, stride, padding, dilation)
     if ceil_mode and (out - 1) * stride >= size + padding:
         out -= 1
     return out

@@ -181,6 +181,20 @@ def test_power_of_two_scales_are_bit_exact_with_pytorch():
     assert torch.equal(glob(x, 2.0**-4, zp, 2.0**-7, out_zp), want)
 
 
+@pytest.mark.parametrize(("scale", "out_scale"), [(1e-20, 1e-20), (1e20, 1e20), (1e-20, 1e20),
+                                                  (1e20, 1e-20)])
+def test_extreme_scales_stay_bit_exact(scale, out_scale):
+    """The ends of the accepted scale range: the correctly rounded division stays exact
+    (no overflow or subnormal in its residuals), saturation clamps."""
+    avg, glob = runtime.get_op(OPS["avg"]), runtime.get_op(OPS["global"])
+    x, _, zp, _, out_zp, *geometry = avg_pool_args(WINDOW_CASES_BY_NAME["divisor_override_negative"])
+    args = (x, scale, zp, out_scale, out_zp, *geometry)
+    assert torch.equal(avg(*args), avg.reference(*args))
+    x, _, zp, _, out_zp = global_pool_args(GLOBAL_CASES_BY_NAME["map_56x56_c64"])
+    args = (x, scale, zp, out_scale, out_zp)
+    assert torch.equal(glob(*args), glob.reference(*args))
+
+
 def _random_geometries(count: int, seed: int):
     """Seeded pooling geometries around PyTorch's edges: sizes 1-8, kernels 1-4,
     strides 1-3 or empty, paddings 0-2, dilations 1-3, both ceil modes."""
