@@ -72,6 +72,17 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the q8ta_gemm tiling of `m` pixels, `k4` K words, `c_out` channels: `.tile_m .tile_n4 "
         ".threads_n .split_k .block_k` (spec constants) and `.groups` (workgroup counts)",
     ),
+    "pool2d_params": (
+        "x, kernel_size, stride, padding, dilation, ceil_mode",
+        "a pooling's geometry, `runtime.families.pool2d.Pool2dParams` (`N C H W KH KW stride "
+        "padding dilation ceil_mode H_out W_out`, pairs as `(y, x)`; an empty stride is the "
+        "kernel size; H_out or W_out < 1 where PyTorch rejects the arguments)",
+    ),
+    "global_pool_tiling": (
+        "x",
+        "the q8ta_global_avg_pool2d tiling of `x`: `.words` (channel words per workgroup, a "
+        "spec constant) and `.groups` (workgroup counts)",
+    ),
     "layout_of": ("t, default", "the packed int8 layout of a device tensor, `default` for a host tensor"),
     "layout_code": ("layout", "the shader code of a packed int8 layout: 4W4C 0, 4C 1, 4C1W 2"),
     "packed_words": ("t", "32-bit words of a device tensor in its packed int8 layout"),

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
-from runtime.families import conv2d, conv2d_tiling
+from runtime.families import conv2d, conv2d_tiling, pool2d
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
 from runtime.reference.quantize import fp32, fp32_recip
@@ -128,6 +128,16 @@ def gemm_tiling(m: int, k4: int, c_out: int):
     return conv2d_tiling.gemm_tiling(m, k4, c_out)
 
 
+def pool2d_params(x, kernel_size, stride, padding, dilation, ceil_mode):
+    """The `runtime.families.pool2d.Pool2dParams` of a pooling (its list arguments already checked)."""
+    return pool2d.pool2d_params(x.shape, kernel_size, stride, padding, dilation, ceil_mode)
+
+
+def global_pool_tiling(x):
+    """Spec constant and workgroup counts of a global average pool (runtime/families/pool2d.py)."""
+    return pool2d.global_pool_tiling(x.shape)
+
+
 def layout_of(t, default: str) -> str:
     """The packed int8 layout of a device tensor ``t``, or ``default`` for a host tensor."""
     return default if isinstance(t, torch.Tensor) or not t.packed else t.layout
@@ -168,6 +178,8 @@ HELPERS: dict[str, Callable[..., Any]] = {
         conv2d_output_bounds,
         conv2d_algorithm,
         gemm_tiling,
+        pool2d_params,
+        global_pool_tiling,
         layout_of,
         layout_code,
         packed_words,

@@ -1,7 +1,8 @@
 """Example arguments for every op, built from a variant's axis values and a shape.
 
 For elementwise ops the shape is the input's; for the others it is a size
-hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`).
+hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
+pools: which case of `runtime.tools.examples_q8ta_pool`).
 
 Shared by the tests (``tests/ops``), ``python -m runtime demo`` and the
 benchmarks, so that all three exercise the same cases. The inputs are chosen
@@ -171,6 +172,25 @@ def build_conv2d(op_name):
     return build
 
 
+def build_q8ta_pool(op_name):
+    """A builder for a pool op: the case of its table (`runtime.tools.examples_q8ta_pool`)
+    that the shape's last size picks (modulo the table's length), with a seed from ``gen``."""
+    from runtime.tools import examples_q8ta_pool as pool
+
+    cases, make = {
+        "etvk.q8ta_max_pool2d.default": (pool.WINDOW_CASES, pool.max_pool_args),
+        "etvk.q8ta_avg_pool2d.default": ([c for c in pool.WINDOW_CASES if c.is_avg],
+                                         pool.avg_pool_args),
+        "etvk.q8ta_global_avg_pool2d.default": (pool.GLOBAL_CASES, pool.global_pool_args),
+    }[op_name]
+
+    def build(axes, shape, gen):
+        case = cases[(shape[-1] if shape else 0) % len(cases)]
+        return make(case, seed=int(torch.randint(0, 2**31, (), generator=gen))), {}
+
+    return build
+
+
 def build_q8ta_quantize(axes, shape, gen):
     x = fp_input((2, 5, 3, max(1, shape[-1] if shape else 1) % 13 + 1), DTYPES[axes["IN_DTYPE"]],
                  gen, 0.05)
@@ -184,7 +204,7 @@ def build_q8ta_dequantize(axes, shape, gen):
 
 def tolerance(op_name: str, want) -> float:
     """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
-    the quantize family, one step for the int8 convs (their fp32 epilogue), and
+    the quantize and pool families, one step for the int8 convs (their fp32 epilogue), and
     1e-5 of the largest magnitude for linear_qta8a_qga4w (fp32 sums of groups)."""
     if op_name.startswith("etvk.q8ta_conv2d"):
         return 1.0
@@ -210,6 +230,14 @@ EXAMPLES = {
             "etvk.q8ta_conv2d_general.default",
             "etvk.q8ta_conv2d_pw.default",
             "etvk.q8ta_conv2d_dw.default",
+        )
+    },
+    **{
+        name: build_q8ta_pool(name)
+        for name in (
+            "etvk.q8ta_max_pool2d.default",
+            "etvk.q8ta_avg_pool2d.default",
+            "etvk.q8ta_global_avg_pool2d.default",
         )
     },
 }

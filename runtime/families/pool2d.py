@@ -1,0 +1,160 @@
+"""Host-side geometry of the int8 pooling family (q8ta_pool).
+
+Pure Python / torch, three jobs:
+
+- `pool2d_params`: PyTorch-style pooling arguments (kernel_size, stride,
+  padding, dilation as 1 or 2 ints, an empty stride meaning the kernel size,
+  ceil_mode) to a frozen `Pool2dParams`, with PyTorch's output size rule;
+- `avg_pool2d_divisors`: the divisor of every output pixel of
+  ``avg_pool2d`` (count_include_pad, divisor_override and the windows that
+  ceil_mode cuts at ``size + padding``), the table the shader computes per pixel;
+- `global_pool_tiling`: how the global average pool's workgroups share the
+  reduction over H*W.
+
+It must not touch Vulkan nor check op arguments beyond what the geometry needs
+(the op specs' checks name the bad argument). Called by the pool op stubs
+(through runtime/ops/stub_support.py), the references in
+runtime/reference/q8ta_pool.py, the examples and the tests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from runtime.families.conv2d import _pair, conv_output_size
+
+# Invocations of one global-pool workgroup (the shader's workgroup size).
+GLOBAL_POOL_THREADS = 256
+
+
+def pool_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int,
+                     ceil_mode: bool) -> int:
+    """PyTorch's pooling output size along one axis (may be < 1, which PyTorch rejects).
+
+    ``floor_or_ceil((size + 2p - d*(k-1) - 1) / s) + 1`` (the conv formula, on
+    ``size + s - 1`` for ceil_mode); with ceil_mode the last window must start
+    inside the input or the left padding, else it is dropped.
+    """
+    out = conv_output_size(size + (stride - 1 if ceil_mode else 0), kernel, stride, padding, dilation)
+    if ceil_mode and (out - 1) * stride >= size + padding:
+        out -= 1
+    return out
+
+
+@dataclass(frozen=True)
+class Pool2dParams:
+    """The geometry of one 2-D pooling of an NCHW input.
+
+    ``stride``, ``padding`` and ``dilation`` are (y, x) pairs; ``H_out`` and
+    ``W_out`` follow PyTorch's rule and are < 1 when PyTorch would reject the
+    arguments ("output size is too small").
+    """
+
+    N: int
+    C: int
+    H: int
+    W: int
+    KH: int
+    KW: int
+    stride: tuple[int, int]
+    padding: tuple[int, int]
+    dilation: tuple[int, int]
+    ceil_mode: bool
+    H_out: int
+    W_out: int
+
+
+def pool2d_params(x_shape, kernel_size, stride, padding, dilation, ceil_mode) -> Pool2dParams:
+    """Builds the geometry of a pooling from PyTorch-style arguments.
+
+    Args:
+        x_shape: input shape ``[N, C, H, W]``.
+        kernel_size, padding, dilation: an int or a list of 1 or 2 ints.
+        stride: the same, or an empty list for "equal to kernel_size".
+        ceil_mode: PyTorch's ceil_mode.
+
+    Returns:
+        The `Pool2dParams` (its output size may be < 1; see there).
+
+    Raises:
+        ValueError: a malformed argument, or a kernel, stride or dilation < 1
+            or a padding < 0.
+    """
+    if len(x_shape) != 4:
+        raise ValueError(f"pooling needs a 4-D [N, C, H, W] input, got {list(x_shape)}")
+    n, c, h, w = (int(s) for s in x_shape)
+    kh, kw = _pair(kernel_size, "kernel_size")
+    sy, sx = (kh, kw) if not isinstance(stride, int) and len(stride) == 0 else _pair(stride, "stride")
+    py, px = _pair(padding, "padding")
+    dy, dx = _pair(dilation, "dilation")
+    if min(kh, kw, sy, sx, dy, dx) < 1 or min(py, px) < 0:
+        raise ValueError("kernel_size, stride and dilation must be >= 1 and padding >= 0")
+    return Pool2dParams(
+        N=n, C=c, H=h, W=w, KH=kh, KW=kw, stride=(sy, sx), padding=(py, px), dilation=(dy, dx),
+        ceil_mode=bool(ceil_mode),
+        H_out=pool_output_size(h, kh, sy, py, dy, ceil_mode),
+        W_out=pool_output_size(w, kw, sx, px, dx, ceil_mode),
+    )
+
+
+def _axis_divisors(size: int, out: int, kernel: int, stride: int, padding: int,
+                   count_include_pad: bool) -> torch.Tensor:
+    """Per output index along one axis: the window's length as avg_pool2d counts it.
+
+    A window starts at ``o*stride - padding`` and ends at ``min(start + kernel,
+    size + padding)``; without count_include_pad only its part inside
+    ``[0, size)`` counts.
+    """
+    start = torch.arange(out, dtype=torch.int64) * stride - padding
+    end = torch.clamp(start + kernel, max=size + padding)
+    if count_include_pad:
+        return end - start
+    return torch.clamp(end, max=size) - torch.clamp(start, min=0)
+
+
+def avg_pool2d_divisors(params: Pool2dParams, count_include_pad: bool,
+                        divisor_override: int | None) -> torch.Tensor:
+    """The divisor of every output pixel of avg_pool2d, int64 ``[H_out, W_out]``.
+
+    ``divisor_override`` when given, else the product of the window's lengths
+    along y and x (`_axis_divisors`). Every window holds at least one input
+    pixel (PyTorch's padding and ceil_mode rules guarantee it).
+    """
+    shape = (params.H_out, params.W_out)
+    if divisor_override is not None:
+        return torch.full(shape, divisor_override, dtype=torch.int64)
+    dy = _axis_divisors(params.H, params.H_out, params.KH, params.stride[0], params.padding[0],
+                        count_include_pad)
+    dx = _axis_divisors(params.W, params.W_out, params.KW, params.stride[1], params.padding[1],
+                        count_include_pad)
+    return dy[:, None] * dx[None, :]
+
+
+@dataclass(frozen=True)
+class GlobalPoolTiling:
+    """How `GLOBAL_POOL_THREADS` invocations of a workgroup share a global pool.
+
+    ``words`` (a power of two dividing the workgroup) channel words per
+    workgroup, each reduced over H*W by ``GLOBAL_POOL_THREADS // words``
+    invocations; ``groups`` the workgroup counts.
+    """
+
+    words: int
+    groups: tuple[int, int, int]
+
+
+def global_pool_tiling(x_shape) -> GlobalPoolTiling:
+    """Tiling of a global pool over an ``[N, C, H, W]`` input.
+
+    A word gets the smallest power of two of invocations >= H*W (at most the
+    whole workgroup), so small maps (7x7) share a workgroup between channel
+    words and large ones (56x56) spread one word over the whole workgroup.
+    """
+    n, c, h, w = (int(s) for s in x_shape)
+    lanes = 1
+    while lanes < min(h * w, GLOBAL_POOL_THREADS):
+        lanes *= 2
+    words = GLOBAL_POOL_THREADS // lanes
+    return GlobalPoolTiling(words=words, groups=(-(-n * (-(-c // 4)) // words), 1, 1))

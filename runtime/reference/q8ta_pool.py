@@ -1,0 +1,81 @@
+"""Reference numerics of the int8 pooling family (q8ta_pool), the definition the shaders match.
+
+- max pool: the largest int8 value among a window's taps inside the image
+  (padding taps never win); a window with no tap inside the image gives -128,
+  as quantizing PyTorch's -inf does.
+- average pools: ``S = Σ (q - input_zero_point)`` over the window's taps inside
+  the image, exact in int32; then, in fp32, each step rounded once:
+  ``a = float(S) * input_scale``, ``y = a / divisor`` (correctly rounded), and
+  ``out = clamp(roundEven(y * float32(1 / output_scale)) + output_zero_point, -128, 127)``.
+  The divisor is avg_pool2d's (`runtime.families.pool2d.avg_pool2d_divisors`);
+  H*W for the global pool.
+
+The integer parts are computed exactly (integer-valued float64 or int64).
+Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
+tests. It must not import anything from the Vulkan side, nor validate more
+than the geometry needs (the op stubs check arguments).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.families.pool2d import avg_pool2d_divisors, pool2d_params
+from runtime.reference.quantize import fp32, quantize_per_tensor
+
+INT8_MIN, INT8_MAX = -128, 127
+
+
+def q8ta_max_pool2d(x, kernel_size, stride, padding, dilation, ceil_mode):
+    """int8 max pooling with PyTorch's max_pool2d geometry.
+
+    Returns:
+        int8 ``[N, C, H_out, W_out]``.
+    """
+    # int8 values are exact in fp32; windows without an image tap give -inf.
+    peak = torch.ops.aten.max_pool2d.default(x.to(torch.float32), list(kernel_size), list(stride),
+                                             list(padding), list(dilation), ceil_mode)
+    return peak.clamp_min(INT8_MIN).to(torch.int8)
+
+
+def average(sums, divisors, input_scale, output_scale, output_zero_point):
+    """The fp32 steps of the average pools on exact integer window sums.
+
+    Args:
+        sums: int64 ``Σ (q - input_zero_point)`` per output element.
+        divisors: int64 divisors, broadcastable to ``sums``.
+
+    Returns:
+        int8 of ``sums``' shape.
+    """
+    a = sums.to(torch.float32) * torch.tensor(fp32(input_scale), dtype=torch.float32)
+    y = a / divisors.to(torch.float32)
+    return quantize_per_tensor(y, output_scale, output_zero_point, INT8_MIN, INT8_MAX, torch.int8)
+
+
+def q8ta_avg_pool2d(x, input_scale, input_zero_point, output_scale, output_zero_point,
+                    kernel_size, stride, padding, ceil_mode, count_include_pad, divisor_override):
+    """int8 average pooling with PyTorch's avg_pool2d geometry and divisor.
+
+    Returns:
+        int8 ``[N, C, H_out, W_out]``.
+    """
+    params = pool2d_params(x.shape, kernel_size, stride, padding, [1], ceil_mode)
+    centred = (x.to(torch.int64) - input_zero_point).to(torch.float64)
+    # divisor_override=1: the plain sum of the taps inside the image (padding adds 0).
+    sums = torch.ops.aten.avg_pool2d.default(centred, [params.KH, params.KW], list(params.stride),
+                                             list(params.padding), ceil_mode, True, 1)
+    divisors = avg_pool2d_divisors(params, count_include_pad, divisor_override)
+    return average(sums.round().to(torch.int64), divisors, input_scale, output_scale,
+                   output_zero_point)
+
+
+def q8ta_global_avg_pool2d(x, input_scale, input_zero_point, output_scale, output_zero_point):
+    """int8 global average pooling: the mean over H*W of each channel.
+
+    Returns:
+        int8 ``[N, C, 1, 1]``.
+    """
+    sums = (x.to(torch.int64) - input_zero_point).sum(dim=(2, 3), keepdim=True)
+    divisor = torch.tensor(x.shape[2] * x.shape[3], dtype=torch.int64)
+    return average(sums, divisor, input_scale, output_scale, output_zero_point)
