@@ -4,7 +4,6 @@
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int IN_LAYOUT = 3;
 layout(constant_id = 4) const int TILE_M = 1;
-layout(constant_id = 5) const int TILE_N4 = 1;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) float input_scale;
@@ -299,9 +298,7 @@ int etvk_q8ta_requantize(int acc, int oc, int activation) {
 
 const int PLAIN = 3;
 const int WG = int(gl_WorkGroupSize.x);
-const int ACC = TILE_M * TILE_N4;
-
-shared ivec4 s_sum[ACC * WG];   // [accumulator][invocation]
+shared ivec4 s_sum[TILE_M * WG];   // [row][invocation]: 4 channels
 
 // The x word holding K values 4*k4 .. 4*k4+3 of a row whose K word 0 starts at
 // word `base` (plain rows: at bit `shift` of it). Bytes past K belong to the
@@ -337,10 +334,10 @@ void main() {
   const int M = pc.sizes.z;
   const int k4_count = (K + 3) >> 2;
   const int n4_count = (n_out + 3) >> 2;
-  const int n4_0 = int(gl_WorkGroupID.x) * TILE_N4;
+  const int n4 = int(gl_WorkGroupID.x);
   const int m0 = int(gl_WorkGroupID.y) * TILE_M;
 
-  // Rows and channel words past the end repeat the last one; they are not stored.
+  // Rows past the end repeat the last one; they are not stored.
   uint x_base[TILE_M];
   uint x_shift[TILE_M];
   [[unroll]] for (int i = 0; i < TILE_M; ++i) {
@@ -354,47 +351,35 @@ void main() {
       x_shift[i] = 0u;
     }
   }
-  uint w_base[TILE_N4];
-  [[unroll]] for (int j = 0; j < TILE_N4; ++j) {
-    w_base[j] = uint(min(n4_0 + j, n4_count - 1) * k4_count);
-  }
+  const uint w_base = uint(n4 * k4_count);
 
-  ivec4 acc[ACC];
-  [[unroll]] for (int e = 0; e < ACC; ++e) {
-    acc[e] = ivec4(0);
+  ivec4 acc[TILE_M];
+  [[unroll]] for (int i = 0; i < TILE_M; ++i) {
+    acc[i] = ivec4(0);
   }
   for (int k4 = t; k4 < k4_count; k4 += WG) {
-    uvec4 w[TILE_N4];
-    [[unroll]] for (int j = 0; j < TILE_N4; ++j) {
-      w[j] = uvec4(t_weights_load(w_base[j] + uint(k4)));
-    }
+    const uvec4 w = uvec4(t_weights_load(w_base + uint(k4)));
     [[unroll]] for (int i = 0; i < TILE_M; ++i) {
       const uint a = x_word(x_base[i], x_shift[i], k4);
-      [[unroll]] for (int j = 0; j < TILE_N4; ++j) {
-        acc[i * TILE_N4 + j] += ivec4(etvk_dot4_i8(a, w[j].x), etvk_dot4_i8(a, w[j].y),
-                                      etvk_dot4_i8(a, w[j].z), etvk_dot4_i8(a, w[j].w));
-      }
+      acc[i] += ivec4(etvk_dot4_i8(a, w.x), etvk_dot4_i8(a, w.y), etvk_dot4_i8(a, w.z),
+                      etvk_dot4_i8(a, w.w));
     }
   }
 
-  [[unroll]] for (int e = 0; e < ACC; ++e) {
-    s_sum[e * WG + t] = acc[e];
+  [[unroll]] for (int i = 0; i < TILE_M; ++i) {
+    s_sum[i * WG + t] = acc[i];
   }
   barrier();
   for (int half_wg = WG / 2; half_wg > 0; half_wg >>= 1) {
     if (t < half_wg) {
-      [[unroll]] for (int e = 0; e < ACC; ++e) {
-        s_sum[e * WG + t] += s_sum[e * WG + t + half_wg];
+      [[unroll]] for (int i = 0; i < TILE_M; ++i) {
+        s_sum[i * WG + t] += s_sum[i * WG + t + half_wg];
       }
     }
     barrier();
   }
 
-  if (t < ACC) {
-    const int m = m0 + t / TILE_N4;
-    const int n4 = n4_0 + t % TILE_N4;
-    if (m < M && n4 < n4_count) {
-      store_channels(m, n4 * 4, n_out, s_sum[t * WG], etvk_q8ta_load_channels(n4 * 4, n_out));
-    }
+  if (t < TILE_M && m0 + t < M) {
+    store_channels(m0 + t, n4 * 4, n_out, s_sum[t * WG], etvk_q8ta_load_channels(n4 * 4, n_out));
   }
 }

@@ -28,6 +28,11 @@ def _check_weights_k_matches(op, weights, x):
         raise rt.ArgumentError(op, "weights", f"has K={weights.shape[1]} input features, but x has K={x.shape[1]} (x of shape {tuple(x.shape)})")
 
 
+def _check_k_fits_int32(op, x):
+    if not (x.shape[1] <= 65536):
+        raise rt.ArgumentError(op, "x", f"has K={x.shape[1]} input features; at most 65536 keep the int32 accumulators exact")
+
+
 def _check_weight_sums_per_channel(op, weight_sums, weights):
     if not (weight_sums.dim() == 1 and rt.numel(weight_sums) == weights.shape[0] and rt.fits_int32(weight_sums)):
         raise rt.ArgumentError(op, "weight_sums", f"must be an int32 [N_out] tensor, one value per output channel ({weights.shape[0]}), got {weight_sums.dtype} of shape {tuple(weight_sums.shape)}")
@@ -79,6 +84,7 @@ def q8ta_linear(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     _check_x_device_form(op, x)
     _check_weights_int8(op, weights)
     _check_weights_k_matches(op, weights, x)
+    _check_k_fits_int32(op, x)
     _check_weight_sums_per_channel(op, weight_sums, weights)
     _check_weight_scales_per_channel(op, weight_scales, weights)
     _check_bias_per_channel(op, bias, weights)
@@ -91,7 +97,6 @@ def q8ta_linear(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     in_layout = rt.layout_of(x, '4C') if len(x.shape) == 4 and (rt.on_host(x) or x.packed) else None
     out_dtype = torch.float32 if output_scale is None else torch.int8
     tile_m = rt.ceil_div(rows, rt.ceil_div(rows, 8))
-    tile_n4 = 1
     w_packed = rt.prepacked('runtime.families.q8ta_linear_weights:pack_q8ta_linear_weights', weights)
     v = op.select(variant, storage, {"DOT": (None, None), "OUT_DTYPE": ("output_scale", out_dtype)})
     x = stream.upload(x, v.binding("t_x"), op.label("x"), layout=in_layout)
@@ -100,7 +105,7 @@ def q8ta_linear(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([rows, n_out], out_dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"sizes": [int(x.shape[1]), n_out, rows, 0], "input_scale": input_scale, "inv_output_scale": 1.0 if output_scale is None else rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"IN_LAYOUT": 3 if in_layout is None else rt.layout_code(in_layout), "TILE_M": tile_m, "TILE_N4": tile_n4}, groups=[rt.ceil_div(rt.ceil_div(n_out, 4), tile_n4), rt.ceil_div(rows, tile_m), 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"sizes": [int(x.shape[1]), n_out, rows, 0], "input_scale": input_scale, "inv_output_scale": 1.0 if output_scale is None else rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"IN_LAYOUT": 3 if in_layout is None else rt.layout_code(in_layout), "TILE_M": tile_m}, groups=[rt.ceil_div(n_out, 4), rt.ceil_div(rows, tile_m), 1])
     return out
 
 
@@ -116,7 +121,7 @@ Q8TA_LINEAR = rt.OpDef(
     family="q8ta_linear",
     schema="q8ta_linear(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, Tensor? bias, float? output_scale=None, int output_zero_point=0) -> Tensor",
     doc="out[m, n] = the int8 conv epilogue (OPS.md family 2, no activation) of acc = \u03a3_k x[m, k] * weights[n, k] when output_scale is given (int8 out), else its fp32 value y = float(acc - input_zero_point * weight_sums[n]) * (input_scale * weight_scales[n]) + bias[n]. x is int8 [M, K], or [N, K, 1, 1] read as N rows (a device tensor in a packed layout keeps it; a host one is packed in 4C); the output is a plain [M, N_out] tensor.",
-    spec="op_specs/q8ta_linear.yaml:102",
+    spec="op_specs/q8ta_linear.yaml:104",
     reference="runtime.reference.q8ta_linear:q8ta_linear",
     variants=(
         ("q8ta_linear_sdot_int8", {"DOT": "sdot", "OUT_DTYPE": "int8"}),

@@ -198,6 +198,8 @@ BAD_ARGS = [
     ({"x": torch.zeros(3, 37, 2, 1, dtype=torch.int8)}, "x", "[N, K, 1, 1]"),
     ({"x": torch.zeros(0, 37, dtype=torch.int8)}, "x", "M, K >= 1"),
     ({"weights": torch.zeros(10, 36, dtype=torch.int8)}, "weights", "K=36 input features, but x has K=37"),
+    ({"x": torch.zeros(1, 65537, dtype=torch.int8), "weights": torch.zeros(10, 65537, dtype=torch.int8)},
+     "x", "at most 65536"),
     ({"weights": torch.zeros(10, 37)}, "weights", "int8 [N_out, K]"),
     ({"weights": torch.zeros(10, 37, 1, 1, dtype=torch.int8)}, "weights", "int8 [N_out, K]"),
     ({"weight_sums": torch.zeros(9, dtype=torch.int32)}, "weight_sums", "one value per output channel (10)"),
