@@ -7,7 +7,7 @@
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
 # Usage: scripts/gpu_session.sh [tests|bench|kernels|all] (output also under $OUT when set);
-# kernels runs only the conv2d and linear benchmarks.
+# kernels runs only the conv2d, linear and q8ta_linear benchmarks.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -38,5 +38,6 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = kernels ]; then
   ETVK_VALIDATION=0 python3 benchmarks/conv2d_bench.py 2>&1 | tee "$log/gpu_conv2d_bench.log"
   ETVK_VALIDATION=0 python3 benchmarks/linear_bench.py 2>&1 | tee "$log/gpu_linear_bench.log"
+  ETVK_VALIDATION=0 python3 benchmarks/q8ta_linear_bench.py 2>&1 | tee "$log/gpu_q8ta_linear_bench.log"
 fi
 exit $rc
