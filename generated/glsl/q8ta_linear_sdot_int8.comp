@@ -353,7 +353,6 @@ void main() {
   const int n_out = pc.sizes.y;
   const int M = pc.sizes.z;
   const int k4_count = (K + 3) >> 2;
-  const int n4_count = (n_out + 3) >> 2;
   const int n4 = int(gl_WorkGroupID.x);
   const int m0 = int(gl_WorkGroupID.y) * TILE_M;
 
