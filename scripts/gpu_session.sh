@@ -10,8 +10,8 @@
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
 # Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|all] (output also under $OUT
-# when set); kernels runs only the conv2d and linear benchmarks; programs runs each saved
-# program under validation (`python -m runtime run`), then benchmarks/program_bench.py.
+# when set); kernels runs only the conv2d, linear and q8ta_linear benchmarks; programs runs
+# each saved program under validation (`python -m runtime run`), then benchmarks/program_bench.py.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -43,6 +43,7 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = kernels ]; then
   ETVK_VALIDATION=0 python3 benchmarks/conv2d_bench.py 2>&1 | tee "$log/gpu_conv2d_bench.log"
   ETVK_VALIDATION=0 python3 benchmarks/linear_bench.py 2>&1 | tee "$log/gpu_linear_bench.log"
+  ETVK_VALIDATION=0 python3 benchmarks/q8ta_linear_bench.py 2>&1 | tee "$log/gpu_q8ta_linear_bench.log"
 fi
 if [ "$what" = programs ] || [ "$what" = all ]; then
   specs=()

@@ -228,7 +228,7 @@ int etvk_dot4_i8(uint a, uint b) {
   return (p.x + p.y) + (p.z + p.w);
 }
 // Requantizing epilogue of the int8 conv family (OPS.md family 2), shared by
-// q8ta_gemm, q8ta_conv2d_direct and q8ta_conv2d_dw:
+// q8ta_gemm, q8ta_conv2d_direct, q8ta_conv2d_dw and q8ta_linear:
 //   y   = float(acc - input_zero_point * weight_sums[oc]) * (input_scale * weight_scales[oc]) + bias[oc]
 //   y   = (y * clamp(y + 3, 0, 6)) * fp32(1/6) for hardswish (hardswish == 1)
 //   out = clamp(roundEven(y * inv_output_scale) + output_zero_point, -128, 127)
@@ -281,10 +281,17 @@ EtvkQ8taChannels etvk_q8ta_load_channels(int oc0, int c_out) {
   return ch;
 }
 
+// The fp32 values y of 4 accumulators of the channels ch, before the
+// activation and requantization (q8ta_linear's fp32 output).
+vec4 etvk_q8ta_value4(ivec4 acc, EtvkQ8taChannels ch) {
+  precise vec4 y = vec4(acc - ch.zp_sums) * ch.scales + ch.biases;
+  return y;
+}
+
 // The requantized int8 values (in [output_min, output_max]) of 4
 // accumulators of the channels ch; invalid lanes give 0.
 ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
-  precise vec4 y = vec4(acc - ch.zp_sums) * ch.scales + ch.biases;
+  precise vec4 y = etvk_q8ta_value4(acc, ch);
   if (hardswish == 1) {
     precise vec4 gate = clamp(y + 3.0, vec4(0.0), vec4(6.0));
     y = (y * gate) * ETVK_HARDSWISH_SIXTH;

@@ -53,24 +53,34 @@ def activate(y, activation, activation_min=0.0, activation_max=6.0):
     return y
 
 
-def requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
-               output_scale, output_zero_point, bias, activation,
-               activation_min=0.0, activation_max=6.0):
-    """The fp32 epilogue of OPS.md family 2 on int64 accumulators ``[N, C_out, H, W]``.
+def epilogue_values(acc, input_scale, input_zero_point, weight_sums, weight_scales, bias):
+    """The fp32 values y of OPS.md family 2's epilogue, before activation and rounding.
 
-    ``y = float32(acc - izp*wsum[oc]) * (float32(input_scale) * weight_scales[oc]) + bias[oc]``,
-    ``y = activate(y, activation, activation_min, activation_max)``, then
-    ``out = clamp(roundEven(y * float32(1/output_scale)) + output_zero_point, -128, 127)``.
+    ``y = float32(acc - izp*wsum[oc]) * (float32(input_scale) * weight_scales[oc]) + bias[oc]``
+    on int64 accumulators whose dimension 1 is the output channel (``[N, C_out, H, W]``
+    for the convs, ``[M, N_out]`` for q8ta_linear); each operation rounds to fp32.
     """
-    if activation not in ACTIVATIONS:
-        raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
-    per_channel = (1, -1, 1, 1)
+    per_channel = (1, -1) + (1,) * (acc.dim() - 2)
     sums = weight_sums.to(torch.int64).reshape(per_channel)
     corrected = (acc - input_zero_point * sums).to(torch.float32)
     scales = torch.tensor(fp32(input_scale), dtype=torch.float32) * weight_scales.to(torch.float32)
     y = corrected * scales.reshape(per_channel)
     if bias is not None:
         y = y + bias.to(torch.float32).reshape(per_channel)
+    return y
+
+
+def requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
+               output_scale, output_zero_point, bias, activation,
+               activation_min=0.0, activation_max=6.0):
+    """The fp32 epilogue of OPS.md family 2 on int64 accumulators (channels in dimension 1).
+
+    ``y`` of `epilogue_values`, ``y = activate(y, activation, activation_min, activation_max)``,
+    then ``out = clamp(roundEven(y * float32(1/output_scale)) + output_zero_point, -128, 127)``.
+    """
+    if activation not in ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
+    y = epilogue_values(acc, input_scale, input_zero_point, weight_sums, weight_scales, bias)
     y = activate(y, activation, activation_min, activation_max)
     q = torch.round(y * fp32_recip(output_scale)) + output_zero_point
     return q.clamp(INT8_MIN, INT8_MAX).to(torch.int8)

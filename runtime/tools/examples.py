@@ -2,7 +2,8 @@
 
 For elementwise ops the shape is the input's; for the others it is a size
 hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
-pools: which case of `runtime.tools.examples_q8ta_pool`).
+pools: which case of `runtime.tools.examples_q8ta_pool`; q8ta_linear: which case of
+`runtime.tools.examples_q8ta_linear`).
 
 Shared by the tests (``tests/ops``), ``python -m runtime demo`` and the
 benchmarks, so that all three exercise the same cases. The inputs are chosen
@@ -202,12 +203,21 @@ def build_q8ta_dequantize(axes, shape, gen):
     return (q, 0.05, -3, axes["LAYOUT"]), {"out_dtype": DTYPES[axes["OUT_DTYPE"]]}
 
 
+def build_q8ta_linear(axes, shape, gen):
+    """The first case of `runtime.tools.examples_q8ta_linear` whose K is at least the
+    shape's last size (the largest one otherwise); fp32 output for OUT_DTYPE float32."""
+    from runtime.tools.examples_q8ta_linear import CASES, make_inputs
+
+    want = shape[-1] if shape else 0
+    case = next((c for c in CASES if c.K >= want), CASES[-1])
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+    return make_inputs(case, seed, fp32_output=axes.get("OUT_DTYPE") == "float32").args(), {}
+
+
 def tolerance(op_name: str, want) -> float:
     """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
-    the quantize and pool families, one step for the int8 convs (their fp32 epilogue), and
-    1e-5 of the largest magnitude for linear_qta8a_qga4w (fp32 sums of groups)."""
-    if op_name.startswith("etvk.q8ta_conv2d"):
-        return 1.0
+    every op but linear_qta8a_qga4w, whose output may be 1e-5 of its largest magnitude away
+    (fp32 sums of groups)."""
     if op_name == "etvk.linear_qta8a_qga4w.default":
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
     return 0.0
@@ -222,6 +232,7 @@ EXAMPLES = {
     "etvk.linear_qta8a_qga4w.default": build_linear_qta8a_qga4w,
     "etvk.q8ta_quantize.default": build_q8ta_quantize,
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,
+    "etvk.q8ta_linear.default": build_q8ta_linear,
     **{
         name: build_conv2d(name)
         for name in (
