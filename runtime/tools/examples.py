@@ -1,7 +1,8 @@
 """Example arguments for every op, built from a variant's axis values and a shape.
 
 For elementwise ops the shape is the input's; for the others it is a size
-hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`).
+hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
+q8ta_binary: which case of `runtime.tools.examples_q8ta_binary`).
 
 Shared by the tests (``tests/ops``), ``python -m runtime demo`` and the
 benchmarks, so that all three exercise the same cases. The inputs are chosen
@@ -15,6 +16,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from runtime.tools import examples_q8ta_binary
 
 DTYPES = {
     "float32": torch.float32,
@@ -184,7 +187,7 @@ def build_q8ta_dequantize(axes, shape, gen):
 
 def tolerance(op_name: str, want) -> float:
     """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
-    the quantize family, one step for the int8 convs (their fp32 epilogue), and
+    the quantize and q8ta_binary families, one step for the int8 convs (their fp32 epilogue), and
     1e-5 of the largest magnitude for linear_qta8a_qga4w (fp32 sums of groups)."""
     if op_name.startswith("etvk.q8ta_conv2d"):
         return 1.0
@@ -202,6 +205,10 @@ EXAMPLES = {
     "etvk.linear_qta8a_qga4w.default": build_linear_qta8a_qga4w,
     "etvk.q8ta_quantize.default": build_q8ta_quantize,
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,
+    **{
+        name: examples_q8ta_binary.build(name)
+        for name in ("etvk.q8ta_add.default", "etvk.q8ta_mul.default", "etvk.q8ta_concat.default")
+    },
     **{
         name: build_conv2d(name)
         for name in (
