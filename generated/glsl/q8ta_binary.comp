@@ -229,15 +229,22 @@ void main() {
   if (word >= pc.words) {
     return;
   }
-  const ivec4 sizes4 = ivec4(pc.sizes.x, pc.sizes.y, (pc.sizes.z + 3) >> 2, pc.sizes.w);
-  const ivec4 pos = etvk_packed_coords(LAYOUT, sizes4, word);  // (w, h, c4, n)
-  if (pos.x >= pc.sizes.x) {  // a 4W4C padding width
-    t_out_store_word(word, 0u);
-    return;
-  }
+  // The word's coordinates are needed only to find b's word when it is broadcast
+  // and to zero padding, which exists only when C (or, in 4W4C, W) % 4 != 0.
+  const bool padded = (pc.sizes.z & 3) != 0 || (LAYOUT == ETVK_4W4C && (pc.sizes.x & 3) != 0);
   uint b_word = word;
-  if (BROADCAST_B) {
-    b_word = etvk_packed_word(LAYOUT, ivec4(1, 1, sizes4.z, sizes4.w), pos.w, pos.z, 0, 0);
+  bvec4 valid = bvec4(true);
+  if (BROADCAST_B || padded) {
+    const ivec4 sizes4 = ivec4(pc.sizes.x, pc.sizes.y, (pc.sizes.z + 3) >> 2, pc.sizes.w);
+    const ivec4 pos = etvk_packed_coords(LAYOUT, sizes4, word);  // (w, h, c4, n)
+    if (pos.x >= pc.sizes.x) {  // a 4W4C padding width
+      t_out_store_word(word, 0u);
+      return;
+    }
+    valid = etvk_valid_channels(pos.z, pc.sizes.z);
+    if (BROADCAST_B) {
+      b_word = etvk_packed_word(LAYOUT, ivec4(1, 1, sizes4.z, sizes4.w), pos.w, pos.z, 0, 0);
+    }
   }
   const vec4 ra = etvk_q8ta_dequantize4(t_a_load(word), ivec4(pc.a_zero_point), vec4(pc.a_scale));
   const vec4 rb = etvk_q8ta_dequantize4(t_b_load(b_word), ivec4(pc.b_zero_point), vec4(pc.b_scale));
@@ -251,6 +258,5 @@ void main() {
     y = max(y, vec4(0.0));
   }
   const ivec4 q = etvk_q8ta_quantize4(y, pc.inv_output_scale, pc.output_zero_point);
-  const bvec4 valid = etvk_valid_channels(pos.z, pc.sizes.z);
   t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), q, valid)));
 }

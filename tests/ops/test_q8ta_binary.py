@@ -252,8 +252,13 @@ def test_device_inputs_in_different_layouts_are_refused(kind):
 
 
 def test_cases_cover_what_they_claim():
-    """The tables keep the shapes the tests rely on (C_a % 4 of every kind, broadcast, relu)."""
+    """The tables keep the shapes the tests rely on (C_a % 4 of every kind, broadcast, relu,
+    and unbroadcast add / mul with and without padding channels and 4W4C padding widths)."""
     assert {c.C_a % 4 for c in CONCAT_CASES} == {0, 1, 2, 3}
     assert {(c.op, c.broadcast) for c in BINARY_CASES} == {(o, b) for o in ("add", "mul") for b in (False, True)}
     assert {c.activation for c in BINARY_CASES} == {"none", "relu"}
+    plain = [c for c in BINARY_CASES if not c.broadcast]
+    assert any(c.a_shape[1] % 4 == 0 and c.a_shape[3] % 4 == 0 for c in plain)
+    assert any(c.a_shape[1] % 4 == 0 and c.a_shape[3] % 4 != 0 for c in plain)
+    assert any(c.a_shape[1] % 4 != 0 for c in plain)
     assert any(dataclasses.astuple(c.a) == dataclasses.astuple(c.out) for c in CONCAT_CASES)
