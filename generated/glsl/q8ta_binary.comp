@@ -203,14 +203,25 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
-// Dequantize / requantize steps of the q8ta_binary family (op_specs/q8ta_binary.yaml),
-// in the fp32 order of PyTorch's decomposed path (quantized_decomposed.dequantize_per_tensor
-// -> aten op -> quantize_per_tensor):
+// Shared code of the q8ta_binary family (op_specs/q8ta_binary.yaml). Needs
+// include/numerics.glslh and include/packed_int8.glslh first.
+//
+// Numerics, in the fp32 order of PyTorch's decomposed path
+// (quantized_decomposed.dequantize_per_tensor -> aten op -> quantize_per_tensor):
 //   r   = float(q - zero_point) * scale                 (q - zero_point is exact)
 //   out = clamp(roundEven(y * inv_scale) + zero_point, -128, 127)
 // with inv_scale = fp32(1 / scale) computed on the host (float64 division).
-// Needs include/numerics.glslh first. `precise` keeps every product and sum
-// rounded on its own (no contraction into fma), as the reference rounds them.
+// `precise` keeps every product and sum rounded on its own (no contraction
+// into fma), as the reference rounds them.
+//
+// Word indices: in every packed layout the word holding channels 4*c4 ..
+// 4*c4+3 of a pixel is (outer * C4 + c4) * span + inner, where
+//   4C:   outer = (n*H + h)*W + w,     span = 1, inner = 0
+//   4C1W: outer = n*H + h,             span = W, inner = w
+//   4W4C: outer = (n*H + h)*W4 + w/4,  span = 4, inner = w % 4
+// so tensors of one N, H and W (the operands of an add, the inputs and
+// output of a concat) share outer, span and inner and differ only in C4:
+// one split of the output's word index locates the inputs' words.
 
 // The real values of 4 int8 values, each with its own zero point and scale.
 vec4 etvk_q8ta_dequantize4(ivec4 q, ivec4 zero_point, vec4 scale) {
@@ -224,26 +235,64 @@ ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
   return etvk_to_int_clamped(q, -128, 127);
 }
 
+struct EtvkChannelWord {
+  int outer;
+  int c4;
+  int inner;
+};
+
+// Words between a pixel group's consecutive channel words, for a tensor of width `width`.
+int etvk_channel_word_span(int layout_code, int width) {
+  return layout_code == ETVK_4W4C ? 4 : (layout_code == ETVK_4C ? 1 : width);
+}
+
+// Values of `outer` per batch entry of a tensor of width `width` and height `height`.
+int etvk_outer_per_batch(int layout_code, int width, int height) {
+  return layout_code == ETVK_4W4C ? height * ((width + 3) >> 2)
+                                  : (layout_code == ETVK_4C ? height * width : height);
+}
+
+// Word `word` of a tensor of `c4s` channel words split into (outer, c4, inner).
+EtvkChannelWord etvk_split_channel_word(uint word, int span, int c4s) {
+  const int t = int(word) / span;
+  const int outer = t / c4s;
+  return EtvkChannelWord(outer, t - outer * c4s, int(word) - t * span);
+}
+
+// The word index of (outer, c4, inner) in a tensor of `c4s` channel words.
+uint etvk_channel_word(int outer, int c4, int inner, int span, int c4s) {
+  return uint((outer * c4s + c4) * span + inner);
+}
+
+// Whether a 4W4C word (outer, inner) lies past the width (padding words).
+bool etvk_past_width(EtvkChannelWord p, int width) {
+  return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
+}
+
 void main() {
   const uint word = etvk_linear_invocation();
   if (word >= pc.words) {
     return;
   }
-  // The word's coordinates are needed only to find b's word when it is broadcast
-  // and to zero padding, which exists only when C (or, in 4W4C, W) % 4 != 0.
-  const bool padded = (pc.sizes.z & 3) != 0 || (LAYOUT == ETVK_4W4C && (pc.sizes.x & 3) != 0);
+  const int W = pc.sizes.x;
+  const int C = pc.sizes.z;
+  // The word's channels and pixel matter only to find b's word when it is
+  // broadcast and to zero padding, which exists only when C (or, in 4W4C, W)
+  // is not a multiple of 4.
+  const bool ragged_width = LAYOUT == ETVK_4W4C && (W & 3) != 0;
   uint b_word = word;
   bvec4 valid = bvec4(true);
-  if (BROADCAST_B || padded) {
-    const ivec4 sizes4 = ivec4(pc.sizes.x, pc.sizes.y, (pc.sizes.z + 3) >> 2, pc.sizes.w);
-    const ivec4 pos = etvk_packed_coords(LAYOUT, sizes4, word);  // (w, h, c4, n)
-    if (pos.x >= pc.sizes.x) {  // a 4W4C padding width
+  if (BROADCAST_B || ragged_width || (C & 3) != 0) {
+    const int c4s = (C + 3) >> 2;
+    const EtvkChannelWord p = etvk_split_channel_word(word, etvk_channel_word_span(LAYOUT, W), c4s);
+    if (ragged_width && etvk_past_width(p, W)) {
       t_out_store_word(word, 0u);
       return;
     }
-    valid = etvk_valid_channels(pos.z, pc.sizes.z);
+    valid = etvk_valid_channels(p.c4, C);
     if (BROADCAST_B) {
-      b_word = etvk_packed_word(LAYOUT, ivec4(1, 1, sizes4.z, sizes4.w), pos.w, pos.z, 0, 0);
+      const int n = p.outer / etvk_outer_per_batch(LAYOUT, W, pc.sizes.y);
+      b_word = etvk_channel_word(n, p.c4, 0, etvk_channel_word_span(LAYOUT, 1), c4s);
     }
   }
   const vec4 ra = etvk_q8ta_dequantize4(t_a_load(word), ivec4(pc.a_zero_point), vec4(pc.a_scale));

@@ -201,14 +201,25 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
-// Dequantize / requantize steps of the q8ta_binary family (op_specs/q8ta_binary.yaml),
-// in the fp32 order of PyTorch's decomposed path (quantized_decomposed.dequantize_per_tensor
-// -> aten op -> quantize_per_tensor):
+// Shared code of the q8ta_binary family (op_specs/q8ta_binary.yaml). Needs
+// include/numerics.glslh and include/packed_int8.glslh first.
+//
+// Numerics, in the fp32 order of PyTorch's decomposed path
+// (quantized_decomposed.dequantize_per_tensor -> aten op -> quantize_per_tensor):
 //   r   = float(q - zero_point) * scale                 (q - zero_point is exact)
 //   out = clamp(roundEven(y * inv_scale) + zero_point, -128, 127)
 // with inv_scale = fp32(1 / scale) computed on the host (float64 division).
-// Needs include/numerics.glslh first. `precise` keeps every product and sum
-// rounded on its own (no contraction into fma), as the reference rounds them.
+// `precise` keeps every product and sum rounded on its own (no contraction
+// into fma), as the reference rounds them.
+//
+// Word indices: in every packed layout the word holding channels 4*c4 ..
+// 4*c4+3 of a pixel is (outer * C4 + c4) * span + inner, where
+//   4C:   outer = (n*H + h)*W + w,     span = 1, inner = 0
+//   4C1W: outer = n*H + h,             span = W, inner = w
+//   4W4C: outer = (n*H + h)*W4 + w/4,  span = 4, inner = w % 4
+// so tensors of one N, H and W (the operands of an add, the inputs and
+// output of a concat) share outer, span and inner and differ only in C4:
+// one split of the output's word index locates the inputs' words.
 
 // The real values of 4 int8 values, each with its own zero point and scale.
 vec4 etvk_q8ta_dequantize4(ivec4 q, ivec4 zero_point, vec4 scale) {
@@ -222,25 +233,59 @@ ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
   return etvk_to_int_clamped(q, -128, 127);
 }
 
+struct EtvkChannelWord {
+  int outer;
+  int c4;
+  int inner;
+};
+
+// Words between a pixel group's consecutive channel words, for a tensor of width `width`.
+int etvk_channel_word_span(int layout_code, int width) {
+  return layout_code == ETVK_4W4C ? 4 : (layout_code == ETVK_4C ? 1 : width);
+}
+
+// Values of `outer` per batch entry of a tensor of width `width` and height `height`.
+int etvk_outer_per_batch(int layout_code, int width, int height) {
+  return layout_code == ETVK_4W4C ? height * ((width + 3) >> 2)
+                                  : (layout_code == ETVK_4C ? height * width : height);
+}
+
+// Word `word` of a tensor of `c4s` channel words split into (outer, c4, inner).
+EtvkChannelWord etvk_split_channel_word(uint word, int span, int c4s) {
+  const int t = int(word) / span;
+  const int outer = t / c4s;
+  return EtvkChannelWord(outer, t - outer * c4s, int(word) - t * span);
+}
+
+// The word index of (outer, c4, inner) in a tensor of `c4s` channel words.
+uint etvk_channel_word(int outer, int c4, int inner, int span, int c4s) {
+  return uint((outer * c4s + c4) * span + inner);
+}
+
+// Whether a 4W4C word (outer, inner) lies past the width (padding words).
+bool etvk_past_width(EtvkChannelWord p, int width) {
+  return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
+}
+
 void main() {
   const uint word = etvk_linear_invocation();
   if (word >= pc.words) {
     return;
   }
+  const int W = pc.sizes.x;
   const int C = pc.sizes.z;
   const int Ca = pc.a_channels;
-  const ivec4 out_sizes = ivec4(pc.sizes.x, pc.sizes.y, (C + 3) >> 2, pc.sizes.w);
-  const ivec4 pos = etvk_packed_coords(LAYOUT, out_sizes, word);  // (w, h, c4, n)
-  if (pos.x >= pc.sizes.x) {  // a 4W4C padding width
+  const int span = etvk_channel_word_span(LAYOUT, W);
+  const EtvkChannelWord p = etvk_split_channel_word(word, span, (C + 3) >> 2);
+  if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
     t_out_store_word(word, 0u);
     return;
   }
-  const int c0 = pos.z * 4;
+  const int c0 = p.c4 * 4;
   // a's channels c0 .. c0+3: a starts at channel 0, so its words line up with out's.
   uint a_word = 0u;
   if (c0 < Ca) {
-    const ivec4 a_sizes = ivec4(pc.sizes.x, pc.sizes.y, (Ca + 3) >> 2, pc.sizes.w);
-    a_word = t_a_load_word(etvk_packed_word(LAYOUT, a_sizes, pos.w, pos.z, pos.y, pos.x));
+    a_word = t_a_load_word(etvk_channel_word(p.outer, p.c4, p.inner, span, (Ca + 3) >> 2));
   }
   // b's channels d .. d+3 (d = c0 - C_a, at least -3): bytes s .. s+3 of b's
   // words k and k+1 taken as one 8-byte window (k = floor(d / 4), s = d mod 4;
@@ -250,26 +295,25 @@ void main() {
     const int d = c0 - Ca;
     const int k = d >> 2;
     const int shift = (d & 3) * 8;
-    const ivec4 b_sizes = ivec4(pc.sizes.x, pc.sizes.y, (C - Ca + 3) >> 2, pc.sizes.w);
+    const int b_c4s = (C - Ca + 3) >> 2;
     uint lo = 0u;
-    if (k >= 0 && k < b_sizes.z) {
-      lo = t_b_load_word(etvk_packed_word(LAYOUT, b_sizes, pos.w, k, pos.y, pos.x));
+    if (k >= 0 && k < b_c4s) {
+      lo = t_b_load_word(etvk_channel_word(p.outer, k, p.inner, span, b_c4s));
     }
     b_word = lo;
     if (shift != 0) {
       uint hi = 0u;
-      if (k + 1 < b_sizes.z) {
-        hi = t_b_load_word(etvk_packed_word(LAYOUT, b_sizes, pos.w, k + 1, pos.y, pos.x));
+      if (k + 1 < b_c4s) {
+        hi = t_b_load_word(etvk_channel_word(p.outer, k + 1, p.inner, span, b_c4s));
       }
       b_word = (lo >> shift) | (hi << (32 - shift));
     }
   }
-  const bvec4 from_a = etvk_valid_channels(pos.z, Ca);
+  const bvec4 from_a = etvk_valid_channels(p.c4, Ca);
   const ivec4 q = mix(etvk_unpack_i8x4(b_word), etvk_unpack_i8x4(a_word), from_a);
   const ivec4 zero_point = mix(ivec4(pc.b_zero_point), ivec4(pc.a_zero_point), from_a);
   const vec4 scale = mix(vec4(pc.b_scale), vec4(pc.a_scale), from_a);
   const vec4 y = etvk_q8ta_dequantize4(q, zero_point, scale);
   const ivec4 r = etvk_q8ta_quantize4(y, pc.inv_output_scale, pc.output_zero_point);
-  const bvec4 valid = etvk_valid_channels(pos.z, C);
-  t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), r, valid)));
+  t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), r, etvk_valid_channels(p.c4, C))));
 }
