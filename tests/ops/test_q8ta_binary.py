@@ -75,8 +75,10 @@ def run_on_device(kind, args, layout):
 
 
 def _cases():
-    params = [pytest.param(case.op, case.name, binary_inputs(case), id=case.name) for case in BINARY_CASES]
-    params += [pytest.param("concat", case.name, concat_inputs(case), id=case.name) for case in CONCAT_CASES]
+    params = [pytest.param(case.op, case.name, binary_inputs(case), id=case.name)
+              for case in BINARY_CASES]
+    params += [pytest.param("concat", case.name, concat_inputs(case), id=case.name)
+               for case in CONCAT_CASES]
     return params
 
 
@@ -92,7 +94,8 @@ def test_case_matches_reference_and_pytorch(kind, name, args, layout, dispatch_t
     assert SHADERS[kind] in dispatch_trace()
 
 
-@pytest.mark.parametrize("name", ["inception_concat_c8_c12", "concat_same_qparams_c5_c6", "concat_c1_c2"])
+@pytest.mark.parametrize("name", ["inception_concat_c8_c12", "concat_same_qparams_c5_c6",
+                                  "concat_c1_c2"])
 def test_concat_copies_inputs_in_the_output_qparams(name):
     case = CONCAT_BY_NAME[name]
     args = concat_inputs(case)
@@ -120,8 +123,25 @@ def random_qparams(gen, count):
     return [(s[0], z[0], s[1], z[1], s[2], z[2]) for s, z in zip(scales, zps, strict=True)]
 
 
+def test_requantizing_to_the_same_qparams_is_an_exact_copy():
+    """Every int8 value survives float32(q - zp) * fp32(s) * fp32(1 / s) for any valid s (the
+    three roundings move k = q - zp by at most 255 * 2^-22), so chained concats equal one
+    N-way concat; checked for 40 random qparams and scales at both ends of the valid range."""
+    gen = torch.Generator().manual_seed(3)
+    values = torch.arange(-128, 128, dtype=torch.int8)
+    a = values[:200].reshape(1, 5, 5, 8)  # C_a = 5: b starts inside a channel word
+    b = values[200:].reshape(1, 7, 1, 8).expand(1, 7, 5, 8).contiguous()
+    qparams = [(s, z) for s, z, *_ in random_qparams(gen, 40)]
+    qparams += [(2.0**-32, -128), (2.0**32, 127)]
+    concat = runtime.get_op(OPS["concat"])
+    for scale, zp in qparams:
+        got = concat(a, scale, zp, b, scale, zp, scale, zp)
+        assert torch.equal(got, torch.cat([a, b], dim=1)), f"scale {scale}, zero point {zp}"
+
+
 @pytest.mark.parametrize(("kind", "activation"),
-                         [("add", "none"), ("add", "relu"), ("mul", "none"), ("mul", "relu"), ("concat", None)])
+                         [("add", "none"), ("add", "relu"), ("mul", "none"), ("mul", "relu"),
+                          ("concat", None)])
 def test_reference_equals_pytorch_on_every_int8_pair(kind, activation):
     """24 random qparam sets x 65536 pairs (concat: 131072 values) each, bit for bit."""
     gen = torch.Generator().manual_seed(zlib.crc32(f"{kind} {activation}".encode()))
@@ -129,23 +149,27 @@ def test_reference_equals_pytorch_on_every_int8_pair(kind, activation):
     for sa, za, sb, zb, so, zo in random_qparams(gen, 24):
         if kind == "mul":  # an output scale near the product's, as a calibrated model has
             so = sa * sb * 128 * math.exp2(float(torch.rand((), generator=gen)) * 4 - 2)
-        args = (a, sa, za, b, sb, zb, so, zo) + (() if kind == "concat" else (activation,))
+        args = (a, sa, za, b, sb, zb, so, zo, *(() if kind == "concat" else (activation,)))
         want = pytorch_decomposed(kind, *args)
         got = reference(kind, *args)
-        assert torch.equal(got, want), f"{kind} {args[1:3]} {args[4:]}: {int((got != want).sum())} differ"
+        differ = int((got != want).sum())
+        assert not differ, f"{kind} {args[1:3]} {args[4:]}: {differ} differ"
 
 
 @pytest.mark.parametrize("kind", ["add", "mul", "concat"])
 def test_shader_equals_pytorch_on_every_int8_pair(kind):
     gen = torch.Generator().manual_seed(11)
     a, b = all_pairs()
-    for layout, (sa, za, sb, zb, so, zo) in zip(PACKED_LAYOUTS, random_qparams(gen, 3), strict=True):
+    qparams = random_qparams(gen, len(PACKED_LAYOUTS))
+    for layout, (sa, za, sb, zb, so, zo) in zip(PACKED_LAYOUTS, qparams, strict=True):
         if kind == "mul":
             so = sa * sb * 64
-        args = (a, sa, za, b, sb, zb, so, zo) + (() if kind == "concat" else ("relu" if layout == "4C" else "none",))
+        activation = () if kind == "concat" else ("relu" if layout == "4C" else "none",)
+        args = (a, sa, za, b, sb, zb, so, zo, *activation)
         _, got = run_on_device(kind, args, layout)
         want = pytorch_decomposed(kind, *args)
-        assert torch.equal(got, want), f"{kind} {layout}: {int((got != want).sum())} of {want.numel()} differ"
+        differ = int((got != want).sum())
+        assert not differ, f"{kind} {layout}: {differ} of {want.numel()} differ"
 
 
 def test_the_output_reciprocal_is_pytorchs():
@@ -191,8 +215,9 @@ def test_host_inputs_default_to_4c1w_and_torch_ops_use_the_reference():
         assert out.layout == "4C1W"
         assert torch.equal(out.to_torch(), ref.q8ta_add(*args))
     no_activation = args[:-1]  # activation defaults to "none"
-    assert torch.equal(torch.ops.etvk.q8ta_add.default(*no_activation), ref.q8ta_add(*no_activation, "none"))
-    assert torch.equal(op(*no_activation), ref.q8ta_add(*no_activation, "none"))
+    want = ref.q8ta_add(*no_activation, "none")
+    assert torch.equal(torch.ops.etvk.q8ta_add.default(*no_activation), want)
+    assert torch.equal(op(*no_activation), want)
 
 
 def _bad(kind, case_name, arg, value):
@@ -208,7 +233,8 @@ BAD_ARGS = [
     ("add", "add_c6_w5_batch2", "a", torch.zeros(2, 6, 3, 5), "int8"),
     ("add", "add_c6_w5_batch2", "a", torch.zeros(6, 3, 5, dtype=torch.int8), "[N, C, H, W]"),
     ("mul", "add_c6_w5_batch2", "b", torch.zeros(2, 6, 3, 5, dtype=torch.int32), "int8"),
-    ("add", "add_c6_w5_batch2", "b", torch.zeros(2, 6, 3, 4, dtype=torch.int8), "a's shape (2, 6, 3, 5)"),
+    ("add", "add_c6_w5_batch2", "b", torch.zeros(2, 6, 3, 4, dtype=torch.int8),
+     "a's shape (2, 6, 3, 5)"),
     ("mul", "add_c6_w5_batch2", "b", torch.zeros(2, 6, 1, 5, dtype=torch.int8), "[N, C, 1, 1]"),
     ("add", "add_c6_w5_batch2", "b", torch.zeros(1, 6, 1, 1, dtype=torch.int8), "[N, C, 1, 1]"),
     ("concat", "concat_c5_c7", "b", torch.zeros(1, 7, 3, 4, dtype=torch.int8), "N, H and W"),
@@ -255,7 +281,8 @@ def test_cases_cover_what_they_claim():
     """The tables keep the shapes the tests rely on (C_a % 4 of every kind, broadcast, relu,
     and unbroadcast add / mul with and without padding channels and 4W4C padding widths)."""
     assert {c.C_a % 4 for c in CONCAT_CASES} == {0, 1, 2, 3}
-    assert {(c.op, c.broadcast) for c in BINARY_CASES} == {(o, b) for o in ("add", "mul") for b in (False, True)}
+    kinds = {(c.op, c.broadcast) for c in BINARY_CASES}
+    assert kinds == {(op, b) for op in ("add", "mul") for b in (False, True)}
     assert {c.activation for c in BINARY_CASES} == {"none", "relu"}
     plain = [c for c in BINARY_CASES if not c.broadcast]
     assert any(c.a_shape[1] % 4 == 0 and c.a_shape[3] % 4 == 0 for c in plain)
