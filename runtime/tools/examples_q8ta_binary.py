@@ -7,8 +7,8 @@ widths that are not multiples of 4, a concat whose first input ends inside a
 channel word, qparams whose products land on rounding ties, outputs that
 saturate, inputs that share the output's qparams. `binary_inputs` and
 `concat_inputs` build the arguments in schema order. Used by the tests
-(tests/ops), the demo (through runtime/tools/examples.py) and the benchmarks.
-Pure torch; no Vulkan.
+(tests/ops) and, through runtime/tools/examples.py, the demo. Pure torch; no
+Vulkan.
 """
 
 from __future__ import annotations
