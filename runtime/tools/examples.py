@@ -2,8 +2,8 @@
 
 For elementwise ops the shape is the input's; for the others it is a size
 hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
-pools: which case of `runtime.tools.examples_q8ta_pool`; q8ta_linear: which case of
-`runtime.tools.examples_q8ta_linear`).
+pools, q8ta_linear and q8ta_binary: which case of `runtime.tools.examples_q8ta_pool`,
+`runtime.tools.examples_q8ta_linear` or `runtime.tools.examples_q8ta_binary`).
 
 Shared by the tests (``tests/ops``), ``python -m runtime demo`` and the
 benchmarks, so that all three exercise the same cases. The inputs are chosen
@@ -17,6 +17,8 @@ from __future__ import annotations
 import math
 
 import torch
+
+from runtime.tools import examples_q8ta_binary
 
 DTYPES = {
     "float32": torch.float32,
@@ -233,6 +235,10 @@ EXAMPLES = {
     "etvk.q8ta_quantize.default": build_q8ta_quantize,
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,
     "etvk.q8ta_linear.default": build_q8ta_linear,
+    **{
+        name: examples_q8ta_binary.build(name)
+        for name in ("etvk.q8ta_add.default", "etvk.q8ta_mul.default", "etvk.q8ta_concat.default")
+    },
     **{
         name: build_conv2d(name)
         for name in (

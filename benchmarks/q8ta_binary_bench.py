@@ -1,0 +1,124 @@
+"""q8ta_binary benchmark (not a test): GPU time and bandwidth of int8 add, mul and concat.
+
+For real activation shapes (ResNet-50 residual adds, squeeze-and-excite
+gates, DenseNet / Inception concats; batch 1 and 32) it times each op in each
+packed layout and reports the median GPU time per call and the bandwidth
+(bytes of a, b and the output, packed, over that time), next to the same
+traffic in torch on CUDA (``torch.add`` of the int8 tensors, or
+``torch.cat``), a yardstick of what the memory system gives an elementwise
+kernel. Inputs are uploaded once; timing follows benchmarks/NOTES.md (the
+conv benchmark's `time_ours`: back-to-back calls in one stream, ~1 s of
+warm-up replays, median of timestamped calls).
+
+Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX]``
+(``--quick``: tiny sizes and short warm-up; runs on lavapipe.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from conv2d_bench import MAX_CALLS, Settings, fmt, time_ours  # noqa: E402  (also turns validation off)
+from timing import open_device, time_cuda  # noqa: E402
+
+import runtime  # noqa: E402
+from runtime.vulkan import layouts  # noqa: E402
+from runtime.vulkan.layouts import PACKED_LAYOUTS  # noqa: E402
+from runtime.vulkan.tensor import Tensor  # noqa: E402
+
+# (name, op, a shape, b shape); batch 32 and 1 of each.
+SHAPES = [
+    ("resnet50 l1 residual add+relu", "add", (256, 56, 56), (256, 56, 56)),
+    ("resnet50 l4 residual add+relu", "add", (2048, 7, 7), (2048, 7, 7)),
+    ("se gate mul 672x14x14", "mul", (672, 14, 14), (672, 1, 1)),
+    ("mul 64x56x56", "mul", (64, 56, 56), (64, 56, 56)),
+    ("densenet concat 128+32 28", "concat", (128, 28, 28), (32, 28, 28)),
+    ("concat 126+34 28 (C_a % 4 = 2)", "concat", (126, 28, 28), (34, 28, 28)),
+    ("inception concat 192+64 28", "concat", (192, 28, 28), (64, 28, 28)),
+]
+
+
+def arguments(op: str, a_shape, b_shape, layout: str | None):
+    """The op's arguments with a and b int8 (uploaded in `layout`, or on the host when None)."""
+    gen = torch.Generator().manual_seed(0)
+    a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
+    b = torch.randint(-128, 128, b_shape, generator=gen, dtype=torch.int8)
+    if layout is not None:
+        a, b = Tensor.from_torch(a, layout=layout), Tensor.from_torch(b, layout=layout)
+    tail = () if op == "concat" else ("relu",)
+    return (a, 0.031, -3, b, 0.027, 12, 0.043, -128, *tail)
+
+
+def packed_bytes(shape, layout: str) -> int:
+    return 4 * layouts.packed_words(shape, layout)
+
+
+def time_torch(op: str, a_shape, b_shape, s: Settings) -> float | None:
+    if not torch.cuda.is_available():
+        return None
+    dev = torch.device("cuda")
+    a = torch.randint(-128, 128, a_shape, device=dev, dtype=torch.int8)
+    b = torch.randint(-128, 128, b_shape, device=dev, dtype=torch.int8)
+    if op == "concat":
+        def fn(_):
+            return torch.cat([a, b], dim=1)
+    else:
+        def fn(_):
+            return torch.add(a, b)
+    return time_cuda(fn, 1, s.repeats * s.max_calls, s.warmup)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, short warm-up (CPU drivers)")
+    parser.add_argument("--repeats", type=int, default=20, help="replays after the warm-up, at most")
+    parser.add_argument("--only", default="", help="regular expression on '<shape> <batch> <layout>'")
+    options = parser.parse_args()
+    started = time.perf_counter()
+    if open_device() is None:
+        return 1
+    s = Settings(repeats=3 if options.quick else options.repeats,
+                 warmup=0.05 if options.quick else 1.0, max_calls=2 if options.quick else MAX_CALLS)
+    print("\n== q8ta_binary ops, median GPU time per call; GB/s = packed bytes of a, b and out "
+          "per second; torch: the same int8 traffic on CUDA (add / cat) ==")
+    print(f"{'shape':<32} {'batch':>5} {'layout':<6} {'GPU us':>9} {'GB/s':>8} {'torch us':>9} {'GB/s':>8}")
+    only = re.compile(options.only)
+    for batch in (2, 1) if options.quick else (32, 1):
+        for name, op_kind, a_chw, b_chw in SHAPES:
+            a_shape, b_shape = (batch, *a_chw), (batch, *b_chw)
+            if options.quick:
+                a_shape = (batch, a_chw[0] // 8, *[max(1, d // 8) for d in a_chw[1:]])
+                b_shape = (batch, b_chw[0] // 8, *[max(1, d // 8) for d in b_chw[1:]])
+            out_c = a_shape[1] + b_shape[1] if op_kind == "concat" else a_shape[1]
+            out_shape = (batch, out_c, *a_shape[2:])
+            theirs = None
+            for layout in PACKED_LAYOUTS:
+                if not only.search(f"{name} {batch} {layout}"):
+                    continue
+                if theirs is None:
+                    theirs = time_torch(op_kind, a_shape, b_shape, s)
+                op = runtime.get_op(f"etvk.q8ta_{op_kind}.default")
+                moved = sum(packed_bytes(x, layout) for x in (a_shape, b_shape, out_shape))
+                timed = time_ours(op, arguments(op_kind, a_shape, b_shape, layout), moved, s)
+                if timed is None:
+                    print("device has no timestamp queries")
+                    return 1
+                ours = timed[0]
+                torch_bytes = sum(torch.Size(x).numel() for x in (a_shape, b_shape, out_shape))
+                print(f"{name:<32} {batch:>5} {layout:<6} {ours * 1e6:>9.1f} {moved / ours / 1e9:>8.1f} "
+                      f"{fmt(theirs and theirs * 1e6, '.1f', 9)} "
+                      f"{fmt(theirs and torch_bytes / theirs / 1e9, '.1f', 8)}", flush=True)
+    print(f"\n(total {time.perf_counter() - started:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
