@@ -2,6 +2,7 @@
 loading on a device (`loader`: placement, layouts, memory plan, recording) and calling them.
 
 Modules: `nodes` (records), `program` (`Program`), `from_export` (op-for-op
-conversion), `lower` (patterns), `cpu` (nodes on the CPU, the ops a program
+conversion), `rewrite` (what patterns share), `lower` (the conv and the quantize edges),
+`lower_cnn` (the other int8 CNN patterns), `cpu` (nodes on the CPU, the ops a program
 may name), `fileformat`, `memory_plan`, `recording`, `loader`.
 """

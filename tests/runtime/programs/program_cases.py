@@ -12,18 +12,23 @@ def random_batches(count: int, shape=SHAPE, seed: int = 0) -> list[tuple[torch.T
     return [(torch.randn(shape, generator=gen),) for _ in range(count)]
 
 
-def conv_agreement(exported, program, inputs: tuple) -> tuple[int, int, int]:
-    """Teacher forcing: each lowered conv fed PyTorch's own int8 input, against PyTorch's int8 output.
+def int8_agreement(exported, program, inputs: tuple) -> dict[str, tuple[int, int, int]]:
+    """Teacher forcing: each lowered int8 op fed PyTorch's own int8 inputs, against its int8 output.
 
     Runs the quantized model (the converted PT2E module) once on `inputs`,
-    keeping every intermediate, then evaluates each ``etvk.q8ta_conv2d`` node's
-    reference kernel on the int8 tensor PyTorch produced for its input.
+    keeping every intermediate, then evaluates the reference kernel of each
+    ``etvk`` node with an int8 output that PyTorch's run also has (a lowered
+    pattern keeps the name of the quantize it ends with) on the values PyTorch
+    produced for its inputs.
 
     Returns:
-        (elements compared, exactly equal, worst difference in steps), over all convs.
+        op -> (elements compared, exactly equal, worst difference in steps).
     """
+    from runtime.programs.cpu import resolve_op
+    from runtime.programs.layouts import resolve_layouts
     from runtime.programs.nodes import Const, Ref
 
+    program = resolve_layouts(program, "other")  # any family: the values do not depend on layouts
     env = {}
 
     class Capture(torch.fx.Interpreter):
@@ -32,13 +37,34 @@ def conv_agreement(exported, program, inputs: tuple) -> tuple[int, int, int]:
             return env[n.name]
 
     Capture(exported.module()).run(*inputs)
-    total = exact = worst = 0
-    for conv in (n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default"):
+    found: dict[str, tuple[int, int, int]] = {}
+    for node in program.nodes:
+        reads = [a.name for a in node.args if isinstance(a, Ref)]
+        if not node.is_etvk or node.outputs[0] not in env or not all(r in env for r in reads) \
+                or env[node.outputs[0]].dtype != torch.int8:
+            continue
         args = [env[a.name] if isinstance(a, Ref) else program.constants[a.name] if isinstance(a, Const)
-                else a for a in conv.args]
-        steps = (torch.ops.etvk.q8ta_conv2d.default(*args).int() - env[conv.outputs[0]].int()).abs()
-        total, exact, worst = total + steps.numel(), exact + int((steps == 0).sum()), max(worst, int(steps.max()))
-    return total, exact, worst
+                else a for a in node.args]
+        steps = (resolve_op(node.target)(*args, **node.kwargs).int() - env[node.outputs[0]].int()).abs()
+        total, exact, worst = found.get(node.target, (0, 0, 0))
+        found[node.target] = (total + steps.numel(), exact + int((steps == 0).sum()),
+                              max(worst, int(steps.max())))
+    return found
+
+
+def check_agreement(name: str, exported, program, inputs: tuple, capsys) -> None:
+    """Prints the teacher-forced agreement of every lowered int8 op kind with PyTorch and the
+    (first) output's SQNR, and holds them to OPS.md: at most one step, at least 99 % exact."""
+    found = int8_agreement(exported, program, inputs)
+    ours, theirs = program.run_reference(*inputs), exported.module()(*inputs)
+    sqnr = sqnr_db(ours[0], theirs[0]) if isinstance(ours, tuple) else sqnr_db(ours, theirs)
+    with capsys.disabled():
+        print(f"\n{name} vs PyTorch (int8 outputs exact, worst step), output SQNR {sqnr:.1f} dB:")
+        for target, (total, exact, worst) in sorted(found.items()):
+            print(f"  {target}: {exact}/{total} ({100 * exact / total:.3f} %), worst {worst}")
+    assert "etvk.q8ta_conv2d.default" in found
+    for total, exact, worst in found.values():
+        assert worst <= 1 and exact / total >= 0.99
 
 
 def sqnr_db(ours: torch.Tensor, theirs: torch.Tensor) -> float:

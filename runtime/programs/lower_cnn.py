@@ -1,0 +1,258 @@
+"""The int8 CNN patterns beyond the conv: what keeps a PT2E CNN on the device end to end.
+
+Run by `runtime.lower` after the convs are fused, before the remaining
+quantize / dequantize ops become their ``etvk`` twins. Each pattern is
+rewritten only where the ``etvk`` op's contract provably holds (int8
+per-tensor qparams, one consumer along the chain, shapes the op takes):
+
+- identities: ``dropout(train=False)`` goes, and ``quantize(dequantize(x))``
+  with the same qparams is ``x`` (exact: |q - zp| <= 255 survives the fp32
+  round trip);
+- ``conv -> q -> dq -> relu | hardtanh -> q`` with one qparams (PT2E quantizes
+  ReLU6 on its own) folds into the conv's activation (a clamp of the int8
+  output: exact, since quantize is monotonic);
+- ``dq, dq -> add | mul -> [relu] -> q`` -> ``q8ta_add`` / ``q8ta_mul`` (the
+  second operand may be ``[N, C, 1, 1]``, broadcast);
+- ``dq -> max_pool2d -> q`` (one qparams) -> ``q8ta_max_pool2d``;
+  ``dq -> avg_pool2d -> q`` -> ``q8ta_avg_pool2d``; ``dq -> adaptive_avg_pool2d(1)``
+  or ``mean(dim=[2, 3], keepdim=True) -> q`` -> ``q8ta_global_avg_pool2d``;
+- ``dq -> linear(dq_per_channel weight) -> [q]`` -> ``q8ta_linear`` (int8 or
+  fp32 out); a ``dq -> flatten(1) -> q`` of a pooled ``[N, C, 1, 1]`` before it is
+  read in place (no copy);
+- ``dq, ... -> cat(dim=1) -> q`` -> a chain of two-input ``q8ta_concat``.
+
+Every int8 tensor these ops read or write gets the placeholder layout
+``PACKED_INT8_CONV2D``. Pure graph work; used by lower.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+from runtime.programs.nodes import Node, Ref, ValueSpec
+from runtime.programs.rewrite import Q, Rewriter, bind, int8_per_tensor
+
+_CONV = "etvk.q8ta_conv2d.default"
+_GLOBAL_MEAN_DIMS = ({2, 3}, {-1, -2})
+
+
+def _ints(value) -> list[int]:
+    """An int or a list of ints as a list (aten's int[2] arguments)."""
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
+
+
+def _same_qparams(a, b) -> bool:
+    return a is not None and b is not None and a[1:] == b[1:]
+
+
+def drop_identities(rw: Rewriter) -> None:
+    """``dropout(train=False)`` and same-qparams ``quantize(dequantize(x))`` read their input."""
+    program = rw.program
+    for node in list(program.nodes):
+        if node.target == "aten.dropout.default" and bind(node)["train"] is False:
+            source = node.args[0]
+        elif node.target == Q and _same_qparams(rw.dequantized(node.args[0]),
+                                                int8_per_tensor(node, Q)):
+            source = rw.dequantized(node.args[0])[0]
+        else:
+            continue
+        if not isinstance(source, Ref):
+            continue
+        old, new = program.values[node.outputs[0]], program.values[source.name]
+        if (old.shape, old.dtype) == (new.shape, new.dtype):
+            program.replace_uses(node.outputs[0], source.name)
+            rw.refresh()
+
+
+def fold_clamps(rw: Rewriter) -> None:
+    """``conv -> q -> dq -> relu | hardtanh -> q`` (one qparams) -> the conv's activation."""
+    program = rw.program
+    for node in list(program.nodes):
+        if node.target not in ("aten.relu.default", "aten.hardtanh.default"):
+            continue
+        b = bind(node)
+        x = rw.dequantized(b["self"])
+        conv = rw.producer(x[0]) if x is not None else None
+        out = rw.requantized(node)
+        if conv is None or conv.target != _CONV or out is None or x[1:] != out[1:] \
+                or conv.args[14] != "none" or len(conv.args) != 15 or conv.kwargs \
+                or len(rw.users.get(x[0].name, [])) != 1 or x[0].name in program.outputs \
+                or rw.only_user(rw.producer(b["self"])) is not node:
+            continue
+        if node.target == "aten.relu.default":
+            activation = ("relu",)
+        else:
+            low, high = float(b["min_val"]), float(b["max_val"])
+            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
+                continue
+            activation = ("hardtanh", low, high)
+        fused = Node(conv.name, _CONV, (*conv.args[:14], *activation), {}, out[0].outputs)
+        program.nodes.remove(conv)
+        rw.mark_packed(out[0].outputs[0])
+        rw.replace(out[0], fused)
+
+
+class _Patterns:
+    """The op patterns of the module docstring, each -> a new node or None (no match)."""
+
+    def __init__(self, rw: Rewriter):
+        self.rw = rw
+
+    def packed_int8(self, found):
+        """`found` (value, scale, zero point) where its value is a 4-D int8 node output."""
+        if found is None or len(self.rw.shape(found[0])) != 4 or self.rw.producer(found[0]) is None:
+            return None
+        return found
+
+    def finish(self, last: Node, target: str, args: tuple, packed: list) -> Node:
+        for ref in packed:
+            self.rw.mark_packed(ref.name)
+        return Node(f"{last.name}_q8ta", target, args, {}, last.outputs)
+
+    def binary(self, node: Node, kind: str):
+        b = bind(node)
+        if b.get("alpha", 1) != 1:
+            return None
+        a, other = (self.packed_int8(self.rw.dequantized(b[k])) for k in ("self", "other"))
+        if a is None or other is None:
+            return None
+        if self.rw.shape(a[0]) != self.rw.shape(other[0]):
+            a, other = sorted((a, other), key=lambda t: self.rw.shape(t[0])[2:] == (1, 1))
+            n, c = self.rw.shape(a[0])[:2]
+            if self.rw.shape(other[0]) != (n, c, 1, 1):
+                return None
+        activation, last = "none", node
+        user = self.rw.only_user(node)
+        if user is not None and user.target == "aten.relu.default":
+            activation, last = "relu", user
+        out = self.rw.requantized(last)
+        if out is None:
+            return None
+        return self.finish(out[0], f"etvk.q8ta_{kind}.default",
+                           (*a, *other, out[1], out[2], activation), [a[0], other[0], Ref(out[0].outputs[0])])
+
+    def add(self, node):
+        return self.binary(node, "add")
+
+    def mul(self, node):
+        return self.binary(node, "mul")
+
+    def _pool_ends(self, node: Node, same: bool):
+        x = self.packed_int8(self.rw.dequantized(node.args[0]))
+        out = self.rw.requantized(node)
+        if x is None or out is None or (same and x[1:] != out[1:]):
+            return None
+        return x, out
+
+    def max_pool2d(self, node):
+        ends = self._pool_ends(node, same=True)
+        if ends is None:
+            return None
+        (x, out), b = ends, bind(node)
+        args = (x[0], _ints(b["kernel_size"]), _ints(b["stride"]), _ints(b["padding"]),
+                _ints(b["dilation"]), bool(b["ceil_mode"]))
+        return self.finish(out[0], "etvk.q8ta_max_pool2d.default", args, [x[0], Ref(out[0].outputs[0])])
+
+    def avg_pool2d(self, node):
+        ends = self._pool_ends(node, same=False)
+        if ends is None:
+            return None
+        (x, out), b = ends, bind(node)
+        args = (*x, out[1], out[2], _ints(b["kernel_size"]), _ints(b["stride"]), _ints(b["padding"]),
+                bool(b["ceil_mode"]), bool(b["count_include_pad"]), b["divisor_override"])
+        return self.finish(out[0], "etvk.q8ta_avg_pool2d.default", args, [x[0], Ref(out[0].outputs[0])])
+
+    def global_avg_pool2d(self, node):
+        ends = self._pool_ends(node, same=False)
+        if ends is None:
+            return None
+        x, out = ends
+        return self.finish(out[0], "etvk.q8ta_global_avg_pool2d.default", (*x, out[1], out[2]),
+                           [x[0], Ref(out[0].outputs[0])])
+
+    def adaptive_avg_pool2d(self, node):
+        return self.global_avg_pool2d(node) if _ints(bind(node)["output_size"]) in ([1], [1, 1]) else None
+
+    def mean(self, node):
+        b = bind(node)
+        dims = b["dim"]
+        if not isinstance(dims, (list, tuple)) or set(dims) not in _GLOBAL_MEAN_DIMS or not b["keepdim"] \
+                or b.get("dtype") is not None:
+            return None
+        return self.global_avg_pool2d(node)
+
+    def _rows(self, ref):
+        """The int8 rows a linear reads from its input `ref`: (value, scale, zero point), with a
+        same-qparams ``dq -> flatten(1) -> q`` of a packed ``[N, C, 1, 1]`` skipped; or None."""
+        x = self.rw.dequantized(ref)
+        if x is None or len(self.rw.shape(x[0])) != 2:
+            return None
+        quantize = self.rw.producer(x[0])
+        flat = self.rw.producer(quantize.args[0]) if quantize is not None and quantize.target == Q else None
+        if flat is not None and flat.target == "aten.flatten.using_ints" \
+                and int8_per_tensor(quantize, Q)[1:] == x[1:]:
+            b = bind(flat)
+            pooled = self.packed_int8(self.rw.dequantized(b["self"]))
+            if pooled is not None and pooled[1:] == x[1:] and b["start_dim"] == 1 \
+                    and b["end_dim"] in (-1, 3) and self.rw.shape(pooled[0])[2:] == (1, 1):
+                return pooled
+        return x
+
+    def linear(self, node):
+        b = bind(node)
+        x = self._rows(b["input"])
+        weight = self.rw.symmetric_weight(self.rw.producer(b["weight"]), 2)
+        bias = self.rw.fp32_bias(b["bias"])
+        if x is None or weight is None or bias is False:
+            return None
+        out = self.rw.requantized(node)
+        packed = [x[0]] if len(self.rw.shape(x[0])) == 4 else []
+        if out is None:
+            return self.finish(node, "etvk.q8ta_linear.default", (*x, *weight, bias, None, 0), packed)
+        return self.finish(out[0], "etvk.q8ta_linear.default", (*x, *weight, bias, out[1], out[2]), packed)
+
+    def cat(self, node):
+        b = bind(node)
+        parts = [self.packed_int8(self.rw.dequantized(t)) for t in b["tensors"]]
+        out = self.rw.requantized(node)
+        if out is None or len(parts) < 2 or any(p is None for p in parts) or b["dim"] not in (1, -3):
+            return None
+        program = self.rw.program
+        acc, chain = parts[0], []
+        for index, part in enumerate(parts[1:], start=1):
+            last = index == len(parts) - 1
+            name = out[0].outputs[0] if last else f"{out[0].outputs[0]}_cat{index}"
+            if not last:
+                n, c, h, w = self.rw.shape(acc[0])
+                program.values[name] = ValueSpec((n, c + self.rw.shape(part[0])[1], h, w),
+                                                 program.values[out[0].outputs[0]].dtype)
+            chain.append(Node(f"{out[0].name}_q8ta_cat{index}", "etvk.q8ta_concat.default",
+                              (*acc, *part, out[1], out[2]), {}, (name,)))
+            acc = (Ref(name), out[1], out[2])
+        for node_ in chain:
+            self.rw.mark_packed(node_.outputs[0])
+        for part in parts:
+            self.rw.mark_packed(part[0].name)
+        position = program.nodes.index(out[0])
+        program.nodes[position:position + 1] = chain
+        self.rw.refresh()
+        return None
+
+
+_TARGETS = {
+    "aten.add.Tensor": "add", "aten.mul.Tensor": "mul", "aten.max_pool2d.default": "max_pool2d",
+    "aten.avg_pool2d.default": "avg_pool2d", "aten.adaptive_avg_pool2d.default": "adaptive_avg_pool2d",
+    "aten.mean.dim": "mean", "aten.linear.default": "linear", "aten.cat.default": "cat",
+}
+
+
+def lower_cnn_ops(rw: Rewriter) -> None:
+    """Every pattern of the module docstring, in program order."""
+    drop_identities(rw)
+    fold_clamps(rw)
+    patterns = _Patterns(rw)
+    for node in list(rw.program.nodes):
+        if node.target in _TARGETS and node in rw.program.nodes:
+            new = getattr(patterns, _TARGETS[node.target])(node)
+            if new is not None:
+                rw.replace(next(n for n in rw.program.nodes if n.outputs == new.outputs), new)

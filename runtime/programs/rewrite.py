@@ -1,0 +1,129 @@
+"""What the lowering's pattern rewrites share: bound arguments, int8 qparams, a graph's state.
+
+`bind` names a node's arguments by its op's schema; `int8_per_tensor` reads a
+full-range int8 per-tensor (de)quantize with scalar qparams; `Rewriter`
+keeps a program's producer and user maps current while patterns replace
+nodes, and reads symmetric per-channel weights. Pure graph work, no Vulkan;
+used by lower.py and lower_cnn.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from runtime.families.conv2d_layouts import PLACEHOLDER
+from runtime.programs.cpu import resolve_op
+from runtime.programs.nodes import Const, Node, Ref, ValueSpec
+from runtime.programs.program import Program
+
+Q = "quantized_decomposed.quantize_per_tensor.default"
+DQ = "quantized_decomposed.dequantize_per_tensor.default"
+DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
+
+
+def bind(node: Node) -> dict:
+    """A node's arguments by schema name, defaults filled in."""
+    bound = {}
+    for index, arg in enumerate(resolve_op(node.target)._schema.arguments):
+        if index < len(node.args) and not arg.kwarg_only:
+            bound[arg.name] = node.args[index]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            bound[arg.name] = arg.default_value
+    return bound
+
+
+def int8_per_tensor(node: Node | None, target: str):
+    """(input, scale, zero point) of a full-range int8 per-tensor (de)quantize with scalar qparams."""
+    if node is None or node.target != target:
+        return None
+    b = bind(node)
+    scale, zero_point = b["scale"], b["zero_point"]
+    if (b["quant_min"], b["quant_max"], b["dtype"]) != (-128, 127, torch.int8) \
+            or b.get("out_dtype") not in (None, torch.float32) or not isinstance(b["input"], Ref) \
+            or not isinstance(scale, float) or not (math.isfinite(scale) and scale > 0) \
+            or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
+        return None
+    return b["input"], scale, zero_point
+
+
+class Rewriter:
+    """One program being rewritten, with its producer and user maps kept current."""
+
+    def __init__(self, program: Program):
+        self.program = program
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.producers = self.program.producers()
+        self.users = self.program.users()
+
+    def producer(self, ref) -> Node | None:
+        return self.producers.get(ref.name) if isinstance(ref, Ref) else None
+
+    def only_user(self, node: Node) -> Node | None:
+        """The one node reading `node`'s first output, if it is one and not a program output."""
+        out = node.outputs[0]
+        users = self.users.get(out, [])
+        return users[0] if len(users) == 1 and out not in self.program.outputs else None
+
+    def dequantized(self, ref):
+        """(int8 value, scale, zero point) where `ref` is an int8 per-tensor dequantize's output."""
+        return int8_per_tensor(self.producer(ref), DQ)
+
+    def requantized(self, node: Node):
+        """(the quantize node, scale, zero point) where `node`'s only user quantizes it per tensor."""
+        user = self.only_user(node)
+        found = int8_per_tensor(user, Q)
+        return None if found is None or found[0].name != node.outputs[0] else (user, found[1], found[2])
+
+    def shape(self, ref) -> tuple[int, ...]:
+        return self.program.values[ref.name].shape
+
+    def add_constant(self, name: str, tensor: torch.Tensor) -> Const:
+        while name in self.program.constants or name in self.program.values:
+            name += "_"
+        self.program.constants[name] = tensor
+        return Const(name)
+
+    def replace(self, old: Node, new: Node) -> None:
+        self.program.nodes[self.program.nodes.index(old)] = new
+        self.refresh()
+
+    def mark_packed(self, name: str) -> None:
+        spec = self.program.values[name]
+        self.program.values[name] = ValueSpec(spec.shape, spec.dtype, PLACEHOLDER)
+
+    def symmetric_weight(self, node: Node | None, dims: int):
+        """(int8 weights, int32 sums, fp32 scales) constants of a symmetric per-channel int8
+        weight of `dims` dimensions dequantized by `node`; None where it is not one."""
+        if node is None or node.target != DQ_CHANNEL:
+            return None
+        b = bind(node)
+        names = (b["input"], b["scales"], b["zero_points"])
+        if not all(isinstance(c, Const) for c in names[:2]) or b["axis"] != 0 or b["dtype"] != torch.int8 \
+                or b["quant_min"] < -127 or b["quant_max"] > 127 or b.get("out_dtype") not in (None, torch.float32):
+            return None
+        w, scales = (self.program.constants[c.name] for c in names[:2])
+        zeros = None if names[2] is None else self.program.constants.get(getattr(names[2], "name", ""))
+        if w.dtype != torch.int8 or w.dim() != dims or scales.numel() != w.shape[0] \
+                or not bool(torch.isfinite(scales).all() and (scales.float() > 0).all()) \
+                or (zeros is None) != (names[2] is None) or (zeros is not None and bool(zeros.any())):
+            return None
+        sums = self.add_constant(f"{names[0].name}_sums",
+                                 w.to(torch.int32).sum(dim=tuple(range(1, dims)), dtype=torch.int32))
+        fp32 = names[1] if scales.dtype == torch.float32 else \
+            self.add_constant(f"{names[1].name}_fp32", scales.float())
+        return names[0], sums, fp32
+
+    def fp32_bias(self, bias):
+        """`bias` (None or a float constant) as an fp32 constant; False where it is neither."""
+        if bias is None:
+            return None
+        if not isinstance(bias, Const) or not self.program.constants[bias.name].dtype.is_floating_point:
+            return False
+        tensor = self.program.constants[bias.name]
+        return bias if tensor.dtype == torch.float32 else self.add_constant(f"{bias.name}_fp32", tensor.float())

@@ -1,0 +1,122 @@
+"""The int8 CNN patterns of runtime/programs/lower_cnn.py on a graph written with explicit
+quantize / dequantize ops (no quantizer, so each pattern and each near miss is there on
+purpose): what is lowered, what stays on the CPU and why, bit-exact device runs, and
+agreement with PyTorch's own run of the same graph."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+from program_cases import check_agreement
+from torch import nn
+from torch.nn import functional as F
+
+import runtime
+from runtime.programs.nodes import Const
+
+QD = torch.ops.quantized_decomposed
+
+
+def q(x, scale, zero_point):
+    return QD.quantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
+
+
+def dq(x, scale, zero_point):
+    return QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
+
+
+class Patterns(nn.Module):
+    """Every pattern once, and two near misses (a pool and a clamp whose qparams change)."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(3)
+        self.register_buffer("conv_w", torch.randint(-127, 128, (6, 6, 3, 3), generator=gen, dtype=torch.int8))
+        self.register_buffer("conv_s", torch.rand(6, generator=gen) * 0.01 + 0.002)
+        self.register_buffer("lin_w", torch.randint(-127, 128, (5, 18), generator=gen, dtype=torch.int8))
+        self.register_buffer("lin_s", torch.rand(5, generator=gen) * 0.01 + 0.002)
+        self.register_buffer("lin_b", torch.randn(5, generator=gen))
+        self.register_buffer("conv_z", torch.zeros(6, dtype=torch.int64))
+        self.register_buffer("lin_z", torch.zeros(5, dtype=torch.int64))
+
+    def _weight(self, name):
+        w, s, z = (getattr(self, f"{name}_{k}") for k in "wsz")
+        return QD.dequantize_per_channel(w, s, z, 0, -127, 127, torch.int8)
+
+    def forward(self, x, y, g):
+        qa, qb, qg = q(x, 0.05, 3), q(y, 0.04, -1), q(g, 0.02, 0)
+        conv = q(F.conv2d(dq(qa, 0.05, 3), self._weight("conv"), padding=1), 0.07, -4)
+        relu6 = q(F.hardtanh(dq(conv, 0.07, -4), -1.0, 2.0), 0.07, -4)         # folds into the conv
+        clamp = q(F.hardtanh(dq(relu6, 0.07, -4), -0.5, 0.5), 0.01, 0)         # new qparams: stays
+        added = q(F.relu(dq(relu6, 0.07, -4) + dq(qb, 0.04, -1)), 0.06, -128)
+        gated = q(dq(qg, 0.02, 0) * dq(added, 0.06, -128), 0.03, 5)            # [N, C, 1, 1] first
+        cat = q(torch.cat([dq(added, 0.06, -128), dq(gated, 0.03, 5), dq(qa, 0.05, 3)], 1), 0.05, 0)
+        avg = q(F.avg_pool2d(dq(cat, 0.05, 0), 3, 2, 1, ceil_mode=True, count_include_pad=False), 0.04, 1)
+        pooled = q(F.max_pool2d(dq(avg, 0.04, 1), 2, 2), 0.04, 1)
+        other = q(F.max_pool2d(dq(avg, 0.04, 1), 2, 2), 0.05, 1)              # new qparams: stays
+        mean = q(dq(pooled, 0.04, 1).mean(dim=[-1, -2], keepdim=True), 0.03, 2)
+        flat = q(dq(mean, 0.03, 2).flatten(1), 0.03, 2)
+        kept = q(F.dropout(dq(flat, 0.03, 2), 0.2, False), 0.03, 2)
+        logits = F.linear(dq(kept, 0.03, 2), self._weight("lin"), self.lin_b)
+        return logits, dq(other, 0.05, 1), dq(clamp, 0.01, 0)
+
+
+def _inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 6, 9, 9, generator=gen), torch.randn(2, 6, 9, 9, generator=gen),
+            torch.randn(2, 6, 1, 1, generator=gen))
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory):
+    exported = torch.export.export(Patterns().eval(), _inputs(0))
+    program = runtime.lower(exported)
+    path = tmp_path_factory.mktemp("patterns") / "patterns.etvk"
+    program.save(path)
+    return exported, program, path
+
+
+def test_each_pattern_becomes_its_op(lowered):
+    _, program, _ = lowered
+    targets = Counter(n.target.removesuffix(".default") for n in program.nodes)
+    for op, count in {"etvk.q8ta_conv2d": 1, "etvk.q8ta_add": 1, "etvk.q8ta_mul": 1, "etvk.q8ta_concat": 2,
+                      "etvk.q8ta_avg_pool2d": 1, "etvk.q8ta_max_pool2d": 1,
+                      "etvk.q8ta_global_avg_pool2d": 1, "etvk.q8ta_linear": 1}.items():
+        assert targets[op] == count, (op, targets)
+    # the near misses stay PyTorch ops; dropout, the flatten and same-qparams round trips are gone
+    assert targets["aten.max_pool2d"] == 1 and targets["aten.hardtanh"] == 1
+    assert not [t for t in targets if "dropout" in t or "flatten" in t or t.startswith("quantized_decomposed")]
+    conv = next(n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default")
+    assert conv.args[14:] == ("hardtanh", -1.0, 2.0)
+    add = next(n for n in program.nodes if n.target == "etvk.q8ta_add.default")
+    assert add.args[8] == "relu"
+    mul = next(n for n in program.nodes if n.target == "etvk.q8ta_mul.default")
+    assert program.values[mul.args[3].name].shape == (2, 6, 1, 1)  # the broadcast operand second
+    linear = next(n for n in program.nodes if n.target == "etvk.q8ta_linear.default")
+    assert program.values[linear.args[0].name].shape == (2, 18, 1, 1)  # the pooled tensor, read in place
+    assert linear.args[7] is None and isinstance(linear.args[3], Const)  # no quantize after it: fp32 out
+    packed = [n for n, spec in program.values.items() if spec.layout is not None]
+    assert linear.args[0].name in packed and all(n.outputs[0] in packed for n in program.nodes
+                                                 if n.target == "etvk.q8ta_concat.default")
+
+
+def test_placement_and_bit_exact_device_runs(lowered):
+    _, program, path = lowered
+    loaded = runtime.load(path)
+    for row in loaded.placement():
+        if row["target"].startswith("etvk."):
+            assert row["runs_on"] == "vulkan", row
+        else:
+            assert row["runs_on"] == "cpu" and row["reason"] == f"no generated op for {row['target']}"
+    for seed in (1, 2):
+        inputs = _inputs(seed)
+        for got, want in zip(loaded(*inputs), program.run_reference(*inputs), strict=True):
+            assert torch.equal(got, want)
+
+
+def test_agreement_with_pytorch(lowered, capsys):
+    exported, program, _ = lowered
+    check_agreement("patterns", exported, program, _inputs(5), capsys)
