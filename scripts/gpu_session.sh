@@ -49,7 +49,7 @@ if [ "$what" = programs ] || [ "$what" = all ]; then
   specs=()
   for f in .devkit/programs/*.etvk; do
     [ -e "$f" ] || continue
-    ETVK_VALIDATION=1 python3 -m runtime run "$f" --repeat 3 2>&1 | tee -a "$log/gpu_programs.log"
+    ETVK_VALIDATION=1 python3 -m runtime run "$f" --repeat 1 2>&1 | tee -a "$log/gpu_programs.log"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
     name=$(basename "$f" .etvk)
     specs+=("${name%_b*}:$f")
