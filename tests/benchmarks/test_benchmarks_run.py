@@ -28,3 +28,22 @@ def test_runtime_bench_runs_on_every_family(family):
                    "--only", "quantize_per_tensor_buffer_float_int8$"], family)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"(family {family})" in result.stdout and "quantize_per_tensor_buffer_float_int8" in result.stdout
+
+
+def test_program_bench_runs(tmp_path):
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
+    import torch
+
+    import runtime
+    from runtime.tools.models import SmallCNN, quantize_pt2e
+
+    torch.manual_seed(0)
+    example = (torch.randn(1, 3, 16, 16),)
+    runtime.lower(quantize_pt2e(SmallCNN().eval(), example, [example])).save(tmp_path / "small.etvk")
+    result = _run([str(BENCHMARKS / "program_bench.py"), f"small_cnn:{tmp_path / 'small.etvk'}",
+                   "--repeat", "2", "--warmup", "0", "--no-compile"], "llvmpipe")
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    row = next(line for line in result.stdout.splitlines() if line.startswith("| small_cnn |"))
+    on_device, nodes = row.split("|")[3].strip().split("/")
+    assert on_device == nodes  # every node on the device
+    assert "time per op kind: " in result.stdout and "q8ta_conv2d" in result.stdout
