@@ -2,7 +2,12 @@
 
 A `Buffer` lives in memory that is device-local and host-visible-coherent
 where the device has it (mapped once, copied with memmove), else device-local
-with a temporary host-visible staging buffer, else host-visible. An `Image3D`
+with a temporary host-visible staging buffer, else host-visible. Staging
+buffers prefer host-cached system memory. The host reads device-local mapped
+memory (a GPU's BAR) uncached, at PCIe read latency (on the H100, programs
+whose CPU nodes read device tensors that way spent about a second per call:
+benchmarks/NOTES.md), so reads of more than `DIRECT_READ_LIMIT` bytes from it go through a
+staging copy instead. An `Image3D`
 is an optimal-tiling 3-D storage image kept in layout GENERAL, copied through
 staging buffers. Each holds an `_Allocation` (the Vulkan objects and the
 mapped view), which goes back to the device's `spare_memory` when its holder
@@ -24,6 +29,9 @@ from runtime.vulkan import raw
 
 PLACEMENTS = ("auto", "host", "device")
 SMALLEST_CLASS = 256
+# Larger reads of device-local mapped memory go through a host-cached staging copy (one
+# submission, tens of us) rather than uncached loads over PCIe (a guess, not yet measured).
+DIRECT_READ_LIMIT = 4096
 
 
 def size_class(nbytes: int, limit: int) -> int:
@@ -98,6 +106,7 @@ class _Allocation:
 
     def __init__(self, device, nbytes: int, handle, memory, view=None):
         self.nbytes, self.handle, self.view, self.mapped = nbytes, handle, view, None
+        self.uncached_reads = False  # mapped device-local memory without HOST_CACHED
         _, ffi, lib = raw.load()
         if view is None:
             self.destroy = device.track(self, _destroy_buffer, lib, ffi.NULL, device.handle, handle, memory)
@@ -135,8 +144,8 @@ def _new_buffer(device, size: int, placement: str) -> _Allocation:
     requirements = ffi.new("VkMemoryRequirements*")
     lib.vkGetBufferMemoryRequirements(device.handle, buffer[0], requirements)
     host = vk.VK_MEMORY_PROPERTY_HOST_VISIBLE_BIT | vk.VK_MEMORY_PROPERTY_HOST_COHERENT_BIT
-    local = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT
-    preferences = {"auto": [local | host, local, host], "host": [host], "device": [local]}
+    local, cached = vk.VK_MEMORY_PROPERTY_DEVICE_LOCAL_BIT, vk.VK_MEMORY_PROPERTY_HOST_CACHED_BIT
+    preferences = {"auto": [local | host, local, host], "host": [host | cached, host], "device": [local]}
     try:
         memory, flags = _allocate(device, requirements, preferences[placement], f"a {size}-byte buffer")
     except BaseException:
@@ -148,6 +157,7 @@ def _new_buffer(device, size: int, placement: str) -> _Allocation:
         pointer = ffi.new("void**")
         raw.check(lib.vkMapMemory(device.handle, memory, 0, requirements.size, 0, pointer), "vkMapMemory")
         allocation.mapped = _address(pointer[0])
+        allocation.uncached_reads = bool(flags & local) and not flags & cached
     return allocation
 
 
@@ -175,6 +185,7 @@ class Buffer:
         key = ("buffer", placement, size)
         allocation = device.spare_memory.take(key) or _new_buffer(device, size, placement)
         self.handle, self.mapped = allocation.handle, allocation.mapped
+        self.uncached_reads = allocation.uncached_reads
         _hold(self, device, key, allocation)
 
     def write(self, source: int, nbytes: int) -> None:
@@ -191,7 +202,7 @@ class Buffer:
     def read(self, destination: int, nbytes: int) -> None:
         """Copy the first `nbytes` to host address `destination`."""
         self.device.require_open()
-        if self.mapped is not None:
+        if self.mapped is not None and not (self.uncached_reads and nbytes > DIRECT_READ_LIMIT):
             ctypes.memmove(destination, self.mapped, nbytes)
             return
         staging = Buffer(self.device, self.nbytes, "host")

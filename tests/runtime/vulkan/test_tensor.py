@@ -9,7 +9,7 @@ import torch
 
 from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.vulkan.device import get_device
-from runtime.vulkan.memory import Buffer, choose_memory_type, size_class
+from runtime.vulkan.memory import DIRECT_READ_LIMIT, Buffer, choose_memory_type, size_class
 from runtime.vulkan.tensor import Tensor, buffer_bytes, texture_extent
 
 DTYPES = [torch.float32, torch.float16, torch.int32, torch.int8, torch.uint8]
@@ -162,3 +162,27 @@ def test_too_large(case, make):
 def test_unsupported_dtype(dtype):
     with pytest.raises(UnsupportedDtype, match=f"input: dtype {dtype} is not supported.*float32, float16, int32, int8, uint8"):
         Tensor.from_torch(torch.zeros(3, dtype=dtype), label="input")
+
+
+def test_staging_prefers_host_cached_memory():
+    cached = HOST | 0x8
+    assert choose_memory_type([LOCAL | HOST, HOST, cached], 0b111, [cached, HOST]) == 2
+
+
+def test_large_reads_of_uncached_device_memory_go_through_staging(monkeypatch):
+    """Device-local mapped memory (a GPU's BAR) is read uncached: a large read takes a copy."""
+    device = get_device()
+    data = torch.arange(3 * DIRECT_READ_LIMIT, dtype=torch.int32).to(torch.int8)
+    copies = []
+    copy = Buffer._copy
+    monkeypatch.setattr(Buffer, "_copy", lambda self, *args: copies.append(args[-1]) or copy(self, *args))
+    for uncached, nbytes, staged in ((False, data.numel(), False), (True, DIRECT_READ_LIMIT, False),
+                                     (True, data.numel(), True)):
+        buffer = Buffer(device, data.numel())
+        buffer.write(data.data_ptr(), data.numel())
+        buffer.uncached_reads = uncached
+        out = torch.empty(nbytes, dtype=torch.int8)
+        copies.clear()
+        buffer.read(out.data_ptr(), nbytes)
+        assert torch.equal(out, data[:nbytes])
+        assert (copies == ["buffer download"]) == (staged and buffer.mapped is not None), (uncached, nbytes)
