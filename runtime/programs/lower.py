@@ -6,7 +6,7 @@ makes them) and/or torchao's 8da4w linears. The steps:
 
 1. `runtime.pytorch.passes.fuse_quantized_ops` fuses the 8da4w linears;
 2. from_export.py converts the graph op for op;
-3. ``dequantize_per_tensor -> aten.conv2d -> [relu] -> quantize_per_tensor``
+3. ``dequantize_per_tensor -> aten.conv2d -> [relu | hardtanh | hardswish] -> quantize_per_tensor``
    becomes one ``etvk.q8ta_conv2d`` (weight sums, fp32 weight scales and an
    fp32 bias computed once from the constants); its int8 input and output get
    the layout placeholder ``PACKED_INT8_CONV2D``;
@@ -28,6 +28,7 @@ Never touches Vulkan. Called by users (`runtime.lower`) and the tools.
 from __future__ import annotations
 
 import hashlib
+import math
 
 import torch
 from torch.export import ExportedProgram
@@ -43,7 +44,12 @@ from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor
 from runtime.pytorch.passes import fuse_quantized_ops
 
 _CONV = "aten.conv2d.default"
-_ACTIVATIONS = {"aten.relu.default": "relu"}
+# An activation between a conv and its output quantize -> the conv's activation arguments.
+_ACTIVATIONS = {
+    "aten.relu.default": lambda b: ("relu",),
+    "aten.hardswish.default": lambda b: ("hardswish",),
+    "aten.hardtanh.default": lambda b: ("hardtanh", float(b["min_val"]), float(b["max_val"])),
+}
 # quantized_decomposed ops whose etvk twin has the same schema: (etvk target, output dtypes).
 _TWINS = {
     "quantized_decomposed.quantize_per_token.default": ("etvk.quantize_per_token.default", None),
@@ -62,24 +68,27 @@ class _Lowering(Rewriter):
     # -- conv -------------------------------------------------------------------------------
 
     def fuse_conv(self, conv: Node) -> bool:
-        """``dq -> conv2d -> [relu] -> q`` -> ``etvk.q8ta_conv2d``; False where it does not match."""
+        """``dq -> conv2d -> [activation] -> q`` -> ``etvk.q8ta_conv2d``; False where it does not match."""
         b = bind(conv)
         x = self.dequantized(b["input"])
         weight = self.symmetric_weight(self.producer(b["weight"]), 4)
         bias = self.fp32_bias(b["bias"])
         if x is None or weight is None or bias is False or len(self.shape(x[0])) != 4:
             return False
-        activation, last = "none", conv
+        activation, last = ("none",), conv
         user = self.only_user(conv)
         if user is not None and user.target in _ACTIVATIONS:
-            activation, last = _ACTIVATIONS[user.target], user
+            activation, last = _ACTIVATIONS[user.target](bind(user)), user
+            if activation[0] == "hardtanh" and not (math.isfinite(activation[1]) and math.isfinite(
+                    activation[2]) and activation[1] <= activation[2]):
+                return False
         out = self.requantized(last)
         if out is None:
             return False
         wq, sums, scales = weight
         args = (x[0], x[1], x[2], wq, sums, scales, out[1], out[2], bias,
                 list(self.program.constants[wq.name].shape[2:]), list(b["stride"]), list(b["padding"]),
-                list(b["dilation"]), b["groups"], activation)
+                list(b["dilation"]), b["groups"], *activation)
         fused = Node(f"{conv.name}_q8ta", "etvk.q8ta_conv2d.default", args, {}, out[0].outputs)
         for name in (x[0].name, out[0].outputs[0]):
             self.mark_packed(name)

@@ -120,3 +120,37 @@ def test_placement_and_bit_exact_device_runs(lowered):
 def test_agreement_with_pytorch(lowered, capsys):
     exported, program, _ = lowered
     check_agreement("patterns", exported, program, _inputs(5), capsys)
+
+
+class DirectActivations(nn.Module):
+    """Activations between a conv and its output quantize (a quantizer that fuses them)."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(4)
+        self.register_buffer("w", torch.randint(-127, 128, (8, 6, 3, 3), generator=gen, dtype=torch.int8))
+        self.register_buffer("s", torch.rand(8, generator=gen) * 0.01 + 0.002)
+        self.register_buffer("z", torch.zeros(8, dtype=torch.int64))
+
+    def forward(self, x, y, g):
+        w = QD.dequantize_per_channel(self.w, self.s, self.z, 0, -127, 127, torch.int8)
+        a = dq(q(x, 0.05, 3), 0.05, 3)
+        swish = q(F.hardswish(F.conv2d(a, w, padding=1)), 0.06, -100)
+        clamp = q(F.hardtanh(F.conv2d(a, w), -2.0, 3.0), 0.03, 0)
+        return dq(swish, 0.06, -100), dq(clamp, 0.03, 0)
+
+
+def test_activations_between_a_conv_and_its_quantize(tmp_path):
+    exported = torch.export.export(DirectActivations().eval(), _inputs(0))
+    program = runtime.lower(exported)
+    convs = [n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default"]
+    assert [c.args[14:] for c in convs] == [("hardswish",), ("hardtanh", -2.0, 3.0)]
+    program.save(tmp_path / "act.etvk")
+    loaded = runtime.load(tmp_path / "act.etvk")
+    assert {r["runs_on"] for r in loaded.placement()} == {"vulkan"}
+    inputs = _inputs(3)
+    for got, want, theirs in zip(loaded(*inputs), program.run_reference(*inputs), exported.module()(*inputs),
+                                 strict=True):
+        assert torch.equal(got, want)
+        # one step of the output scale at most (hardswish: PyTorch divides by 6, we multiply by fp32(1/6))
+        assert float((got - theirs).abs().max()) <= 0.06 + 1e-6
