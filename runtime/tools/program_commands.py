@@ -4,7 +4,8 @@
   quantized with PT2E after a short calibration on random data, lowered and
   saved;
 - ``inspect FILE``: every node, where it runs on this device and why, the
-  layouts as resolved here, and the memory plan;
+  layouts as resolved here, whether a conv runs with measured settings
+  (``python -m runtime tune``) or the rule's, and the memory plan;
 - ``run FILE``: random or given inputs, agreement with the same program run
   by PyTorch on the CPU (its ops, and the etvk reference kernels), and timing.
 
@@ -67,7 +68,8 @@ def export(name: str, out: Path, size: int, batch: int, calibration: int, seed: 
     return 0
 
 
-def _table(rows: list[list[str]]) -> str:
+def table(rows: list[list[str]]) -> str:
+    """Rows of cells as text columns, left-aligned (the first row is the header)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -77,16 +79,16 @@ def inspect(path: Path) -> int:
     loaded = load(path, progress=progress)
     caps = loaded.device.caps
     same = "the same as" if loaded.program.manifest_hash == manifest_hash() else "differs from"
-    rows = [["node", "target", "runs on", "op", "variant", "layout", "reason"]]
+    rows = [["node", "target", "runs on", "op", "variant", "layout", "tuning", "reason"]]
     for r in loaded.placement():
         op = r["op"].removeprefix("etvk.").removesuffix(".default") if r["runs_on"] == "vulkan" else ""
         rows.append([r["node"], r["target"], r["runs_on"], op, r["variant"] or "", r["layout"] or "",
-                     r["reason"]])
+                     r["tuning"] or "", r["reason"]])
     plan = loaded.memory_plan()
     on_device = sum(r["runs_on"] == "vulkan" for r in loaded.placement())
     print(f"{path}: {len(loaded.program.nodes)} nodes, {on_device} on {caps.name} (family {caps.family}); "
           f"lowered with manifest {loaded.program.manifest_hash[:12]}, {same} this runtime's")
-    print(_table(rows))
+    print(table(rows))
     print(f"memory: {plan['tensors']} intermediates, {_kib(plan['unshared_bytes'])} if each had its own; "
           f"planned into {plan['buffers']} buffers of {_kib(plan['planned_bytes'])} "
           f"(peak live {_kib(plan['peak_bytes'])}); segment inputs {_kib(plan['input_bytes'])}")

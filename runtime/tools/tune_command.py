@@ -1,0 +1,79 @@
+"""``python -m runtime tune FILE [--batch N] [--repeat R]``: tune every conv of a saved program.
+
+Reads the program (no loading on the device), collects the geometry of each
+int8 conv node (with ``--batch``, N replaced, so one saved batch-1 program
+tunes for batch 32), tunes each distinct geometry once (runtime/tools/tuner.py)
+with one progress line per geometry on stderr, stores the measured choices
+in this device's tuning cache (runtime/ops/tuning.py), then prints a table
+on stdout: per layer the shape, the rule's choice and its time, the tuned
+choice and its time, the speedup; and the totals. A later ``run`` or
+``inspect`` of the program on this device uses the stored choices.
+Errors are raised as `CommandError`s for the CLI to print as one line.
+Called by runtime.tools.cli.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+from runtime.families.conv2d_layouts import CONV_OPS
+from runtime.ops import tuning
+from runtime.programs.layouts import conv_geometry
+from runtime.programs.program import Program
+from runtime.tools import tuner
+from runtime.tools.program_commands import CommandError, progress, table
+from runtime.vulkan.device import get_device
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.1f}"
+
+
+def tune(path: Path, batch: int | None, repeat: int) -> int:
+    """Tunes the conv geometries of the program at `path`; returns the exit status."""
+    if batch is not None and batch < 1:
+        raise CommandError(f"--batch must be >= 1, got {batch}")
+    if repeat < 1:
+        raise CommandError(f"--repeat must be >= 1, got {repeat}")
+    program = Program.load(path)
+    layers = []
+    for node in program.nodes:
+        if node.target in CONV_OPS:
+            p = conv_geometry(program, node)
+            layers.append((node.name, dataclasses.replace(p, N=batch) if batch else p))
+    caps = get_device().caps
+    if not layers:
+        print(f"{path}: no int8 conv to tune")
+        return 0
+    if not tuning.enabled():
+        progress(f"note: {tuning.SWITCH}=off: the choices are stored, but ignored while it is set")
+    shapes = list(dict.fromkeys(p for _, p in layers))
+    timing = tuner.Timing(repeats=repeat)
+    started = time.perf_counter()
+    results = {}
+    for i, p in enumerate(shapes, 1):
+        begun = time.perf_counter()
+        result = results[p] = tuner.tune_shape(p, timing)
+        tuner.store(result)
+        progress(f"[{i}/{len(shapes)}] {tuning.shape_key(p)}: rule {result.rule.label} "
+                 f"{_us(result.rule.seconds)} us, tuned {result.winner.label} "
+                 f"{_us(result.winner.seconds)} us ({result.candidates} candidates, "
+                 f"{time.perf_counter() - begun:.1f} s)")
+    rows = [["layer", "shape", "rule", "us", "tuned", "us", "speedup"]]
+    rule_total = tuned_total = 0.0
+    for name, p in layers:
+        result = results[p]
+        rule, winner = result.rule, result.winner
+        rule_total += rule.seconds
+        tuned_total += winner.seconds
+        rows.append([name, tuning.shape_key(p), rule.label, _us(rule.seconds), winner.label,
+                     _us(winner.seconds), f"{rule.seconds / winner.seconds:.2f}x"])
+    rows.append(["total", f"{len(layers)} convs, {len(shapes)} shapes", "", _us(rule_total), "",
+                 _us(tuned_total), f"{rule_total / tuned_total:.2f}x"])
+    print(f"{path} on {caps.name} (family {caps.family}): GPU us per call, median of {repeat} "
+          f"after warm-up; tuned in {time.perf_counter() - started:.1f} s, stored in "
+          f"{tuning.cache_path()}")
+    print(table(rows))
+    return 0
