@@ -25,6 +25,7 @@ stub_support (the spec helpers), the program loader and the tuner.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import threading
@@ -32,7 +33,7 @@ import warnings
 from pathlib import Path
 
 from runtime.families.conv2d import Conv2dParams
-from runtime.families.conv2d_tuning import Conv2dChoice, choice_from_json
+from runtime.families.conv2d_tuning import Conv2dChoice, candidate_algorithms, choice_from_json
 from runtime.vulkan.device import get_device
 from runtime.vulkan.pipeline import cache_dir
 
@@ -135,7 +136,7 @@ class TuningCache:
 
 
 _caches: dict[Path, TuningCache] = {}
-_forced: list[Conv2dChoice] = []
+_forced: contextvars.ContextVar[Conv2dChoice | None] = contextvars.ContextVar("forced", default=None)
 _lock = threading.Lock()
 
 
@@ -148,28 +149,29 @@ def tuning_cache() -> TuningCache:
 
 @contextlib.contextmanager
 def forcing(choice: Conv2dChoice):
-    """Within the block, `lookup` answers `choice` for every conv (its algorithm, layout and
-    settings), whatever the file says and even with ``ETVK_TUNING=off``."""
-    _forced.append(choice)
+    """Within the block (in this thread), `lookup` answers `choice` for every conv (its
+    algorithm, layout and settings), whatever the file says and even with ``ETVK_TUNING=off``."""
+    token = _forced.set(choice)
     try:
         yield
     finally:
-        _forced.pop()
+        _forced.reset(token)
 
 
 def measured(p: Conv2dParams) -> dict[str, Conv2dChoice]:
     """algorithm -> the measured best choice of that algorithm for `p` on this device ({} when
-    nothing was measured, or with ``ETVK_TUNING=off``)."""
+    nothing was measured, or with ``ETVK_TUNING=off``); only algorithms valid for `p`."""
     if not enabled():
         return {}
-    return tuning_cache().choices(device_key(get_device().caps), shape_key(p))
+    choices = tuning_cache().choices(device_key(get_device().caps), shape_key(p))
+    return {a: c for a, c in choices.items() if a in candidate_algorithms(p)}
 
 
 def lookup(p: Conv2dParams, algorithm: str | None = None) -> Conv2dChoice | None:
     """The choice to run `p` with: the forced one (`forcing`), else the measured best of
     `algorithm` (of any algorithm, the winner, when None), else None (the rule decides)."""
-    if _forced:
-        forced = _forced[-1]
+    forced = _forced.get()
+    if forced is not None:
         return forced if algorithm in (None, forced.algorithm) else None
     choices = measured(p)
     if algorithm is not None:

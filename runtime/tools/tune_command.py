@@ -27,8 +27,18 @@ from runtime.tools.program_commands import CommandError, progress, table
 from runtime.vulkan.device import get_device
 
 
-def _us(seconds: float) -> str:
-    return f"{seconds * 1e6:.1f}"
+def _us(seconds: float | None) -> str:
+    return "n/a" if seconds is None else f"{seconds * 1e6:.1f}"
+
+
+def _summary(result: tuner.ShapeResult) -> str:
+    """The progress line's part about one tuned geometry."""
+    rule, winner = result.rule, result.winner
+    text = (f"rule {rule.label + ' ' + _us(rule.seconds) + ' us' if rule else 'cannot run here'}, "
+            f"tuned {winner.label} {_us(winner.seconds)} us ({result.candidates} candidates")
+    if result.failed:
+        text += f"; {len(result.failed)} cannot run here, e.g. {result.failed[0]}"
+    return text + ")"
 
 
 def tune(path: Path, batch: int | None, repeat: int) -> int:
@@ -49,6 +59,8 @@ def tune(path: Path, batch: int | None, repeat: int) -> int:
         return 0
     if not tuning.enabled():
         progress(f"note: {tuning.SWITCH}=off: the choices are stored, but ignored while it is set")
+    if get_device().validation:
+        progress("note: the validation layer is on (ETVK_VALIDATION=1): it slows every dispatch")
     shapes = list(dict.fromkeys(p for _, p in layers))
     timing = tuner.Timing(repeats=repeat)
     started = time.perf_counter()
@@ -57,21 +69,25 @@ def tune(path: Path, batch: int | None, repeat: int) -> int:
         begun = time.perf_counter()
         result = results[p] = tuner.tune_shape(p, timing)
         tuner.store(result)
-        progress(f"[{i}/{len(shapes)}] {tuning.shape_key(p)}: rule {result.rule.label} "
-                 f"{_us(result.rule.seconds)} us, tuned {result.winner.label} "
-                 f"{_us(result.winner.seconds)} us ({result.candidates} candidates, "
-                 f"{time.perf_counter() - begun:.1f} s)")
+        progress(f"[{i}/{len(shapes)}] {tuning.shape_key(p)}: {_summary(result)} "
+                 f"in {time.perf_counter() - begun:.1f} s")
     rows = [["layer", "shape", "rule", "us", "tuned", "us", "speedup"]]
     rule_total = tuned_total = 0.0
     for name, p in layers:
-        result = results[p]
-        rule, winner = result.rule, result.winner
-        rule_total += rule.seconds
+        rule, winner = results[p].rule, results[p].winner
         tuned_total += winner.seconds
+        if rule is None:
+            rule_total = None
+            rows.append([name, tuning.shape_key(p), "(cannot run here)", "n/a", winner.label,
+                         _us(winner.seconds), "n/a"])
+            continue
+        if rule_total is not None:
+            rule_total += rule.seconds
         rows.append([name, tuning.shape_key(p), rule.label, _us(rule.seconds), winner.label,
                      _us(winner.seconds), f"{rule.seconds / winner.seconds:.2f}x"])
+    speedup = "n/a" if rule_total is None else f"{rule_total / tuned_total:.2f}x"
     rows.append(["total", f"{len(layers)} convs, {len(shapes)} shapes", "", _us(rule_total), "",
-                 _us(tuned_total), f"{rule_total / tuned_total:.2f}x"])
+                 _us(tuned_total), speedup])
     print(f"{path} on {caps.name} (family {caps.family}): GPU us per call, median of {repeat} "
           f"after warm-up; tuned in {time.perf_counter() - started:.1f} s, stored in "
           f"{tuning.cache_path()}")

@@ -11,7 +11,7 @@ accepts it (runtime/families/conv2d_tuning.py) in two rounds:
 
 Each candidate runs through its algorithm op under `tuning.forcing`, so it
 is exactly what a program with that choice cached would record. A stream of
-up to 4 back-to-back calls is replayed for a short warm-up (10 ms; 0.3 s
+up to 4 back-to-back calls is replayed for a short warm-up (10 ms; 0.2 s
 before a geometry's first candidate, since an idle GPU drops its clock:
 benchmarks/NOTES.md), then `repeats` times; a candidate's time is the median
 call (the sum of its dispatches' timestamps). The result names
@@ -29,7 +29,7 @@ import statistics
 import time
 from dataclasses import dataclass
 
-from runtime.errors import EtvkError
+from runtime.errors import EtvkError, TensorTooLarge, UnsupportedVariant
 from runtime.families.conv2d import Conv2dParams, choose_algorithm
 from runtime.families.conv2d_layouts import ALGORITHM_INPUT_LAYOUT
 from runtime.families.conv2d_tuning import Conv2dChoice, candidate_algorithms, candidate_settings
@@ -62,17 +62,19 @@ class Timing:
 
     repeats: int = 3
     warmup: float = 0.01
-    shape_warmup: float = 0.3
+    shape_warmup: float = 0.2
 
 
 @dataclass(frozen=True)
 class ShapeResult:
-    """What tuning one geometry found: the rule's choice and each algorithm's best, timed."""
+    """What tuning one geometry found: the rule's choice (None if it cannot run here) and each
+    algorithm's best, timed, and the candidates that cannot run here with the reason."""
 
     params: Conv2dParams
-    rule: Conv2dChoice
+    rule: Conv2dChoice | None
     best: dict[str, Conv2dChoice]
     candidates: int  # how many were timed
+    failed: tuple[str, ...] = ()  # "<label>: <why>" of each candidate that cannot run
 
     @property
     def winner(self) -> Conv2dChoice:
@@ -133,29 +135,48 @@ def time_choice(choice: Conv2dChoice, p: Conv2dParams, x: Tensor, args: tuple, r
 
 
 def tune_shape(p: Conv2dParams, timing: Timing = Timing()) -> ShapeResult:
-    """Times the candidates of geometry `p` (module docstring) and returns what it found."""
+    """Times the candidates of geometry `p` (module docstring) and returns what it found.
+
+    A candidate this device cannot run (a variant it lacks, a tensor over its limits) is
+    skipped and listed in the result.
+
+    Raises:
+        TuningError: no timestamp queries, or no candidate runs.
+    """
     caps = get_device().caps
     args = conv_inputs(p)
     inputs = {layout: with_device_input(args, layout)[0] for layout in PACKED_LAYOUTS}
     timed: list[Conv2dChoice] = []
+    failed: list[str] = []
 
-    def measure(choice: Conv2dChoice) -> Conv2dChoice:
-        warmup = timing.warmup if timed else timing.shape_warmup
-        seconds = time_choice(choice, p, inputs[choice.layout], args, timing.repeats, warmup)
-        timed.append(Conv2dChoice(choice.algorithm, choice.layout, choice.settings, seconds))
-        return timed[-1]
+    def measure(choices) -> list[Conv2dChoice]:
+        done = []
+        for choice in choices:
+            warmup = timing.warmup if timed else timing.shape_warmup
+            try:
+                seconds = time_choice(choice, p, inputs[choice.layout], args, timing.repeats, warmup)
+            except (UnsupportedVariant, TensorTooLarge) as exc:
+                failed.append(f"{choice.label}: {exc}")
+                continue
+            timed.append(Conv2dChoice(choice.algorithm, choice.layout, choice.settings, seconds))
+            done.append(timed[-1])
+        return done
 
     best: dict[str, Conv2dChoice] = {}
     for algorithm in candidate_algorithms(p):
-        first = [measure(Conv2dChoice(algorithm, layout)) for layout in PACKED_LAYOUTS]
+        first = measure(Conv2dChoice(algorithm, layout) for layout in PACKED_LAYOUTS)
+        if not first:
+            continue
         layout = min(first, key=lambda c: c.seconds).layout
-        tried = [measure(Conv2dChoice(algorithm, layout, s))
-                 for s in candidate_settings(algorithm, caps.limits.max_compute_shared_memory_size)]
+        shared = caps.limits.max_compute_shared_memory_size
+        tried = measure(Conv2dChoice(algorithm, layout, s) for s in candidate_settings(algorithm, shared))
         best[algorithm] = min(first + tried, key=lambda c: c.seconds)
+    if not best:
+        raise TuningError(f"{tuning.shape_key(p)}: no candidate runs on {caps.name}: {failed[0]}")
     rule_algorithm = choose_algorithm(p, caps.family)
-    rule = next(c for c in timed if c.algorithm == rule_algorithm and not c.settings
-                and c.layout == ALGORITHM_INPUT_LAYOUT[rule_algorithm])
-    return ShapeResult(p, rule, best, len(timed))
+    rule = next((c for c in timed if c.algorithm == rule_algorithm and not c.settings
+                 and c.layout == ALGORITHM_INPUT_LAYOUT[rule_algorithm]), None)
+    return ShapeResult(p, rule, best, len(timed), tuple(failed))
 
 
 def store(result: ShapeResult) -> None:

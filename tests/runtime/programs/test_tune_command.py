@@ -9,12 +9,13 @@ import torch
 from program_cases import random_batches
 
 import runtime
+from runtime.errors import UnsupportedVariant
 from runtime.families.conv2d_layouts import CONV_OPS
 from runtime.families.conv2d_tuning import Conv2dChoice
 from runtime.ops import tuning
 from runtime.programs.layouts import conv_geometry
 from runtime.programs.program import Program
-from runtime.tools import cli
+from runtime.tools import cli, tuner
 from runtime.vulkan.device import get_device
 
 
@@ -37,7 +38,8 @@ def test_tune_prints_a_table_and_loads_follow_it(small_cnn_file, cache, capsys):
     out, err = capsys.readouterr()
     shapes = conv_shapes(small_cnn_file)
     distinct = list(dict.fromkeys(shapes))
-    assert [line.split(":")[0] for line in err.splitlines()] == [
+    progress = [line for line in err.splitlines() if not line.startswith("note: ")]
+    assert [line.split(":")[0] for line in progress] == [
         f"[{i}/{len(distinct)}] {tuning.shape_key(p)}" for i, p in enumerate(distinct, 1)]
     lines = out.splitlines()
     assert lines[0].startswith(f"{small_cnn_file} on {get_device().caps.name}")
@@ -83,3 +85,18 @@ def test_tune_bad_arguments_print_one_line(small_cnn_file, cache, capsys, argv, 
     assert cli.main([a.format(file=small_cnn_file) for a in argv]) == 1
     out, err = capsys.readouterr()
     assert out == "" and err.count("\n") == 1 and message in err
+
+
+def test_candidates_that_cannot_run_are_skipped(small_cnn_file, cache, capsys, monkeypatch):
+    def fake_time(choice, p, x, args, repeats, warmup):
+        if choice.algorithm == "im2col" or choice.layout == "4W4C":
+            raise UnsupportedVariant(f"this test's device lacks {choice.label}")
+        return 1e-6 * (1 + dict(choice.settings).get("out_w", 0))
+
+    monkeypatch.setattr(tuner, "time_choice", fake_time)
+    assert cli.main(["tune", str(small_cnn_file), "--repeat", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "cannot run here, e.g. im2col" in err or "cannot run here, e.g. general 4W4C" in err
+    assert "(cannot run here)" in out  # the rule's im2col on the 16-channel convs
+    for p in conv_shapes(small_cnn_file):
+        assert tuning.measured(p) == {"general": Conv2dChoice("general", "4C", (), 1e-6)}
