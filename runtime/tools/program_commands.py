@@ -7,7 +7,8 @@
   layouts as resolved here, whether a conv runs with measured settings
   (``python -m runtime tune``) or the rule's, and the memory plan;
 - ``run FILE``: random or given inputs, agreement with the same program run
-  by PyTorch on the CPU (its ops, and the etvk reference kernels), and timing.
+  by PyTorch on the CPU (its ops, and the etvk reference kernels), timing, and
+  how many convs run measured choices.
 
 Progress goes to stderr, results to stdout. Errors are raised as `EtvkError`s
 for the CLI to print as one line. Called by runtime.tools.cli.
@@ -136,6 +137,11 @@ def run(path: Path, given: Path | None, repeat: int, seed: int) -> int:
           "(its ops and the etvk reference kernels)")
     print(f"per call: {statistics.median(walls) * 1e3:.2f} ms wall (median of {repeat}), "
           f"{gpu * 1e3:.2f} ms on the device (timestamps), {cpu * 1e3:.2f} ms in CPU nodes")
+    convs = [r["tuning"] for r in rows if r["tuning"]]
+    if convs:
+        measured = sum(t.startswith("measured") for t in convs)
+        print(f"convs on the device: {measured} of {len(convs)} with measured choices "
+              "(python -m runtime tune), the others by the rule")
     return 0 if equal == total and _validation_clean(loaded.device) else 1
 
 

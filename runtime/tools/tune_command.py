@@ -33,9 +33,9 @@ def _us(seconds: float | None) -> str:
 
 def _summary(result: tuner.ShapeResult) -> str:
     """The progress line's part about one tuned geometry."""
-    rule, winner = result.rule, result.winner
+    rule, tuned = result.rule, result.tuned
     text = (f"rule {rule.label + ' ' + _us(rule.seconds) + ' us' if rule else 'cannot run here'}, "
-            f"tuned {winner.label} {_us(winner.seconds)} us ({result.candidates} candidates")
+            f"tuned {tuned.label} {_us(tuned.seconds)} us ({result.candidates} candidates")
     if result.failed:
         text += f"; {len(result.failed)} cannot run here, e.g. {result.failed[0]}"
     return text + ")"
@@ -74,17 +74,17 @@ def tune(path: Path, batch: int | None, repeat: int) -> int:
     rows = [["layer", "shape", "rule", "us", "tuned", "us", "speedup"]]
     rule_total = tuned_total = 0.0
     for name, p in layers:
-        rule, winner = results[p].rule, results[p].winner
-        tuned_total += winner.seconds
+        rule, tuned = results[p].rule, results[p].tuned
+        tuned_total += tuned.seconds
         if rule is None:
             rule_total = None
-            rows.append([name, tuning.shape_key(p), "(cannot run here)", "n/a", winner.label,
-                         _us(winner.seconds), "n/a"])
+            rows.append([name, tuning.shape_key(p), "(cannot run here)", "n/a", tuned.label,
+                         _us(tuned.seconds), "n/a"])
             continue
         if rule_total is not None:
             rule_total += rule.seconds
-        rows.append([name, tuning.shape_key(p), rule.label, _us(rule.seconds), winner.label,
-                     _us(winner.seconds), f"{rule.seconds / winner.seconds:.2f}x"])
+        rows.append([name, tuning.shape_key(p), rule.label, _us(rule.seconds), tuned.label,
+                     _us(tuned.seconds), f"{rule.seconds / tuned.seconds:.2f}x"])
     speedup = "n/a" if rule_total is None else f"{rule_total / tuned_total:.2f}x"
     rows.append(["total", f"{len(layers)} convs, {len(shapes)} shapes", "", _us(rule_total), "",
                  _us(tuned_total), speedup])

@@ -14,9 +14,9 @@ is exactly what a program with that choice cached would record. A stream of
 up to 4 back-to-back calls is replayed for a short warm-up (10 ms; 0.2 s
 before a geometry's first candidate, since an idle GPU drops its clock:
 benchmarks/NOTES.md), then `repeats` times; a candidate's time is the median
-call (the sum of its dispatches' timestamps). The result names
-the rule's choice (OPS.md, for this GPU family) with its time and the best
-choice of each algorithm; `store` writes the latter to the tuning cache.
+call (the sum of its dispatches' timestamps). Then the rule's choice (OPS.md,
+for this GPU family) and the fastest choice are timed again side by side for
+the report; `store` writes each algorithm's fastest choice to the tuning cache.
 
 Called by the ``tune`` command (tune_command.py) and the tests; inputs are
 random (timing does not depend on values).
@@ -24,6 +24,7 @@ random (timing does not depend on values).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import statistics
 import time
@@ -67,19 +68,25 @@ class Timing:
 
 @dataclass(frozen=True)
 class ShapeResult:
-    """What tuning one geometry found: the rule's choice (None if it cannot run here) and each
-    algorithm's best, timed, and the candidates that cannot run here with the reason."""
+    """What tuning one geometry found.
+
+    Attributes:
+        params: the geometry.
+        rule: the rule's choice (None if it cannot run here) and `tuned`, the
+            fastest choice of all, each timed again side by side after the
+            search (so the speedup is not the search's luckiest sample).
+        best: each algorithm's fastest choice, as the search timed it (what
+            the cache keeps).
+        candidates: how many were timed.
+        failed: "<label>: <why>" of each candidate that cannot run here.
+    """
 
     params: Conv2dParams
     rule: Conv2dChoice | None
+    tuned: Conv2dChoice
     best: dict[str, Conv2dChoice]
-    candidates: int  # how many were timed
-    failed: tuple[str, ...] = ()  # "<label>: <why>" of each candidate that cannot run
-
-    @property
-    def winner(self) -> Conv2dChoice:
-        """The fastest choice of all."""
-        return min(self.best.values(), key=lambda c: c.seconds)
+    candidates: int
+    failed: tuple[str, ...] = ()
 
 
 def conv_inputs(p: Conv2dParams, seed: int = 0) -> tuple:
@@ -176,7 +183,13 @@ def tune_shape(p: Conv2dParams, timing: Timing = Timing()) -> ShapeResult:
     rule_algorithm = choose_algorithm(p, caps.family)
     rule = next((c for c in timed if c.algorithm == rule_algorithm and not c.settings
                  and c.layout == ALGORITHM_INPUT_LAYOUT[rule_algorithm]), None)
-    return ShapeResult(p, rule, best, len(timed), tuple(failed))
+    tuned = min(best.values(), key=lambda c: c.seconds)
+    if rule is not None and tuned != rule:
+        rule, tuned = (dataclasses.replace(c, seconds=time_choice(
+            c, p, inputs[c.layout], args, 2 * timing.repeats, timing.warmup)) for c in (rule, tuned))
+    elif rule is not None:
+        tuned = rule
+    return ShapeResult(p, rule, tuned, best, len(timed), tuple(failed))
 
 
 def store(result: ShapeResult) -> None:

@@ -48,6 +48,7 @@ def test_tune_prints_a_table_and_loads_follow_it(small_cnn_file, cache, capsys):
     assert all(line.rstrip().endswith("x") for line in lines[2:])
     winners = {p: tuning.lookup(p) for p in distinct}
     assert None not in winners.values()
+    assert all(winners[p].label in line for p, line in zip(shapes, lines[2:], strict=False))
     loaded = runtime.load(small_cnn_file)
     convs = [r for r in loaded.placement() if r["target"] in CONV_OPS]
     for row, p in zip(convs, shapes, strict=True):
@@ -55,6 +56,8 @@ def test_tune_prints_a_table_and_loads_follow_it(small_cnn_file, cache, capsys):
         assert row["tuning"] == f"measured: {tuning.lookup(p, winners[p].algorithm).label}"
     for (x,) in random_batches(2, seed=3):
         assert torch.equal(loaded(x), loaded.program.run_reference(x))
+    assert cli.main(["run", str(small_cnn_file), "--repeat", "1"]) == 0
+    assert f"convs on the device: {len(shapes)} of {len(shapes)} with measured choices" in capsys.readouterr().out
 
 
 def test_tune_retargets_the_batch(small_cnn_file, cache, capsys):

@@ -51,6 +51,7 @@ def test_run_random_and_given_inputs(exported_file, tmp_path, capsys):
     assert cli.main(["run", str(exported_file), "--repeat", "2"]) == 0
     out = capsys.readouterr().out
     assert "output bit-exact against PyTorch on the CPU" in out and "ms on the device" in out
+    assert "convs on the device: 0 of 20 with measured choices" in out  # ETVK_TUNING=off
     assert ("validation layer: 0 error(s)" in out) == get_device().validation
     inputs = tmp_path / "inputs.safetensors"
     save_file({"x": torch.randn(1, 3, 32, 32)}, str(inputs))
