@@ -64,13 +64,23 @@ HELPERS: dict[str, tuple[str, str]] = {
     ),
     "conv2d_algorithm": (
         "params",
-        "`\"pw\"`, `\"dw\"`, `\"im2col\"` or `\"general\"`: OPS.md's choice for this device's "
-        "GPU family",
+        "`\"pw\"`, `\"dw\"`, `\"im2col\"` or `\"general\"`: the winner measured on this "
+        "device (`python -m runtime tune`), else OPS.md's choice for its GPU family",
+    ),
+    "tuned": (
+        "params, algorithm",
+        "the measured best choice of one algorithm for this conv on this device "
+        "(`.algorithm .layout .settings`), or `None`; `ETVK_TUNING=off` gives `None`",
     ),
     "gemm_tiling": (
-        "m, k4, c_out",
-        "the q8ta_gemm tiling of `m` pixels, `k4` K words, `c_out` channels: `.tile_m .tile_n4 "
-        ".threads_n .split_k .block_k` (spec constants) and `.groups` (workgroup counts)",
+        "m, k4, c_out, choice=None",
+        "the q8ta_gemm tiling of `m` pixels, `k4` K words, `c_out` channels, a `tuned` choice's "
+        "when given, else the rule: `.tile_m .tile_n4 .threads_n .split_k .block_k` (spec "
+        "constants) and `.groups` (workgroup counts)",
+    ),
+    "conv2d_out_w": (
+        "choice",
+        "OUT_W of the direct and depthwise shaders: a `tuned` choice's, else 4",
     ),
     "pool2d_params": (
         "x, kernel_size, stride, padding, dilation, ceil_mode",

@@ -21,9 +21,10 @@ Layers (each imports only those above it in this list): `runtime.errors`;
 `runtime.vulkan` (instance, device, memory, tensors, pipelines, streams);
 `runtime.families` and `runtime.reference` (host-side rules and PyTorch
 definitions of each op family); `runtime.ops` (shader libraries, the
-registry, what generated stubs call); `runtime.pytorch` (``torch.ops.etvk``,
-graph passes); `runtime.programs` (lowered models: lower, save, load, run);
-`runtime.tools` (``python -m runtime``, the demo, examples).
+registry, what generated stubs call, the measured conv choices); `runtime.pytorch`
+(``torch.ops.etvk``, graph passes); `runtime.programs` (lowered models: lower,
+save, load, run); `runtime.tools` (``python -m runtime``, the demo, examples,
+the conv tuner).
 """
 
 from pathlib import Path

@@ -9,9 +9,12 @@
 #         --batch 32 --out .devkit/programs/resnet50_b32.etvk` (optional)
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
-# Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|all] (output also under $OUT
+# Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|tune|all] (output also under $OUT
 # when set); kernels runs only the conv2d, linear and q8ta_linear benchmarks; programs runs
-# each saved program under validation (`python -m runtime run`), then benchmarks/program_bench.py.
+# each saved program under validation (`python -m runtime run`), then benchmarks/program_bench.py;
+# tune tunes each saved program's convs (`python -m runtime tune`, choices cached under
+# $ETVK_CACHE_DIR) and runs it (bit-exact check), then program_bench.py again, now with the
+# measured choices.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -56,6 +59,21 @@ if [ "$what" = programs ] || [ "$what" = all ]; then
   done
   if ((${#specs[@]})); then
     python3 benchmarks/program_bench.py "${specs[@]}" 2>&1 | tee "$log/gpu_program_bench.log"
+  fi
+fi
+if [ "$what" = tune ] || [ "$what" = all ]; then
+  specs=()
+  for f in .devkit/programs/*.etvk; do
+    [ -e "$f" ] || continue
+    ETVK_VALIDATION=0 python3 -m runtime tune "$f" 2>&1 | tee -a "$log/gpu_tune.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    ETVK_VALIDATION=0 python3 -m runtime run "$f" --repeat 1 2>&1 | tee -a "$log/gpu_tune.log"
+    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
+    name=$(basename "$f" .etvk)
+    specs+=("${name%_b*}:$f")
+  done
+  if ((${#specs[@]})); then
+    python3 benchmarks/program_bench.py "${specs[@]}" 2>&1 | tee "$log/gpu_program_bench_tuned.log"
   fi
 fi
 exit $rc

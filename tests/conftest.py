@@ -3,8 +3,10 @@
 The validation layer (with synchronization validation) is on for the whole
 session unless ETVK_VALIDATION is set otherwise, every dispatch is traced (to
 the file ETVK_TRACE_DISPATCH names when the user sets it, else to a session
-file), and a test fails when the device collected a validation message of
-error severity while it ran.
+file), measured conv choices are ignored (ETVK_TUNING=off: the rules decide,
+whatever a developer's cache holds; the tuning tests turn it back on with a
+cache of their own), and a test fails when the device collected a validation
+message of error severity while it ran.
 
 Where no Vulkan device exists at all, a test that needs one is reported as
 skipped with the one-line reason (`VulkanUnavailable`); with
@@ -23,6 +25,7 @@ import pytest
 from runtime.errors import VulkanUnavailable
 
 os.environ.setdefault("ETVK_VALIDATION", "1")
+os.environ.setdefault("ETVK_TUNING", "off")  # the rules; tuning tests turn the cache on
 os.environ.setdefault("ETVK_TRACE_DISPATCH", str(Path(tempfile.mkdtemp(prefix="etvk-tests-")) / "dispatch.jsonl"))
 _TRACE = Path(os.environ["ETVK_TRACE_DISPATCH"])
 # Lines a user's trace file held before this session are not this session's dispatches.

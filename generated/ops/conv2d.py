@@ -306,7 +306,8 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     k = p.Cg * p.KH * p.KW
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
-    tiling = rt.gemm_tiling(p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4, k // 4, p.C_out)
+    choice = rt.tuned(p, 'im2col')
+    tiling = rt.gemm_tiling(p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4, k // 4, p.C_out, choice)
     v = op.select(variant, storage, {"INPUT": ("x", '4W4C' if layout == '4W4C' else 'any_layout')}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     cols = stream.empty([p.N, p.groups * k, p.H_out, p.W_out], torch.int8, v.binding("t_cols"), op.label("cols", "scratch"), layout='4W4C')
@@ -393,7 +394,8 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     layout = rt.layout_of(x, '4C')
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
-    tiling = rt.gemm_tiling(p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W), rt.ceil_div(p.Cg, 4), p.C_out)
+    choice = rt.tuned(p, 'pw')
+    tiling = rt.gemm_tiling(p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W), rt.ceil_div(p.Cg, 4), p.C_out, choice)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
@@ -415,7 +417,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:418",
+    spec="op_specs/conv2d.yaml:420",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -468,7 +470,7 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C1W')
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
-    out_w = 4
+    out_w = rt.conv2d_out_w(rt.tuned(p, 'general'))
     w_packed = rt.prepacked('runtime.families.conv2d:pack_direct_weights', weights, groups, p.C_in)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
@@ -491,7 +493,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:449",
+    spec="op_specs/conv2d.yaml:453",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -545,7 +547,7 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C1W')
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
-    out_w = 4
+    out_w = rt.conv2d_out_w(rt.tuned(p, 'dw'))
     w_packed = rt.prepacked('runtime.families.conv2d:pack_depthwise_weights', weights)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
@@ -568,7 +570,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:481",
+    spec="op_specs/conv2d.yaml:485",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -633,8 +635,8 @@ Q8TA_CONV2D = rt.OpDef(
     name="etvk.q8ta_conv2d.default",
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
-    doc="Int8 conv2d that picks its algorithm by OPS.md's rule for this device's GPU family (ETVK_GPU_FAMILY overrides it) - pointwise, depthwise, im2col or direct - and hands the call to that op.",
-    spec="op_specs/conv2d.yaml:514",
+    doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it).",
+    spec="op_specs/conv2d.yaml:518",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),

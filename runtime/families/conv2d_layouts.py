@@ -10,24 +10,29 @@ Per class:
 
 1. a layout some op states explicitly (not the placeholder) is the class's;
    two different ones are an error;
-2. else rule 3: each conv op reading a class tensor as its input wants the
-   layout its algorithm reads (`choose_algorithm` for the dispatcher: im2col
-   and pw read 4C, direct and depthwise 4C1W); the layout most of the class's
-   convs want wins, the earliest conv in program order breaking a tie;
+2. else rule 3: each conv op reading a class tensor as its input wants a
+   layout: the one its measured choice reads where the tuner measured its
+   geometry on this device (the winner's for the dispatcher, the algorithm's
+   own best for an algorithm op: the `tuned` lookup), else the layout its
+   algorithm reads (`choose_algorithm` for the dispatcher: im2col and pw read
+   4C, direct and depthwise 4C1W); the layout most of the class's convs want
+   wins, the earliest conv in program order breaking a tie;
 3. else (no conv reads the class) 4C1W.
 
-Pure Python; no Vulkan. Called by the program loader (runtime.programs) and
-the tests; a measured choice may replace rule 3 later (the tuner).
+Pure Python; no Vulkan: the measured choices come through the `tuned`
+callable (runtime/ops/tuning.py's `lookup`). Called by the program loader
+(runtime.programs) and the tests.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from runtime.families.conv2d import Conv2dParams, check_family, choose_algorithm
+from runtime.families.conv2d_tuning import Conv2dChoice
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 
 PLACEHOLDER = "PACKED_INT8_CONV2D"
@@ -42,6 +47,8 @@ CONV_OP_ALGORITHMS = {
 }
 CONV_OPS = (DISPATCH_OP, *CONV_OP_ALGORITHMS)
 FALLBACK_LAYOUT = "4C1W"
+# (geometry, algorithm or None for the winner) -> the measured choice, or None
+TunedLookup = Callable[[Conv2dParams, "str | None"], "Conv2dChoice | None"]
 
 
 @dataclass(frozen=True)
@@ -67,8 +74,9 @@ class PackedOp:
         object.__setattr__(self, "layouts", MappingProxyType(dict(self.layouts)))
 
 
-def wanted_input_layout(op: PackedOp, family: str) -> str | None:
-    """Rule 3: the input layout a conv op wants on `family`, or None for any other op.
+def wanted_input_layout(op: PackedOp, family: str, tuned: TunedLookup | None = None) -> str | None:
+    """Rule 3: the input layout a conv op wants on `family` (a measured choice's where `tuned`
+    knows one), or None for any other op.
 
     Raises:
         ValueError: a conv op without its input among its packed tensors, or
@@ -78,11 +86,13 @@ def wanted_input_layout(op: PackedOp, family: str) -> str | None:
         return None
     if op.input_arg not in op.layouts:
         raise ValueError(f"{op.target}: input {op.input_arg!r} is not among its packed tensors")
-    if op.target == DISPATCH_OP:
-        if op.conv is None:
-            raise ValueError(f"{op.target}: the conv geometry is needed to choose its algorithm")
-        return ALGORITHM_INPUT_LAYOUT[choose_algorithm(op.conv, family)]
-    return ALGORITHM_INPUT_LAYOUT[CONV_OP_ALGORITHMS[op.target]]
+    algorithm = CONV_OP_ALGORITHMS.get(op.target)
+    if op.conv is None and algorithm is None:
+        raise ValueError(f"{op.target}: the conv geometry is needed to choose its algorithm")
+    choice = tuned(op.conv, algorithm) if tuned is not None and op.conv is not None else None
+    if choice is not None:
+        return choice.layout
+    return ALGORITHM_INPUT_LAYOUT[algorithm or choose_algorithm(op.conv, family)]
 
 
 class _Classes:
@@ -118,12 +128,14 @@ class _Classes:
             self.state(name, layout, target)
 
 
-def resolve_packed_int8_conv2d(ops: Sequence[PackedOp], family: str) -> list[PackedOp]:
+def resolve_packed_int8_conv2d(ops: Sequence[PackedOp], family: str,
+                               tuned: TunedLookup | None = None) -> list[PackedOp]:
     """Replaces every `PLACEHOLDER` layout of a program's ops (module docstring: classes, rules 3-4).
 
     Args:
         ops: the program's ops that touch packed int8 tensors, in program order.
         family: the device's GPU family (`runtime.vulkan.device.GPU_FAMILIES`).
+        tuned: the measured choices' lookup (None: the rule alone).
 
     Returns:
         New `PackedOp`s, in the same order, with concrete layouts only.
@@ -148,7 +160,7 @@ def resolve_packed_int8_conv2d(ops: Sequence[PackedOp], family: str) -> list[Pac
     votes: dict[str, Counter] = {}
     first: dict[str, dict[str, int]] = {}
     for index, op in enumerate(ops):
-        wanted = wanted_input_layout(op, family)
+        wanted = wanted_input_layout(op, family, tuned)
         if wanted is not None:
             root = classes.find(op.input_arg)
             votes.setdefault(root, Counter())[wanted] += 1

@@ -8,12 +8,15 @@ into SPLIT_K slices of BLOCK_K-word chunks staged in shared memory. The rule
 was tuned on an H100 (benchmarks/NOTES.md): one slice per workgroup when K is
 short or there are enough workgroups, else K split over 2 to 16 slices; tiles
 of 8 or more accumulator ivec4 per invocation ran about 5x slower there, so
-every tiling is 4 pixels x 1 word. Pure arithmetic: no Vulkan. Called by the
-conv op specs through the ``gemm_tiling`` expression helper.
+every rule tiling is 4 pixels x 1 word. A tiling the tuner measured on the
+device (runtime/families/conv2d_tuning.py) replaces the rule. Pure
+arithmetic: no Vulkan. Called by the conv op specs through the
+``gemm_tiling`` expression helper.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 GEMM_WORKGROUP = 256  # must equal q8ta_gemm's workgroup in op_specs/conv2d.yaml
@@ -43,9 +46,16 @@ class GemmTiling:
                 _ceil_div(self.n4, self.tile_n4 * self.threads_n), 1]
 
 
-def gemm_tiling(m: int, k4: int, c_out: int) -> GemmTiling:
-    """The tiling of a GEMM of `m` output pixels, `k4` K words and `c_out` output channels."""
+def gemm_tiling(m: int, k4: int, c_out: int, settings: Mapping[str, int] | None = None) -> GemmTiling:
+    """The tiling of a GEMM of `m` output pixels, `k4` K words and `c_out` output channels.
+
+    `settings` (``tile_m tile_n4 threads_n split_k block_k``, a measured choice of
+    runtime/families/conv2d_tuning.py) replaces the rule when given and not empty.
+    """
     n4 = _ceil_div(c_out, 4)
+    if settings:
+        return GemmTiling(settings["tile_m"], settings["tile_n4"], settings["threads_n"],
+                          settings["split_k"], settings["block_k"], m, n4)
     threads_n = 8 if n4 <= 8 else 16
     one_slice_groups = _ceil_div(m, 4 * GEMM_WORKGROUP // threads_n) * _ceil_div(n4, threads_n)
     if k4 < 32:

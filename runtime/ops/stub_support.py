@@ -17,7 +17,8 @@ from typing import Any
 import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
-from runtime.families import conv2d, conv2d_tiling, pool2d
+from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, pool2d
+from runtime.ops import tuning
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
 from runtime.reference.quantize import fp32, fp32_recip
@@ -119,13 +120,27 @@ def conv2d_output_bounds(activation, activation_min, activation_max, output_scal
 
 
 def conv2d_algorithm(params) -> str:
-    """What ``etvk.q8ta_conv2d.default`` runs on this device's GPU family: pw, dw, im2col, general."""
-    return conv2d.choose_algorithm(params, get_device().caps.family)
+    """What ``etvk.q8ta_conv2d.default`` runs: the measured winner on this device
+    (runtime/ops/tuning.py), else the rule for its GPU family: pw, dw, im2col, general."""
+    winner = tuning.lookup(params)
+    return winner.algorithm if winner else conv2d.choose_algorithm(params, get_device().caps.family)
 
 
-def gemm_tiling(m: int, k4: int, c_out: int):
-    """Spec constants and workgroup counts of a q8ta_gemm dispatch (runtime/families/conv2d_tiling.py)."""
-    return conv2d_tiling.gemm_tiling(m, k4, c_out)
+def tuned(params, algorithm: str):
+    """The measured `Conv2dChoice` of `algorithm` for this conv on this device, or None."""
+    return tuning.lookup(params, algorithm)
+
+
+def gemm_tiling(m: int, k4: int, c_out: int, choice=None):
+    """Spec constants and workgroup counts of a q8ta_gemm dispatch: a measured choice's
+    settings, else the rule (runtime/families/conv2d_tiling.py)."""
+    return conv2d_tiling.gemm_tiling(m, k4, c_out, dict(choice.settings) if choice else None)
+
+
+def conv2d_out_w(choice) -> int:
+    """OUT_W of the direct and depthwise shaders: a measured choice's, else the default."""
+    out_w = choice.setting("out_w") if choice else None
+    return out_w or conv2d_tuning.DIRECT_OUT_W
 
 
 def pool2d_params(x, kernel_size, stride, padding, dilation, ceil_mode):
@@ -177,7 +192,9 @@ HELPERS: dict[str, Callable[..., Any]] = {
         conv2d_params,
         conv2d_output_bounds,
         conv2d_algorithm,
+        tuned,
         gemm_tiling,
+        conv2d_out_w,
         pool2d_params,
         global_pool_tiling,
         layout_of,

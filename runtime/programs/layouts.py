@@ -2,10 +2,12 @@
 
 Builds the layout resolver's view of a program (runtime.families.conv2d_layouts:
 every node that touches packed int8 tensors, with the conv geometry the
-dispatcher needs) and writes the result back: every packed value's layout,
+dispatcher needs, and the measured choices where the caller passes their
+lookup) and writes the result back: every packed value's layout,
 and each node argument still holding the placeholder (a quantize's
 ``layout``) gets its output's layout. Pure; used by the loader and by
-`Program.run_reference` (on the CPU any family gives the same values).
+`Program.run_reference` (on the CPU any family gives the same values);
+`conv_geometry` also by the tuner.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ from runtime.programs.nodes import map_args
 _CONV_WEIGHTS, _CONV_GEOMETRY = 3, slice(9, 14)
 
 
+def conv_geometry(program, node):
+    """The `Conv2dParams` of a conv node (one of `CONV_OPS`) of `program`."""
+    weights = program.constants[node.args[_CONV_WEIGHTS].name]
+    return conv2d_params(program.values[node.args[0].name].shape, weights.shape,
+                         *node.args[_CONV_GEOMETRY])
+
+
 def _packed_ops(program) -> list[PackedOp]:
     """The layout resolver's view of the nodes that touch packed int8 tensors."""
     ops = []
@@ -35,20 +44,18 @@ def _packed_ops(program) -> list[PackedOp]:
             continue
         layouts = {n: program.values[n].layout for n in names}
         if node.target in CONV_OPS:
-            x = node.args[0].name
-            weights = program.constants[node.args[_CONV_WEIGHTS].name]
-            conv = conv2d_params(program.values[x].shape, weights.shape, *node.args[_CONV_GEOMETRY])
-            ops.append(PackedOp(node.target, layouts, conv, x))
+            ops.append(PackedOp(node.target, layouts, conv_geometry(program, node), node.args[0].name))
         else:
             ops.append(PackedOp(node.target, layouts))
     return ops
 
 
-def resolve_layouts(program, family: str):
-    """A copy of `program` whose packed tensors have concrete layouts for `family`; a node
-    argument holding the placeholder (a quantize's ``layout``) gets its output's layout."""
+def resolve_layouts(program, family: str, tuned=None):
+    """A copy of `program` whose packed tensors have concrete layouts for `family` (and the
+    measured choices `tuned` looks up, `runtime.ops.tuning.lookup`; None: the rule alone); a
+    node argument holding the placeholder (a quantize's ``layout``) gets its output's layout."""
     resolved = program.copy()
-    for op in resolve_packed_int8_conv2d(_packed_ops(program), family):
+    for op in resolve_packed_int8_conv2d(_packed_ops(program), family, tuned):
         for name, layout in op.layouts.items():
             resolved.values[name] = dataclasses.replace(resolved.values[name], layout=layout)
     for node in resolved.nodes:

@@ -2,8 +2,9 @@
 
 Loading does, once:
 
-1. layouts: resolves ``PACKED_INT8_CONV2D`` for this device's GPU family
-   (runtime.families.conv2d_layouts, or ETVK_GPU_FAMILY); a quantize node
+1. layouts: resolves ``PACKED_INT8_CONV2D`` for this device: the layouts
+   its measured conv choices read (runtime/ops/tuning.py), else the rule of
+   its GPU family (runtime.families.conv2d_layouts, or ETVK_GPU_FAMILY); a quantize node
    writes its output in the layout its tensor got, and every other packed
    tensor follows its producer;
 2. placement: every ``etvk`` node goes to the device, every other node runs
@@ -28,8 +29,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from runtime.families.conv2d_layouts import CONV_OP_ALGORITHMS, CONV_OPS
+from runtime.ops import tuning
 from runtime.programs.cpu import check_inputs, run_node
-from runtime.programs.layouts import resolve_layouts
+from runtime.programs.layouts import conv_geometry, resolve_layouts
 from runtime.programs.memory_plan import Request, plan_memory
 from runtime.programs.program import Program
 from runtime.programs.recording import Fallback, PlannedAllocator, TrackingAllocator, record_program
@@ -51,7 +54,7 @@ class LoadedProgram:
                  progress: Callable[[str], None] | None = None):
         self.device = device or get_device()
         self.source = source
-        self.program = resolve_layouts(program, self.device.caps.family)
+        self.program = resolve_layouts(program, self.device.caps.family, tuning.lookup)
         started = time.perf_counter()
         on_cpu: dict[str, str] = {}
         with self.device.lock:
@@ -179,7 +182,9 @@ class LoadedProgram:
         Keys: ``node``, ``target``, ``runs_on`` ("vulkan" or "cpu"), ``op`` (what
         ran: for a dispatcher the op it routed to), ``variant`` (the variants it
         dispatched, joined by "+"), ``layout`` (of its packed int8 input as
-        resolved on this device, or None) and ``reason`` (why it runs on the CPU;
+        resolved on this device, or None), ``tuning`` (for a conv on the device:
+        "measured: <choice>" when its settings come from the tuning cache (the
+        measured choice of the algorithm it ran), else "rule"; None for other nodes) and ``reason`` (why it runs on the CPU;
         "" on the device).
         """
         rows = []
@@ -193,9 +198,18 @@ class LoadedProgram:
                 "op": (ops[-1] if ops else node.target) if on_device else node.target,
                 "variant": "+".join(v for _, v in record.dispatches) or None,
                 "layout": packed[0] if packed else None,
+                "tuning": self._tuning(node, ops[-1]) if on_device and ops else None,
                 "reason": "" if on_device else record.reason,
             })
         return rows
+
+    def _tuning(self, node, op: str) -> str | None:
+        """The `placement` ``tuning`` of a device node whose last dispatch was by `op`."""
+        algorithm = CONV_OP_ALGORITHMS.get(op)
+        if node.target not in CONV_OPS or algorithm is None:
+            return None
+        choice = tuning.lookup(conv_geometry(self.program, node), algorithm)
+        return f"measured: {choice.label}" if choice else "rule"
 
     def memory_plan(self) -> dict:
         """The intermediates' memory: ``tensors``, ``unshared_bytes`` (each alone),

@@ -3,7 +3,8 @@
 Commands: ``info`` (the default: the device and which variants run on it),
 ``demo`` (every variant against its reference, then a small CNN exported,
 saved, loaded and run), ``export``, ``inspect`` and ``run`` (programs; see
-runtime.tools.program_commands). A user mistake or a missing Vulkan device
+runtime.tools.program_commands) and ``tune`` (measured conv choices for this
+device; runtime.tools.tune_command). A user mistake or a missing Vulkan device
 prints one line to stderr and exits 1, never a traceback. This module parses
 arguments and calls the tool modules.
 """
@@ -37,6 +38,12 @@ def _parser() -> argparse.ArgumentParser:
                                                  "(by input name); default: random")
     run.add_argument("--repeat", type=int, default=10, help="timed calls (default 10)")
     run.add_argument("--seed", type=int, default=0)
+    tune = sub.add_parser("tune", help="time each conv's algorithms, layouts and tilings on this "
+                                       "device; later loads use the fastest")
+    tune.add_argument("file", type=Path)
+    tune.add_argument("--batch", type=int, help="tune for this batch size instead of the program's")
+    tune.add_argument("--repeat", type=int, default=3,
+                      help="timed replays per candidate, after its warm-up (default 3)")
     return parser
 
 
@@ -57,6 +64,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "inspect":
                 return commands.inspect(args.file)
             return commands.run(args.file, args.inputs, args.repeat, args.seed)
+        if args.command == "tune":
+            from runtime.tools.tune_command import tune
+
+            return tune(args.file, args.batch, args.repeat)
         from runtime.tools.info import info
 
         return info()

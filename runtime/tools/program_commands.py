@@ -4,9 +4,11 @@
   quantized with PT2E after a short calibration on random data, lowered and
   saved;
 - ``inspect FILE``: every node, where it runs on this device and why, the
-  layouts as resolved here, and the memory plan;
+  layouts as resolved here, whether a conv runs with measured settings
+  (``python -m runtime tune``) or the rule's, and the memory plan;
 - ``run FILE``: random or given inputs, agreement with the same program run
-  by PyTorch on the CPU (its ops, and the etvk reference kernels), and timing.
+  by PyTorch on the CPU (its ops, and the etvk reference kernels), timing, and
+  how many convs run measured choices.
 
 Progress goes to stderr, results to stdout. Errors are raised as `EtvkError`s
 for the CLI to print as one line. Called by runtime.tools.cli.
@@ -67,7 +69,8 @@ def export(name: str, out: Path, size: int, batch: int, calibration: int, seed: 
     return 0
 
 
-def _table(rows: list[list[str]]) -> str:
+def table(rows: list[list[str]]) -> str:
+    """Rows of cells as text columns, left-aligned (the first row is the header)."""
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows)
 
@@ -77,16 +80,16 @@ def inspect(path: Path) -> int:
     loaded = load(path, progress=progress)
     caps = loaded.device.caps
     same = "the same as" if loaded.program.manifest_hash == manifest_hash() else "differs from"
-    rows = [["node", "target", "runs on", "op", "variant", "layout", "reason"]]
+    rows = [["node", "target", "runs on", "op", "variant", "layout", "tuning", "reason"]]
     for r in loaded.placement():
         op = r["op"].removeprefix("etvk.").removesuffix(".default") if r["runs_on"] == "vulkan" else ""
         rows.append([r["node"], r["target"], r["runs_on"], op, r["variant"] or "", r["layout"] or "",
-                     r["reason"]])
+                     r["tuning"] or "", r["reason"]])
     plan = loaded.memory_plan()
     on_device = sum(r["runs_on"] == "vulkan" for r in loaded.placement())
     print(f"{path}: {len(loaded.program.nodes)} nodes, {on_device} on {caps.name} (family {caps.family}); "
           f"lowered with manifest {loaded.program.manifest_hash[:12]}, {same} this runtime's")
-    print(_table(rows))
+    print(table(rows))
     print(f"memory: {plan['tensors']} intermediates, {_kib(plan['unshared_bytes'])} if each had its own; "
           f"planned into {plan['buffers']} buffers of {_kib(plan['planned_bytes'])} "
           f"(peak live {_kib(plan['peak_bytes'])}); segment inputs {_kib(plan['input_bytes'])}")
@@ -134,6 +137,11 @@ def run(path: Path, given: Path | None, repeat: int, seed: int) -> int:
           "(its ops and the etvk reference kernels)")
     print(f"per call: {statistics.median(walls) * 1e3:.2f} ms wall (median of {repeat}), "
           f"{gpu * 1e3:.2f} ms on the device (timestamps), {cpu * 1e3:.2f} ms in CPU nodes")
+    convs = [r["tuning"] for r in rows if r["tuning"]]
+    if convs:
+        measured = sum(t.startswith("measured") for t in convs)
+        print(f"convs on the device: {measured} of {len(convs)} with measured choices "
+              "(python -m runtime tune), the others by the rule")
     return 0 if equal == total and _validation_clean(loaded.device) else 1
 
 

@@ -68,7 +68,7 @@ def test_placement_reports_every_node(small_cnn_file):
     rows = loaded.placement()
     assert [r["node"] for r in rows] == [n.name for n in loaded.program.nodes]
     for row in rows:
-        assert row.keys() == {"node", "target", "runs_on", "op", "variant", "layout", "reason"}
+        assert row.keys() == {"node", "target", "runs_on", "op", "variant", "layout", "tuning", "reason"}
         if row["runs_on"] == "vulkan":
             assert row["variant"] and row["reason"] == "" and row["op"].startswith("etvk.")
         else:
@@ -76,6 +76,7 @@ def test_placement_reports_every_node(small_cnn_file):
     convs = [r for r in rows if r["target"] == "etvk.q8ta_conv2d.default"]
     assert convs and all(r["layout"] in ("4C", "4C1W", "4W4C") for r in convs)
     assert all(r["op"] != r["target"] for r in convs)  # the dispatcher names the op it routed to
+    assert all(r["tuning"] == "rule" for r in convs)  # ETVK_TUNING=off (tests/conftest.py)
     # the small CNN is int8 from its first quantize to its last dequantize: all of it on the device
     assert {r["runs_on"] for r in rows} == {"vulkan"}
 

@@ -39,7 +39,7 @@ def test_inspect_shows_every_node_and_the_memory_plan(exported_file, capsys):
     lines = out.splitlines()
     assert lines[0].startswith(f"{exported_file}: {len(program.nodes)} nodes")
     assert "the same as this runtime's" in lines[0]
-    assert lines[1].split() == ["node", "target", "runs", "on", "op", "variant", "layout", "reason"]
+    assert lines[1].split() == ["node", "target", "runs", "on", "op", "variant", "layout", "tuning", "reason"]
     assert all(any(line.startswith(n.name + " ") for line in lines) for n in program.nodes)
     # ResNet-18 is int8 from its first quantize to its last dequantize: every node on the device
     assert lines[0].startswith(f"{exported_file}: {len(program.nodes)} nodes, {len(program.nodes)} on ")
@@ -51,6 +51,7 @@ def test_run_random_and_given_inputs(exported_file, tmp_path, capsys):
     assert cli.main(["run", str(exported_file), "--repeat", "2"]) == 0
     out = capsys.readouterr().out
     assert "output bit-exact against PyTorch on the CPU" in out and "ms on the device" in out
+    assert "convs on the device: 0 of 20 with measured choices" in out  # ETVK_TUNING=off
     assert ("validation layer: 0 error(s)" in out) == get_device().validation
     inputs = tmp_path / "inputs.safetensors"
     save_file({"x": torch.randn(1, 3, 32, 32)}, str(inputs))

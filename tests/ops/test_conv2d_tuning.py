@@ -1,0 +1,77 @@
+"""Tuning never changes results: every candidate the conv tuner may choose gives the reference's output.
+
+For each shape, every algorithm the tuner times (runtime/families/conv2d_tuning.py)
+runs with its rule settings in every packed input layout, and with each of its
+candidate settings (layouts in turn, so every setting and every layout runs);
+each output must equal the PyTorch reference bit for bit, hence each other. The
+dispatch trace shows each candidate's settings reached its last dispatch.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+import runtime
+from runtime.families.conv2d import conv2d_params
+from runtime.families.conv2d_tiling import gemm_tiling
+from runtime.families.conv2d_tuning import Conv2dChoice, candidate_algorithms, candidate_settings
+from runtime.tools.tuner import conv_inputs, run_choice
+from runtime.vulkan.device import get_device
+from runtime.vulkan.layouts import PACKED_LAYOUTS
+
+# name: (x shape, weight shape, stride, padding, dilation, groups)
+SHAPES = {
+    "3x3_c8_w7": ((1, 8, 6, 7), (12, 8, 3, 3), 1, 1, 1, 1),
+    "1x1_c16_w5_batch2": ((2, 16, 3, 5), (8, 16, 1, 1), 1, 0, 1, 1),
+    "dw_3x3s2_c12": ((1, 12, 7, 9), (12, 1, 3, 3), 2, 1, 1, 12),
+    "grouped_g2_cg8": ((1, 16, 5, 6), (8, 8, 3, 3), 1, 1, 1, 2),
+}
+
+
+def candidates(p) -> list[Conv2dChoice]:
+    shared = get_device().caps.limits.max_compute_shared_memory_size
+    found = []
+    for algorithm in candidate_algorithms(p):
+        found += [Conv2dChoice(algorithm, layout) for layout in PACKED_LAYOUTS]
+        found += [Conv2dChoice(algorithm, PACKED_LAYOUTS[i % len(PACKED_LAYOUTS)], settings)
+                  for i, settings in enumerate(candidate_settings(algorithm, shared))]
+    return found
+
+
+def last_dispatch(trace, start: int) -> dict:
+    with trace.open("rb") as f:
+        f.seek(start)
+        return json.loads(f.read().decode().splitlines()[-1])
+
+
+def settings_reached(choice: Conv2dChoice, p, dispatch: dict) -> bool:
+    """Whether the last dispatch of `choice` ran with its settings (the rule's when it has none)."""
+    s = dict(choice.settings)
+    if choice.algorithm in ("pw", "im2col"):
+        padded = choice.algorithm == "im2col" or choice.layout == "4W4C"
+        w = -(-(p.W_out if choice.algorithm == "im2col" else p.W) // 4) * 4 if padded else p.W
+        h = p.H_out if choice.algorithm == "im2col" else p.H
+        return not s or dispatch["groups"] == gemm_tiling(p.N * h * w, 1, p.C_out, s).groups
+    return dispatch["global"][0] == -(-p.W_out // s.get("out_w", 4))
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_every_tuning_candidate_gives_the_reference(name, dispatch_trace_path):
+    x_shape, w_shape, stride, padding, dilation, groups = SHAPES[name]
+    p = conv2d_params(x_shape, w_shape, [w_shape[2], w_shape[3]], [stride], [padding], [dilation], groups)
+    args = conv_inputs(p, seed=len(name))
+    want = runtime.get_op("etvk.q8ta_conv2d.default").reference(*args)
+    choices = candidates(p)
+    assert {c.algorithm for c in choices} == set(candidate_algorithms(p)) and len(choices) > 9
+    wrong, unset = [], []
+    for choice in choices:
+        start = dispatch_trace_path.stat().st_size if dispatch_trace_path.exists() else 0
+        if not torch.equal(run_choice(choice, args), want):
+            wrong.append(choice.label)
+        if not settings_reached(choice, p, last_dispatch(dispatch_trace_path, start)):
+            unset.append(choice.label)
+    assert not wrong, f"{len(wrong)} of {len(choices)} candidates differ from the reference: {wrong}"
+    assert not unset, f"these candidates ran without their settings: {unset}"

@@ -1,0 +1,105 @@
+"""``python -m runtime tune``, and a loaded program following measured conv choices."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from program_cases import random_batches
+
+import runtime
+from runtime.errors import UnsupportedVariant
+from runtime.families.conv2d_layouts import CONV_OPS
+from runtime.families.conv2d_tuning import Conv2dChoice
+from runtime.ops import tuning
+from runtime.programs.layouts import conv_geometry
+from runtime.programs.program import Program
+from runtime.tools import cli, tuner
+from runtime.vulkan.device import get_device
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh, empty cache directory with measured choices switched on."""
+    monkeypatch.setenv("ETVK_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ETVK_TUNING", "on")
+    return tuning.tuning_cache()
+
+
+def conv_shapes(path, batch=None):
+    program = Program.load(path)
+    shapes = [conv_geometry(program, n) for n in program.nodes if n.target in CONV_OPS]
+    return [dataclasses.replace(p, N=batch) if batch else p for p in shapes]
+
+
+def test_tune_prints_a_table_and_loads_follow_it(small_cnn_file, cache, capsys):
+    assert cli.main(["tune", str(small_cnn_file), "--repeat", "1"]) == 0
+    out, err = capsys.readouterr()
+    shapes = conv_shapes(small_cnn_file)
+    distinct = list(dict.fromkeys(shapes))
+    progress = [line for line in err.splitlines() if not line.startswith("note: ")]
+    assert [line.split(":")[0] for line in progress] == [
+        f"[{i}/{len(distinct)}] {tuning.shape_key(p)}" for i, p in enumerate(distinct, 1)]
+    lines = out.splitlines()
+    assert lines[0].startswith(f"{small_cnn_file} on {get_device().caps.name}")
+    assert lines[1].split()[:3] == ["layer", "shape", "rule"] and lines[1].split()[-1] == "speedup"
+    assert len(lines) == 2 + len(shapes) + 1 and lines[-1].startswith("total ")
+    assert all(line.rstrip().endswith("x") for line in lines[2:])
+    winners = {p: tuning.lookup(p) for p in distinct}
+    assert None not in winners.values()
+    assert all(winners[p].label in line for p, line in zip(shapes, lines[2:], strict=False))
+    loaded = runtime.load(small_cnn_file)
+    convs = [r for r in loaded.placement() if r["target"] in CONV_OPS]
+    for row, p in zip(convs, shapes, strict=True):
+        assert row["op"] == f"etvk.q8ta_conv2d_{winners[p].algorithm}.default"
+        assert row["tuning"] == f"measured: {tuning.lookup(p, winners[p].algorithm).label}"
+    for (x,) in random_batches(2, seed=3):
+        assert torch.equal(loaded(x), loaded.program.run_reference(x))
+    assert cli.main(["run", str(small_cnn_file), "--repeat", "1"]) == 0
+    assert f"convs on the device: {len(shapes)} of {len(shapes)} with measured choices" in capsys.readouterr().out
+
+
+def test_tune_retargets_the_batch(small_cnn_file, cache, capsys):
+    assert cli.main(["tune", str(small_cnn_file), "--batch", "2", "--repeat", "1"]) == 0
+    assert "n2 c" in capsys.readouterr().out
+    assert all(tuning.lookup(p) is not None for p in conv_shapes(small_cnn_file, batch=2))
+    assert all(tuning.lookup(p) is None for p in conv_shapes(small_cnn_file))
+
+
+def test_a_planted_choice_sets_layouts_and_algorithms(small_cnn_file, cache):
+    device = tuning.device_key(get_device().caps)
+    for p in conv_shapes(small_cnn_file):
+        cache.store(device, tuning.shape_key(p), {"general": Conv2dChoice("general", "4W4C", (("out_w", 8),), 1e-6)})
+    loaded = runtime.load(small_cnn_file)
+    convs = [r for r in loaded.placement() if r["target"] in CONV_OPS]
+    assert {(r["op"], r["layout"], r["tuning"]) for r in convs} == {
+        ("etvk.q8ta_conv2d_general.default", "4W4C", "measured: general 4W4C w8")}
+    (x,) = random_batches(1, seed=4)[0]
+    assert torch.equal(loaded(x), loaded.program.run_reference(x))
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["tune", "missing.etvk"], "missing.etvk: cannot read it"),
+    (["tune", "{file}", "--batch", "0"], "--batch must be >= 1, got 0"),
+    (["tune", "{file}", "--repeat", "0"], "--repeat must be >= 1, got 0"),
+])
+def test_tune_bad_arguments_print_one_line(small_cnn_file, cache, capsys, argv, message):
+    assert cli.main([a.format(file=small_cnn_file) for a in argv]) == 1
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1 and message in err
+
+
+def test_candidates_that_cannot_run_are_skipped(small_cnn_file, cache, capsys, monkeypatch):
+    def fake_time(choice, p, x, args, repeats, warmup):
+        if choice.algorithm == "im2col" or choice.layout == "4W4C":
+            raise UnsupportedVariant(f"this test's device lacks {choice.label}")
+        return 1e-6 * (1 + dict(choice.settings).get("out_w", 0))
+
+    monkeypatch.setattr(tuner, "time_choice", fake_time)
+    assert cli.main(["tune", str(small_cnn_file), "--repeat", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert "cannot run here, e.g. im2col" in err or "cannot run here, e.g. general 4W4C" in err
+    assert "(cannot run here)" in out  # the rule's im2col on the 16-channel convs
+    for p in conv_shapes(small_cnn_file):
+        assert tuning.measured(p) == {"general": Conv2dChoice("general", "4C", (), 1e-6)}
