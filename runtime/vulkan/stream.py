@@ -283,10 +283,16 @@ class Stream:
         raw.check(result, "vkAllocateDescriptorSets")
         descriptor_set = self._set[0]
         writes, buffer_infos, image_infos = self._resources.writes_for(pipeline, info)
-        for i, binding in enumerate(info.interface.bindings):
-            memory = self._memory_for(binding, bindings[binding.name])
+        device = self.device
+        for i, (binding, image, dtype) in enumerate(layout(info).bindings):
+            tensor = bindings[binding.name]
+            if (tensor is None or tensor.memory is None or tensor.device is not device
+                    or tensor.storage != binding.storage or tensor.dtype != dtype):
+                memory = self._memory_for(binding, tensor)  # a dummy, or an error
+            else:
+                memory = tensor.memory
             writes[i].dstSet = descriptor_set
-            if binding.storage in IMAGE_STORAGES:
+            if image:
                 image_infos[i].imageView = memory.view
             else:
                 buffer_infos[i].buffer, buffer_infos[i].range = memory.handle, memory.nbytes
@@ -421,6 +427,23 @@ class Stream:
                 raise VulkanError(status, "vkGetQueryPoolResults")
             result.append((label, ((stamps[1] - stamps[0]) & mask) * period))
         return result
+
+    def gpu_seconds(self) -> float | None:
+        """Seconds from the first dispatch's start to the last one's end in the last run
+        (barriers between dispatches included), from timestamps; None without them."""
+        if self._state != "ready" or not self._timed:
+            return None
+        ffi, lib = self._ffi, self._lib
+        stamps = ffi.new("uint64_t[2]")
+        flags = self._vk.VK_QUERY_RESULT_64_BIT | self._vk.VK_QUERY_RESULT_WAIT_BIT
+        for slot, (_, pool, index) in ((0, self._timed[0]), (1, self._timed[-1])):
+            status = lib.vkGetQueryPoolResults(self.device.handle, pool, index + slot, 1, 8,
+                                               stamps + slot, 8, flags)
+            if status != 0:
+                raise VulkanError(status, "vkGetQueryPoolResults")
+        bits = self.device.timestamp_valid_bits
+        mask = (1 << bits) - 1 if bits < 64 else -1
+        return ((stamps[1] - stamps[0]) & mask) * self.device.caps.timestamp_period * 1e-9
 
     def close(self) -> None:
         """Reset the command buffer and pools for the next stream, drop the dummies; idempotent.

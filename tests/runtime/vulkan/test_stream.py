@@ -102,6 +102,8 @@ def test_chain_replay_and_timings(stream, tiny_library):
     timings = stream.timings()
     assert [name for name, _ in timings] == ["affine_buffer_float"] * 2
     assert all(0 <= seconds < 10 for _, seconds in timings) and any(s > 0 for _, s in timings)
+    span = stream.gpu_seconds()  # first start to last end: covers each dispatch
+    assert span < 10 and span >= max(seconds for _, seconds in timings)
 
 
 def test_missing_barrier_is_caught_by_synchronization_validation(stream, tiny_library, monkeypatch):
@@ -169,7 +171,7 @@ def test_zero_groups_skip_the_dispatch(stream, tiny_library, tmp_path, monkeypat
     monkeypatch.setenv("ETVK_TRACE_DISPATCH", str(trace))
     _affine(stream, tiny_library, torch.empty(0), dict(AFFINE_PUSH, numel=0))
     stream.run()
-    assert stream.timings() == [] and not trace.exists()
+    assert stream.timings() == [] and stream.gpu_seconds() is None and not trace.exists()
     with pytest.raises(DispatchError, match="replay"):
         stream.replay()
 
