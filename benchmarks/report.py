@@ -112,10 +112,12 @@ def group_table(rows: list[dict], metric: str, copy_gbps: float | None) -> list[
 
 
 def overhead_table(records: list[dict]) -> list[str]:
-    lines = ["| path | wall µs | GPU µs | host µs per dispatch | H100 target |", "|---|---|---|---|---|"]
+    lines = ["| path | wall µs | GPU µs | thread CPU µs | host µs per dispatch | H100 target |",
+             "|---|---|---|---|---|---|"]
     for r in records:
         target = next((f"<= {t} µs" for key, t in TARGETS_US.items() if r["case"].startswith(key)), "")
-        lines.append(f"| {r['case']} | {r['wall_us']:.1f} | {r['gpu_us']:.1f} | {r['host_us']:.2f} "
+        lines.append(f"| {r['case']} | {r['wall_us']:.1f} | {r['gpu_us']:.1f} | {r['cpu_us']:.1f} "
+                     f"| {r['host_us']:.2f} "
                      f"| {target} |")
     return lines
 

@@ -11,8 +11,9 @@ to the tables the benchmark prints; otherwise it writes nothing. Records:
   ``case``; GB/s is bytes / s, TOPS ops / s.
 - ``{"kind": "copy", "bytes": b, "seconds": s}``: the device-to-device copy
   (bytes read + written).
-- ``{"kind": "overhead", "case": c, "wall_us": w, "gpu_us": g, "host_us": h,
-  "dispatches": n}``: host time of small calls (host_us per dispatch).
+- ``{"kind": "overhead", "case": c, "wall_us": w, "gpu_us": g, "cpu_us": u,
+  "host_us": h, "dispatches": n}``: host time of small calls (host_us per
+  dispatch; cpu_us the calling thread's CPU time per call).
 
 Used by every benchmark script; it must not time anything itself.
 """

@@ -58,18 +58,21 @@ REPLAYED = 100  # small dispatches in the recorded stream of the overhead sectio
 WARMUP_SECONDS = 1.0
 
 
-def median_us(fn, repeats: int, warmup: float, gpu=None) -> tuple[float, float]:
-    """Median wall microseconds of `fn()` over `repeats` calls after `warmup` seconds of calls,
-    and the median of `gpu()` (GPU seconds of the call just made, read outside the timed part)."""
+def median_us(fn, repeats: int, warmup: float, gpu=None) -> tuple[float, float, float]:
+    """Microseconds of `fn()` over `repeats` calls after `warmup` seconds of calls: the median
+    wall time, the median of `gpu()` (GPU seconds of the call just made, read outside the timed
+    part) and the mean CPU time of this thread (a CPU driver's own threads not counted)."""
     warm(fn, warmup)
-    wall, device = [], []
+    wall, device, cpu = [], [], 0.0
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         fn()
         wall.append(time.perf_counter() - start)
+        cpu += time.thread_time() - start_cpu
         if gpu is not None:
             device.append(gpu())
-    return statistics.median(wall) * 1e6, statistics.median(device or [float("nan")]) * 1e6
+    return (statistics.median(wall) * 1e6, statistics.median(device or [float("nan")]) * 1e6,
+            cpu / repeats * 1e6)
 
 
 def overhead(repeats: int, warmup: float, results: Results) -> None:
@@ -85,20 +88,24 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
         if one.gpu_seconds() is None:
             print("\n(device has no timestamp queries: overhead section skipped)")
             return
-        replay_us, gpu_us = median_us(one.replay, repeats, warmup, one.gpu_seconds)
-        hundred_us, hundred_gpu_us = median_us(hundred.replay, repeats, warmup, hundred.gpu_seconds)
-    fresh_us, _ = median_us(lambda: op(x, *QUANTIZE_ARGS), repeats, warmup)
-    rows = [  # (what, wall us, GPU us, dispatches); the fresh call's GPU time is the replay's
-        ("fresh op call (upload, record, submit, wait, download)", fresh_us, gpu_us, 1),
-        ("1 recorded dispatch, replayed (submit + wait)", replay_us, gpu_us, 1),
-        (f"{REPLAYED} small dispatches recorded, replayed", hundred_us, hundred_gpu_us, REPLAYED)]
+        replay_us, gpu_us, replay_cpu = median_us(one.replay, repeats, warmup, one.gpu_seconds)
+        hundred_us, hundred_gpu_us, hundred_cpu = median_us(hundred.replay, repeats, warmup,
+                                                            hundred.gpu_seconds)
+    fresh_us, _, fresh_cpu = median_us(lambda: op(x, *QUANTIZE_ARGS), repeats, warmup)
+    rows = [  # (what, wall us, GPU us, CPU us, dispatches); the fresh call's GPU time is the replay's
+        ("fresh op call (upload, record, submit, wait, download)", fresh_us, gpu_us, fresh_cpu, 1),
+        ("1 recorded dispatch, replayed (submit + wait)", replay_us, gpu_us, replay_cpu, 1),
+        (f"{REPLAYED} small dispatches recorded, replayed", hundred_us, hundred_gpu_us, hundred_cpu,
+         REPLAYED)]
     print(f"\n== Host overhead of small dispatches (64 values, quantize_per_tensor), median of {repeats} ==")
-    print("host us = (wall - GPU time from timestamps, median over the same calls) per dispatch")
-    print(f"{'path':<56} {'wall us':>9} {'GPU us':>9} {'host us/dispatch':>17}")
-    for what, wall, gpu, dispatches in rows:
+    print("host us = (wall - GPU time from timestamps, median over the same calls) per dispatch; "
+          "CPU us: this thread's CPU time per call")
+    print(f"{'path':<56} {'wall us':>9} {'GPU us':>9} {'CPU us':>9} {'host us/dispatch':>17}")
+    for what, wall, gpu, cpu, dispatches in rows:
         host = (wall - gpu) / dispatches
-        print(f"{what:<56} {wall:>9.1f} {gpu:>9.1f} {host:>17.2f}")
-        results.emit("overhead", case=what, wall_us=wall, gpu_us=gpu, host_us=host, dispatches=dispatches)
+        print(f"{what:<56} {wall:>9.1f} {gpu:>9.1f} {cpu:>9.1f} {host:>17.2f}")
+        results.emit("overhead", case=what, wall_us=wall, gpu_us=gpu, cpu_us=cpu, host_us=host,
+                     dispatches=dispatches)
     print(f"fresh call / replay of the same dispatch (wall) = {fresh_us / replay_us:.2f}")
 
 

@@ -18,7 +18,7 @@ RECORDS = [
     {"kind": "device", "vulkan": "NVIDIA H100 80GB HBM3", "family": "nvidia", "cuda": "NVIDIA H100 80GB HBM3"},
     {"kind": "copy", "bytes": 2 << 30, "seconds": 0.8e-3},
     {"kind": "overhead", "case": "fresh op call (upload, record, submit, wait, download)", "wall_us": 70.0,
-     "gpu_us": 4.0, "host_us": 66.0, "dispatches": 1},
+     "gpu_us": 4.0, "cpu_us": 50.0, "host_us": 66.0, "dispatches": 1},
     {"kind": "kernel", "group": "quantize", "case": "quantize_per_tensor_buffer_float_int8", "impl": "etvk",
      "seconds": 111e-6, "bytes": 335544320, "ops": None},
     {"kind": "kernel", "group": "quantize", "case": "quantize_per_tensor_buffer_float_int8",
