@@ -44,7 +44,7 @@ from timing import warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.tools.examples import EXAMPLES  # noqa: E402
-from runtime.vulkan.device import get_device  # noqa: E402
+from runtime.vulkan.device import FENCE_SPIN_US, get_device  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
 
 QUANTIZE = "etvk.quantize_per_tensor.default"
@@ -89,15 +89,22 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
             print("\n(device has no timestamp queries: overhead section skipped)")
             return
         replay_us, gpu_us, replay_cpu = median_us(one.replay, repeats, warmup, one.gpu_seconds)
+        device, spin = get_device(), get_device().fence_spin
+        device.fence_spin = 0.0 if spin else FENCE_SPIN_US * 1e-6  # the other way to wait
+        other_us, _, other_cpu = median_us(one.replay, repeats, warmup)
+        device.fence_spin = spin
         hundred_us, hundred_gpu_us, hundred_cpu = median_us(hundred.replay, repeats, warmup,
                                                             hundred.gpu_seconds)
     fresh_us, _, fresh_cpu = median_us(lambda: op(x, *QUANTIZE_ARGS), repeats, warmup)
     rows = [  # (what, wall us, GPU us, CPU us, dispatches); the fresh call's GPU time is the replay's
         ("fresh op call (upload, record, submit, wait, download)", fresh_us, gpu_us, fresh_cpu, 1),
         ("1 recorded dispatch, replayed (submit + wait)", replay_us, gpu_us, replay_cpu, 1),
+        ("  the same, " + ("blocking wait only" if spin else f"fence polled for up to {FENCE_SPIN_US} us"),
+         other_us, gpu_us, other_cpu, 1),
         (f"{REPLAYED} small dispatches recorded, replayed", hundred_us, hundred_gpu_us, hundred_cpu,
          REPLAYED)]
-    print(f"\n== Host overhead of small dispatches (64 values, quantize_per_tensor), median of {repeats} ==")
+    print(f"\n== Host overhead of small dispatches (64 values, quantize_per_tensor), median of {repeats}; "
+          f"fences polled for up to {spin * 1e6:.0f} us before blocking (ETVK_FENCE_SPIN_US) ==")
     print("host us = (wall - GPU time from timestamps, median over the same calls) per dispatch; "
           "CPU us: this thread's CPU time per call")
     print(f"{'path':<56} {'wall us':>9} {'GPU us':>9} {'CPU us':>9} {'host us/dispatch':>17}")

@@ -4,7 +4,8 @@ A `Stream` turns stub calls into Vulkan commands: it uploads inputs, makes
 outputs, writes descriptor sets, packs push constants by the manifest's
 offsets and converts global sizes to group counts (both in dispatch.py),
 brackets every dispatch with timestamps and barriers, and
-submits with a fence. The command buffer starts with a barrier from all
+submits with a fence (polled for up to the device's `fence_spin` seconds,
+then waited for). The command buffer starts with a barrier from all
 earlier host/transfer/compute writes to compute, puts a compute->compute
 barrier between dispatches and ends with compute writes -> host/transfer
 reads. Recording and submission use pre-built cffi structs and raw `lib`
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from runtime.errors import DispatchError, VulkanError
 from runtime.vulkan import raw
@@ -30,6 +32,7 @@ from runtime.vulkan.tensor import Constant, Tensor, dtype_info
 POOL_SETS = 128
 QUERIES_PER_POOL = 128
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
+NOT_READY = 1  # VK_NOT_READY: vkGetFenceStatus of an unsignalled fence
 
 
 def _destroy_stream(lib, null, device, pool, command_buffers, fence, descriptor_pools, query_pools):
@@ -399,11 +402,20 @@ class Stream:
         self._submit_and_wait()
 
     def _submit_and_wait(self) -> None:
-        self.device.require_open()
-        lib, handle, res = self._lib, self.device.handle, self._resources
+        device = self.device
+        device.require_open()
+        lib, handle, res = self._lib, device.handle, self._resources
         res.pending = True  # until the fence is waited for and reset: not reusable
-        raw.check(lib.vkQueueSubmit(self.device.queue, 1, res.submit, res.fence), "vkQueueSubmit")
-        raw.check(lib.vkWaitForFences(handle, 1, res.fences, 1, 2**64 - 1), "vkWaitForFences")
+        raw.check(lib.vkQueueSubmit(device.queue, 1, res.submit, res.fence), "vkQueueSubmit")
+        status = NOT_READY
+        if device.fence_spin:  # poll first: a blocked thread takes tens of microseconds to wake
+            end = time.perf_counter() + device.fence_spin
+            while (status := lib.vkGetFenceStatus(handle, res.fence)) == NOT_READY:
+                if time.perf_counter() > end:
+                    break
+        if status == NOT_READY:
+            status = lib.vkWaitForFences(handle, 1, res.fences, 1, 2**64 - 1)
+        raw.check(status, "vkWaitForFences")
         raw.check(lib.vkResetFences(handle, 1, res.fences), "vkResetFences")
         res.pending = False
 

@@ -106,6 +106,21 @@ def test_chain_replay_and_timings(stream, tiny_library):
     assert span < 10 and span >= max(seconds for _, seconds in timings)
 
 
+@pytest.mark.parametrize("spin", [1.0, 1e-9])  # polled until signalled; polled, then blocked
+def test_replays_wait_for_the_fence_however_it_is_waited_for(stream, tiny_library, monkeypatch, spin):
+    monkeypatch.setattr(get_device(), "fence_spin", spin)
+    variant = tiny_library.variant("affine_buffer_float")
+    count = 1 << 16  # enough work that a run not waited for would read stale values
+    x = stream.upload(torch.zeros(count), variant.binding("t_in"))
+    out = _affine(stream, tiny_library, x, dict(AFFINE_PUSH, numel=count))
+    stream.run()
+    for value in (1.0, 2.0):
+        ones = torch.full([count], value)
+        x.memory.write(ones.data_ptr(), ones.nbytes)
+        stream.replay()
+        assert torch.equal(out.to_torch(), _affine_expected(ones, dict(AFFINE_PUSH, numel=count), 0))
+
+
 def test_missing_barrier_is_caught_by_synchronization_validation(stream, tiny_library, monkeypatch):
     """Proves the validation fixture can fail: drop the barrier between dependent dispatches."""
     monkeypatch.setattr(stream._between_barrier, "record", lambda cb: None)
