@@ -87,7 +87,7 @@ def plot(path: Path, title: str, rows: list[dict], metric: str, copy_gbps: float
     else:
         axes.set_xlabel(metric)
     axes.set_title(title, fontsize=10)
-    axes.legend(fontsize=7, loc="lower right")
+    axes.legend(fontsize=7, loc="best")
     figure.tight_layout()
     figure.savefig(path, dpi=110)
     pyplot.close(figure)
