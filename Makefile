@@ -30,9 +30,10 @@ demo: $(STAMP)
 	$(PY) -m codegen generate
 	$(PY) -m runtime demo
 
+# Every kernel benchmark (tiny sizes on a CPU driver), then benchmarks/report/REPORT.md + PNGs.
 bench: $(STAMP) spirv
 	$(PY) benchmarks/codegen_bench.py
-	$(PY) benchmarks/runtime_bench.py
+	$(PY) benchmarks/run_all.py
 
 wheel: $(STAMP)
 	$(PY) -m pip wheel -q --disable-pip-version-check --no-deps -w dist .

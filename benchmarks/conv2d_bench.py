@@ -45,6 +45,7 @@ if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
     print("note: ETVK_VALIDATION ignored: timings are taken without validation")
     os.environ.pop("ETVK_VALIDATION")
 
+from results import Results  # noqa: E402
 from timing import open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
@@ -160,7 +161,8 @@ def tops(macs: int, seconds: float | None) -> float | None:
     return None if not seconds else 2 * macs / seconds / 1e12
 
 
-def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict) -> None:
+def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict,
+                record: Results) -> None:
     p = case.params
     chosen = ALGORITHM_NAMES.get(conv2d_algorithm(p), "")
     inputs = make_inputs(case)
@@ -175,6 +177,7 @@ def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict) 
             except RuntimeError as error:  # e.g. out of memory: report, keep going
                 print(f"  (cuDNN failed on {case.name}: {str(error).splitlines()[0]})")
             ran_cudnn = True
+            record.kernel("conv2d", f"{case.name} b{p.N}", "cuDNN fp16", cudnn, ops=2 * case.macs)
         op = runtime.get_op(name)
         args = list(inputs.args())
         args[0] = Tensor.from_torch(inputs.x, layout=layout, label=f"{case.name} x")
@@ -196,6 +199,7 @@ def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict) 
         if short == "im2col" and len(parts) == 2:
             note = f"im2col {parts[0] / seconds:.0%}"
         results[(case.name, p.N, short)] = seconds
+        record.kernel("conv2d", f"{case.name} b{p.N}", f"etvk {short}", seconds, ops=2 * case.macs)
         ratio = seconds / cudnn if cudnn else None
         print(f"{case.name:<34} {p.N:>5} {label:<14} {seconds * 1e6:>10.1f} "
               f"{fmt(tops(case.macs, seconds), '.3g', 8)} {fmt(cudnn and cudnn * 1e6, '.1f', 10)} "
@@ -249,12 +253,14 @@ def main() -> int:
     print(f"{'layer':<34} {'batch':>5} {'op':<14} {'GPU us':>10} {'TOPS':>8} {'cuDNN us':>10} "
           f"{'TOPS':>8} {'ours/cuDNN':>11}  note")
     results: dict = {}
+    record = Results("conv2d")
+    record.device(caps)
     cases = []
     for batch in batches:
         for shape in SHAPES:
             case = shrink(shape, batch, options.quick)
             cases.append(case)
-            bench_shape(case, s, only, results)
+            bench_shape(case, s, only, results, record)
     summary(cases, results)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0

@@ -31,6 +31,7 @@ Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R]``
 from __future__ import annotations
 
 import argparse
+import functools
 import math
 import os
 import statistics
@@ -46,6 +47,7 @@ if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
     print("note: ETVK_VALIDATION ignored: timings are taken without validation")
     os.environ.pop("ETVK_VALIDATION")
 
+from results import Results  # noqa: E402
 from timing import open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
@@ -131,7 +133,11 @@ def bf16_setup(m: int, k: int, n: int, copies: int):
     return fn, n * k * 2
 
 
-def row(m, n, what, seconds, nbytes, ours, note=""):
+def row(m, n, what, seconds, nbytes, ours, note="", record: Results | None = None, k=None):
+    if record is not None:
+        impl = what.replace("ours ", "etvk ").replace("torch._weight_int4pack_mm bf16 (tinygemm)",
+                                                      "tinygemm bf16")
+        record.kernel("linear", f"M={m} K={k} N={n}", impl, seconds, nbytes)
     if seconds is None:
         print(f"{m:>3} {n:>6} {what:<54} {'n/a':>9} {'':>9} {'':>9} {'':>10}  {note}", flush=True)
         return
@@ -162,6 +168,9 @@ def main() -> int:
     warmup = options.warmup if options.warmup is not None else (0.05 if options.quick else 1.0)
     op = runtime.get_op(OP)
     gen = torch.Generator().manual_seed(0)
+    record = Results("linear")
+    record.device(caps)
+    emit = functools.partial(row, record=record, k=k)
     print(f"\n== {OP}, K={k}, group size {GROUP_SIZE}: median GPU time per call, weights rotated "
           f"over distinct copies ({CALLS} calls per stream, <= {repeats} replays after {warmup:g} s "
           f"warm-up each) ==")
@@ -185,31 +194,31 @@ def main() -> int:
                 print("device has no timestamp queries: nothing to time")
                 return 1
             ours, variant = measured
-            row(m, n, f"ours {variant}", ours, our_bytes, ours)
+            emit(m, n, f"ours {variant}", ours, our_bytes, ours)
             if m == 1 and n == sizes[-1][0]:
                 target_ours = ours
             if m == 8:
                 other = other_kernel(op, variant)
                 try:
                     seconds, _ = time_ours(op, m, k, weights, gen, other, repeats, warmup)
-                    row(m, n, f"ours {other} (forced)", seconds, our_bytes, ours)
+                    emit(m, n, f"ours {other} (forced)", seconds, our_bytes, ours)
                 except (runtime.EtvkError, ValueError) as error:
-                    row(m, n, f"ours {other} (forced)", None, our_bytes, ours,
+                    emit(m, n, f"ours {other} (forced)", None, our_bytes, ours,
                         f"does not apply: {str(error).split('these inputs: ')[-1][:100]}")
             fn, info = tinygemm_setup(m, k, n, copies)
             if fn is None:
-                row(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", None, 0, ours, info)
+                emit(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", None, 0, ours, info)
             else:
                 seconds = time_cuda(fn, copies, repeats * CALLS, warmup)
-                row(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", seconds, info, ours)
+                emit(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", seconds, info, ours)
                 if m == 1 and n == sizes[-1][0]:
                     target_tinygemm = seconds
             del fn
             fn, info = bf16_setup(m, k, n, copies)
             if fn is None:
-                row(m, n, "torch F.linear bf16", None, 0, ours, info)
+                emit(m, n, "torch F.linear bf16", None, 0, ours, info)
             else:
-                row(m, n, "torch F.linear bf16", time_cuda(fn, copies, repeats * CALLS, warmup),
+                emit(m, n, "torch F.linear bf16", time_cuda(fn, copies, repeats * CALLS, warmup),
                     info, ours)
             del fn
             if torch.cuda.is_available():

@@ -27,6 +27,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from conv2d_bench import MAX_CALLS, Settings, fmt, time_ours  # noqa: E402  (also turns validation off)
+from results import Results  # noqa: E402
 from timing import open_device, time_cuda  # noqa: E402
 
 import runtime  # noqa: E402
@@ -83,8 +84,11 @@ def main() -> int:
     parser.add_argument("--only", default="", help="regular expression on '<shape> <batch> <layout>'")
     options = parser.parse_args()
     started = time.perf_counter()
-    if open_device() is None:
+    caps = open_device()
+    if caps is None:
         return 1
+    record = Results("q8ta_binary")
+    record.device(caps)
     s = Settings(repeats=3 if options.quick else options.repeats,
                  warmup=0.05 if options.quick else 1.0, max_calls=2 if options.quick else MAX_CALLS)
     print("\n== q8ta_binary ops, median GPU time per call; GB/s = packed bytes of a, b and out "
@@ -103,8 +107,10 @@ def main() -> int:
             for layout in PACKED_LAYOUTS:
                 if not only.search(f"{name} {batch} {layout}"):
                     continue
+                torch_bytes = sum(torch.Size(x).numel() for x in (a_shape, b_shape, out_shape))
                 if theirs is None:
                     theirs = time_torch(op_kind, a_shape, b_shape, s)
+                    record.kernel("q8ta_binary", f"{name} b{batch}", "torch CUDA", theirs, torch_bytes)
                 op = runtime.get_op(f"etvk.q8ta_{op_kind}.default")
                 moved = sum(packed_bytes(x, layout) for x in (a_shape, b_shape, out_shape))
                 timed = time_ours(op, arguments(op_kind, a_shape, b_shape, layout), moved, s)
@@ -112,7 +118,7 @@ def main() -> int:
                     print("device has no timestamp queries")
                     return 1
                 ours = timed[0]
-                torch_bytes = sum(torch.Size(x).numel() for x in (a_shape, b_shape, out_shape))
+                record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout}", ours, moved)
                 print(f"{name:<32} {batch:>5} {layout:<6} {ours * 1e6:>9.1f} {moved / ours / 1e9:>8.1f} "
                       f"{fmt(theirs and theirs * 1e6, '.1f', 9)} "
                       f"{fmt(theirs and torch_bytes / theirs / 1e9, '.1f', 8)}", flush=True)

@@ -35,6 +35,7 @@ if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
     print("note: ETVK_VALIDATION ignored: timings are taken without validation")
     os.environ.pop("ETVK_VALIDATION")
 
+from results import Results  # noqa: E402
 from timing import open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
@@ -82,8 +83,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=20,
                         help="replays of each recorded stream after the warm-up, at most (default 20)")
     options = parser.parse_args()
-    if open_device() is None:
+    caps = open_device()
+    if caps is None:
         return 1
+    record = Results("q8ta_linear")
+    record.device(caps)
     ks, ms = ((512,), (1, 8)) if options.quick else ((512, 2048, 4096), (1, 8, 32))
     warmup = 0.05 if options.quick else 1.0
     print(f"\n== {OP}, N_out={N_OUT}, int8 output: median GPU time per call, weights rotated ==")
@@ -101,6 +105,8 @@ def main() -> int:
             rows = [(f"ours {variant}", ours, N_OUT * k),
                     ("torch F.linear bf16", time_bf16(m, k, copies, options.repeats, warmup), 2 * N_OUT * k)]
             for what, seconds, nbytes in rows:
+                record.kernel("q8ta_linear", f"M={m} K={k} N={N_OUT}", what.replace("ours ", "etvk "),
+                              seconds, nbytes)
                 if seconds is None:
                     print(f"{m:>3} {k:>5} {copies:>6} {what:<34} {'n/a':>9}")
                     continue

@@ -1,17 +1,27 @@
-"""Runtime benchmark (not a test): Python overhead per dispatch and quantize throughput.
+"""Runtime benchmark (not a test): host overhead of small calls, copy bandwidth, quantize throughput.
 
 Prints, on the default device (``ETVK_DEVICE`` picks another):
 
-1. Overhead of one small dispatch: record + submit + wait of a fresh stream,
-   and replay of a recorded stream, next to the GPU time of the same dispatch
-   from timestamp queries (the baseline measured in the same run).
-2. Throughput of every quantize-family variant in GB/s (bytes read + written
+1. Host overhead of small dispatches (64 values, quantize_per_tensor): a
+   fresh single-op call (``op(x, ...)`` on a host tensor: upload, record,
+   submit, wait, download), the replay of that one recorded dispatch, and
+   the replay of a stream of 100 such dispatches (per dispatch). Host time
+   is the wall time less the GPU time from timestamp queries in the same
+   run (for 100 dispatches: from the first one's start to the last one's
+   end).
+2. The device's copy bandwidth (vkCmdCopyBuffer of a large buffer, bytes
+   read + written), the yardstick of the report.
+3. Throughput of every quantize-family variant in GB/s (bytes read + written
    over the GPU time from timestamp queries).
-3. With CUDA available (the NVIDIA machine): ``torch.quantize_per_tensor`` on
+4. With CUDA available (the NVIDIA machine): ``torch.quantize_per_tensor`` on
    CUDA on the same tensor, timed with CUDA events in the same run, and the
    ratio of our per-tensor quantize to it.
 
-Usage: ``python benchmarks/runtime_bench.py [--elements N] [--repeats R] [--only REGEX]``
+With ``ETVK_BENCH_RESULTS=DIR`` it also writes DIR/runtime.jsonl
+(benchmarks/results.py) for benchmarks/report.py.
+
+Usage: ``python benchmarks/runtime_bench.py [--quick] [--elements N] [--repeats R] [--only REGEX]``
+(``--quick``: tiny sizes and short warm-ups; runs on lavapipe in seconds.)
 """
 
 from __future__ import annotations
@@ -25,16 +35,22 @@ from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from copy_bandwidth import copy_seconds  # noqa: E402
+from results import Results  # noqa: E402
+from timing import warm  # noqa: E402
+
 import runtime  # noqa: E402
-from runtime.ops.library import catalog  # noqa: E402
 from runtime.tools.examples import EXAMPLES  # noqa: E402
-from runtime.vulkan.device import get_device  # noqa: E402
+from runtime.vulkan.device import FENCE_SPIN_US, get_device  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
 
 QUANTIZE = "etvk.quantize_per_tensor.default"
+QUANTIZE_ARGS = (0.05, 0, -128, 127, torch.int8)
 BACK_TO_BACK = 8  # dispatches per submitted stream in the throughput runs
+REPLAYED = 100  # small dispatches in the recorded stream of the overhead section
 # Continuous work before timing each variant. GPUs drop their clocks while the
 # host prepares the next inputs (an H100 idles at 360 MHz), and short timed
 # bursts do not ramp them back: without this, variants timed later in the run
@@ -42,50 +58,81 @@ BACK_TO_BACK = 8  # dispatches per submitted stream in the throughput runs
 WARMUP_SECONDS = 1.0
 
 
-def median_us(fn, repeats: int) -> float:
-    fn()  # warm-up: pipeline creation, first allocation
-    samples = []
+def median_us(fn, repeats: int, warmup: float, gpu=None) -> tuple[float, float, float]:
+    """Microseconds of `fn()` over `repeats` calls after `warmup` seconds of calls: the median
+    wall time, the median of `gpu()` (GPU seconds of the call just made, read outside the timed
+    part) and the mean CPU time of this thread (a CPU driver's own threads not counted)."""
+    warm(fn, warmup)
+    wall, device, cpu = [], [], 0.0
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, start_cpu = time.perf_counter(), time.thread_time()
         fn()
-        samples.append(time.perf_counter() - start)
-    return statistics.median(samples) * 1e6
+        wall.append(time.perf_counter() - start)
+        cpu += time.thread_time() - start_cpu
+        if gpu is not None:
+            device.append(gpu())
+    return (statistics.median(wall) * 1e6, statistics.median(device or [float("nan")]) * 1e6,
+            cpu / repeats * 1e6)
 
 
-def overhead(repeats: int) -> None:
+def overhead(repeats: int, warmup: float, results: Results) -> None:
+    """Prints (and emits) the host time of a fresh op call and of replayed small dispatches."""
     op = runtime.get_op(QUANTIZE)
     x = torch.randn(64)
-    variant = "quantize_per_tensor_buffer_float_int8"
-    args = (0.05, 0, -128, 127, torch.int8)
-    with Stream() as upload_stream:
-        x_dev = upload_stream.upload(x, catalog().variant(variant).binding("t_in"), "bench x")
+    with Stream() as one, Stream() as hundred:
+        op.record(one, x, *QUANTIZE_ARGS)
+        for _ in range(REPLAYED):
+            op.record(hundred, x, *QUANTIZE_ARGS)
+        one.run()
+        hundred.run()
+        if one.gpu_seconds() is None:
+            print("\n(device has no timestamp queries: overhead section skipped)")
+            return
+        replay_us, gpu_us, replay_cpu = median_us(one.replay, repeats, warmup, one.gpu_seconds)
+        device, spin = get_device(), get_device().fence_spin
+        device.fence_spin = 0.0 if spin else FENCE_SPIN_US * 1e-6  # the other way to wait
+        other_us, _, other_cpu = median_us(one.replay, repeats, warmup)
+        device.fence_spin = spin
+        hundred_us, hundred_gpu_us, hundred_cpu = median_us(hundred.replay, repeats, warmup,
+                                                            hundred.gpu_seconds)
+    fresh_us, _, fresh_cpu = median_us(lambda: op(x, *QUANTIZE_ARGS), repeats, warmup)
+    rows = [  # (what, wall us, GPU us, CPU us, dispatches); the fresh call's GPU time is the replay's
+        ("fresh op call (upload, record, submit, wait, download)", fresh_us, gpu_us, fresh_cpu, 1),
+        ("1 recorded dispatch, replayed (submit + wait)", replay_us, gpu_us, replay_cpu, 1),
+        ("  the same, " + ("blocking wait only" if spin else f"fence polled for up to {FENCE_SPIN_US} us"),
+         other_us, gpu_us, other_cpu, 1),
+        (f"{REPLAYED} small dispatches recorded, replayed", hundred_us, hundred_gpu_us, hundred_cpu,
+         REPLAYED)]
+    print(f"\n== Host overhead of small dispatches (64 values, quantize_per_tensor), median of {repeats}; "
+          f"fences polled for up to {spin * 1e6:.0f} us before blocking (ETVK_FENCE_SPIN_US) ==")
+    print("host us = (wall - GPU time from timestamps, median over the same calls) per dispatch; "
+          "CPU us: this thread's CPU time per call")
+    print(f"{'path':<56} {'wall us':>9} {'GPU us':>9} {'CPU us':>9} {'host us/dispatch':>17}")
+    for what, wall, gpu, cpu, dispatches in rows:
+        host = (wall - gpu) / dispatches
+        print(f"{what:<56} {wall:>9.1f} {gpu:>9.1f} {cpu:>9.1f} {host:>17.2f}")
+        results.emit("overhead", case=what, wall_us=wall, gpu_us=gpu, cpu_us=cpu, host_us=host,
+                     dispatches=dispatches)
+    print(f"fresh call / replay of the same dispatch (wall) = {fresh_us / replay_us:.2f}")
 
-    def fresh():
-        with Stream() as stream:
-            op.record(stream, x_dev, *args, variant=variant)
-            stream.run()
 
-    with Stream() as recorded:
-        op.record(recorded, x_dev, *args, variant=variant)
-        recorded.run()
-        replay_us = median_us(recorded.replay, repeats)
-        # After the replays: a first run may include the driver's lazy shader compile.
-        gpu = [seconds for _, seconds in recorded.timings()]
-    fresh_us = median_us(fresh, repeats)
-    gpu_us = gpu[0] * 1e6 if gpu else float("nan")
-    print("\n== Python overhead per dispatch (64 values, quantize_per_tensor) ==")
-    print(f"{'path':<34} {'us/call':>10} {'x GPU time':>11}")
-    for name, us in (("record + submit + wait", fresh_us), ("replay (submit + wait)", replay_us)):
-        print(f"{name:<34} {us:>10.1f} {us / gpu_us:>11.1f}")
-    print(f"{'GPU time (timestamps), baseline':<34} {gpu_us:>10.1f} {1.0:>11.1f}")
-    print(f"record + submit + wait / replay = {fresh_us / replay_us:.2f}")
+def copy_bandwidth(nbytes: int, repeats: int, warmup: float, results: Results) -> float | None:
+    """Prints (and emits) the device-to-device copy bandwidth in GB/s (bytes read + written)."""
+    seconds = copy_seconds(get_device(), nbytes, warmup, repeats)
+    if seconds is None:
+        print("\n(device has no timestamp queries: copy bandwidth skipped)")
+        return None
+    gbps = 2 * nbytes / seconds / 1e9
+    print(f"\n== Copy bandwidth: vkCmdCopyBuffer of {nbytes / 2**20:.0f} MiB, median of {repeats} x 8 "
+          "(timestamps) ==")
+    print(f"{'copy (bytes read + written)':<50} {2 * nbytes / 1e6:>9.2f} {seconds * 1e6:>9.1f} {gbps:>8.1f}")
+    results.emit("copy", bytes=2 * nbytes, seconds=seconds)
+    return gbps
 
 
-def gpu_seconds(stream: Stream, repeats: int) -> float:
-    """Median GPU time of one dispatch over `repeats` replays, after WARMUP_SECONDS of replays."""
-    end = time.perf_counter() + WARMUP_SECONDS
-    while time.perf_counter() < end:
-        stream.replay()
+def gpu_seconds(stream: Stream, repeats: int, warmup: float) -> float:
+    """Median GPU time of one dispatch over `repeats` replays, after `warmup` seconds of replays."""
+    warm(stream.replay, warmup)
     samples = []
     for _ in range(repeats):
         stream.replay()
@@ -93,13 +140,14 @@ def gpu_seconds(stream: Stream, repeats: int) -> float:
     return statistics.median(samples)
 
 
-def throughput(elements: int, repeats: int, only: re.Pattern) -> float | None:
+def throughput(elements: int, repeats: int, warmup: float, only: re.Pattern,
+               results: Results) -> float | None:
     """Prints GB/s per quantize-family variant; returns per-tensor int8 fp32 buffer GB/s."""
     caps = get_device().caps
     gen = torch.Generator().manual_seed(0)
-    shape = (max(1, elements >> 20), 1024, 1024)
+    shape = (max(1, elements >> 20), min(elements, 1024), max(1, min(elements >> 10, 1024)))
     print(f"\n== Throughput, {'x'.join(map(str, shape))} values, median of {repeats} x {BACK_TO_BACK} "
-          f"back-to-back dispatches (timestamps), after {WARMUP_SECONDS:g} s of warm-up each ==")
+          f"back-to-back dispatches (timestamps), after {warmup:g} s of warm-up each ==")
     print(f"{'variant':<50} {'MB moved':>9} {'GPU us':>9} {'GB/s':>8}")
     baseline = None
     for name, build in EXAMPLES.items():
@@ -119,25 +167,29 @@ def throughput(elements: int, repeats: int, only: re.Pattern) -> float | None:
                 if not stream.timings():
                     print("device has no timestamp queries; skipping throughput")
                     return None
-                seconds = gpu_seconds(stream, repeats)
+                seconds = gpu_seconds(stream, repeats, warmup)
             moved = sum(a.numel() * a.element_size() for a in args if isinstance(a, torch.Tensor))
             moved += sum(o.nbytes for o in outputs)
             gbps = moved / seconds / 1e9
             if info.name == "quantize_per_tensor_buffer_float_int8":
                 baseline = gbps
-            print(f"{info.name:<50} {moved / 1e6:>9.2f} {seconds * 1e6:>9.1f} {gbps:>8.1f}")
+            print(f"{info.name:<50} {moved / 1e6:>9.2f} {seconds * 1e6:>9.1f} {gbps:>8.1f}", flush=True)
+            results.kernel("quantize", info.name, "etvk", seconds, moved)
     return baseline
 
 
-def cuda_baseline(elements: int, repeats: int, ours_gbps: float | None) -> None:
+def cuda_baseline(elements: int, repeats: int, warmup: float, ours_gbps: float | None,
+                  results: Results) -> None:
     if not torch.cuda.is_available():
         print("\n(no CUDA device: torch.quantize_per_tensor comparison skipped)")
         return
-    x = torch.randn(elements // 1024, 1024, device="cuda")
-    end = time.perf_counter() + WARMUP_SECONDS
-    while time.perf_counter() < end:
+    x = torch.randn(elements, device="cuda")
+
+    def quantize():
         torch.quantize_per_tensor(x, 0.05, 0, torch.qint8)
         torch.cuda.synchronize()
+
+    warm(quantize, warmup)
     samples = []
     for _ in range(repeats * BACK_TO_BACK):  # as many timed dispatches as ours
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -150,14 +202,18 @@ def cuda_baseline(elements: int, repeats: int, ours_gbps: float | None) -> None:
     gbps = elements * 5 / seconds / 1e9
     print("\n== torch.quantize_per_tensor on CUDA, same shape, fp32 -> qint8 ==")
     print(f"{'torch CUDA':<50} {elements * 5 / 1e6:>9.2f} {seconds * 1e6:>9.1f} {gbps:>8.1f}")
+    results.kernel("quantize", "quantize_per_tensor_buffer_float_int8", "torch CUDA", seconds, elements * 5)
     if ours_gbps:
         print(f"ours (quantize_per_tensor_buffer_float_int8) / torch CUDA = {ours_gbps / gbps:.2f}")
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--elements", type=int, default=None, help="values per tensor (default: 64Mi on a GPU, 4Mi on a CPU device)")
-    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--quick", action="store_true",
+                        help="tiny sizes (4Ki values, 1 MiB copy), 3 repeats, 0.05 s warm-ups")
+    parser.add_argument("--elements", type=int, default=None,
+                        help="values per tensor (default: 64Mi on a GPU, 4Mi on a CPU device)")
+    parser.add_argument("--repeats", type=int, default=None, help="timed replays (default 20; quick 3)")
     parser.add_argument("--only", default="", help="regular expression: time only matching variants")
     parser.add_argument("--skip-overhead", action="store_true", help="skip the overhead section")
     options = parser.parse_args()
@@ -166,12 +222,18 @@ def main() -> int:
     except runtime.VulkanUnavailable as error:
         print(error, file=sys.stderr)
         return 1
-    elements = options.elements or (4 << 20 if caps.family in ("llvmpipe", "swiftshader") else 64 << 20)
-    print(f"device: {caps.name} (family {caps.family})")
+    cpu = caps.family in ("llvmpipe", "swiftshader")
+    elements = options.elements or (4096 if options.quick else 4 << 20 if cpu else 64 << 20)
+    repeats = options.repeats or (3 if options.quick else 20)
+    warmup = 0.05 if options.quick else WARMUP_SECONDS
+    results = Results("runtime")
+    results.device(caps)
+    print(f"device: {caps.name} (family {caps.family})", flush=True)
     if not options.skip_overhead:
-        overhead(options.repeats * 10)
-    ours = throughput(elements, options.repeats, re.compile(options.only))
-    cuda_baseline(elements, options.repeats, ours)
+        overhead(repeats * 10, min(warmup, 0.2), results)
+    copy_bandwidth(1 << 20 if options.quick else 64 << 20 if cpu else 1 << 30, repeats, warmup, results)
+    ours = throughput(elements, repeats, warmup, re.compile(options.only), results)
+    cuda_baseline(elements, repeats, warmup, ours, results)
     return 0
 
 

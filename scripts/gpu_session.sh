@@ -8,13 +8,16 @@
 #   programs/  saved programs NAME_bB.etvk, e.g. `python -m runtime export resnet50
 #         --batch 32 --out .devkit/programs/resnet50_b32.etvk` (optional)
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
+#   whl/ may also hold matplotlib and its dependencies (cp312) for the report's plots; without
+#         them the report has no plots (`python benchmarks/report.py DIR/results` elsewhere)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
 # Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|tune|all] (output also under $OUT
-# when set); kernels runs only the conv2d, linear and q8ta_linear benchmarks; programs runs
-# each saved program under validation (`python -m runtime run`), then benchmarks/program_bench.py;
-# tune tunes each saved program's convs (`python -m runtime tune`, choices cached under
-# $ETVK_CACHE_DIR) and runs it (bit-exact check), then program_bench.py again, now with the
-# measured choices.
+# when set); bench runs every kernel benchmark through benchmarks/run_all.py and writes the
+# report ($OUT/bench-report/REPORT.md, PNGs, results/, logs/); kernels runs only the conv2d,
+# linear and q8ta_linear benchmarks; programs runs each saved program under validation
+# (`python -m runtime run`), then benchmarks/program_bench.py; tune tunes each saved program's
+# convs (`python -m runtime tune`, choices cached under $ETVK_CACHE_DIR) and runs it (bit-exact
+# check), then program_bench.py again, now with the measured choices.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -26,6 +29,9 @@ for f in .devkit/tools/*.deb; do dpkg -x "$f" /tmp/tools; done
 export PATH=/tmp/tools/usr/bin:$PATH
 python3 -m pip install -q --no-index --find-links .devkit/whl vulkan cffi pycparser safetensors
 python3 -m pip install -q --no-index --no-deps --find-links .devkit/whl torchvision
+python3 -c "import matplotlib" 2>/dev/null ||
+  python3 -m pip install -q --no-index --find-links .devkit/whl matplotlib 2>/dev/null ||
+  echo "matplotlib not installable here: the report has no plots"
 export VK_LAYER_PATH=/tmp/vvl/usr/share/vulkan/explicit_layer.d
 export LD_LIBRARY_PATH=/tmp/vvl/usr/lib/x86_64-linux-gnu:/tmp/tools/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
@@ -41,9 +47,9 @@ if [ "$what" = tests ] || [ "$what" = all ]; then
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
-  ETVK_VALIDATION=0 python3 benchmarks/runtime_bench.py 2>&1 | tee "$log/gpu_bench.log"
+  python3 benchmarks/run_all.py --out "$log/bench-report" 2>&1 | tee "$log/gpu_bench.log"
 fi
-if [ "$what" = bench ] || [ "$what" = all ] || [ "$what" = kernels ]; then
+if [ "$what" = kernels ]; then
   ETVK_VALIDATION=0 python3 benchmarks/conv2d_bench.py 2>&1 | tee "$log/gpu_conv2d_bench.log"
   ETVK_VALIDATION=0 python3 benchmarks/linear_bench.py 2>&1 | tee "$log/gpu_linear_bench.log"
   ETVK_VALIDATION=0 python3 benchmarks/q8ta_linear_bench.py 2>&1 | tee "$log/gpu_q8ta_linear_bench.log"

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -291,6 +291,9 @@ class OpDef:
     record: Callable[..., Any]
     fake: Callable[..., Any]
     steps: tuple[tuple[str, ...], ...] | None = None
+    # (variant, storage, wanted, step) -> (device capabilities, chosen VariantInfo): a choice
+    # depends only on these, so repeated calls skip the search (errors are never cached).
+    _chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def label(self, name: str, kind: str = "argument") -> str:
         """Prefix for errors about one argument, output or derived value (`let`) of this op."""
@@ -332,6 +335,19 @@ class OpDef:
             UnsupportedVariant: the forced variant cannot serve the call, or no
                 matching variant can run on this device.
         """
+        caps = get_device().caps
+        key = (variant, storage, tuple(wanted.items()), step)
+        try:
+            chosen = self._chosen.get(key)
+        except TypeError:  # an unhashable argument: no caching (the search reports it)
+            return self._select(variant, storage, wanted, step, caps)
+        if chosen is not None and chosen[0] is caps:
+            return chosen[1]
+        info = self._select(variant, storage, wanted, step, caps)
+        self._chosen[key] = (caps, info)
+        return info
+
+    def _select(self, variant, storage, wanted, step, caps):
         if storage is not None and storage not in STORAGES:
             raise ArgumentError(self, "storage", f"must be one of {STORAGES} or None, got {storage!r}")
         wanted = dict(wanted)
@@ -340,7 +356,6 @@ class OpDef:
         if "STORAGE" in candidates[0][1] and "STORAGE" not in wanted:
             wanted["STORAGE"] = (None, storage)
         library = catalog()
-        caps = get_device().caps
         if variant is not None and (variant in names or variant not in dict(self.variants)):
             return self._check_forced(variant, wanted, library, caps)
         for axis, (arg, value) in wanted.items():

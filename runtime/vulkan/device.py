@@ -40,6 +40,10 @@ DEVICE_TYPES = {0: "other", 1: "integrated_gpu", 2: "discrete_gpu", 3: "virtual_
 TYPE_PREFERENCE = ("discrete_gpu", "integrated_gpu", "virtual_gpu", "cpu", "other")
 SPARE_MEMORY_BYTES, SPARE_MEMORY_ENTRIES = 256 << 20, 64
 SPARE_STREAMS = 8
+# Microseconds a stream polls its fence before blocking in vkWaitForFences (ETVK_FENCE_SPIN_US):
+# waking a blocked thread costs tens of microseconds, a small dispatch takes a few. Not on CPU
+# drivers, whose own threads need the cores.
+FENCE_SPIN_US = 200
 
 
 class ConfigError(EtvkError, ValueError):
@@ -66,6 +70,20 @@ def gpu_family(vendor_id: int, driver_id: int, override: str | None = None) -> s
                               f"use one of: {', '.join(GPU_FAMILIES)}")
         return override
     return DRIVER_FAMILIES.get(driver_id) or VENDOR_FAMILIES.get(vendor_id, "other")
+
+
+def fence_spin_seconds(setting: str | None, device_type: str) -> float:
+    """Seconds to poll a fence before blocking: `setting` (ETVK_FENCE_SPIN_US, microseconds) or
+    `FENCE_SPIN_US` (0 on a CPU device).
+
+    Raises:
+        ConfigError: `setting` is not a whole number >= 0.
+    """
+    if setting is None or setting == "":
+        return 0.0 if device_type == "cpu" else FENCE_SPIN_US * 1e-6
+    if not setting.strip().isdigit():
+        raise ConfigError(f"ETVK_FENCE_SPIN_US={setting!r} is not a whole number of microseconds >= 0")
+    return int(setting) * 1e-6
 
 
 def choose_physical_device(candidates: list[tuple[str, str]], selector: str | None) -> int:
@@ -247,6 +265,8 @@ class Device:
             pipeline_cache_uuid=props["pipeline_cache_uuid"],
             held_back=tuple(sorted(probe.held_back.items())))
         self.timestamp_valid_bits = probe.timestamp_valid_bits
+        self.fence_spin = fence_spin_seconds(os.environ.get("ETVK_FENCE_SPIN_US"),
+                                             self.caps.device_type)
         self.queue_family = probe.queue_family
         self.physical = physical
         memory = ffi.new("VkPhysicalDeviceMemoryProperties*")

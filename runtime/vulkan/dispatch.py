@@ -1,7 +1,7 @@
 """Dispatch arguments to Vulkan numbers: group counts, x-into-y folding, push-constant bytes.
 
 Pure functions of a variant's manifest interface and the device limits; what
-depends only on the variant (names, the push-constant struct) is worked out
+depends only on the variant (names, the push-constant struct, binding dtypes) is worked out
 once per (variant name, SPIR-V key). It must not call Vulkan. Called by
 stream.py.
 """
@@ -11,6 +11,8 @@ from __future__ import annotations
 import struct
 
 from runtime.errors import DispatchError
+from runtime.vulkan.interface import IMAGE_STORAGES
+from runtime.vulkan.tensor import dtype_info
 
 PUSH_FORMATS = {"uint": "I", "int": "i", "float": "f", "uvec4": "4I", "ivec4": "4i", "vec4": "4f"}
 
@@ -52,6 +54,9 @@ class Layout:
     def __init__(self, variant):
         interface = variant.interface
         self.binding_names = frozenset(b.name for b in interface.bindings)
+        # (binding, is an image, torch dtype) in binding order, for the descriptor writes
+        self.bindings = tuple((b, b.storage in IMAGE_STORAGES, dtype_info(b.dtype).torch_dtype)
+                              for b in interface.bindings)
         self.push_names = frozenset(f.name for f in interface.push_constants)
         self.push_order = [(f.name, f.type.endswith("vec4"))
                            for f in sorted(interface.push_constants, key=lambda f: f.offset)]

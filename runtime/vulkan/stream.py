@@ -4,7 +4,8 @@ A `Stream` turns stub calls into Vulkan commands: it uploads inputs, makes
 outputs, writes descriptor sets, packs push constants by the manifest's
 offsets and converts global sizes to group counts (both in dispatch.py),
 brackets every dispatch with timestamps and barriers, and
-submits with a fence. The command buffer starts with a barrier from all
+submits with a fence (polled for up to the device's `fence_spin` seconds,
+then waited for). The command buffer starts with a barrier from all
 earlier host/transfer/compute writes to compute, puts a compute->compute
 barrier between dispatches and ends with compute writes -> host/transfer
 reads. Recording and submission use pre-built cffi structs and raw `lib`
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 from runtime.errors import DispatchError, VulkanError
 from runtime.vulkan import raw
@@ -30,6 +32,7 @@ from runtime.vulkan.tensor import Constant, Tensor, dtype_info
 POOL_SETS = 128
 QUERIES_PER_POOL = 128
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
+NOT_READY = 1  # VK_NOT_READY: vkGetFenceStatus of an unsignalled fence
 
 
 def _destroy_stream(lib, null, device, pool, command_buffers, fence, descriptor_pools, query_pools):
@@ -283,10 +286,16 @@ class Stream:
         raw.check(result, "vkAllocateDescriptorSets")
         descriptor_set = self._set[0]
         writes, buffer_infos, image_infos = self._resources.writes_for(pipeline, info)
-        for i, binding in enumerate(info.interface.bindings):
-            memory = self._memory_for(binding, bindings[binding.name])
+        device = self.device
+        for i, (binding, image, dtype) in enumerate(layout(info).bindings):
+            tensor = bindings[binding.name]
+            if (tensor is None or tensor.memory is None or tensor.device is not device
+                    or tensor.storage != binding.storage or tensor.dtype != dtype):
+                memory = self._memory_for(binding, tensor)  # a dummy, or an error
+            else:
+                memory = tensor.memory
             writes[i].dstSet = descriptor_set
-            if binding.storage in IMAGE_STORAGES:
+            if image:
                 image_infos[i].imageView = memory.view
             else:
                 buffer_infos[i].buffer, buffer_infos[i].range = memory.handle, memory.nbytes
@@ -393,11 +402,20 @@ class Stream:
         self._submit_and_wait()
 
     def _submit_and_wait(self) -> None:
-        self.device.require_open()
-        lib, handle, res = self._lib, self.device.handle, self._resources
+        device = self.device
+        device.require_open()
+        lib, handle, res = self._lib, device.handle, self._resources
         res.pending = True  # until the fence is waited for and reset: not reusable
-        raw.check(lib.vkQueueSubmit(self.device.queue, 1, res.submit, res.fence), "vkQueueSubmit")
-        raw.check(lib.vkWaitForFences(handle, 1, res.fences, 1, 2**64 - 1), "vkWaitForFences")
+        raw.check(lib.vkQueueSubmit(device.queue, 1, res.submit, res.fence), "vkQueueSubmit")
+        status = NOT_READY
+        if device.fence_spin:  # poll first: a blocked thread takes tens of microseconds to wake
+            end = time.perf_counter() + device.fence_spin
+            while (status := lib.vkGetFenceStatus(handle, res.fence)) == NOT_READY:
+                if time.perf_counter() > end:
+                    break
+        if status == NOT_READY:
+            status = lib.vkWaitForFences(handle, 1, res.fences, 1, 2**64 - 1)
+        raw.check(status, "vkWaitForFences")
         raw.check(lib.vkResetFences(handle, 1, res.fences), "vkResetFences")
         res.pending = False
 
@@ -421,6 +439,23 @@ class Stream:
                 raise VulkanError(status, "vkGetQueryPoolResults")
             result.append((label, ((stamps[1] - stamps[0]) & mask) * period))
         return result
+
+    def gpu_seconds(self) -> float | None:
+        """Seconds from the first dispatch's start to the last one's end in the last run
+        (barriers between dispatches included), from timestamps; None without them."""
+        if self._state != "ready" or not self._timed:
+            return None
+        ffi, lib = self._ffi, self._lib
+        stamps = ffi.new("uint64_t[2]")
+        flags = self._vk.VK_QUERY_RESULT_64_BIT | self._vk.VK_QUERY_RESULT_WAIT_BIT
+        for slot, (_, pool, index) in ((0, self._timed[0]), (1, self._timed[-1])):
+            status = lib.vkGetQueryPoolResults(self.device.handle, pool, index + slot, 1, 8,
+                                               stamps + slot, 8, flags)
+            if status != 0:
+                raise VulkanError(status, "vkGetQueryPoolResults")
+        bits = self.device.timestamp_valid_bits
+        mask = (1 << bits) - 1 if bits < 64 else -1
+        return ((stamps[1] - stamps[0]) & mask) * self.device.caps.timestamp_period * 1e-9
 
     def close(self) -> None:
         """Reset the command buffer and pools for the next stream, drop the dummies; idempotent.

@@ -86,7 +86,7 @@ def buffer_bytes(shape, dtype: torch.dtype, layout: str = "contiguous") -> int:
     if layout in layouts.PACKED_LAYOUTS:
         nbytes = 4 * layouts.packed_words(shape, layout)
     else:
-        nbytes = math.prod(shape) * dtype_info(dtype).itemsize
+        nbytes = math.prod(shape) * (DTYPES.get(dtype) or dtype_info(dtype)).itemsize
     return -(-nbytes // BUFFER_ALIGNMENT) * BUFFER_ALIGNMENT
 
 
@@ -156,14 +156,17 @@ class Tensor:
         self.device, self.memory = device, None
         if self.numel() == 0:
             return
-        _check_fits(self.shape, info, storage, self.layout, device.caps, label)
+        needed = buffer_bytes(self.shape, self.dtype, self.layout)
+        limits = device.caps.limits
+        if storage != "buffer" or needed > min(limits.max_storage_buffer_range,
+                                               limits.max_memory_allocation_size):
+            _check_fits(self.shape, info, storage, self.layout, device.caps, label)
         if memory is not None:  # a view of memory another owner planned (runtime.programs)
-            needed = buffer_bytes(self.shape, self.dtype, self.layout)
             if storage != "buffer" or memory.device is not device or memory.nbytes < needed:
                 raise ValueError(f"{label}: a {storage} of {needed} bytes cannot live in {memory!r}")
             self.memory = memory
         elif storage == "buffer":
-            self.memory = Buffer(device, buffer_bytes(self.shape, self.dtype, self.layout))
+            self.memory = Buffer(device, needed)
         else:
             vk, _, _ = raw.load()
             self.memory = Image3D(device, texture_extent(self.shape), getattr(vk, info.vk_format),

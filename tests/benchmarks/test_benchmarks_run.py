@@ -4,6 +4,7 @@ nvidia family does not take). The figures themselves are not checked here."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,18 +17,23 @@ from runtime.vulkan.device import GPU_FAMILIES
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
 
 
-def _run(args: list[str], family: str):
-    env = dict(os.environ, ETVK_GPU_FAMILY=family, ETVK_VALIDATION="0")
+def _run(args: list[str], family: str, results: Path):
+    env = dict(os.environ, ETVK_GPU_FAMILY=family, ETVK_VALIDATION="0", ETVK_BENCH_RESULTS=str(results))
     return subprocess.run([sys.executable, *args], cwd=BENCHMARKS.parent, env=env, capture_output=True,
                           text=True, timeout=600)
 
 
 @pytest.mark.parametrize("family", GPU_FAMILIES)
-def test_runtime_bench_runs_on_every_family(family):
-    result = _run([str(BENCHMARKS / "runtime_bench.py"), "--elements", "4096", "--repeats", "2",
-                   "--only", "quantize_per_tensor_buffer_float_int8$"], family)
+def test_runtime_bench_runs_on_every_family(family, tmp_path):
+    result = _run([str(BENCHMARKS / "runtime_bench.py"), "--quick",
+                   "--only", "quantize_per_tensor_buffer_float_int8$"], family, tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert f"(family {family})" in result.stdout and "quantize_per_tensor_buffer_float_int8" in result.stdout
+    records = [json.loads(line) for line in (tmp_path / "runtime.jsonl").read_text().splitlines()]
+    kinds = [r["kind"] for r in records]
+    assert kinds[0] == "device" and kinds.count("overhead") == 4 and kinds.count("copy") == 1
+    assert [r["case"] for r in records if r["kind"] == "kernel"] == ["quantize_per_tensor_buffer_float_int8"]
+    assert "100 small dispatches recorded, replayed" in result.stdout
 
 
 def test_program_bench_runs(tmp_path):
@@ -41,7 +47,7 @@ def test_program_bench_runs(tmp_path):
     example = (torch.randn(1, 3, 16, 16),)
     runtime.lower(quantize_pt2e(SmallCNN().eval(), example, [example])).save(tmp_path / "small.etvk")
     result = _run([str(BENCHMARKS / "program_bench.py"), f"small_cnn:{tmp_path / 'small.etvk'}",
-                   "--repeat", "2", "--warmup", "0", "--no-compile"], "llvmpipe")
+                   "--repeat", "2", "--warmup", "0", "--no-compile"], "llvmpipe", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     row = next(line for line in result.stdout.splitlines() if line.startswith("| small_cnn |"))
     on_device, nodes = row.split("|")[3].strip().split("/")

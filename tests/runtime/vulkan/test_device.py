@@ -16,6 +16,7 @@ from runtime.vulkan.device import (
     Device,
     choose_physical_device,
     current_device,
+    fence_spin_seconds,
     get_device,
     gpu_family,
 )
@@ -78,6 +79,23 @@ def test_choose_physical_device(candidates, selector, index):
 def test_choose_physical_device_no_match(selector):
     with pytest.raises(ConfigError, match=f"ETVK_DEVICE='{selector}' matches no Vulkan device; devices: 0: llvmpipe"):
         choose_physical_device(DEVICES, selector)
+
+
+@pytest.mark.parametrize("setting, device_type, seconds", [
+    (None, "discrete_gpu", 200e-6),  # the default: poll on GPUs...
+    ("", "integrated_gpu", 200e-6),
+    (None, "cpu", 0.0),  # ...not on CPU drivers
+    ("0", "discrete_gpu", 0.0),
+    ("50", "cpu", 50e-6),
+])
+def test_fence_spin(setting, device_type, seconds):
+    assert fence_spin_seconds(setting, device_type) == pytest.approx(seconds)
+
+
+@pytest.mark.parametrize("setting", ["-5", "1.5", "fast"])
+def test_bad_fence_spin_is_refused(setting):
+    with pytest.raises(ConfigError, match="ETVK_FENCE_SPIN_US"):
+        fence_spin_seconds(setting, "discrete_gpu")
 
 
 def test_capability_names_match_codegen():

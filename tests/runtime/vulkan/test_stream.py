@@ -102,6 +102,23 @@ def test_chain_replay_and_timings(stream, tiny_library):
     timings = stream.timings()
     assert [name for name, _ in timings] == ["affine_buffer_float"] * 2
     assert all(0 <= seconds < 10 for _, seconds in timings) and any(s > 0 for _, s in timings)
+    span = stream.gpu_seconds()  # first start to last end: covers each dispatch
+    assert span < 10 and span >= max(seconds for _, seconds in timings)
+
+
+@pytest.mark.parametrize("spin", [1.0, 1e-9])  # polled until signalled; polled, then blocked
+def test_replays_wait_for_the_fence_however_it_is_waited_for(stream, tiny_library, monkeypatch, spin):
+    monkeypatch.setattr(get_device(), "fence_spin", spin)
+    variant = tiny_library.variant("affine_buffer_float")
+    count = 1 << 16  # enough work that a run not waited for would read stale values
+    x = stream.upload(torch.zeros(count), variant.binding("t_in"))
+    out = _affine(stream, tiny_library, x, dict(AFFINE_PUSH, numel=count))
+    stream.run()
+    for value in (1.0, 2.0):
+        ones = torch.full([count], value)
+        x.memory.write(ones.data_ptr(), ones.nbytes)
+        stream.replay()
+        assert torch.equal(out.to_torch(), _affine_expected(ones, dict(AFFINE_PUSH, numel=count), 0))
 
 
 def test_missing_barrier_is_caught_by_synchronization_validation(stream, tiny_library, monkeypatch):
@@ -169,7 +186,7 @@ def test_zero_groups_skip_the_dispatch(stream, tiny_library, tmp_path, monkeypat
     monkeypatch.setenv("ETVK_TRACE_DISPATCH", str(trace))
     _affine(stream, tiny_library, torch.empty(0), dict(AFFINE_PUSH, numel=0))
     stream.run()
-    assert stream.timings() == [] and not trace.exists()
+    assert stream.timings() == [] and stream.gpu_seconds() is None and not trace.exists()
     with pytest.raises(DispatchError, match="replay"):
         stream.replay()
 
