@@ -72,6 +72,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the q8ta_gemm tiling of `m` pixels, `k4` K words, `c_out` channels: `.tile_m .tile_n4 "
         ".threads_n .split_k .block_k` (spec constants) and `.groups` (workgroup counts)",
     ),
+    "gemm_coop": (
+        "params, algorithm",
+        "whether `q8ta_conv2d` runs `algorithm` (pw or im2col) on the cooperative-matrix GEMM "
+        "`q8ta_gemm_coop`: one group, C_out >= 64 and M >= 1024 pixels, and this device runs "
+        "the variant",
+    ),
     "pool2d_params": (
         "x, kernel_size, stride, padding, dilation, ceil_mode",
         "a pooling's geometry, `runtime.families.pool2d.Pool2dParams` (`N C H W KH KW stride "
@@ -98,8 +104,10 @@ CAPABILITIES: tuple[str, ...] = (
     "storage_buffer_16bit",
     "integer_dot_product",
     "cooperative_matrix",
+    "vulkan_memory_model",
     "subgroup_arithmetic",
     "subgroup_shuffle",
+    "coopmat_s8_16x16x32_sg32",
 )
 
 BUILTINS: tuple[str, ...] = ("len", "tuple", "int", "float", "min", "max", "abs", "all", "any")

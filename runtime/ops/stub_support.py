@@ -28,6 +28,8 @@ from runtime.vulkan.tensor import Tensor, texture_extent
 
 # ---------------------------------------------------------------- helpers
 
+COOP_GEMM_VARIANT = "q8ta_gemm_coop"  # the variant `gemm_coop` checks the device against
+
 
 def numel(t) -> int:
     """Number of elements of a torch or device tensor."""
@@ -128,6 +130,18 @@ def gemm_tiling(m: int, k4: int, c_out: int):
     return conv2d_tiling.gemm_tiling(m, k4, c_out)
 
 
+def gemm_coop(params, algorithm: str) -> bool:
+    """Whether ``etvk.q8ta_conv2d`` runs `algorithm` ("pw" or "im2col") on the cooperative-matrix
+    GEMM: the shape suits it (`conv2d_tiling.prefers_coop_gemm`) and this device runs
+    ``q8ta_gemm_coop``."""
+    if algorithm not in ("pw", "im2col"):
+        return False
+    m = params.N * params.H_out * params.W_out
+    if not conv2d_tiling.prefers_coop_gemm(m, params.C_out, params.groups):
+        return False
+    return catalog().variant(COOP_GEMM_VARIANT).runnable(get_device().caps)[0]
+
+
 def pool2d_params(x, kernel_size, stride, padding, dilation, ceil_mode):
     """The `runtime.families.pool2d.Pool2dParams` of a pooling (its list arguments already checked)."""
     return pool2d.pool2d_params(x.shape, kernel_size, stride, padding, dilation, ceil_mode)
@@ -178,6 +192,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         conv2d_output_bounds,
         conv2d_algorithm,
         gemm_tiling,
+        gemm_coop,
         pool2d_params,
         global_pool_tiling,
         layout_of,
