@@ -6,7 +6,8 @@ and `runtime` packages:
 - ``runtime/_generated/``: ``manifest.json``, the stub modules ``ops/*.py``
   and ``spv/<key>.spv``, the SPIR-V of every variant, compiled from the
   committed GLSL and checked with spirv-val (`codegen.glslc.compile_folder`;
-  building needs glslc and spirv-val, installing does not);
+  building needs glslc and spirv-val, and glslangValidator for cooperative-
+  matrix shaders not compiled yet under generated/spv; installing does not);
 - ``codegen/templates/``: the built-in templates, which a user's own
   templates may include.
 

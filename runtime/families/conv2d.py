@@ -245,6 +245,32 @@ def pack_gemm_weights(w: torch.Tensor, groups: int) -> torch.Tensor:
     return _words(rows.reshape(o4, 4, k4, 4).permute(0, 2, 1, 3))
 
 
+COOP_ROWS, COOP_K = 64, 64  # q8ta_gemm_coop's tile of output channels and K bytes per chunk
+
+
+def pack_gemm_coop_weights(w: torch.Tensor) -> torch.Tensor:
+    """Weights of the cooperative-matrix GEMM (``q8ta_gemm_coop``; groups == 1).
+
+    Row ``oc`` is ``w[oc]`` in K order ``k = (ky*KW + kx)*C_in + ic`` (ic
+    fastest, as `pack_gemm_weights`), zero padded to ``KP = ceil(K / 64) *
+    64`` bytes; rows are zero padded to a multiple of 64. Byte ``k`` of row
+    ``oc`` is byte ``k % 4`` of word ``oc * KP / 4 + k / 4``.
+
+    Args:
+        w: int8 ``[C_out, C_in, KH, KW]``.
+
+    Returns:
+        int32 ``[ceil(C_out/64)*64 * KP/4]``.
+    """
+    _check_weights(w)
+    c_out, cg, kh, kw = w.shape
+    k = cg * kh * kw
+    rows = w.permute(0, 2, 3, 1).reshape(c_out, k)
+    kp = -(-k // COOP_K) * COOP_K
+    n_pad = -(-c_out // COOP_ROWS) * COOP_ROWS
+    return _words(torch.nn.functional.pad(rows, (0, kp - k, 0, n_pad - c_out)))
+
+
 def direct_word_span(c_in: int, groups: int) -> int:
     """``NW``: the most input channel words one group's channels touch."""
     cg = c_in // groups

@@ -42,6 +42,8 @@ ALGORITHM_INPUT_LAYOUT = {"pw": "4C", "im2col": "4C", "general": "4C1W", "dw": "
 CONV_OP_ALGORITHMS = {
     "etvk.q8ta_conv2d_pw.default": "pw",
     "etvk.q8ta_conv2d_im2col.default": "im2col",
+    "etvk.q8ta_conv2d_pw_coop.default": "pw",
+    "etvk.q8ta_conv2d_im2col_coop.default": "im2col",
     "etvk.q8ta_conv2d_general.default": "general",
     "etvk.q8ta_conv2d_dw.default": "dw",
 }

@@ -9,9 +9,11 @@ was tuned on an H100 (benchmarks/NOTES.md): one slice per workgroup when K is
 short or there are enough workgroups, else K split over 2 to 16 slices; tiles
 of 8 or more accumulator ivec4 per invocation ran about 5x slower there, so
 every rule tiling is 4 pixels x 1 word. A tiling the tuner measured on the
-device (runtime/families/conv2d_tuning.py) replaces the rule. Pure
-arithmetic: no Vulkan. Called by the conv op specs through the
-``gemm_tiling`` expression helper.
+device (runtime/families/conv2d_tuning.py) replaces the rule.
+`prefers_coop_gemm` is the shape half of the choice of the cooperative-matrix
+GEMM (``q8ta_gemm_coop``, 64 x 64 output tiles): one group and at least one
+full tile. Pure arithmetic: no Vulkan. Called by the conv op specs through the
+``gemm_tiling`` and ``conv2d_algorithm`` expression helpers.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 GEMM_WORKGROUP = 256  # must equal q8ta_gemm's workgroup in op_specs/conv2d.yaml
+COOP_TILE = 64  # output pixels and channels of a q8ta_gemm_coop workgroup
+COOP_MIN_PIXELS = 16 * COOP_TILE  # smaller GEMMs leave too few workgroups (a guess: tune)
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -72,3 +76,8 @@ def gemm_tiling(m: int, k4: int, c_out: int, settings: Mapping[str, int] | None 
         shape = (8, 4, 4)
     threads, split_k, block_k = shape
     return GemmTiling(4, 1, threads, split_k, block_k, m, n4)
+
+
+def prefers_coop_gemm(m: int, c_out: int, groups: int) -> bool:
+    """Whether a GEMM of `m` output pixels and `c_out` channels suits ``q8ta_gemm_coop``."""
+    return groups == 1 and c_out >= COOP_TILE and m >= COOP_MIN_PIXELS

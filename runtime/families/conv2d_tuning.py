@@ -24,8 +24,9 @@ from runtime.families.conv2d import Conv2dParams
 from runtime.families.conv2d_tiling import GEMM_WORKGROUP
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 
-ALGORITHMS = ("pw", "dw", "im2col", "general")
+ALGORITHMS = ("pw", "dw", "im2col", "general", "pw_coop", "im2col_coop")
 GEMM_ALGORITHMS = ("pw", "im2col")
+COOP_ALGORITHMS = ("pw_coop", "im2col_coop")  # the cooperative-matrix GEMM: no settings to tune
 GEMM_SETTINGS = ("tile_m", "tile_n4", "threads_n", "split_k", "block_k")
 DIRECT_OUT_W = 4  # OUT_W of general and dw when nothing was measured
 # (tile_m, tile_n4, threads_n, split_k, block_k): one slice with 8 or 16 invocations along
@@ -103,6 +104,8 @@ def choice_from_json(data) -> Conv2dChoice:
     if algorithm in GEMM_ALGORITHMS:
         known = [dict(gemm_settings(c)) for c in GEMM_CANDIDATES]
         ordered = gemm_settings(settings.get(k) for k in GEMM_SETTINGS) if settings else ()
+    elif algorithm in COOP_ALGORITHMS:
+        known, ordered = [], ()
     else:
         known = [{"out_w": w} for w in OUT_W_CANDIDATES]
         ordered = tuple(settings.items())
@@ -113,8 +116,10 @@ def choice_from_json(data) -> Conv2dChoice:
 
 def candidate_algorithms(p: Conv2dParams) -> list[str]:
     """The algorithms whose op accepts the geometry: pw (1x1, stride 1, padding 0), dw
-    (depthwise), im2col (``C_in / groups % 4 == 0``) and general (any)."""
-    valid = {"pw": p.is_pointwise, "dw": p.is_depthwise, "im2col": p.im2col_eligible, "general": True}
+    (depthwise), im2col (``C_in / groups % 4 == 0``), general (any), and pw and im2col on the
+    cooperative-matrix GEMM (one group; the tuner skips them where the device cannot run them)."""
+    valid = {"pw": p.is_pointwise, "dw": p.is_depthwise, "im2col": p.im2col_eligible, "general": True,
+             "pw_coop": p.is_pointwise and p.groups == 1, "im2col_coop": p.im2col_eligible and p.groups == 1}
     return [a for a in ALGORITHMS if valid[a]]
 
 
@@ -132,4 +137,6 @@ def candidate_settings(algorithm: str, shared_limit: int) -> list[tuple[tuple[st
     bytes of shared memory, or the OUT_W values of general and dw."""
     if algorithm in GEMM_ALGORITHMS:
         return [gemm_settings(c) for c in GEMM_CANDIDATES if gemm_shared_bytes(c) <= shared_limit]
+    if algorithm in COOP_ALGORITHMS:
+        return []
     return [(("out_w", w),) for w in OUT_W_CANDIDATES]

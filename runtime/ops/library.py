@@ -122,7 +122,8 @@ class VariantInfo:
             `(True, "")`, or `(False, reason)` naming the missing capabilities
             or storage-image formats.
         """
-        missing = [r for r in self.requires if not caps.supports(r)]
+        missing = [r + (f" ({caps.why_not(r)})" if caps.why_not(r) else "")
+                   for r in self.requires if not caps.supports(r)]
         formats = sorted({dtype_info(b.dtype).image_format for b in self.interface.bindings
                           if b.storage in IMAGE_STORAGES})
         missing += [f"storage images of {f}" for f in formats if not caps.supports_storage_image(f)]

@@ -29,6 +29,8 @@ from runtime.vulkan.tensor import Tensor, texture_extent
 
 # ---------------------------------------------------------------- helpers
 
+COOP_GEMM_VARIANT = "q8ta_gemm_coop"  # the variant `_gemm_coop` checks the device against
+
 
 def numel(t) -> int:
     """Number of elements of a torch or device tensor."""
@@ -121,9 +123,14 @@ def conv2d_output_bounds(activation, activation_min, activation_max, output_scal
 
 def conv2d_algorithm(params) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs: the measured winner on this device
-    (runtime/ops/tuning.py), else the rule for its GPU family: pw, dw, im2col, general."""
+    (runtime/ops/tuning.py), else the rule for its GPU family (pw, dw, im2col, general),
+    pw and im2col on the cooperative-matrix GEMM (pw_coop, im2col_coop) where `_gemm_coop`
+    says so."""
     winner = tuning.lookup(params)
-    return winner.algorithm if winner else conv2d.choose_algorithm(params, get_device().caps.family)
+    if winner:
+        return winner.algorithm
+    rule = conv2d.choose_algorithm(params, get_device().caps.family)
+    return f"{rule}_coop" if _gemm_coop(params, rule) else rule
 
 
 def tuned(params, algorithm: str):
@@ -141,6 +148,18 @@ def conv2d_out_w(choice) -> int:
     """OUT_W of the direct and depthwise shaders: a measured choice's, else the default."""
     out_w = choice.setting("out_w") if choice else None
     return out_w or conv2d_tuning.DIRECT_OUT_W
+
+
+def _gemm_coop(params, algorithm: str) -> bool:
+    """Whether the rule's `algorithm` ("pw" or "im2col") runs on the cooperative-matrix
+    GEMM: the shape suits it (`conv2d_tiling.prefers_coop_gemm`) and this device runs
+    ``q8ta_gemm_coop``."""
+    if algorithm not in ("pw", "im2col"):
+        return False
+    m = params.N * params.H_out * params.W_out
+    if not conv2d_tiling.prefers_coop_gemm(m, params.C_out, params.groups):
+        return False
+    return catalog().variant(COOP_GEMM_VARIANT).runnable(get_device().caps)[0]
 
 
 def pool2d_params(x, kernel_size, stride, padding, dilation, ceil_mode):

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from runtime.ops.library import catalog
 from runtime.ops.registry import get_op, list_ops
 from runtime.programs.loader import load
 from runtime.programs.lower import lower
@@ -61,6 +62,15 @@ def run_demo(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
     return run_program() or status
 
 
+def _other_steps_gap(op, caps) -> str:
+    """Why some step of a multi-step op has no variant that runs on `caps`, or ""."""
+    for names in op.opdef.steps or ():
+        verdicts = [catalog().variant(name).runnable(caps) for name in names]
+        if not any(ok for ok, _ in verdicts):
+            return "another step cannot run: " + "; ".join(why for _, why in verdicts)
+    return ""
+
+
 def run_variants(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
     """Prints the table; returns 0 when every variant matches its reference exactly."""
     caps = get_device().caps
@@ -80,6 +90,9 @@ def run_variants(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
         for info in infos:
             label = info.name if info else "(routed by the op)"
             runnable, reason = info.runnable(caps) if info else (True, "")
+            if runnable and info:
+                reason = _other_steps_gap(op, caps)
+                runnable = not reason
             if build is None or not runnable:
                 why = reason if not runnable else "no example arguments"
                 print(f"{name:<50} {label:<52} {device:<24} skipped: {why}")

@@ -158,6 +158,8 @@ def build_conv2d(op_name):
         "etvk.q8ta_conv2d_general.default": lambda p: True,
         "etvk.q8ta_conv2d_im2col.default": lambda p: p.im2col_eligible,
         "etvk.q8ta_conv2d_pw.default": lambda p: p.is_pointwise,
+        "etvk.q8ta_conv2d_im2col_coop.default": lambda p: p.im2col_eligible and p.groups == 1,
+        "etvk.q8ta_conv2d_pw_coop.default": lambda p: p.is_pointwise and p.groups == 1,
         "etvk.q8ta_conv2d_dw.default": lambda p: p.is_depthwise,
     }[op_name]
 
@@ -246,6 +248,8 @@ EXAMPLES = {
             "etvk.q8ta_conv2d_im2col.default",
             "etvk.q8ta_conv2d_general.default",
             "etvk.q8ta_conv2d_pw.default",
+            "etvk.q8ta_conv2d_im2col_coop.default",
+            "etvk.q8ta_conv2d_pw_coop.default",
             "etvk.q8ta_conv2d_dw.default",
         )
     },

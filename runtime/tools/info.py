@@ -45,8 +45,10 @@ def describe_device(device) -> list[str]:
         f"family: {caps.family} ({origin})",
         "capabilities: " + ", ".join(_capability(caps, n) for n in CAPABILITY_NAMES),
         f"  int8 dot product (4x8 packed signed) accelerated: {_yes(caps.dot4x8_signed_accelerated)}; "
-        f"subgroup size {caps.subgroup_size}",
+        f"subgroup size {caps.subgroup_size} (pipelines: "
+        f"{'-'.join(map(str, caps.subgroup_size_range)) or 'unknown'})",
         "storage images: " + ", ".join(f"{f} {_yes(caps.supports_storage_image(f))}" for f in formats),
+        "cooperative matrices: " + ("; ".join(map(str, caps.cooperative_matrices)) or "none"),
         f"timestamps: {_yes(caps.timestamps)} (period {caps.timestamp_period} ns)",
         "limits:",
         f"  max storage buffer range {limits.max_storage_buffer_range}, max allocation "

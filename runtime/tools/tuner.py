@@ -47,6 +47,8 @@ ALGORITHM_OPS = {
     "dw": "etvk.q8ta_conv2d_dw.default",
     "im2col": "etvk.q8ta_conv2d_im2col.default",
     "general": "etvk.q8ta_conv2d_general.default",
+    "pw_coop": "etvk.q8ta_conv2d_pw_coop.default",
+    "im2col_coop": "etvk.q8ta_conv2d_im2col_coop.default",
 }
 STREAM_BYTES = 256 << 20  # outputs + im2col scratch of one recorded stream, at most
 MAX_CALLS = 4  # back-to-back calls per recorded stream

@@ -6,7 +6,7 @@ validation layer reports no leak. Keeps idle objects for reuse in two bounded
 `Recycler`s (`spare_memory` for memory.py, `spare_streams` for stream.py).
 Decides the GPU family and the capability vocabulary; enables optional
 features only where supported (and, under validation, only where the layer
-knows their structs). It must not know about shaders, tensors or ops.
+knows their structs, or where layer_gaps.py tolerates what it says about them). It must not know about shaders, tensors or ops.
 `get_device()` is called by tensor.py, stream.py, the registry and
 `python -m runtime info`.
 """
@@ -21,15 +21,17 @@ from dataclasses import dataclass, field
 
 from runtime.errors import NO_DEVICE, DeviceClosed, EtvkError, VulkanUnavailable
 from runtime.vulkan import raw
+from runtime.vulkan.coopmat import COOPMAT_CAPABILITIES, coopmat_gap
 from runtime.vulkan.instance import SEVERITIES, create_instance, destroy_instance
+from runtime.vulkan.layer_gaps import LayerGaps
 from runtime.vulkan.pipeline import PipelineCache
 from runtime.vulkan.probe import feature_chain, probe_device, version_tuple
 from runtime.vulkan.recycler import Recycler
 
 CAPABILITY_NAMES = (
     "shader_int8", "shader_float16", "shader_int16", "storage_buffer_8bit",
-    "storage_buffer_16bit", "integer_dot_product", "cooperative_matrix",
-    "subgroup_arithmetic", "subgroup_shuffle",
+    "storage_buffer_16bit", "integer_dot_product", "cooperative_matrix", "vulkan_memory_model",
+    "subgroup_arithmetic", "subgroup_shuffle", *COOPMAT_CAPABILITIES,
 )
 GPU_FAMILIES = ("mali", "adreno", "nvidia", "amd", "intel", "powervr", "llvmpipe",
                 "swiftshader", "other")
@@ -154,23 +156,41 @@ class Capabilities:
     storage_image_formats: frozenset
     pipeline_cache_uuid: bytes
     held_back: tuple = field(default=())  # ((capability, why it is not enabled), ...)
+    cooperative_matrices: tuple = field(default=())  # runtime.vulkan.coopmat.CoopMatrixShape
+    subgroup_size_range: tuple = field(default=())  # (min, max) subgroup size, () if unknown
 
     def supports(self, name: str) -> bool:
         """Whether capability `name` (one of `CAPABILITY_NAMES`) is enabled.
+
+        A cooperative-matrix capability (`COOPMAT_CAPABILITIES`) needs
+        cooperative_matrix enabled, Vulkan >= 1.3, the exact shape, types and
+        scope among `cooperative_matrices`, and the subgroup size it names as the only
+        size a pipeline may get.
 
         Raises:
             ValueError: `name` is not a capability name.
         """
         if name not in CAPABILITY_NAMES:
             raise ValueError(f"unknown capability {name!r}; use one of: {', '.join(CAPABILITY_NAMES)}")
+        if name in COOPMAT_CAPABILITIES:
+            return not self._coopmat_gap(name)
         return name in self.features
 
     def why_not(self, name: str) -> str:
-        """Why capability `name` is not enabled although the device has it, or "".
+        """Why capability `name` is not enabled, or "" when it is or no reason is known.
 
-        E.g. "the validation layer, header 239, predates VK_KHR_cooperative_matrix".
+        E.g. "the validation layer, header 239, predates VK_KHR_cooperative_matrix", or
+        for a cooperative-matrix capability "no cooperative matrix 16x16x32 s8 x s8 + s32
+        -> s32 (subgroup)".
         """
+        if name in COOPMAT_CAPABILITIES:
+            return dict(self.held_back).get("cooperative_matrix", "") or self._coopmat_gap(name)
         return dict(self.held_back).get(name, "")
+
+    def _coopmat_gap(self, name: str) -> str:
+        api = tuple(int(v) for v in self.api_version.split(".")[:2])
+        return coopmat_gap(name, self.features, self.cooperative_matrices, self.subgroup_size,
+                           self.subgroup_size_range, api)
 
     def supports_storage_image(self, fmt: str) -> bool:
         """Whether storage images of `fmt` (rgba32f, rgba16f, rgba32i, rgba8i, rgba8ui) work."""
@@ -212,12 +232,14 @@ class Device:
         self.spare_memory = Recycler(SPARE_MEMORY_ENTRIES, SPARE_MEMORY_BYTES)
         self.spare_streams = Recycler(SPARE_STREAMS)
         self._messages: list[tuple[int, str]] = []
+        self.layer_gaps = LayerGaps()  # messages of an outdated layer that are not errors
         self._message_handle = None  # keeps the validation callback's user data alive
         self.instance = self.messenger = self.handle = self.command_pool = self.pipelines = None
         self._once_fence = None
         raw.load()
         try:
             self.instance, self.messenger, layer = create_instance(self.validation, self)
+            self.layer_gaps.layer_version = layer
             physical = self._choose(selector)
             self._create_device(physical, layer)
             self.pipelines = PipelineCache(self)
@@ -243,7 +265,7 @@ class Device:
 
     def _create_device(self, physical, layer_version) -> None:
         vk, ffi, lib = raw.load()
-        probe = probe_device(physical, layer_version)
+        probe = probe_device(self.instance, physical, layer_version)
         props = probe.properties
         if probe.queue_family < 0 or version_tuple(props["api_version"])[:2] < (1, 1):
             raise VulkanUnavailable(f"Vulkan device {props['name']!r} needs Vulkan >= 1.1 and a "
@@ -263,7 +285,9 @@ class Device:
             timestamps=probe.timestamp_valid_bits > 0,
             storage_image_formats=probe.storage_image_formats,
             pipeline_cache_uuid=props["pipeline_cache_uuid"],
-            held_back=tuple(sorted(probe.held_back.items())))
+            held_back=tuple(sorted(probe.held_back.items())),
+            cooperative_matrices=probe.coop_shapes,
+            subgroup_size_range=props["subgroup_size_range"])
         self.timestamp_valid_bits = probe.timestamp_valid_bits
         self.fence_spin = fence_spin_seconds(os.environ.get("ETVK_FENCE_SPIN_US"),
                                              self.caps.device_type)
@@ -370,6 +394,11 @@ class Device:
             self.submit_and_wait(cbs, self._once_fence, what)
         finally:
             lib.vkFreeCommandBuffers(self.handle, self.command_pool, 1, cbs)
+
+    def record_message(self, severity: int, text: str) -> None:
+        """Collect one validation message, unless `layer_gaps` tolerates it (instance.py's callback)."""
+        if not self.layer_gaps.tolerated(text):
+            self._messages.append((severity, text))
 
     def take_validation_messages(self, min_severity: str = "error") -> list[str]:
         """Drain the validation messages collected so far.

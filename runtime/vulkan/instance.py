@@ -5,7 +5,7 @@ synchronization validation and a VK_EXT_debug_utils messenger (also chained
 into instance creation, so creation and destruction are covered). The
 `vulkan` binding allows one Python debug callback per process, so there is
 one raw `ffi.callback` here; its user data is a handle to the device, whose
-`_messages` list collects `(severity, text)`. It also reports the layer's
+`record_message` collects `(severity, text)`. It also reports the layer's
 header version, which decides what device.py may chain into device creation.
 It must not pick or create devices. Called only by device.py.
 """
@@ -30,7 +30,7 @@ def _debug_callback():
         @ffi.callback("PFN_vkDebugUtilsMessengerCallbackEXT")
         def on_message(severity, _types, data, user_data):
             text = ffi.string(data.pMessage).decode("utf-8", "replace")
-            ffi.from_handle(user_data)._messages.append((severity, text))
+            ffi.from_handle(user_data).record_message(severity, text)
             return 0
 
         _callback = on_message

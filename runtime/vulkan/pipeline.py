@@ -75,69 +75,75 @@ class Pipeline:
     """One compute pipeline and the layouts it needs; destroyed by `PipelineCache.close()`."""
 
     def __init__(self, device, variant: Kernel, spirv: bytes, specs: tuple, vk_cache):
-        vk, ffi, lib = raw.load()
+        _, ffi, _ = raw.load()
         _check_limits(variant, device.caps.limits)
         self.device, self.variant = device, variant
         self.module = self.set_layout = self.layout = self.handle = ffi.NULL
-        handle = device.handle
         try:
-            code = ffi.from_buffer(spirv)
-            module_info = ffi.new("VkShaderModuleCreateInfo*", {
-                "sType": vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, "codeSize": len(spirv),
-                "pCode": ffi.cast("uint32_t*", code)})
-            out = ffi.new("VkShaderModule*")
-            raw.check(lib.vkCreateShaderModule(handle, module_info, ffi.NULL, out),
-                      f"vkCreateShaderModule ({variant.name})")
-            self.module = out[0]
-
-            bindings = variant.interface.bindings
-            layout_bindings = ffi.new("VkDescriptorSetLayoutBinding[]", [{
-                "binding": b.binding, "descriptorCount": 1,
-                "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE if b.storage in IMAGE_STORAGES
-                else vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
-                "stageFlags": vk.VK_SHADER_STAGE_COMPUTE_BIT} for b in bindings])
-            set_info = ffi.new("VkDescriptorSetLayoutCreateInfo*", {
-                "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
-                "bindingCount": len(bindings), "pBindings": layout_bindings})
-            out = ffi.new("VkDescriptorSetLayout*")
-            raw.check(lib.vkCreateDescriptorSetLayout(handle, set_info, ffi.NULL, out),
-                      f"vkCreateDescriptorSetLayout ({variant.name})")
-            self.set_layout = out[0]
-
-            push_size = variant.interface.push_constants_size
-            push_range = ffi.new("VkPushConstantRange*", {
-                "stageFlags": vk.VK_SHADER_STAGE_COMPUTE_BIT, "offset": 0, "size": push_size})
-            set_layouts = ffi.new("VkDescriptorSetLayout[]", [self.set_layout])
-            layout_info = ffi.new("VkPipelineLayoutCreateInfo*", {
-                "sType": vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, "setLayoutCount": 1,
-                "pSetLayouts": set_layouts, "pushConstantRangeCount": 1 if push_size else 0,
-                "pPushConstantRanges": push_range if push_size else ffi.NULL})
-            out = ffi.new("VkPipelineLayout*")
-            raw.check(lib.vkCreatePipelineLayout(handle, layout_info, ffi.NULL, out),
-                      f"vkCreatePipelineLayout ({variant.name})")
-            self.layout = out[0]
-
-            data = b"".join(struct.pack("<" + fmt, value) for _, fmt, value in specs)
-            spec_data = ffi.new("char[]", data)
-            entries = ffi.new("VkSpecializationMapEntry[]", [
-                {"constantID": cid, "offset": 4 * i, "size": 4} for i, (cid, _, _) in enumerate(specs)])
-            spec_info = ffi.new("VkSpecializationInfo*", {
-                "mapEntryCount": len(specs), "pMapEntries": entries, "dataSize": len(data),
-                "pData": spec_data})
-            entry_name = ffi.new("char[]", b"main")
-            pipeline_info = ffi.new("VkComputePipelineCreateInfo*", {
-                "sType": vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
-                "stage": {"sType": vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
-                          "stage": vk.VK_SHADER_STAGE_COMPUTE_BIT, "module": self.module,
-                          "pName": entry_name, "pSpecializationInfo": spec_info},
-                "layout": self.layout, "basePipelineIndex": -1})
-            out = ffi.new("VkPipeline*")
-            raw.check(lib.vkCreateComputePipelines(handle, vk_cache, 1, pipeline_info, ffi.NULL, out),
-                      f"vkCreateComputePipelines ({variant.name})")
-            self.handle = out[0]
+            with device.layer_gaps.coop_module(spirv):
+                self._create(device, variant, spirv, specs, vk_cache)
         except BaseException:
             self.destroy()
             raise
+
+    def _create(self, device, variant: Kernel, spirv: bytes, specs: tuple, vk_cache) -> None:
+        """Create the module, layouts and pipeline; `__init__` destroys them on failure."""
+        vk, ffi, lib = raw.load()
+        handle = device.handle
+        code = ffi.from_buffer(spirv)
+        module_info = ffi.new("VkShaderModuleCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_SHADER_MODULE_CREATE_INFO, "codeSize": len(spirv),
+            "pCode": ffi.cast("uint32_t*", code)})
+        out = ffi.new("VkShaderModule*")
+        raw.check(lib.vkCreateShaderModule(handle, module_info, ffi.NULL, out),
+                  f"vkCreateShaderModule ({variant.name})")
+        self.module = out[0]
+
+        bindings = variant.interface.bindings
+        layout_bindings = ffi.new("VkDescriptorSetLayoutBinding[]", [{
+            "binding": b.binding, "descriptorCount": 1,
+            "descriptorType": vk.VK_DESCRIPTOR_TYPE_STORAGE_IMAGE if b.storage in IMAGE_STORAGES
+            else vk.VK_DESCRIPTOR_TYPE_STORAGE_BUFFER,
+            "stageFlags": vk.VK_SHADER_STAGE_COMPUTE_BIT} for b in bindings])
+        set_info = ffi.new("VkDescriptorSetLayoutCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_DESCRIPTOR_SET_LAYOUT_CREATE_INFO,
+            "bindingCount": len(bindings), "pBindings": layout_bindings})
+        out = ffi.new("VkDescriptorSetLayout*")
+        raw.check(lib.vkCreateDescriptorSetLayout(handle, set_info, ffi.NULL, out),
+                  f"vkCreateDescriptorSetLayout ({variant.name})")
+        self.set_layout = out[0]
+
+        push_size = variant.interface.push_constants_size
+        push_range = ffi.new("VkPushConstantRange*", {
+            "stageFlags": vk.VK_SHADER_STAGE_COMPUTE_BIT, "offset": 0, "size": push_size})
+        set_layouts = ffi.new("VkDescriptorSetLayout[]", [self.set_layout])
+        layout_info = ffi.new("VkPipelineLayoutCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_PIPELINE_LAYOUT_CREATE_INFO, "setLayoutCount": 1,
+            "pSetLayouts": set_layouts, "pushConstantRangeCount": 1 if push_size else 0,
+            "pPushConstantRanges": push_range if push_size else ffi.NULL})
+        out = ffi.new("VkPipelineLayout*")
+        raw.check(lib.vkCreatePipelineLayout(handle, layout_info, ffi.NULL, out),
+                  f"vkCreatePipelineLayout ({variant.name})")
+        self.layout = out[0]
+
+        data = b"".join(struct.pack("<" + fmt, value) for _, fmt, value in specs)
+        spec_data = ffi.new("char[]", data)
+        entries = ffi.new("VkSpecializationMapEntry[]", [
+            {"constantID": cid, "offset": 4 * i, "size": 4} for i, (cid, _, _) in enumerate(specs)])
+        spec_info = ffi.new("VkSpecializationInfo*", {
+            "mapEntryCount": len(specs), "pMapEntries": entries, "dataSize": len(data),
+            "pData": spec_data})
+        entry_name = ffi.new("char[]", b"main")
+        pipeline_info = ffi.new("VkComputePipelineCreateInfo*", {
+            "sType": vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+            "stage": {"sType": vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
+                      "stage": vk.VK_SHADER_STAGE_COMPUTE_BIT, "module": self.module,
+                      "pName": entry_name, "pSpecializationInfo": spec_info},
+            "layout": self.layout, "basePipelineIndex": -1})
+        out = ffi.new("VkPipeline*")
+        raw.check(lib.vkCreateComputePipelines(handle, vk_cache, 1, pipeline_info, ffi.NULL, out),
+                  f"vkCreateComputePipelines ({variant.name})")
+        self.handle = out[0]
 
     def destroy(self) -> None:
         """Destroy the pipeline, its layouts and its shader module."""

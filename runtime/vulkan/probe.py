@@ -1,10 +1,12 @@
 """Query one physical device: properties, features, limits, formats.
 
 `probe_device()` reads everything `Capabilities` reports through pNext chains of
-VkPhysicalDeviceProperties2/Features2; `feature_chain()` builds the chain that
+VkPhysicalDeviceProperties2/Features2 (and, where cooperative matrices are
+supported, their shapes: coopmat.py); `feature_chain()` builds the chain that
 enables exactly the supported optional features at device creation. Under
 validation, structs of extensions newer than the layer's header are never
-chained (the layer rejects unknown structs): `held_back()` decides. It must
+chained (the layer rejects unknown structs): `held_back()` decides; except
+those of `GAPS_TOLERATED`, whose messages layer_gaps.py drops instead. It must
 not create devices or decide policy (family, device choice): device.py does.
 Called by device.py (and `version_tuple` by instance.py).
 """
@@ -14,8 +16,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.vulkan import raw
+from runtime.vulkan.coopmat import query_shapes
 
-# (struct, sType, core since (major, minor) or None, extension, {capability: feature field})
+# (struct, sType, core since (major, minor) or None, extension, {capability: feature fields});
+# a capability is supported when all its fields are, and enabling it sets them all
 FEATURE_STRUCTS = (
     ("VkPhysicalDeviceShaderFloat16Int8Features",
      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_FLOAT16_INT8_FEATURES", (1, 2),
@@ -29,6 +33,11 @@ FEATURE_STRUCTS = (
     ("VkPhysicalDeviceShaderIntegerDotProductFeatures",
      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SHADER_INTEGER_DOT_PRODUCT_FEATURES", (1, 3),
      "VK_KHR_shader_integer_dot_product", {"integer_dot_product": "shaderIntegerDotProduct"}),
+    ("VkPhysicalDeviceVulkanMemoryModelFeatures",
+     "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_VULKAN_MEMORY_MODEL_FEATURES", (1, 2),
+     "VK_KHR_vulkan_memory_model",
+     # device scope too: with the model on, the layer rejects Device-scope atomics without it
+     {"vulkan_memory_model": ("vulkanMemoryModel", "vulkanMemoryModelDeviceScope")}),
     ("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR", None,
      "VK_KHR_cooperative_matrix", {"cooperative_matrix": "cooperativeMatrix"}),
@@ -40,6 +49,10 @@ EXTENSION_HEADERS = {
     "VK_KHR_shader_integer_dot_product": (1, 2, 175),
     "VK_KHR_cooperative_matrix": (1, 3, 255),
 }
+
+# extensions chained even under a layer that predates them (runtime/vulkan/layer_gaps.py drops
+# what that layer says about them), so their shaders stay testable under validation
+GAPS_TOLERATED = ("VK_KHR_cooperative_matrix",)
 
 # storage-image format name -> VkFormat constant name
 IMAGE_FORMATS = {
@@ -63,6 +76,7 @@ class Probe:
     storage_image_formats: frozenset
     queue_family: int
     timestamp_valid_bits: int
+    coop_shapes: tuple = ()  # CoopMatrixShape of every cooperative-matrix property
 
 
 def version_tuple(version: int) -> tuple[int, int, int]:
@@ -80,15 +94,16 @@ def held_back(available: dict[str, tuple], layer_version: tuple | None) -> dict[
             without validation.
 
     Returns:
-        capability -> e.g. "the validation layer, header 239, predates
-        VK_KHR_cooperative_matrix", for every extension of `EXTENSION_HEADERS`
-        newer than `layer_version`.
+        capability -> e.g. "the validation layer, header 170, predates
+        VK_KHR_shader_integer_dot_product", for every extension of
+        `EXTENSION_HEADERS` newer than `layer_version` but not in `GAPS_TOLERATED`.
     """
     if layer_version is None:
         return {}
     return {cap: f"the validation layer, header {layer_version[2]}, predates {extension}"
             for extension, caps in available.items()
-            if tuple(layer_version) < EXTENSION_HEADERS.get(extension, (0, 0, 0)) for cap in caps}
+            if tuple(layer_version) < EXTENSION_HEADERS.get(extension, (0, 0, 0))
+            and extension not in GAPS_TOLERATED for cap in caps}
 
 
 def _usable_structs(api: tuple[int, int], extensions: set[str]):
@@ -103,12 +118,18 @@ def _usable_structs(api: tuple[int, int], extensions: set[str]):
             yield ctype, getattr(vk, stype), extension, core is None or api < core, fields
 
 
+def _names(fields) -> tuple:
+    """The feature field names of one capability (one name or a tuple of them)."""
+    return (fields,) if isinstance(fields, str) else tuple(fields)
+
+
 def _chain(structs, features=None):
     """Link feature structs behind a VkPhysicalDeviceFeatures2; return (head, keepalive)."""
     vk, ffi, _ = raw.load()
     keep, next_ptr = [], ffi.NULL
     for ctype, stype, _, _, fields in structs:
-        values = {f: 1 for c, f in fields.items() if features is not None and c in features}
+        values = {f: 1 for c, names in fields.items() if features is not None and c in features
+                  for f in _names(names)}
         node = ffi.new(ctype + "*", {"sType": stype, "pNext": next_ptr, **values})
         keep.append(node)
         next_ptr = node
@@ -117,10 +138,11 @@ def _chain(structs, features=None):
     return head, keep
 
 
-def probe_device(physical, layer_version: tuple | None = None) -> Probe:
+def probe_device(instance, physical, layer_version: tuple | None = None) -> Probe:
     """Query `physical` (a VkPhysicalDevice) for everything the runtime reports.
 
     Args:
+        instance: its VkInstance (for extension entry points).
         physical: the VkPhysicalDevice.
         layer_version: the validation layer's (major, minor, patch), or None:
             capabilities it predates are `held_back`, never queried nor enabled.
@@ -143,9 +165,13 @@ def probe_device(physical, layer_version: tuple | None = None) -> Probe:
         "pNext": maint3})
     has_dot = api >= (1, 3) or "VK_KHR_shader_integer_dot_product" in extensions
     has_driver = api >= (1, 2) or "VK_KHR_driver_properties" in extensions
+    has_sizes = api >= (1, 3)  # VkPhysicalDeviceSubgroupSizeControlProperties is core there
+    sizes = ffi.new("VkPhysicalDeviceSubgroupSizeControlProperties*", {
+        "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_SUBGROUP_SIZE_CONTROL_PROPERTIES,
+        "pNext": dot if has_dot else maint3})
     props2 = ffi.new("VkPhysicalDeviceProperties2*", {
         "sType": vk.VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PROPERTIES_2,
-        "pNext": dot if has_dot else maint3})
+        "pNext": sizes if has_sizes else dot if has_dot else maint3})
     if not has_driver:
         subgroup.pNext = ffi.NULL
     lib.vkGetPhysicalDeviceProperties2(physical, props2)
@@ -157,7 +183,7 @@ def probe_device(physical, layer_version: tuple | None = None) -> Probe:
     features2, keep = _chain(structs)
     lib.vkGetPhysicalDeviceFeatures2(physical, features2)
     supported = {cap for node, (_, _, _, _, fields) in zip(keep, structs, strict=True)
-                 for cap, field in fields.items() if getattr(node, field)}
+                 for cap, names in fields.items() if all(getattr(node, f) for f in _names(names))}
     if features2.features.shaderInt16:
         supported.add("shader_int16")
     compute = bool(subgroup.supportedStages & vk.VK_SHADER_STAGE_COMPUTE_BIT)
@@ -190,6 +216,9 @@ def probe_device(physical, layer_version: tuple | None = None) -> Probe:
             "driver_info": raw.text(driver.driverInfo) if has_driver else "",
             "pipeline_cache_uuid": bytes(ffi.buffer(p.pipelineCacheUUID)),
             "subgroup_size": subgroup.subgroupSize,
+            # (min, max) a pipeline may run with (SPIR-V 1.6 shaders may vary), () if unknown
+            "subgroup_size_range": (sizes.minSubgroupSize, sizes.maxSubgroupSize) if has_sizes
+            else (),
             "dot4x8_signed_accelerated": bool(
                 has_dot and dot.integerDotProduct4x8BitPackedSignedAccelerated),
             "timestamp_period": lim.timestampPeriod,
@@ -212,6 +241,7 @@ def probe_device(physical, layer_version: tuple | None = None) -> Probe:
         storage_image_formats=frozenset(formats),
         queue_family=queue_family,
         timestamp_valid_bits=families[queue_family].timestampValidBits if compute_families else 0,
+        coop_shapes=query_shapes(instance, physical) if "cooperative_matrix" in supported else (),
     )
 
 

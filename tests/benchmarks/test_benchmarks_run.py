@@ -53,3 +53,17 @@ def test_program_bench_runs(tmp_path):
     on_device, nodes = row.split("|")[3].strip().split("/")
     assert on_device == nodes  # every node on the device
     assert "time per op kind: " in result.stdout and "q8ta_conv2d" in result.stdout
+
+
+def test_coop_gemm_bench_runs_to_the_end(tmp_path):
+    """Tiny sizes; on a device without the coop variant its column says why."""
+    from runtime.ops.library import catalog
+    from runtime.vulkan.device import get_device
+
+    result = _run([str(BENCHMARKS / "coop_gemm_bench.py"), "--quick", "--only", "l2 3x3|1024|GEMM"],
+                  get_device().caps.family, tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith(("resnet50", "int8 GEMM"))]
+    assert len(rows) == 3 and all("q8ta_gemm_" in row for row in rows), result.stdout
+    runnable = catalog().variant("q8ta_gemm_coop").runnable(get_device().caps)[0]
+    assert ("coop: not run here" in result.stdout) != runnable

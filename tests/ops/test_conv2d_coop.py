@@ -1,0 +1,211 @@
+"""The cooperative-matrix int8 GEMM (shader q8ta_gemm_coop) of the pointwise and im2col convs.
+
+On the CPU: the weight prepack, and the gating of the variant on what a device
+reports (fake capabilities: only the exact shape, types, scope and subgroup
+size run it). On a device that runs it: both coop ops, bit-exact against the
+OPS.md reference over shapes with ragged M, K and C_out, every activation and
+every input layout, and the dispatcher routing large GEMMs to it. On a device
+without it (lavapipe) the device tests are skipped with the reason, and the
+dispatcher is checked to fall back to the existing GEMM.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import torch
+from conv_testlib import assert_bit_exact
+
+import runtime
+from runtime.families import conv2d as conv2d_module
+from runtime.families.conv2d_tiling import prefers_coop_gemm
+from runtime.ops.library import catalog
+from runtime.reference import conv2d as ref
+from runtime.tools.examples_conv2d import Conv2dCase, make_inputs
+from runtime.vulkan.coopmat import COOPMAT_CAPABILITIES, CoopMatrixShape, coopmat_gap
+from runtime.vulkan.device import Capabilities, Limits, get_device
+from runtime.vulkan.layouts import PACKED_LAYOUTS
+from runtime.vulkan.stream import Stream
+from runtime.vulkan.tensor import Tensor
+
+VARIANT = "q8ta_gemm_coop"
+CAPABILITY = "coopmat_s8_16x16x32_sg32"
+EXACT = CoopMatrixShape(16, 16, 32, "s8", "s8", "s32", "s32", "subgroup")
+PW = "etvk.q8ta_conv2d_pw_coop.default"
+IM2COL = "etvk.q8ta_conv2d_im2col_coop.default"
+
+C = Conv2dCase
+# M = N * H_out * W_out pixels (tiles of 64), K = C_in * KH * KW bytes (chunks of 64), C_out
+# (tiles of 64): each is ragged somewhere.
+PW_CASES = [
+    C("pw_m1054_k40_n72", 2, 40, 17, 31, 72, (1, 1), activation="relu"),
+    C("pw_tiny_k6_n7", 1, 6, 5, 9, 7, (1, 1), bias=False),
+    C("pw_k200_n130_hardswish", 1, 200, 9, 13, 130, (1, 1), activation="hardswish"),
+    C("pw_m64_k64_n64", 1, 64, 8, 8, 64, (1, 1), activation="hardtanh", activation_min=-1.0,
+      activation_max=2.5),
+]
+IM2COL_CASES = [
+    C("im2col_3x3_k180_n68", 2, 20, 20, 31, 68, (3, 3), padding=(1, 1), activation="hardtanh"),
+    C("im2col_3x3s2_k576_n64", 1, 64, 14, 15, 64, (3, 3), (2, 2), (1, 1), activation="relu"),
+    C("im2col_dilated_k144_n10", 1, 16, 12, 12, 10, (3, 3), padding=(2, 2), dilation=(2, 2),
+      bias=False),
+    C("im2col_1x7_k56_n200", 1, 8, 6, 13, 200, (1, 7), padding=(0, 3), activation="hardswish"),
+]
+
+
+def _caps(**changes) -> Capabilities:
+    """Capabilities of a made-up device that runs the coop GEMM; `changes` take things away."""
+    limits = Limits(1 << 30, 1 << 30, (65535,) * 3, (1024, 1024, 64), 1024, 49152, 2048, 16384,
+                    256, 64)
+    caps = Capabilities(
+        name="fake", vendor_id=0x10DE, device_id=1, device_type="discrete_gpu",
+        api_version="1.3.280", driver_id=0, driver_name="", driver_info="", driver_version=0,
+        family="nvidia", family_overridden=False,
+        features=frozenset({"cooperative_matrix", "shader_int8", "vulkan_memory_model"}),
+        dot4x8_signed_accelerated=True, subgroup_size=32, subgroup_size_range=(32, 32),
+        limits=limits, timestamp_period=1.0,
+        timestamps=True, storage_image_formats=frozenset(), pipeline_cache_uuid=b"",
+        cooperative_matrices=(CoopMatrixShape(16, 8, 32, "s8", "s8", "s32", "s32", "subgroup"),
+                              EXACT))
+    return dataclasses.replace(caps, **changes)
+
+
+@pytest.mark.parametrize(("changes", "reason"), [
+    ({}, ""),
+    ({"features": frozenset({"shader_int8", "vulkan_memory_model"})},
+     "cooperative_matrix is not enabled"),
+    ({"api_version": "1.2.198"}, "Vulkan 1.2 < 1.3"),
+    ({"subgroup_size": 64}, "subgroup size 64, not 32"),
+    ({"subgroup_size_range": (16, 32)}, "subgroup sizes 16-32 may vary, the shader needs 32"),
+    ({"subgroup_size_range": ()}, "subgroup sizes unknown may vary"),
+    ({"cooperative_matrices": (dataclasses.replace(EXACT, n=8),)},
+     "no cooperative matrix 16x16x32 s8 x s8 + s32 -> s32 (subgroup)"),
+    ({"cooperative_matrices": (dataclasses.replace(EXACT, scope="workgroup"),)}, "no cooperative"),
+    ({"cooperative_matrices": (dataclasses.replace(EXACT, c="s16", result="s16"),)},
+     "no cooperative"),
+    ({"cooperative_matrices": (dataclasses.replace(EXACT, a="u8"),)}, "no cooperative"),
+    ({"cooperative_matrices": (dataclasses.replace(EXACT, saturating=True),)}, "no cooperative"),
+    ({"cooperative_matrices": ()}, "no cooperative"),
+])
+def test_the_variant_runs_only_with_the_exact_shape(changes, reason):
+    caps = _caps(**changes)
+    ok, why = catalog().variant(VARIANT).runnable(caps)
+    assert caps.supports(CAPABILITY) == (not reason) == ok
+    assert caps.why_not(CAPABILITY).startswith(reason)
+    if reason:
+        assert why.startswith(f"fake lacks {CAPABILITY} ({reason}")
+
+
+def test_the_variant_needs_int8_and_the_vulkan_memory_model():
+    for feature in ("shader_int8", "vulkan_memory_model"):
+        caps = _caps(features=frozenset({"cooperative_matrix", "shader_int8",
+                                         "vulkan_memory_model"} - {feature}))
+        ok, why = catalog().variant(VARIANT).runnable(caps)
+        assert not ok and feature in why
+
+
+def test_a_held_back_feature_is_the_reason():
+    caps = _caps(features=frozenset({"shader_int8"}),
+                 held_back=(("cooperative_matrix", "the validation layer predates it"),))
+    assert caps.why_not(CAPABILITY) == "the validation layer predates it"
+
+
+def test_capability_table_names_its_shape():
+    assert COOPMAT_CAPABILITIES[CAPABILITY] == (EXACT, 32)
+    assert coopmat_gap(CAPABILITY, {"cooperative_matrix"}, (EXACT,), 32, (32, 32), (1, 4)) == ""
+
+
+def test_pack_gemm_coop_weights():
+    gen = torch.Generator().manual_seed(3)
+    w = torch.randint(-128, 128, (70, 5, 3, 3), dtype=torch.int8, generator=gen)
+    words = conv2d_module.pack_gemm_coop_weights(w)
+    k, kp, rows = 45, 64, 128
+    assert words.dtype == torch.int32 and words.numel() == rows * kp // 4
+    packed = words.view(torch.int8).reshape(rows, kp)  # little-endian: byte k % 4 of word k / 4
+    for oc in (0, 33, 69):
+        for ky, kx, ic in ((0, 0, 0), (1, 2, 4), (2, 1, 3)):
+            assert packed[oc, (ky * 3 + kx) * 5 + ic] == w[oc, ic, ky, kx]
+    assert not packed[:, k:].any() and not packed[70:].any()
+
+
+def test_pack_gemm_coop_weights_rejects_non_int8():
+    with pytest.raises(ValueError, match="int8"):
+        conv2d_module.pack_gemm_coop_weights(torch.zeros(4, 4, 1, 1))
+
+
+def test_shape_rule():
+    assert prefers_coop_gemm(1024, 64, 1)
+    assert not prefers_coop_gemm(1023, 64, 1)
+    assert not prefers_coop_gemm(4096, 63, 1)
+    assert not prefers_coop_gemm(4096, 64, 2)
+
+
+def _require_coop():
+    ok, reason = catalog().variant(VARIANT).runnable(get_device().caps)
+    if not ok:
+        pytest.skip(f"{VARIANT} does not run here: {reason}")
+
+
+def _dispatched(trace_path, before: int) -> list[str]:
+    lines = trace_path.read_text().splitlines() if trace_path.exists() else []
+    return [json.loads(line)["variant"] for line in lines[before:]]
+
+
+def _trace_length(trace_path) -> int:
+    return len(trace_path.read_text().splitlines()) if trace_path.exists() else 0
+
+
+@pytest.mark.parametrize(("op_name", "case"),
+                         [(PW, c) for c in PW_CASES] + [(IM2COL, c) for c in IM2COL_CASES],
+                         ids=lambda v: v.name if isinstance(v, Conv2dCase) else v.split(".")[1])
+def test_coop_matches_the_reference(op_name, case, dispatch_trace_path):
+    _require_coop()
+    inp = make_inputs(case)
+    before = _trace_length(dispatch_trace_path)
+    got = runtime.get_op(op_name)(*inp.args(), variant=VARIANT)
+    assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"{op_name} {case.name}")
+    assert VARIANT in _dispatched(dispatch_trace_path, before)
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+@pytest.mark.parametrize("op_name", [PW, IM2COL])
+def test_coop_reads_and_writes_every_layout(op_name, layout):
+    _require_coop()
+    case = PW_CASES[0] if op_name == PW else IM2COL_CASES[0]
+    inp = make_inputs(case)
+    with Stream() as stream:
+        out = runtime.get_op(op_name).record(stream, Tensor.from_torch(inp.x, layout=layout),
+                                             *inp.args()[1:])
+        stream.run()
+        assert out.layout == layout
+        assert_bit_exact(out.to_torch(), ref.q8ta_conv2d(*inp.args()), f"{op_name} {layout}")
+
+
+@pytest.mark.parametrize("case", [PW_CASES[0], IM2COL_CASES[0]], ids=lambda c: c.name)
+def test_dispatcher_routes_large_gemms_by_capability(case, dispatch_trace_path):
+    """Coop where the device runs it and the shape suits it, else the existing GEMM."""
+    inp = make_inputs(case)
+    p = case.params
+    assert prefers_coop_gemm(p.N * p.H_out * p.W_out, p.C_out, p.groups)
+    coop = catalog().variant(VARIANT).runnable(get_device().caps)[0]
+    before = _trace_length(dispatch_trace_path)
+    got = runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())
+    assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"dispatcher {case.name}")
+    gemms = [v for v in _dispatched(dispatch_trace_path, before) if v.startswith("q8ta_gemm")]
+    assert gemms == [VARIANT] if coop else gemms and VARIANT not in gemms, gemms
+
+
+def test_dispatcher_keeps_small_gemms_off_coop(dispatch_trace_path):
+    case = PW_CASES[1]  # 45 pixels
+    inp = make_inputs(case)
+    before = _trace_length(dispatch_trace_path)
+    runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())
+    assert VARIANT not in _dispatched(dispatch_trace_path, before)
+
+
+def test_coop_ops_refuse_groups():
+    inp = make_inputs(C("g2", 1, 16, 6, 7, 24, (1, 1), groups=2))
+    with pytest.raises(Exception, match="needs groups == 1, got 2"):
+        runtime.get_op(PW)(*inp.args())
