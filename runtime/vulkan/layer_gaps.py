@@ -13,9 +13,12 @@ layer does not know the extension:
 2. while `coop_module()` is creating the shader module and pipeline of SPIR-V
    that declares the CooperativeMatrixKHR capability, and only under a layer
    older than 1.3.255: the shader-module messages (VUIDs
-   ``VkShaderModuleCreateInfo-pCode-*`` and "SPIR-V module not valid"), which
-   come from the layer's SPIR-V tables and validator, older than
-   SPV_KHR_cooperative_matrix. Those modules were checked by a current
+   ``VkShaderModuleCreateInfo-pCode-*`` and "SPIR-V module not valid", and the
+   two the 1.3.239 layer was seen to emit on an H100:
+   ``VkPipelineShaderStageCreateInfo-module-parameter`` "Invalid capability
+   operand: 6022" and ``-pSpecializationInfo-06719`` "attempted to apply
+   specialization constants with spirv-opt but failed"), which come from the
+   layer's SPIR-V tables and validator, older than SPV_KHR_cooperative_matrix. Those modules were checked by a current
    spirv-val when they were built (codegen/glslc.py).
 
 Any other message stays an error. Must not know about ops or variants.
@@ -36,7 +39,12 @@ OP_CAPABILITY = 17
 _UNKNOWN_STRUCT = re.compile(
     r"VUID-Vk(?:PhysicalDeviceFeatures2|DeviceCreateInfo)-pNext-pNext\b.*"
     rf"unknown VkStructureType \({COOPMAT_FEATURES_STYPE}\)", re.DOTALL)
-_SHADER_MODULE = re.compile(r"VUID-VkShaderModuleCreateInfo-pCode-\d+|SPIR-V module not valid")
+_SHADER_MODULE = re.compile(
+    r"VUID-VkShaderModuleCreateInfo-pCode-\d+|SPIR-V module not valid"
+    rf"|VUID-VkPipelineShaderStageCreateInfo-module-parameter\b.*Invalid capability operand: "
+    rf"{CAPABILITY_COOPERATIVE_MATRIX_KHR}\b"
+    r"|VUID-VkPipelineShaderStageCreateInfo-pSpecializationInfo-06719\b.*"
+    r"apply specialization constants with spirv-opt but failed", re.DOTALL)
 
 
 def declares_cooperative_matrix(spirv: bytes) -> bool:
