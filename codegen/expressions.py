@@ -109,6 +109,7 @@ CAPABILITIES: tuple[str, ...] = (
     "integer_dot_product",
     "cooperative_matrix",
     "vulkan_memory_model",
+    "maintenance4",
     "subgroup_arithmetic",
     "subgroup_shuffle",
     "coopmat_s8_16x16x32_sg32",

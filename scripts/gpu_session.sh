@@ -60,32 +60,29 @@ if [ "$what" = kernels ]; then
   ETVK_VALIDATION=0 python3 benchmarks/linear_bench.py 2>&1 | tee "$log/gpu_linear_bench.log"
   ETVK_VALIDATION=0 python3 benchmarks/q8ta_linear_bench.py 2>&1 | tee "$log/gpu_q8ta_linear_bench.log"
 fi
-if [ "$what" = programs ] || [ "$what" = all ]; then
-  specs=()
+# programs_pass LOG_SUFFIX COMMAND...: COMMAND FILE for each saved program (a failure fails the
+# session), then program_bench.py over all of them into gpu_program_bench$LOG_SUFFIX.log
+programs_pass() {
+  local suffix=$1 f name specs=()
+  shift
   for f in .devkit/programs/*.etvk; do
     [ -e "$f" ] || continue
-    ETVK_VALIDATION=1 python3 -m runtime run "$f" --repeat 1 2>&1 | tee -a "$log/gpu_programs.log"
+    "$@" "$f" 2>&1 | tee -a "$log/gpu_programs$suffix.log"
     [ "${PIPESTATUS[0]}" = 0 ] || rc=1
     name=$(basename "$f" .etvk)
     specs+=("${name%_b*}:$f")
   done
   if ((${#specs[@]})); then
-    python3 benchmarks/program_bench.py "${specs[@]}" 2>&1 | tee "$log/gpu_program_bench.log"
+    python3 benchmarks/program_bench.py "${specs[@]}" 2>&1 | tee "$log/gpu_program_bench$suffix.log"
   fi
+}
+tune_and_run() {
+  ETVK_VALIDATION=0 python3 -m runtime tune "$1" && ETVK_VALIDATION=0 python3 -m runtime run "$1" --repeat 1
+}
+if [ "$what" = programs ] || [ "$what" = all ]; then
+  ETVK_VALIDATION=1 programs_pass "" python3 -m runtime run --repeat 1
 fi
 if [ "$what" = tune ] || [ "$what" = all ]; then
-  specs=()
-  for f in .devkit/programs/*.etvk; do
-    [ -e "$f" ] || continue
-    ETVK_VALIDATION=0 python3 -m runtime tune "$f" 2>&1 | tee -a "$log/gpu_tune.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-    ETVK_VALIDATION=0 python3 -m runtime run "$f" --repeat 1 2>&1 | tee -a "$log/gpu_tune.log"
-    [ "${PIPESTATUS[0]}" = 0 ] || rc=1
-    name=$(basename "$f" .etvk)
-    specs+=("${name%_b*}:$f")
-  done
-  if ((${#specs[@]})); then
-    python3 benchmarks/program_bench.py "${specs[@]}" 2>&1 | tee "$log/gpu_program_bench_tuned.log"
-  fi
+  programs_pass _tuned tune_and_run
 fi
 exit $rc

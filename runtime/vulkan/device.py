@@ -31,7 +31,7 @@ from runtime.vulkan.recycler import Recycler
 CAPABILITY_NAMES = (
     "shader_int8", "shader_float16", "shader_int16", "storage_buffer_8bit",
     "storage_buffer_16bit", "integer_dot_product", "cooperative_matrix", "vulkan_memory_model",
-    "subgroup_arithmetic", "subgroup_shuffle", *COOPMAT_CAPABILITIES,
+    "maintenance4", "subgroup_arithmetic", "subgroup_shuffle", *COOPMAT_CAPABILITIES,
 )
 GPU_FAMILIES = ("mali", "adreno", "nvidia", "amd", "intel", "powervr", "llvmpipe",
                 "swiftshader", "other")

@@ -38,6 +38,11 @@ FEATURE_STRUCTS = (
      "VK_KHR_vulkan_memory_model",
      # device scope too: with the model on, the layer rejects Device-scope atomics without it
      {"vulkan_memory_model": ("vulkanMemoryModel", "vulkanMemoryModelDeviceScope")}),
+    # LocalSizeId (what glslang emits for spec-constant workgroup sizes when targeting Vulkan
+    # 1.3, as for the cooperative-matrix shaders) needs maintenance4 enabled
+    ("VkPhysicalDeviceMaintenance4Features",
+     "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_MAINTENANCE_4_FEATURES", (1, 3),
+     "VK_KHR_maintenance4", {"maintenance4": "maintenance4"}),
     ("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR", None,
      "VK_KHR_cooperative_matrix", {"cooperative_matrix": "cooperativeMatrix"}),
@@ -47,6 +52,7 @@ FEATURE_STRUCTS = (
 # header rejects its structs); for every FEATURE_STRUCTS extension newer than 1.2.140
 EXTENSION_HEADERS = {
     "VK_KHR_shader_integer_dot_product": (1, 2, 175),
+    "VK_KHR_maintenance4": (1, 2, 191),
     "VK_KHR_cooperative_matrix": (1, 3, 255),
 }
 

@@ -63,7 +63,7 @@ def _caps(**changes) -> Capabilities:
         name="fake", vendor_id=0x10DE, device_id=1, device_type="discrete_gpu",
         api_version="1.3.280", driver_id=0, driver_name="", driver_info="", driver_version=0,
         family="nvidia", family_overridden=False,
-        features=frozenset({"cooperative_matrix", "shader_int8", "vulkan_memory_model"}),
+        features=frozenset({"cooperative_matrix", "shader_int8", "vulkan_memory_model", "maintenance4"}),
         dot4x8_signed_accelerated=True, subgroup_size=32, subgroup_size_range=(32, 32),
         limits=limits, timestamp_period=1.0,
         timestamps=True, storage_image_formats=frozenset(), pipeline_cache_uuid=b"",
@@ -74,7 +74,7 @@ def _caps(**changes) -> Capabilities:
 
 @pytest.mark.parametrize(("changes", "reason"), [
     ({}, ""),
-    ({"features": frozenset({"shader_int8", "vulkan_memory_model"})},
+    ({"features": frozenset({"shader_int8", "vulkan_memory_model", "maintenance4"})},
      "cooperative_matrix is not enabled"),
     ({"api_version": "1.2.198"}, "Vulkan 1.2 < 1.3"),
     ({"subgroup_size": 64}, "subgroup size 64, not 32"),
@@ -98,10 +98,10 @@ def test_the_variant_runs_only_with_the_exact_shape(changes, reason):
         assert why.startswith(f"fake lacks {CAPABILITY} ({reason}")
 
 
-def test_the_variant_needs_int8_and_the_vulkan_memory_model():
-    for feature in ("shader_int8", "vulkan_memory_model"):
+def test_the_variant_needs_int8_the_vulkan_memory_model_and_maintenance4():
+    for feature in ("shader_int8", "vulkan_memory_model", "maintenance4"):
         caps = _caps(features=frozenset({"cooperative_matrix", "shader_int8",
-                                         "vulkan_memory_model"} - {feature}))
+                                         "vulkan_memory_model", "maintenance4"} - {feature}))
         ok, why = catalog().variant(VARIANT).runnable(caps)
         assert not ok and feature in why
 
