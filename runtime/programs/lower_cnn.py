@@ -75,7 +75,7 @@ def fold_clamps(rw: Rewriter) -> None:
         conv = rw.producer(x[0]) if x is not None else None
         out = rw.requantized(node)
         if conv is None or conv.target != _CONV or out is None or x[1:] != out[1:] \
-                or conv.args[14] != "none" or len(conv.args) != 15 or conv.kwargs \
+                or len(conv.args) != 15 or conv.args[14] != "none" or conv.kwargs \
                 or len(rw.users.get(x[0].name, [])) != 1 or x[0].name in program.outputs \
                 or rw.only_user(rw.producer(b["self"])) is not node:
             continue
@@ -187,10 +187,9 @@ class _Patterns:
         x = self.rw.dequantized(ref)
         if x is None or len(self.rw.shape(x[0])) != 2:
             return None
-        quantize = self.rw.producer(x[0])
-        flat = self.rw.producer(quantize.args[0]) if quantize is not None and quantize.target == Q else None
-        if flat is not None and flat.target == "aten.flatten.using_ints" \
-                and int8_per_tensor(quantize, Q)[1:] == x[1:]:
+        quantize = int8_per_tensor(self.rw.producer(x[0]), Q)
+        flat = self.rw.producer(quantize[0]) if quantize is not None and quantize[1:] == x[1:] else None
+        if flat is not None and flat.target == "aten.flatten.using_ints":
             b = bind(flat)
             pooled = self.packed_int8(self.rw.dequantized(b["self"]))
             if pooled is not None and pooled[1:] == x[1:] and b["start_dim"] == 1 \
