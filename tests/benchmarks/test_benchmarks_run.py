@@ -1,6 +1,7 @@
-"""Every benchmark runs to its end on every GPU family (ETVK_GPU_FAMILY), at tiny sizes on the test
-device: a benchmark must not depend on the family's routing (one forced a variant of a route the
-nvidia family does not take). The figures themselves are not checked here."""
+"""The benchmarks run to their end at tiny sizes on the test device; runtime_bench and
+conv2d_bench under every GPU family (ETVK_GPU_FAMILY): a benchmark must not depend on the family's
+routing (one forced a variant of a route the nvidia family does not take). The figures themselves
+are not checked here."""
 
 from __future__ import annotations
 
@@ -34,6 +35,16 @@ def test_runtime_bench_runs_on_every_family(family, tmp_path):
     assert kinds[0] == "device" and kinds.count("overhead") == 4 and kinds.count("copy") == 1
     assert [r["case"] for r in records if r["kind"] == "kernel"] == ["quantize_per_tensor_buffer_float_int8"]
     assert "100 small dispatches recorded, replayed" in result.stdout
+
+
+@pytest.mark.parametrize("family", GPU_FAMILIES)
+def test_conv2d_bench_runs_on_every_family(family, tmp_path):
+    """The conv benchmark times the dispatcher's pick for the family next to every algorithm."""
+    result = _run([str(BENCHMARKS / "conv2d_bench.py"), "--quick", "--batches", "1", "--only", "l4 3x3"],
+                  family, tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = [line for line in result.stdout.splitlines() if line.startswith("resnet50 l4 3x3")]
+    assert rows and sum("*" in row.split()[7] for row in rows if len(row.split()) > 7) == 1, result.stdout
 
 
 def test_program_bench_runs(tmp_path):
