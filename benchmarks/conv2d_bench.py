@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
-import os
 import re
 import statistics
 import sys
@@ -41,18 +40,16 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
-    print("note: ETVK_VALIDATION ignored: timings are taken without validation")
-    os.environ.pop("ETVK_VALIDATION")
-
 from results import Results  # noqa: E402
-from timing import open_device, time_cuda, warm  # noqa: E402
+from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.ops.stub_support import conv2d_algorithm  # noqa: E402
 from runtime.tools.examples_conv2d import Conv2dCase, make_inputs  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
+
+drop_validation()
 
 C = Conv2dCase
 # Real layer shapes at batch 1; the batch is replaced per run.

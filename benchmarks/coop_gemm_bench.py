@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import os
 import re
 import sys
 import time
@@ -34,17 +33,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
-    print("note: ETVK_VALIDATION ignored: timings are taken without validation")
-    os.environ.pop("ETVK_VALIDATION")
-
 from conv2d_bench import Settings, fmt, time_cudnn, time_ours, tops  # noqa: E402
-from timing import open_device, time_cuda  # noqa: E402
+from timing import drop_validation, open_device, time_cuda  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.ops.library import catalog  # noqa: E402
 from runtime.tools.examples_conv2d import Conv2dCase, make_inputs  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
+
+drop_validation()
 
 C = Conv2dCase
 BATCH = 32

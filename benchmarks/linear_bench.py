@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import functools
 import math
-import os
 import statistics
 import sys
 import time
@@ -43,17 +42,15 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
-    print("note: ETVK_VALIDATION ignored: timings are taken without validation")
-    os.environ.pop("ETVK_VALIDATION")
-
 from results import Results  # noqa: E402
-from timing import open_device, time_cuda, warm  # noqa: E402
+from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.families.linear_weights import packed_row_texels  # noqa: E402
 from runtime.tools.examples import linear_args  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
+
+drop_validation()
 
 OP = "etvk.linear_qta8a_qga4w.default"
 GROUP_SIZE = 128

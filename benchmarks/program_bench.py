@@ -27,7 +27,6 @@ Usage: ``python benchmarks/program_bench.py resnet50:r50_b1.etvk mobilenet_v2:mv
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import sys
 import time
@@ -37,12 +36,13 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-os.environ.pop("ETVK_VALIDATION", None)  # timings are taken without validation
 
-from timing import open_device, time_cuda, warm  # noqa: E402
+from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.tools.models import torchvision_model  # noqa: E402
+
+drop_validation()
 
 
 def _median_seconds(fn, repeat: int, warmup: float) -> float:

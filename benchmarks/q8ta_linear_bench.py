@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import statistics
 import sys
 from pathlib import Path
@@ -31,16 +30,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
-    print("note: ETVK_VALIDATION ignored: timings are taken without validation")
-    os.environ.pop("ETVK_VALIDATION")
-
 from results import Results  # noqa: E402
-from timing import open_device, time_cuda, warm  # noqa: E402
+from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.tools.examples_q8ta_linear import Q8taLinearCase, make_inputs  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
+
+drop_validation()
 
 OP = "etvk.q8ta_linear.default"
 N_OUT = 1000

@@ -4,12 +4,14 @@
 an idle NVIDIA GPU drops its clock (benchmarks/NOTES.md); `time_cuda` times a
 torch baseline with CUDA events, its calls queued behind a GPU spin so that
 host launch overhead stays outside the events; `open_device` prints the
-Vulkan and CUDA devices. No Vulkan recording here: each benchmark times its
+Vulkan and CUDA devices; `drop_validation` keeps the validation layer out of
+the timings. No Vulkan recording here: each benchmark times its
 own streams.
 """
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -18,6 +20,14 @@ import torch
 
 import runtime
 from runtime.vulkan.device import get_device
+
+
+def drop_validation() -> None:
+    """Timings are taken without the validation layer: drops ETVK_VALIDATION (with a note when
+    it asked for the layer) before the benchmark opens its device."""
+    if os.environ.get("ETVK_VALIDATION", "0") not in ("", "0"):
+        print("note: ETVK_VALIDATION ignored: timings are taken without validation")
+    os.environ.pop("ETVK_VALIDATION", None)
 
 
 def warm(fn, seconds: float) -> float:
