@@ -28,7 +28,6 @@ Never touches Vulkan. Called by users (`runtime.lower`) and the tools.
 from __future__ import annotations
 
 import hashlib
-import math
 
 import torch
 from torch.export import ExportedProgram
@@ -40,16 +39,10 @@ from runtime.programs import lower_cnn
 from runtime.programs.from_export import from_exported
 from runtime.programs.nodes import Node, ValueSpec
 from runtime.programs.program import Program
-from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
 from runtime.pytorch.passes import fuse_quantized_ops
 
 _CONV = "aten.conv2d.default"
-# An activation between a conv and its output quantize -> the conv's activation arguments.
-_ACTIVATIONS = {
-    "aten.relu.default": lambda b: ("relu",),
-    "aten.hardswish.default": lambda b: ("hardswish",),
-    "aten.hardtanh.default": lambda b: ("hardtanh", float(b["min_val"]), float(b["max_val"])),
-}
 # quantized_decomposed ops whose etvk twin has the same schema: (etvk target, output dtypes).
 _TWINS = {
     "quantized_decomposed.quantize_per_token.default": ("etvk.quantize_per_token.default", None),
@@ -75,13 +68,10 @@ class _Lowering(Rewriter):
         bias = self.fp32_bias(b["bias"])
         if x is None or weight is None or bias is False or len(self.shape(x[0])) != 4:
             return False
-        activation, last = ("none",), conv
         user = self.only_user(conv)
-        if user is not None and user.target in _ACTIVATIONS:
-            activation, last = _ACTIVATIONS[user.target](bind(user)), user
-            if activation[0] == "hardtanh" and not (math.isfinite(activation[1]) and math.isfinite(
-                    activation[2]) and activation[1] <= activation[2]):
-                return False
+        activation = conv_activation(user)
+        # an activation the conv cannot take leaves the conv's only user not a quantize: no match
+        activation, last = (activation, user) if activation else (("none",), conv)
         out = self.requantized(last)
         if out is None:
             return False

@@ -27,10 +27,8 @@ Every int8 tensor these ops read or write gets the placeholder layout
 
 from __future__ import annotations
 
-import math
-
 from runtime.programs.nodes import Node, Ref, ValueSpec
-from runtime.programs.rewrite import Q, Rewriter, bind, int8_per_tensor
+from runtime.programs.rewrite import Q, Rewriter, bind, conv_activation, int8_per_tensor
 
 _CONV = "etvk.q8ta_conv2d.default"
 _GLOBAL_MEAN_DIMS = ({2, 3}, {-1, -2})
@@ -68,7 +66,8 @@ def fold_clamps(rw: Rewriter) -> None:
     """``conv -> q -> dq -> relu | hardtanh -> q`` (one qparams) -> the conv's activation."""
     program = rw.program
     for node in list(program.nodes):
-        if node.target not in ("aten.relu.default", "aten.hardtanh.default"):
+        activation = conv_activation(node)
+        if activation is None or activation[0] == "hardswish":  # only clamps fold exactly
             continue
         b = bind(node)
         x = rw.dequantized(b["self"])
@@ -79,13 +78,6 @@ def fold_clamps(rw: Rewriter) -> None:
                 or len(rw.users.get(x[0].name, [])) != 1 or x[0].name in program.outputs \
                 or rw.only_user(rw.producer(b["self"])) is not node:
             continue
-        if node.target == "aten.relu.default":
-            activation = ("relu",)
-        else:
-            low, high = float(b["min_val"]), float(b["max_val"])
-            if not (math.isfinite(low) and math.isfinite(high) and low <= high):
-                continue
-            activation = ("hardtanh", low, high)
         fused = Node(conv.name, _CONV, (*conv.args[:14], *activation), {}, out[0].outputs)
         program.nodes.remove(conv)
         rw.mark_packed(out[0].outputs[0])

@@ -1,7 +1,8 @@
 """What the lowering's pattern rewrites share: bound arguments, int8 qparams, a graph's state.
 
 `bind` names a node's arguments by its op's schema; `int8_per_tensor` reads a
-full-range int8 per-tensor (de)quantize with scalar qparams; `Rewriter`
+full-range int8 per-tensor (de)quantize with scalar qparams; `conv_activation`
+reads an activation as the conv ops' activation arguments; `Rewriter`
 keeps a program's producer and user maps current while patterns replace
 nodes, and reads symmetric per-channel weights. Pure graph work, no Vulkan;
 used by lower.py and lower_cnn.py.
@@ -21,6 +22,9 @@ from runtime.programs.program import Program
 Q = "quantized_decomposed.quantize_per_tensor.default"
 DQ = "quantized_decomposed.dequantize_per_tensor.default"
 DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
+# aten activation -> the conv ops' `activation` (hardtanh also takes its bounds)
+ACTIVATIONS = {"aten.relu.default": "relu", "aten.hardtanh.default": "hardtanh",
+               "aten.hardswish.default": "hardswish"}
 
 
 def bind(node: Node) -> dict:
@@ -48,6 +52,19 @@ def int8_per_tensor(node: Node | None, target: str):
             or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
         return None
     return b["input"], scale, zero_point
+
+
+def conv_activation(node: Node | None) -> tuple | None:
+    """The conv ops' activation arguments for what `node` applies: ``("relu",)``,
+    ``("hardswish",)`` or ``("hardtanh", min, max)``; None for another op or hardtanh bounds
+    a conv cannot take (not finite, or min > max)."""
+    if node is None or node.target not in ACTIVATIONS:
+        return None
+    if node.target != "aten.hardtanh.default":
+        return (ACTIVATIONS[node.target],)
+    b = bind(node)
+    low, high = float(b["min_val"]), float(b["max_val"])
+    return ("hardtanh", low, high) if math.isfinite(low) and math.isfinite(high) and low <= high else None
 
 
 class Rewriter:
