@@ -23,6 +23,7 @@ import hashlib
 import json
 import os
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
 
 from runtime.errors import EtvkError
@@ -48,6 +49,13 @@ def builtin_dir() -> Path:
     """The built-in generated folder: ``runtime/_generated`` in a wheel, else the checkout's ``generated``."""
     packaged = _PACKAGE / "_generated"
     return packaged if (packaged / MANIFEST).exists() else _PACKAGE.parent / "generated"
+
+
+@cache
+def manifest_hash() -> str:
+    """sha256 of the built-in manifest: it names every variant's SPIR-V hash, so it changes
+    whenever a shader does (saved programs record it; measured tuning choices are keyed by it)."""
+    return hashlib.sha256((builtin_dir() / MANIFEST).read_bytes()).hexdigest()
 
 
 def _command(verb: str, root: Path) -> str:

@@ -4,12 +4,15 @@ The file is ``<cache>/tuning/conv2d.json`` (`cache_dir()`: ``ETVK_CACHE_DIR``,
 next to the pipeline cache):
 
     {"version": 1,
-     "devices": {"<vendor>:<device> <name> driver <version>": {
+     "devices": {"<vendor>:<device> <name> driver <version> shaders <hash>": {
          "<shape key>": {"pw": <choice>, "im2col": <choice>, ...}}}}
 
 with one `Conv2dChoice.to_json` object per algorithm the tuner measured for
 that conv geometry (`shape_key`: N, C_in, H, W, C_out, kernel, stride,
-padding, dilation, groups), its fastest layout and settings. The winner of a
+padding, dilation, groups), its fastest layout and settings. A measurement
+belongs to one device, driver and build of the shaders (the first 12 hex of
+`manifest_hash`): after a shader changes, `python -m runtime tune` measures
+again and the rule stands until then. The winner of a
 shape is its fastest algorithm. Writes are atomic (a temporary file renamed
 over the old one) and merge with what the file holds by then. A file that
 cannot be read or parsed, has another version, or holds an entry that is not
@@ -34,6 +37,7 @@ from pathlib import Path
 
 from runtime.families.conv2d import Conv2dParams
 from runtime.families.conv2d_tuning import Conv2dChoice, candidate_algorithms, choice_from_json
+from runtime.ops.library import manifest_hash
 from runtime.vulkan.device import get_device
 from runtime.vulkan.pipeline import cache_dir
 
@@ -47,8 +51,9 @@ def cache_path() -> Path:
 
 
 def device_key(caps) -> str:
-    """The device a measurement belongs to: vendor and device id, name and driver version."""
-    return f"{caps.vendor_id:04x}:{caps.device_id:04x} {caps.name} driver {caps.driver_version:08x}"
+    """What a measurement belongs to: vendor and device id, name, driver version and shaders."""
+    return (f"{caps.vendor_id:04x}:{caps.device_id:04x} {caps.name} driver {caps.driver_version:08x} "
+            f"shaders {manifest_hash()[:12]}")
 
 
 def shape_key(p: Conv2dParams) -> str:

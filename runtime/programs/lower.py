@@ -27,13 +27,11 @@ Never touches Vulkan. Called by users (`runtime.lower`) and the tools.
 
 from __future__ import annotations
 
-import hashlib
-
 import torch
 from torch.export import ExportedProgram
 
 from runtime.families.conv2d_layouts import PLACEHOLDER
-from runtime.ops.library import MANIFEST, builtin_dir
+from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
 from runtime.programs import lower_cnn
 from runtime.programs.from_export import from_exported
@@ -145,11 +143,6 @@ class _Lowering(Rewriter):
 def dataclass_copy(node: Node, target: str) -> Node:
     """`node` calling `target` instead (same arguments)."""
     return Node(node.name, target, node.args, dict(node.kwargs), node.outputs)
-
-
-def manifest_hash() -> str:
-    """sha256 of the built-in manifest (what a program records it was lowered with)."""
-    return hashlib.sha256((builtin_dir() / MANIFEST).read_bytes()).hexdigest()
 
 
 def lower(exported: ExportedProgram) -> Program:

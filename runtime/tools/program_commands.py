@@ -24,8 +24,9 @@ from pathlib import Path
 import torch
 
 from runtime.errors import EtvkError
+from runtime.ops.library import manifest_hash
 from runtime.programs.loader import load
-from runtime.programs.lower import lower, manifest_hash
+from runtime.programs.lower import lower
 from runtime.programs.program import Program
 from runtime.tools.models import quantize_pt2e, torchvision_model
 

@@ -13,6 +13,7 @@ from runtime.families.conv2d import conv2d_params
 from runtime.families.conv2d_layouts import PLACEHOLDER, PackedOp, resolve_packed_int8_conv2d
 from runtime.families.conv2d_tuning import Conv2dChoice, choice_from_json, gemm_settings
 from runtime.ops import tuning
+from runtime.ops.library import manifest_hash
 from runtime.tools.tuner import conv_inputs
 from runtime.vulkan.device import get_device
 
@@ -43,6 +44,8 @@ def test_choices_round_trip_keyed_by_device_and_shape(cache):
     assert fresh.choices(here, tuning.shape_key(P)) == {"general": GENERAL, "im2col": IM2COL}
     assert fresh.choices(here, tuning.shape_key(OTHER)) == {}
     assert fresh.choices(here.replace("driver", "driver 1"), tuning.shape_key(P)) == {}
+    assert here.endswith(f" shaders {manifest_hash()[:12]}")  # another build of the shaders misses
+    assert fresh.choices(here.replace(" shaders ", " shaders 0"), tuning.shape_key(P)) == {}
     assert tuning.lookup(P) == GENERAL  # the fastest
     assert tuning.lookup(P, "im2col") == IM2COL and tuning.lookup(P, "pw") is None
     assert tuning.lookup(OTHER) is None
