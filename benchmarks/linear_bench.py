@@ -2,10 +2,14 @@
 
 Times ``etvk.linear_qta8a_qga4w.default`` (int8 per-token activations x 4-bit
 weights in groups of 128) at M = 1 and 8 tokens, K = 4096, N = 4096 and
-14336: the op's default variant (gemv for one token, gemm for more) and, at
-M = 8, the other KERNEL variant forced where the op accepts it. GPU time per
-call and weight GB/s (the bytes of the packed int4 weight with its scales and
-zeros, over the GPU time).
+14336: the op's default variant (gemv for one token, gemv8 for 2 to 8, gemm
+for more) and, at M = 8, the gemm kernel with its own work split (what 8
+tokens ran on before gemv8). GPU time per call and weight GB/s (the bytes of
+the packed int4 weight with its scales and zeros, over the GPU time).
+
+``--sweep`` also times every work split (C invocations per tile, GL group
+lanes: the shader's push constants, all bit-identical) of the kernel each
+row runs, to choose the op's rule by measurement.
 
 Weights are ROTATED beyond the L2 cache (50 MB on an H100): several distinct
 weight sets (8 for N = 4096, ~9.4 MB each; 4 for N = 14336, ~33 MB each) are
@@ -24,7 +28,7 @@ Method (benchmarks/NOTES.md): every measured thing gets ~1 s of continuous
 work first (an idle H100 drops its clock), then a median over timestamped
 calls.
 
-Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R]``
+Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R] [--sweep]``
 (``--quick``: K = 512, N = 256 and 512, 2 weight copies, short warm-up; runs on lavapipe.)
 """
 
@@ -46,9 +50,11 @@ from results import Results  # noqa: E402
 from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.families.linear_weights import packed_row_texels  # noqa: E402
+from runtime.families.linear_weights import pack_linear_weights, packed_row_texels  # noqa: E402
+from runtime.ops.library import catalog  # noqa: E402
 from runtime.tools.examples import linear_args  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
+from runtime.vulkan.tensor import Tensor  # noqa: E402
 
 drop_validation()
 
@@ -67,26 +73,62 @@ def activations(m: int, k: int, gen: torch.Generator) -> tuple:
     return x, scale, zero_point
 
 
-def time_ours(op, m: int, k: int, weights: list, gen, variant, repeats: int, warmup: float):
-    """Median GPU seconds of one call and the variant that ran; None without timestamps."""
+def time_ours(op, m: int, k: int, weights: list, gen, repeats: int, warmup: float):
+    """Median GPU seconds of one op call and the variant that ran; None without timestamps."""
     x, scale, zero_point = activations(m, k, gen)
     with Stream() as stream:
         for i in range(CALLS):
             weight, weight_scales, weight_zeros = weights[i % len(weights)]
-            op.record(stream, x, scale, zero_point, weight, GROUP_SIZE, weight_scales, weight_zeros,
-                      variant=variant)
-        stream.run()
-        timings = stream.timings()
-        if not timings:
-            return None
-        name = timings[0][0]
-        replay_seconds = warm(stream.replay, warmup)
-        replays = max(3, min(repeats, math.ceil(TIMED_SECONDS / replay_seconds)))
-        samples = []
-        for _ in range(replays):
-            stream.replay()
-            samples += [seconds for _, seconds in stream.timings()]
+            op.record(stream, x, scale, zero_point, weight, GROUP_SIZE, weight_scales, weight_zeros)
+        return time_stream(stream, repeats, warmup)
+
+
+def time_split(kernel: str, m: int, k: int, n: int, packed: list, gen, split, repeats, warmup):
+    """Median GPU seconds of one dispatch of the KERNEL `kernel` (sdot, buffers) with the work
+    split `split` = (C, GL), recorded directly with the op's bindings and push constants."""
+    variant = catalog().variant(f"linear_qta8a_qga4w_{kernel}_sdot_buffer_buffer")
+    x, scale, zero_point = activations(m, k, gen)
+    c, gl = split
+    blocks = -(-n // 4)
+    groups = [-(-blocks // (64 // c)), 1 if kernel != "gemm" else -(-m // 4), 1]
+    with Stream() as stream:
+        bindings = {"t_out": Tensor.empty((m, n), torch.float32, "buffer"),
+                    "t_x": Tensor.from_torch(x), "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
+                    "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
+        for i in range(CALLS):
+            stream.dispatch(variant, OP, bindings={**bindings, "t_w": packed[i % len(packed)]},
+                            push={"sizes": [k, n, m, GROUP_SIZE], "coop": [c, gl, 0, 0]}, groups=groups)
+        return time_stream(stream, repeats, warmup)
+
+
+def time_stream(stream, repeats: int, warmup: float):
+    """Runs `stream`, warms it up, and returns (median GPU seconds of its dispatches, the first
+    dispatch's variant), or None without timestamps."""
+    stream.run()
+    timings = stream.timings()
+    if not timings:
+        return None
+    name = timings[0][0]
+    replay_seconds = warm(stream.replay, warmup)
+    replays = max(3, min(repeats, math.ceil(TIMED_SECONDS / replay_seconds)))
+    samples = []
+    for _ in range(replays):
+        stream.replay()
+        samples += [seconds for _, seconds in stream.timings()]
     return statistics.median(samples), name
+
+
+def gemm_split(m: int, n: int, k: int) -> tuple[int, int]:
+    """(C, GL) of the gemm kernel's rule (op_specs/linear.yaml) for m tokens."""
+    tiles = -(-n // 4) * -(-m // 4)
+    c = max(4, min(64, 2 ** int(math.log2(max(1, 32768 // tiles)))))
+    return min(c, 2 ** math.ceil(math.log2(k // 8))), 8
+
+
+def sweep_splits(k: int) -> list[tuple[int, int]]:
+    """The (C, GL) pairs a sweep times: C 16 to 64, GL 4 to 32 (at most C and the group count)."""
+    groups = k // GROUP_SIZE
+    return [(c, gl) for c in (16, 32, 64) for gl in (4, 8, 16, 32) if gl <= min(c, groups)]
 
 
 def tinygemm_setup(m: int, k: int, n: int, copies: int):
@@ -149,6 +191,8 @@ def main() -> int:
                         help="K=512, N=256 and 512, 2 weight copies, short warm-up (CPU drivers)")
     parser.add_argument("--repeats", type=int, default=20,
                         help="replays of each recorded stream after the warm-up, at most (default 20)")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time every (C, GL) work split of each row's kernel")
     parser.add_argument("--warmup", type=float, default=None,
                         help="seconds of continuous work before timing each row (default 1; quick 0.05)")
     options = parser.parse_args()
@@ -185,8 +229,9 @@ def main() -> int:
         our_bytes = -(-n // 4) * 16 * packed_row_texels(k, GROUP_SIZE)
         print(f"-- N={n}: {copies} weight copies of {our_bytes / 1e6:.1f} MB "
               f"(host set-up {time.perf_counter() - start:.1f} s; packed on first record)")
+        packed = [Tensor.from_torch(pack_linear_weights(w, ws, wz, GROUP_SIZE)) for w, ws, wz in weights]
         for m in (1, 8):
-            measured = time_ours(op, m, k, weights, gen, None, repeats, warmup)
+            measured = time_ours(op, m, k, weights, gen, repeats, warmup)
             if measured is None:
                 print("device has no timestamp queries: nothing to time")
                 return 1
@@ -194,14 +239,16 @@ def main() -> int:
             emit(m, n, f"ours {variant}", ours, our_bytes, ours)
             if m == 1 and n == sizes[-1][0]:
                 target_ours = ours
-            if m == 8:
-                other = other_kernel(op, variant)
-                try:
-                    seconds, _ = time_ours(op, m, k, weights, gen, other, repeats, warmup)
-                    emit(m, n, f"ours {other} (forced)", seconds, our_bytes, ours)
-                except (runtime.EtvkError, ValueError) as error:
-                    emit(m, n, f"ours {other} (forced)", None, our_bytes, ours,
-                        f"does not apply: {str(error).split('these inputs: ')[-1][:100]}")
+            if m > 1:
+                split = gemm_split(m, n, k)
+                seconds, _ = time_split("gemm", m, k, n, packed, gen, split, repeats, warmup)
+                emit(m, n, f"ours gemm kernel, C={split[0]} GL={split[1]}", seconds, our_bytes, ours)
+            if options.sweep:
+                kernel = variant.split("_")[3]  # linear_qta8a_qga4w_<KERNEL>_...
+                for split in sweep_splits(k):
+                    seconds, _ = time_split(kernel, m, k, n, packed, gen, split, repeats,
+                                            min(warmup, 0.3))
+                    emit(m, n, f"  sweep {kernel} C={split[0]} GL={split[1]}", seconds, our_bytes, ours)
             fn, info = tinygemm_setup(m, k, n, copies)
             if fn is None:
                 emit(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", None, 0, ours, info)
@@ -229,13 +276,6 @@ def main() -> int:
         print(f"this run: ours {target_ours * 1e6:.1f} us ({verdict}); tinygemm {tiny}")
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0
-
-
-def other_kernel(op, variant_name: str) -> str:
-    """The op's variant that differs from `variant_name` in KERNEL only."""
-    axes = next(v.axes for v in op.variants if v.name == variant_name)
-    want = {**axes, "KERNEL": "gemv" if axes["KERNEL"] == "gemm" else "gemm"}
-    return next(v.name for v in op.variants if dict(v.axes) == want)
 
 
 if __name__ == "__main__":
