@@ -15,18 +15,26 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    over the GPU time from timestamp queries).
 4. With CUDA available (the NVIDIA machine): ``torch.quantize_per_tensor`` on
    CUDA on the same tensor, timed with CUDA events in the same run, and the
-   ratio of our per-tensor quantize to it.
+   ratio of our per-tensor quantize to it; and dynamic per-token quantization
+   (``choose_qparams_per_token_asymmetric`` then ``quantize_per_token``, fp32
+   and fp16, [64Ki, 1024]) against ``torch.compile`` of the same two ops
+   (their eager torch math, compiled; CUDA events), ratio of GPU times.
+5. With ``--sweep``: every per-token buffer quantize / dequantize variant
+   with 1, 2, 4 and 8 units of 4 values per invocation (the shaders' UNITS;
+   the ops use op_specs/quantize.yaml's choice), in one run.
 
 With ``ETVK_BENCH_RESULTS=DIR`` it also writes DIR/runtime.jsonl
 (benchmarks/results.py) for benchmarks/report.py.
 
-Usage: ``python benchmarks/runtime_bench.py [--quick] [--elements N] [--repeats R] [--only REGEX]``
+Usage: ``python benchmarks/runtime_bench.py [--quick] [--elements N] [--repeats R] [--only REGEX]
+[--sweep]``
 (``--quick``: tiny sizes and short warm-ups; runs on lavapipe in seconds.)
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import re
 import statistics
 import sys
@@ -46,6 +54,7 @@ import runtime  # noqa: E402
 from runtime.tools.examples import EXAMPLES  # noqa: E402
 from runtime.vulkan.device import FENCE_SPIN_US, get_device  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
+from runtime.vulkan.tensor import Tensor  # noqa: E402
 
 QUANTIZE = "etvk.quantize_per_tensor.default"
 QUANTIZE_ARGS = (0.05, 0, -128, 127, torch.int8)
@@ -186,6 +195,96 @@ def throughput(elements: int, repeats: int, warmup: float, only: re.Pattern,
     return baseline
 
 
+@torch.compile
+def _dynamic_quantize(x: torch.Tensor) -> torch.Tensor:
+    """The reference's choose_qparams_per_token_asymmetric then quantize_per_token."""
+    from runtime.reference import quantize as ref
+
+    scales, zero_points = ref.choose_qparams_per_token_asymmetric(x, torch.int8)
+    return ref.quantize_per_token(x, scales, zero_points, -128, 127, torch.int8)
+
+
+def compiled_dynamic_quantize(x: torch.Tensor, _: int) -> torch.Tensor:
+    return _dynamic_quantize(x)
+
+
+def dynamic_quantize(repeats: int, warmup: float, quick: bool, results: Results) -> None:
+    """choose_qparams_per_token_asymmetric + quantize_per_token (one call = both dispatches) on
+    [64Ki, 1024] fp32 and fp16 against torch.compile of the same two ops on CUDA (same run)."""
+    shape = (64, 64) if quick else (64 << 10, 1024)
+    choose = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
+    quantize = runtime.get_op("etvk.quantize_per_token.default")
+    print(f"\n== Dynamic per-token int8 quantization (choose_qparams + quantize_per_token), "
+          f"{shape[0]}x{shape[1]}: GPU us per call (both dispatches) ==")
+    print(f"{'dtype':<8} {'ours us':>9} {'GB/s':>8} {'torch.compile us':>17} {'ours/compile':>13}")
+    for dtype in (torch.float32, torch.float16):
+        x = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
+        moved = x.numel() * (2 * x.element_size() + 1) + shape[0] * 8 * 2  # x twice, q, scales / zps
+        device_x = Tensor.from_torch(x)
+        with Stream() as stream:
+            for _ in range(BACK_TO_BACK):
+                scales, zero_points = choose.record(stream, device_x, torch.int8)
+                quantize.record(stream, device_x, scales, zero_points, -128, 127, torch.int8)
+            stream.run()
+            warm(stream.replay, warmup)
+            samples = []
+            for _ in range(repeats):
+                stream.replay()
+                pair = [seconds for _, seconds in stream.timings()]
+                samples += [a + b for a, b in zip(pair[::2], pair[1::2], strict=True)]
+        ours = statistics.median(samples)
+        results.kernel("dynamic quantize", f"choose_qparams + quantize_per_token {dtype}", "etvk",
+                       ours, moved)
+        compiled = "n/a (no CUDA)"
+        if torch.cuda.is_available():
+            try:
+                seconds = time_cuda(functools.partial(compiled_dynamic_quantize, x.cuda()), 1,
+                                    repeats * BACK_TO_BACK, warmup)
+                results.kernel("dynamic quantize", f"choose_qparams + quantize_per_token {dtype}",
+                               "torch.compile", seconds, moved)
+                compiled = f"{seconds * 1e6:>17.1f} {ours / seconds:>13.2f}"
+            except Exception as error:  # noqa: BLE001 - any compile failure is reported, not fatal
+                compiled = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
+        print(f"{str(dtype).split('.')[-1]:<8} {ours * 1e6:>9.1f} {moved / ours / 1e9:>8.1f} {compiled}",
+              flush=True)
+
+
+def sweep_units(elements: int, repeats: int, warmup: float, only: re.Pattern) -> None:
+    """GB/s of the per-token buffer quantize / dequantize variants at UNITS = 1, 2, 4, 8."""
+    gen = torch.Generator().manual_seed(0)
+    shape = (max(1, elements >> 10), min(elements, 1024))
+    print(f"\n== Units of 4 values per invocation, per-token buffer variants, {shape[0]}x{shape[1]} "
+          f"values ==")
+    print(f"{'variant':<50} {'UNITS':>5} {'GPU us':>9} {'GB/s':>8}")
+    # op -> (index of the output dtype among its arguments, whether it takes quant_min/max)
+    for name, (dtype_arg, bounds) in {"etvk.quantize_per_token.default": (5, True),
+                                      "etvk.dequantize_per_token.default": (6, False)}.items():
+        op = runtime.get_op(name)
+        for info in op.variants:
+            if info.axes["STORAGE"] != "buffer" or not only.search(info.name):
+                continue
+            args, _ = EXAMPLES[name](info.axes, shape, gen)
+            x, scales, zero_points = args[:3]
+            out_dtype = args[dtype_arg]
+            bindings = {"t_in": Tensor.from_torch(x), "t_scales": Tensor.from_torch(scales.reshape(-1)),
+                        "t_zero_points": Tensor.from_torch(zero_points.reshape(-1)),
+                        "t_out": Tensor.empty(x.shape, out_dtype)}
+            push = {"numel": x.numel(), "last_dim": x.shape[-1]}
+            if bounds:
+                push.update(quant_min=args[3], quant_max=args[4])
+            moved = x.numel() * (x.element_size() + torch.empty(0, dtype=out_dtype).element_size())
+            for units in (1, 2, 4, 8):
+                with Stream() as stream:
+                    for _ in range(BACK_TO_BACK):
+                        stream.dispatch(info, name, bindings=bindings, push=push,
+                                        spec_constants={"UNITS": units},
+                                        global_size=[-(-x.numel() // (4 * units))])
+                    stream.run()
+                    seconds = gpu_seconds(stream, repeats, warmup)
+                print(f"{info.name:<50} {units:>5} {seconds * 1e6:>9.1f} {moved / seconds / 1e9:>8.1f}",
+                      flush=True)
+
+
 def cuda_baseline(elements: int, repeats: int, warmup: float, ours_gbps: float | None,
                   results: Results) -> None:
     if not torch.cuda.is_available():
@@ -224,6 +323,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=None, help="timed replays (default 20; quick 3)")
     parser.add_argument("--only", default="", help="regular expression: time only matching variants")
     parser.add_argument("--skip-overhead", action="store_true", help="skip the overhead section")
+    parser.add_argument("--sweep", action="store_true",
+                        help="also time per-token buffer variants at 1, 2, 4 and 8 units per invocation")
     options = parser.parse_args()
     try:
         caps = get_device().caps
@@ -240,8 +341,13 @@ def main() -> int:
     if not options.skip_overhead:
         overhead(repeats * 10, min(warmup, 0.2), results)
     copy_bandwidth(1 << 20 if options.quick else 64 << 20 if cpu else 1 << 30, repeats, warmup, results)
-    ours = throughput(elements, repeats, warmup, re.compile(options.only), results)
+    only = re.compile(options.only)
+    ours = throughput(elements, repeats, warmup, only, results)
     cuda_baseline(elements, repeats, warmup, ours, results)
+    if only.search("choose_qparams") or only.search("quantize_per_token"):
+        dynamic_quantize(repeats, warmup, options.quick, results)
+    if options.sweep:
+        sweep_units(elements, repeats, warmup, re.compile(options.only))
     return 0
 
 

@@ -87,7 +87,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="quantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
-    spec="op_specs/quantize.yaml:127",
+    spec="op_specs/quantize.yaml:135",
     reference="runtime.reference.quantize:quantize_per_tensor",
     variants=(
         ("quantize_per_tensor_buffer_float_int8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -125,12 +125,13 @@ def quantize_per_token(stream, input, scales, zero_points, quant_min, quant_max,
     _check_scales_positive(op, scales)
     _check_zero_points_per_token(op, zero_points, input)
     _check_zero_points_int32(op, zero_points)
+    units = 4
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
     zero_points = stream.upload(zero_points, v.binding("t_zero_points"), op.label("zero_points"))
     out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, global_size=rt.elementwise(out))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": units}, global_size=rt.elementwise(out, units))
     return out
 
 
@@ -143,7 +144,7 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="quantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
-    spec="op_specs/quantize.yaml:150",
+    spec="op_specs/quantize.yaml:158",
     reference="runtime.reference.quantize:quantize_per_token",
     variants=(
         ("quantize_per_token_buffer_float_int8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -197,7 +198,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="dequantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
-    spec="op_specs/quantize.yaml:179",
+    spec="op_specs/quantize.yaml:192",
     reference="runtime.reference.quantize:dequantize_per_tensor",
     variants=(
         ("dequantize_per_tensor_buffer_int8_float", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -237,12 +238,13 @@ def dequantize_per_token(stream, input, scales, zero_points, quant_min, quant_ma
     _check_scales_positive(op, scales)
     _check_zero_points_per_token(op, zero_points, input)
     _check_zero_points_int32(op, zero_points)
+    units = 4
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("output_dtype", output_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
     zero_points = stream.upload(zero_points, v.binding("t_zero_points"), op.label("zero_points"))
     out = stream.empty(input.shape, output_dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input)}, global_size=rt.elementwise(out))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input)}, spec_constants={"UNITS": units}, global_size=rt.elementwise(out, units))
     return out
 
 
@@ -255,7 +257,7 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="dequantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype, ScalarType output_dtype) -> Tensor",
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
-    spec="op_specs/quantize.yaml:202",
+    spec="op_specs/quantize.yaml:215",
     reference="runtime.reference.quantize:dequantize_per_token",
     variants=(
         ("dequantize_per_token_buffer_int8_float", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -307,7 +309,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     family="quantize",
     schema="choose_qparams_per_token_asymmetric(Tensor input, ScalarType dtype) -> (Tensor, Tensor)",
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
-    spec="op_specs/quantize.yaml:230",
+    spec="op_specs/quantize.yaml:248",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
     variants=(
         ("choose_qparams_per_token_asymmetric_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),

@@ -93,10 +93,11 @@ def positive_fp32(t) -> bool:
     return bool(torch.isfinite(values).all() and (values > 0).all())
 
 
-def elementwise(t) -> list[int]:
-    """Global size with one invocation per unit of 4 values of ``t``."""
+def elementwise(t, units: int = 1) -> list[int]:
+    """Global size with one invocation per `units` units of 4 values of ``t`` in a buffer,
+    one per texel of an image."""
     if t.storage == "buffer":
-        return [ceil_div(numel(t), 4), 1, 1]
+        return [ceil_div(numel(t), 4 * units), 1, 1]
     return list(texture_extent(t.shape))
 
 

@@ -31,8 +31,11 @@ from runtime.tools.examples import (
 from runtime.vulkan.device import get_device
 
 # Shapes every variant runs: 0-d, empty, widths that are and are not
-# multiples of 4, several leading dimensions.
-SHAPES = [(), (0,), (3, 0), (0, 5), (1,), (7,), (3, 5), (2, 3, 17), (4, 64), (2, 2, 3, 10)]
+# multiples of 4, several leading dimensions; tokens of 24 values straddle the
+# 16 values a per-token buffer invocation takes, and 1040 / 1030 values reach
+# choose_qparams' four-loads step (more than 4 x 64 units) with and without whole units.
+SHAPES = [(), (0,), (3, 0), (0, 5), (1,), (7,), (3, 5), (2, 3, 17), (4, 64), (2, 2, 3, 10),
+          (5, 24), (3, 1040), (2, 1030)]
 
 # Shapes an op rejects by design (tested under bad inputs instead).
 REJECTED = {"etvk.choose_qparams_per_token_asymmetric.default": {(), (0,), (3, 0)}}
