@@ -1,11 +1,10 @@
 """Linear benchmark (not a test): etvk.linear_qta8a_qga4w against tinygemm and bf16 on cold weights.
 
 Times ``etvk.linear_qta8a_qga4w.default`` (int8 per-token activations x 4-bit
-weights in groups of 128) at M = 1 and 8 tokens, K = 4096, N = 4096 and
-14336: the op's default variant (gemv for one token, gemv8 for 2 to 8, gemm
-for more) and, at M = 8, the gemm kernel with its own work split (what 8
-tokens ran on before gemv8). GPU time per call and weight GB/s (the bytes of
-the packed int4 weight with its scales and zeros, over the GPU time).
+weights in groups of 128) at M = 1, 8, 32 and 128 tokens, K = 4096, N = 4096
+and 14336: the op's default variant (gemv for one token, gemm for more). GPU
+time per call and weight GB/s (the bytes of the packed int4 weight with its
+scales and zeros, over the GPU time).
 
 ``--sweep`` also times every work split (C invocations per tile, GL group
 lanes: the shader's push constants, all bit-identical) of the kernel each
@@ -118,17 +117,12 @@ def time_stream(stream, repeats: int, warmup: float):
     return statistics.median(samples), name
 
 
-def gemm_split(m: int, n: int, k: int) -> tuple[int, int]:
-    """(C, GL) of the gemm kernel's rule (op_specs/linear.yaml) for m tokens."""
-    tiles = -(-n // 4) * -(-m // 4)
-    c = max(4, min(64, 2 ** int(math.log2(max(1, 32768 // tiles)))))
-    return min(c, 2 ** math.ceil(math.log2(k // 8))), 8
-
-
-def sweep_splits(k: int) -> list[tuple[int, int]]:
-    """The (C, GL) pairs a sweep times: C 16 to 64, GL 4 to 32 (at most C and the group count)."""
+def sweep_splits(kernel: str, k: int) -> list[tuple[int, int]]:
+    """The (C, GL) pairs a sweep times: gemv C 16 to 64 and GL 8 to 32, gemm C 4 to 64 and
+    GL 4 to 16 (GL at most C and the group count)."""
     groups = k // GROUP_SIZE
-    return [(c, gl) for c in (16, 32, 64) for gl in (4, 8, 16, 32) if gl <= min(c, groups)]
+    cs, gls = ((16, 32, 64), (8, 16, 32)) if kernel == "gemv" else ((4, 8, 16, 32, 64), (4, 8, 16))
+    return [(c, gl) for c in cs for gl in gls if gl <= min(c, groups)]
 
 
 def tinygemm_setup(m: int, k: int, n: int, copies: int):
@@ -230,7 +224,7 @@ def main() -> int:
         print(f"-- N={n}: {copies} weight copies of {our_bytes / 1e6:.1f} MB "
               f"(host set-up {time.perf_counter() - start:.1f} s; packed on first record)")
         packed = [Tensor.from_torch(pack_linear_weights(w, ws, wz, GROUP_SIZE)) for w, ws, wz in weights]
-        for m in (1, 8):
+        for m in (1, 8, 32, 128):
             measured = time_ours(op, m, k, weights, gen, repeats, warmup)
             if measured is None:
                 print("device has no timestamp queries: nothing to time")
@@ -239,13 +233,9 @@ def main() -> int:
             emit(m, n, f"ours {variant}", ours, our_bytes, ours)
             if m == 1 and n == sizes[-1][0]:
                 target_ours = ours
-            if m > 1:
-                split = gemm_split(m, n, k)
-                seconds, _ = time_split("gemm", m, k, n, packed, gen, split, repeats, warmup)
-                emit(m, n, f"ours gemm kernel, C={split[0]} GL={split[1]}", seconds, our_bytes, ours)
-            if options.sweep:
+            if options.sweep and m <= 8:
                 kernel = variant.split("_")[3]  # linear_qta8a_qga4w_<KERNEL>_...
-                for split in sweep_splits(k):
+                for split in sweep_splits(kernel, k):
                     seconds, _ = time_split(kernel, m, k, n, packed, gen, split, repeats,
                                             min(warmup, 0.3))
                     emit(m, n, f"  sweep {kernel} C={split[0]} GL={split[1]}", seconds, our_bytes, ours)

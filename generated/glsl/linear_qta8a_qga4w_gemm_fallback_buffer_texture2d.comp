@@ -224,31 +224,29 @@ void lin_store(uint m, uint b, vec4 v) {
     }
   }
 }
-// Tokens per tile: gemv 1, gemv8 8, gemm 4.
+// Tokens per tile: gemv 1, gemm 4.
 const uint LIN_TM = 4u;
-// The kernel of linear_qta8a_qga4w (every KERNEL value; LIN_TM tokens per tile:
-// gemv 1, gemv8 8, gemm 4). A tile is one block b of 4 output rows times LIN_TM
-// tokens; C invocations cooperate on a tile (C = pc.coop.x, a power of two <= WG)
-// and a workgroup holds WG / C tiles of consecutive blocks. The host picks C:
-// 64 for up to 8 tokens (the invocations of a workgroup split K, and each weight
-// texel is read once for all the tokens), fewer as the tile count grows, down
-// to 1 (each invocation computes its tile over all of K, a plain 4 x 4
-// register-tiled gemm).
+// The kernel of linear_qta8a_qga4w (both KERNEL values; LIN_TM tokens per tile:
+// gemv 1, gemm 4). A tile is one block b of 4 output rows times LIN_TM tokens;
+// C invocations cooperate on a tile (C = pc.coop.x, a power of two <= WG) and
+// a workgroup holds WG / C tiles of consecutive blocks. The host picks C:
+// 64 for one token (the invocations of a workgroup split K), fewer as the
+// tile count grows, down to 1 (each invocation computes its tile over all of
+// K, a plain 4 x 4 register-tiled gemm).
 //
 // Within a tile, the C invocations are GL = pc.coop.y group lanes (a power of
 // two <= C) times S = C / GL sub-lanes. Each round takes GL consecutive
 // groups: invocation c takes group g = base + c % GL and its weight texels
 // j = c / GL, c / GL + S, ..., so consecutive invocations read consecutive
-// texels (t = j * G + g), four texels in flight per invocation. Per texel and
-// token: 2 activation words and 8 + 2 dot4. The S partial sums of a group are
-// added in shared memory as integers (exact: the split cannot change them), the
-// group's product weight_scale * float(isum) is rounded once, and invocation
-// i % C of the tile adds token i's products in group order, so every (C, GL)
-// gives a result bit-identical to runtime.reference.linear.linear_qta8a_qga4w.
+// texels (t = j * G + g), four texels in flight per invocation. Per texel
+// and token: 2 activation words and 8 + 2 dot4. The S partial sums of a
+// group are added in shared memory as integers (exact: the split cannot
+// change them), the group's product weight_scale * float(isum) is rounded
+// once, and invocation i % C of the tile adds token i's products in group
+// order, so every (C, GL) gives a result bit-identical to
+// runtime.reference.linear.linear_qta8a_qga4w.
 shared ivec4 s_xq[LIN_TM * gl_WorkGroupSize.x];   // [token][invocation]: Σ x*q of 4 rows
-// Σ x of each token, 4 tokens per ivec4: LIN_XV of them.
-const uint LIN_XV = (LIN_TM + 3u) / 4u;
-shared ivec4 s_xs[LIN_XV * gl_WorkGroupSize.x];    // [token / 4][invocation]
+shared ivec4 s_xs[gl_WorkGroupSize.x];             // [invocation]: Σ x of each token
 shared vec4 s_prod[LIN_TM * gl_WorkGroupSize.x];  // [token][tile slot]: products of 4 rows
 
 void main() {
@@ -285,7 +283,7 @@ void main() {
     ivec4 xq1 = ivec4(0);
     ivec4 xq2 = ivec4(0);
     ivec4 xq3 = ivec4(0);
-    ivec4 xs0 = ivec4(0);
+    ivec4 xs = ivec4(0);
     if (has_group) {
       uint j = sub;
       for (; j + 3u * S < J; j += 4u * S) {  // four independent loads in flight
@@ -299,25 +297,25 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w0);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok1, kw);
             const uint x1 = lin_x_word(tok1, kw + 1u);
             xq1 += lin_dot8x4(x0, x1, w0);
-            xs0[1] += lin_xsum8(x0, x1);
+            xs[1] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok2, kw);
             const uint x1 = lin_x_word(tok2, kw + 1u);
             xq2 += lin_dot8x4(x0, x1, w0);
-            xs0[2] += lin_xsum8(x0, x1);
+            xs[2] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok3, kw);
             const uint x1 = lin_x_word(tok3, kw + 1u);
             xq3 += lin_dot8x4(x0, x1, w0);
-            xs0[3] += lin_xsum8(x0, x1);
+            xs[3] += lin_xsum8(x0, x1);
           }
         }
         {
@@ -326,25 +324,25 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w1);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok1, kw);
             const uint x1 = lin_x_word(tok1, kw + 1u);
             xq1 += lin_dot8x4(x0, x1, w1);
-            xs0[1] += lin_xsum8(x0, x1);
+            xs[1] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok2, kw);
             const uint x1 = lin_x_word(tok2, kw + 1u);
             xq2 += lin_dot8x4(x0, x1, w1);
-            xs0[2] += lin_xsum8(x0, x1);
+            xs[2] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok3, kw);
             const uint x1 = lin_x_word(tok3, kw + 1u);
             xq3 += lin_dot8x4(x0, x1, w1);
-            xs0[3] += lin_xsum8(x0, x1);
+            xs[3] += lin_xsum8(x0, x1);
           }
         }
         {
@@ -353,25 +351,25 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w2);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok1, kw);
             const uint x1 = lin_x_word(tok1, kw + 1u);
             xq1 += lin_dot8x4(x0, x1, w2);
-            xs0[1] += lin_xsum8(x0, x1);
+            xs[1] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok2, kw);
             const uint x1 = lin_x_word(tok2, kw + 1u);
             xq2 += lin_dot8x4(x0, x1, w2);
-            xs0[2] += lin_xsum8(x0, x1);
+            xs[2] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok3, kw);
             const uint x1 = lin_x_word(tok3, kw + 1u);
             xq3 += lin_dot8x4(x0, x1, w2);
-            xs0[3] += lin_xsum8(x0, x1);
+            xs[3] += lin_xsum8(x0, x1);
           }
         }
         {
@@ -380,25 +378,25 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w3);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok1, kw);
             const uint x1 = lin_x_word(tok1, kw + 1u);
             xq1 += lin_dot8x4(x0, x1, w3);
-            xs0[1] += lin_xsum8(x0, x1);
+            xs[1] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok2, kw);
             const uint x1 = lin_x_word(tok2, kw + 1u);
             xq2 += lin_dot8x4(x0, x1, w3);
-            xs0[2] += lin_xsum8(x0, x1);
+            xs[2] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok3, kw);
             const uint x1 = lin_x_word(tok3, kw + 1u);
             xq3 += lin_dot8x4(x0, x1, w3);
-            xs0[3] += lin_xsum8(x0, x1);
+            xs[3] += lin_xsum8(x0, x1);
           }
         }
       }
@@ -410,25 +408,25 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w0);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok1, kw);
             const uint x1 = lin_x_word(tok1, kw + 1u);
             xq1 += lin_dot8x4(x0, x1, w0);
-            xs0[1] += lin_xsum8(x0, x1);
+            xs[1] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok2, kw);
             const uint x1 = lin_x_word(tok2, kw + 1u);
             xq2 += lin_dot8x4(x0, x1, w0);
-            xs0[2] += lin_xsum8(x0, x1);
+            xs[2] += lin_xsum8(x0, x1);
           }
           {
             const uint x0 = lin_x_word(tok3, kw);
             const uint x1 = lin_x_word(tok3, kw + 1u);
             xq3 += lin_dot8x4(x0, x1, w0);
-            xs0[3] += lin_xsum8(x0, x1);
+            xs[3] += lin_xsum8(x0, x1);
           }
         }
       }
@@ -437,7 +435,7 @@ void main() {
     s_xq[1u * WG + lid] = xq1;
     s_xq[2u * WG + lid] = xq2;
     s_xq[3u * WG + lid] = xq3;
-    s_xs[0u * WG + lid] = xs0;
+    s_xs[lid] = xs;
     barrier();
     if (has_group && sub == 0u) {
       for (uint s = 1u; s < S; ++s) {
@@ -446,23 +444,19 @@ void main() {
         xq1 += s_xq[1u * WG + other];
         xq2 += s_xq[2u * WG + other];
         xq3 += s_xq[3u * WG + other];
-        xs0 += s_xs[0u * WG + other];
+        xs += s_xs[other];
       }
       vec4 scale;
       ivec4 corr;
       lin_group_meta(b, g, scale, corr);
       s_prod[0u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq0, xs0[0],
-                            t_input_zero_point_load(tok0));
+          lin_group_product(scale, corr, xq0, xs[0], t_input_zero_point_load(tok0));
       s_prod[1u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq1, xs0[1],
-                            t_input_zero_point_load(tok1));
+          lin_group_product(scale, corr, xq1, xs[1], t_input_zero_point_load(tok1));
       s_prod[2u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq2, xs0[2],
-                            t_input_zero_point_load(tok2));
+          lin_group_product(scale, corr, xq2, xs[2], t_input_zero_point_load(tok2));
       s_prod[3u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq3, xs0[3],
-                            t_input_zero_point_load(tok3));
+          lin_group_product(scale, corr, xq3, xs[3], t_input_zero_point_load(tok3));
     }
     barrier();
     if (in_range) {

@@ -227,31 +227,29 @@ void lin_store(uint m, uint b, vec4 v) {
     }
   }
 }
-// Tokens per tile: gemv 1, gemv8 8, gemm 4.
+// Tokens per tile: gemv 1, gemm 4.
 const uint LIN_TM = 1u;
-// The kernel of linear_qta8a_qga4w (every KERNEL value; LIN_TM tokens per tile:
-// gemv 1, gemv8 8, gemm 4). A tile is one block b of 4 output rows times LIN_TM
-// tokens; C invocations cooperate on a tile (C = pc.coop.x, a power of two <= WG)
-// and a workgroup holds WG / C tiles of consecutive blocks. The host picks C:
-// 64 for up to 8 tokens (the invocations of a workgroup split K, and each weight
-// texel is read once for all the tokens), fewer as the tile count grows, down
-// to 1 (each invocation computes its tile over all of K, a plain 4 x 4
-// register-tiled gemm).
+// The kernel of linear_qta8a_qga4w (both KERNEL values; LIN_TM tokens per tile:
+// gemv 1, gemm 4). A tile is one block b of 4 output rows times LIN_TM tokens;
+// C invocations cooperate on a tile (C = pc.coop.x, a power of two <= WG) and
+// a workgroup holds WG / C tiles of consecutive blocks. The host picks C:
+// 64 for one token (the invocations of a workgroup split K), fewer as the
+// tile count grows, down to 1 (each invocation computes its tile over all of
+// K, a plain 4 x 4 register-tiled gemm).
 //
 // Within a tile, the C invocations are GL = pc.coop.y group lanes (a power of
 // two <= C) times S = C / GL sub-lanes. Each round takes GL consecutive
 // groups: invocation c takes group g = base + c % GL and its weight texels
 // j = c / GL, c / GL + S, ..., so consecutive invocations read consecutive
-// texels (t = j * G + g), four texels in flight per invocation. Per texel and
-// token: 2 activation words and 8 + 2 dot4. The S partial sums of a group are
-// added in shared memory as integers (exact: the split cannot change them), the
-// group's product weight_scale * float(isum) is rounded once, and invocation
-// i % C of the tile adds token i's products in group order, so every (C, GL)
-// gives a result bit-identical to runtime.reference.linear.linear_qta8a_qga4w.
+// texels (t = j * G + g), four texels in flight per invocation. Per texel
+// and token: 2 activation words and 8 + 2 dot4. The S partial sums of a
+// group are added in shared memory as integers (exact: the split cannot
+// change them), the group's product weight_scale * float(isum) is rounded
+// once, and invocation i % C of the tile adds token i's products in group
+// order, so every (C, GL) gives a result bit-identical to
+// runtime.reference.linear.linear_qta8a_qga4w.
 shared ivec4 s_xq[LIN_TM * gl_WorkGroupSize.x];   // [token][invocation]: Σ x*q of 4 rows
-// Σ x of each token, 4 tokens per ivec4: LIN_XV of them.
-const uint LIN_XV = (LIN_TM + 3u) / 4u;
-shared ivec4 s_xs[LIN_XV * gl_WorkGroupSize.x];    // [token / 4][invocation]
+shared ivec4 s_xs[gl_WorkGroupSize.x];             // [invocation]: Σ x of each token
 shared vec4 s_prod[LIN_TM * gl_WorkGroupSize.x];  // [token][tile slot]: products of 4 rows
 
 void main() {
@@ -279,7 +277,7 @@ void main() {
     const uint g = base + group_lane;
     const bool has_group = in_range && g < G;
     ivec4 xq0 = ivec4(0);
-    ivec4 xs0 = ivec4(0);
+    ivec4 xs = ivec4(0);
     if (has_group) {
       uint j = sub;
       for (; j + 3u * S < J; j += 4u * S) {  // four independent loads in flight
@@ -293,7 +291,7 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w0);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
         }
         {
@@ -302,7 +300,7 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w1);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
         }
         {
@@ -311,7 +309,7 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w2);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
         }
         {
@@ -320,7 +318,7 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w3);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
         }
       }
@@ -332,26 +330,25 @@ void main() {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
             xq0 += lin_dot8x4(x0, x1, w0);
-            xs0[0] += lin_xsum8(x0, x1);
+            xs[0] += lin_xsum8(x0, x1);
           }
         }
       }
     }
     s_xq[0u * WG + lid] = xq0;
-    s_xs[0u * WG + lid] = xs0;
+    s_xs[lid] = xs;
     barrier();
     if (has_group && sub == 0u) {
       for (uint s = 1u; s < S; ++s) {
         const uint other = lid + s * GL;
         xq0 += s_xq[0u * WG + other];
-        xs0 += s_xs[0u * WG + other];
+        xs += s_xs[other];
       }
       vec4 scale;
       ivec4 corr;
       lin_group_meta(b, g, scale, corr);
       s_prod[0u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq0, xs0[0],
-                            t_input_zero_point_load(tok0));
+          lin_group_product(scale, corr, xq0, xs[0], t_input_zero_point_load(tok0));
     }
     barrier();
     if (in_range) {

@@ -115,18 +115,17 @@ def linear_qta8a_qga4w(stream, x, input_scale, input_zero_point, weight, group_s
     _check_input_zero_point_int32(op, input_zero_point)
     _check_input_zero_point_per_token(op, input_zero_point, x)
     n_out = int(weight.shape[0])
-    few = rt.tokens(x) <= 8
-    tiles = rt.ceil_div(n_out, 4) * (1 if few else rt.ceil_div(rt.tokens(x), 4))
-    coop_lanes = min(2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // 8))), 64 if few else max(4, min(64, 2 ** int(math.log2(max(1, 32768 // max(1, tiles)))))))
-    group_lanes = 2 ** int(math.log2(min(coop_lanes, 32, 2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // group_size))), 64 // max(1, group_size // 32) if few else 8)))
+    tiles = rt.ceil_div(n_out, 4) * (1 if rt.tokens(x) == 1 else rt.ceil_div(rt.tokens(x), 4))
+    coop_lanes = min(2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // 8))), (64 if tiles < 2048 else 32) if rt.tokens(x) == 1 else max(4, min(64, 2 ** int(math.log2(max(1, 32768 // max(1, tiles)))))))
+    group_lanes = 2 ** int(math.log2(min(coop_lanes, 32, 2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // group_size))), 64 // max(1, group_size // 32) if rt.tokens(x) == 1 else 8)))
     w_packed = rt.prepacked('runtime.families.linear_weights:pack_linear_weights', weight, weight_scales, weight_zeros, group_size)
-    v = op.select(variant, storage, {"KERNEL": ("x", 'gemv' if rt.tokens(x) == 1 else 'gemv8' if few else 'gemm'), "DOT": (None, None), "ACT_STORAGE": (None, storage), "W_STORAGE": (None, None)})
+    v = op.select(variant, storage, {"KERNEL": ("x", 'gemv' if rt.tokens(x) == 1 else 'gemm'), "DOT": (None, None), "ACT_STORAGE": (None, storage), "W_STORAGE": (None, None)})
     x = stream.upload(x, v.binding("t_x"), op.label("x"))
     w_packed = stream.upload(w_packed, v.binding("t_w"), op.label("w_packed", "value"))
     input_scale = stream.upload(input_scale, v.binding("t_input_scale"), op.label("input_scale"))
     input_zero_point = stream.upload(input_zero_point, v.binding("t_input_zero_point"), op.label("input_zero_point"))
     out = stream.empty(tuple(x.shape[:-1]) + (n_out,), torch.float32, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_w": w_packed, "t_input_scale": input_scale, "t_input_zero_point": input_zero_point}, push={"sizes": [rt.last_dim(x), n_out, rt.tokens(x), group_size], "coop": [coop_lanes, group_lanes, 0, 0]}, groups=[rt.ceil_div(rt.ceil_div(n_out, 4), 64 // coop_lanes), 1 if few else rt.ceil_div(rt.tokens(x), 4), 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_w": w_packed, "t_input_scale": input_scale, "t_input_zero_point": input_zero_point}, push={"sizes": [rt.last_dim(x), n_out, rt.tokens(x), group_size], "coop": [coop_lanes, group_lanes, 0, 0]}, groups=[rt.ceil_div(rt.ceil_div(n_out, 4), 64 // coop_lanes), 1 if rt.tokens(x) == 1 else rt.ceil_div(rt.tokens(x), 4), 1])
     return out
 
 
@@ -139,8 +138,8 @@ LINEAR_QTA8A_QGA4W = rt.OpDef(
     name="etvk.linear_qta8a_qga4w.default",
     family="linear",
     schema="linear_qta8a_qga4w(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
-    doc="out[m, n] = input_scale[m] * \u03a3_g weight_scales[n, g] * \u03a3_{k in g} (x[m, k] - input_zero_point[m]) * (w[n, k] - weight_zeros[n, g]); gemv for one token, gemv8 for 2 to 8 (weights read once), gemm for more.",
-    spec="op_specs/linear.yaml:115",
+    doc="out[m, n] = input_scale[m] * \u03a3_g weight_scales[n, g] * \u03a3_{k in g} (x[m, k] - input_zero_point[m]) * (w[n, k] - weight_zeros[n, g]); gemv for one token, gemm for more.",
+    spec="op_specs/linear.yaml:114",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
@@ -151,14 +150,6 @@ LINEAR_QTA8A_QGA4W = rt.OpDef(
         ("linear_qta8a_qga4w_gemv_fallback_buffer_texture2d", {"KERNEL": "gemv", "DOT": "fallback", "ACT_STORAGE": "buffer", "W_STORAGE": "texture2d"}),
         ("linear_qta8a_qga4w_gemv_fallback_texture3d_buffer", {"KERNEL": "gemv", "DOT": "fallback", "ACT_STORAGE": "texture3d", "W_STORAGE": "buffer"}),
         ("linear_qta8a_qga4w_gemv_fallback_texture3d_texture2d", {"KERNEL": "gemv", "DOT": "fallback", "ACT_STORAGE": "texture3d", "W_STORAGE": "texture2d"}),
-        ("linear_qta8a_qga4w_gemv8_sdot_buffer_buffer", {"KERNEL": "gemv8", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
-        ("linear_qta8a_qga4w_gemv8_sdot_buffer_texture2d", {"KERNEL": "gemv8", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "texture2d"}),
-        ("linear_qta8a_qga4w_gemv8_sdot_texture3d_buffer", {"KERNEL": "gemv8", "DOT": "sdot", "ACT_STORAGE": "texture3d", "W_STORAGE": "buffer"}),
-        ("linear_qta8a_qga4w_gemv8_sdot_texture3d_texture2d", {"KERNEL": "gemv8", "DOT": "sdot", "ACT_STORAGE": "texture3d", "W_STORAGE": "texture2d"}),
-        ("linear_qta8a_qga4w_gemv8_fallback_buffer_buffer", {"KERNEL": "gemv8", "DOT": "fallback", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
-        ("linear_qta8a_qga4w_gemv8_fallback_buffer_texture2d", {"KERNEL": "gemv8", "DOT": "fallback", "ACT_STORAGE": "buffer", "W_STORAGE": "texture2d"}),
-        ("linear_qta8a_qga4w_gemv8_fallback_texture3d_buffer", {"KERNEL": "gemv8", "DOT": "fallback", "ACT_STORAGE": "texture3d", "W_STORAGE": "buffer"}),
-        ("linear_qta8a_qga4w_gemv8_fallback_texture3d_texture2d", {"KERNEL": "gemv8", "DOT": "fallback", "ACT_STORAGE": "texture3d", "W_STORAGE": "texture2d"}),
         ("linear_qta8a_qga4w_gemm_sdot_buffer_buffer", {"KERNEL": "gemm", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
         ("linear_qta8a_qga4w_gemm_sdot_buffer_texture2d", {"KERNEL": "gemm", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "texture2d"}),
         ("linear_qta8a_qga4w_gemm_sdot_texture3d_buffer", {"KERNEL": "gemm", "DOT": "sdot", "ACT_STORAGE": "texture3d", "W_STORAGE": "buffer"}),

@@ -133,17 +133,14 @@ def linear_args(lead, k, n, group_size, gen):
 
 def build_linear_qta8a_qga4w(axes, shape, gen):
     """K is the last size rounded up to a multiple of 64 (at least 64), N = 20,
-    group size 32; gemv variants get one token, gemv8 variants 2 to 8, gemm
-    variants at least 9 (or none, for an empty shape)."""
+    group size 32; gemv variants get one token, gemm variants at least two
+    (or none, for an empty shape)."""
     k = max(64, -(-(shape[-1] if shape else 0) // 64) * 64)
     lead = tuple(shape[:-1])
-    tokens = math.prod(lead)
     if axes["KERNEL"] == "gemv":
         lead = (1,) * len(lead)
-    elif axes["KERNEL"] == "gemv8" and tokens and not 2 <= tokens <= 8:
-        lead = (min(max(2, lead[0] if lead else 2), 8),) + (1,) * max(0, len(lead) - 1)
-    elif axes["KERNEL"] == "gemm" and tokens and tokens <= 8:
-        lead = (9,) + lead[1:]
+    elif math.prod(lead) == 1:
+        lead = (2,) + lead[1:]
     return linear_args(lead, k, 20, 32, gen)
 
 
