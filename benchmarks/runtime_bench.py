@@ -19,9 +19,10 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    (``choose_qparams_per_token_asymmetric`` then ``quantize_per_token``, fp32
    and fp16, [64Ki, 1024]) against ``torch.compile`` of the same two ops
    (their eager torch math, compiled; CUDA events), ratio of GPU times.
-5. With ``--sweep``: every per-token buffer quantize / dequantize variant
-   with 1, 2, 4 and 8 units of 4 values per invocation (the shaders' UNITS;
-   the ops use op_specs/quantize.yaml's choice), in one run.
+5. With ``--sweep``: every quantize / dequantize variant with 1, 2, 4 and 8
+   units of 4 values (buffer) or texels (texture3d) per invocation (the
+   shaders' UNITS; the ops use op_specs/quantize.yaml's choice), rows back to
+   back in one run, and the fastest per variant.
 
 With ``ETVK_BENCH_RESULTS=DIR`` it also writes DIR/runtime.jsonl
 (benchmarks/results.py) for benchmarks/report.py.
@@ -52,9 +53,10 @@ from timing import time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.tools.examples import EXAMPLES  # noqa: E402
+from runtime.tools.units_stream import CANDIDATES, UnitsStream  # noqa: E402
 from runtime.vulkan.device import FENCE_SPIN_US, get_device  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
-from runtime.vulkan.tensor import Tensor  # noqa: E402
+from runtime.vulkan.tensor import Tensor, dtype_info  # noqa: E402
 
 QUANTIZE = "etvk.quantize_per_tensor.default"
 QUANTIZE_ARGS = (0.05, 0, -128, 127, torch.int8)
@@ -65,6 +67,8 @@ REPLAYED = 100  # small dispatches in the recorded stream of the overhead sectio
 # bursts do not ramp them back: without this, variants timed later in the run
 # looked up to 4x slower than the same dispatch timed first.
 WARMUP_SECONDS = 1.0
+# Warm-up per --sweep row: the rows run back to back, so the clock is already up.
+SWEEP_WARMUP_SECONDS = 0.2
 
 
 def median_us(fn, repeats: int, warmup: float, gpu=None) -> tuple[float, float, float]:
@@ -250,39 +254,43 @@ def dynamic_quantize(repeats: int, warmup: float, quick: bool, results: Results)
 
 
 def sweep_units(elements: int, repeats: int, warmup: float, only: re.Pattern) -> None:
-    """GB/s of the per-token buffer quantize / dequantize variants at UNITS = 1, 2, 4, 8."""
+    """GPU time of every quantize / dequantize variant at each UNITS candidate (units of 4
+    values, or texels, per invocation), one row after another in one run."""
+    caps = get_device().caps
     gen = torch.Generator().manual_seed(0)
-    shape = (max(1, elements >> 10), min(elements, 1024))
-    print(f"\n== Units of 4 values per invocation, per-token buffer variants, {shape[0]}x{shape[1]} "
-          f"values ==")
+    shape = (max(1, elements >> 20), min(elements, 1024), max(1, min(elements >> 10, 1024)))
+    print(f"\n== Units (buffer) or texels (texture3d) per invocation, {'x'.join(map(str, shape))} "
+          f"values, median of {repeats} x {BACK_TO_BACK}, rows back to back after "
+          f"{min(warmup, SWEEP_WARMUP_SECONDS):g} s of warm-up each ==")
     print(f"{'variant':<50} {'UNITS':>5} {'GPU us':>9} {'GB/s':>8}")
-    # op -> (index of the output dtype among its arguments, whether it takes quant_min/max)
-    for name, (dtype_arg, bounds) in {"etvk.quantize_per_token.default": (5, True),
-                                      "etvk.dequantize_per_token.default": (6, False)}.items():
+    for name in ("etvk.quantize_per_tensor.default", "etvk.quantize_per_token.default",
+                 "etvk.dequantize_per_tensor.default", "etvk.dequantize_per_token.default"):
         op = runtime.get_op(name)
         for info in op.variants:
-            if info.axes["STORAGE"] != "buffer" or not only.search(info.name):
+            if not only.search(info.name) or not info.runnable(caps)[0]:
                 continue
-            args, _ = EXAMPLES[name](info.axes, shape, gen)
-            x, scales, zero_points = args[:3]
-            out_dtype = args[dtype_arg]
-            bindings = {"t_in": Tensor.from_torch(x), "t_scales": Tensor.from_torch(scales.reshape(-1)),
-                        "t_zero_points": Tensor.from_torch(zero_points.reshape(-1)),
-                        "t_out": Tensor.empty(x.shape, out_dtype)}
-            push = {"numel": x.numel(), "last_dim": x.shape[-1]}
-            if bounds:
-                push.update(quant_min=args[3], quant_max=args[4])
-            moved = x.numel() * (x.element_size() + torch.empty(0, dtype=out_dtype).element_size())
-            for units in (1, 2, 4, 8):
-                with Stream() as stream:
+            args, kwargs = EXAMPLES[name](info.axes, shape, gen)
+            # Tensors uploaded once, bound as they are by every candidate's recording.
+            tensors = [a for a in args if isinstance(a, torch.Tensor)]
+            moved = sum(a.numel() * a.element_size() for a in tensors)
+            device = {}
+            for binding, value in zip(("t_in", "t_scales", "t_zero_points")[:len(tensors)], tensors,
+                                      strict=True):
+                where = info.binding(binding)
+                device[id(value)] = Tensor.from_torch(value, where.storage,
+                                                      dtype_info(where.dtype).torch_dtype)
+            args = tuple(device.get(id(a), a) for a in args)
+            timed = []
+            for units in CANDIDATES:
+                with UnitsStream(units) as stream:
                     for _ in range(BACK_TO_BACK):
-                        stream.dispatch(info, name, bindings=bindings, push=push,
-                                        spec_constants={"UNITS": units},
-                                        global_size=[-(-x.numel() // (4 * units))])
-                    stream.run()  # rows run back to back: a short warm-up keeps the clock up
-                    seconds = gpu_seconds(stream, repeats, min(warmup, 0.3))
-                print(f"{info.name:<50} {units:>5} {seconds * 1e6:>9.1f} {moved / seconds / 1e9:>8.1f}",
-                      flush=True)
+                        out = op.record(stream, *args, **kwargs, variant=info.name)
+                    stream.run()
+                    seconds = gpu_seconds(stream, repeats, min(warmup, SWEEP_WARMUP_SECONDS))
+                gbps = (moved + out.nbytes) / seconds / 1e9
+                timed.append((seconds, units))
+                print(f"{info.name:<50} {units:>5} {seconds * 1e6:>9.1f} {gbps:>8.1f}", flush=True)
+            print(f"{'':<50} best UNITS={min(timed)[1]}")
 
 
 def cuda_baseline(elements: int, repeats: int, warmup: float, ours_gbps: float | None,
@@ -324,7 +332,7 @@ def main() -> int:
     parser.add_argument("--only", default="", help="regular expression: time only matching variants")
     parser.add_argument("--skip-overhead", action="store_true", help="skip the overhead section")
     parser.add_argument("--sweep", action="store_true",
-                        help="also time per-token buffer variants at 1, 2, 4 and 8 units per invocation")
+                        help="also time quantize / dequantize variants at 1, 2, 4 and 8 units per invocation")
     options = parser.parse_args()
     try:
         caps = get_device().caps

@@ -108,12 +108,26 @@ ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
 }
 
 void main() {
-  const uint unit = etvk_linear_invocation();
-  if (4u * unit >= pc.numel) {
+  const uint WG = gl_WorkGroupSize.x;
+  const uint lid = gl_LocalInvocationID.x;
+  const uint units = (pc.numel + 3u) / 4u;
+  const uint base = etvk_linear_group() * WG * uint(UNITS);
+  // Uniform across the workgroup, so returning before the barrier is safe.
+  if (base >= units) {
     return;
   }
-  const vec4 x = t_in_load(unit);
+  const uint stop = min(base + WG * uint(UNITS), units);
+  vec4 x[UNITS];
+  for (uint i = 0u; i < uint(UNITS); ++i) {
+    if (base + lid + i * WG < stop) {
+      x[i] = t_in_load(base + lid + i * WG);
+    }
+  }
   const vec4 inv_scale = vec4(pc.inv_scale);
   const vec4 zero_point = vec4(float(pc.zero_point));
-  t_out_store(unit, quantize4(x, inv_scale, zero_point));
+  for (uint i = 0u; i < uint(UNITS); ++i) {
+    if (base + lid + i * WG < stop) {
+      t_out_store(base + lid + i * WG, quantize4(x[i], inv_scale, zero_point));
+    }
+  }
 }

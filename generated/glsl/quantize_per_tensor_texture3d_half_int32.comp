@@ -101,12 +101,25 @@ ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
 }
 
 void main() {
-  const ivec3 texel = ivec3(gl_GlobalInvocationID);
-  if (any(greaterThanEqual(texel, t_out_extents()))) {
+  const ivec3 extents = t_out_extents();
+  const uint WGX = gl_WorkGroupSize.x;
+  const int first = int(gl_WorkGroupID.x * WGX * uint(UNITS) + gl_LocalInvocationID.x);
+  const ivec2 row = ivec2(gl_GlobalInvocationID.yz);
+  const bool in_rows = all(lessThan(row, extents.yz));
+  if (!in_rows) {
     return;
   }
-  const vec4 x = t_in_load(texel);
+  vec4 x[UNITS];
+  for (uint i = 0u; i < uint(UNITS); ++i) {
+    if (first + int(i * WGX) < extents.x) {
+      x[i] = t_in_load(ivec3(first + int(i * WGX), row));
+    }
+  }
   const vec4 inv_scale = vec4(pc.inv_scale);
   const vec4 zero_point = vec4(float(pc.zero_point));
-  t_out_store(texel, quantize4(x, inv_scale, zero_point));
+  for (uint i = 0u; i < uint(UNITS); ++i) {
+    if (first + int(i * WGX) < extents.x) {
+      t_out_store(ivec3(first + int(i * WGX), row), quantize4(x[i], inv_scale, zero_point));
+    }
+  }
 }

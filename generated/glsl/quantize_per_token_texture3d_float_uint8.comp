@@ -106,15 +106,42 @@ ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
   return etvk_to_int_clamped(q, pc.quant_min, pc.quant_max);
 }
 
+// (inverse scale, zero point) of a token. The exact reciprocal is a long
+// sequence, so a workgroup computes it once per token it touches into
+// s_params and reads it from there.
+vec2 token_params(uint token) {
+  return vec2(etvk_div_rn(1.0, t_scales_load(token)), float(t_zero_points_load(token)));
+}
+
+// The parameters of the workgroup's rows, one token each.
+shared vec2 s_params[gl_WorkGroupSize.y * gl_WorkGroupSize.z];
+
 void main() {
-  const ivec3 texel = ivec3(gl_GlobalInvocationID);
-  if (any(greaterThanEqual(texel, t_out_extents()))) {
+  const ivec3 extents = t_out_extents();
+  const uint WGX = gl_WorkGroupSize.x;
+  const int first = int(gl_WorkGroupID.x * WGX * uint(UNITS) + gl_LocalInvocationID.x);
+  const ivec2 row = ivec2(gl_GlobalInvocationID.yz);
+  const bool in_rows = all(lessThan(row, extents.yz));
+  // A texel holds 4 values of one row, and a row is one token.
+  const uint slot = gl_LocalInvocationID.y + gl_LocalInvocationID.z * gl_WorkGroupSize.y;
+  if (gl_LocalInvocationID.x == 0u && in_rows) {
+    s_params[slot] = token_params(uint(row.x + row.y * extents.y));
+  }
+  barrier();
+  if (!in_rows) {
     return;
   }
-  const vec4 x = t_in_load(texel);
-  // A texel holds 4 values of one row, and a row is one token.
-  const uint token = uint(texel.y + texel.z * t_in_extents().y);
-  const vec4 inv_scale = vec4(etvk_div_rn(1.0, t_scales_load(token)));
-  const vec4 zero_point = vec4(float(t_zero_points_load(token)));
-  t_out_store(texel, quantize4(x, inv_scale, zero_point));
+  vec4 x[UNITS];
+  for (uint i = 0u; i < uint(UNITS); ++i) {
+    if (first + int(i * WGX) < extents.x) {
+      x[i] = t_in_load(ivec3(first + int(i * WGX), row));
+    }
+  }
+  const vec4 inv_scale = vec4(s_params[slot].x);
+  const vec4 zero_point = vec4(s_params[slot].y);
+  for (uint i = 0u; i < uint(UNITS); ++i) {
+    if (first + int(i * WGX) < extents.x) {
+      t_out_store(ivec3(first + int(i * WGX), row), quantize4(x[i], inv_scale, zero_point));
+    }
+  }
 }

@@ -71,10 +71,11 @@ def quantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max, 
     _check_quant_range(op, quant_min, quant_max)
     _check_quant_min_in_dtype(op, quant_min, dtype)
     _check_quant_max_in_dtype(op, quant_max, dtype)
+    units = 1 if dtype == torch.int32 else 2
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "inv_scale": rt.fp32_recip(scale), "zero_point": zero_point, "quant_min": quant_min, "quant_max": quant_max}, global_size=rt.elementwise(out))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "inv_scale": rt.fp32_recip(scale), "zero_point": zero_point, "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": units}, global_size=rt.elementwise(out, units))
     return out
 
 
@@ -87,7 +88,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="quantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
-    spec="op_specs/quantize.yaml:135",
+    spec="op_specs/quantize.yaml:140",
     reference="runtime.reference.quantize:quantize_per_tensor",
     variants=(
         ("quantize_per_tensor_buffer_float_int8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -125,7 +126,7 @@ def quantize_per_token(stream, input, scales, zero_points, quant_min, quant_max,
     _check_scales_positive(op, scales)
     _check_zero_points_per_token(op, zero_points, input)
     _check_zero_points_int32(op, zero_points)
-    units = 1 if dtype == torch.int32 else 2
+    units = 1 if dtype == torch.int32 else 4
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
@@ -144,7 +145,7 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="quantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
-    spec="op_specs/quantize.yaml:158",
+    spec="op_specs/quantize.yaml:168",
     reference="runtime.reference.quantize:quantize_per_token",
     variants=(
         ("quantize_per_token_buffer_float_int8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -181,10 +182,11 @@ def dequantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max
     _check_quant_min_in_dtype(op, quant_min, dtype)
     _check_quant_max_in_dtype(op, quant_max, dtype)
     out_dtype = torch.float32 if out_dtype is None else out_dtype
+    units = 2 if out_dtype == torch.float16 else 1
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("out_dtype", out_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     out = stream.empty(input.shape, out_dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "scale": rt.fp32(scale), "zero_point": zero_point}, global_size=rt.elementwise(out))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "scale": rt.fp32(scale), "zero_point": zero_point}, spec_constants={"UNITS": units}, global_size=rt.elementwise(out, units))
     return out
 
 
@@ -198,7 +200,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="dequantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
-    spec="op_specs/quantize.yaml:196",
+    spec="op_specs/quantize.yaml:206",
     reference="runtime.reference.quantize:dequantize_per_tensor",
     variants=(
         ("dequantize_per_tensor_buffer_int8_float", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -257,7 +259,7 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="dequantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype, ScalarType output_dtype) -> Tensor",
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
-    spec="op_specs/quantize.yaml:219",
+    spec="op_specs/quantize.yaml:233",
     reference="runtime.reference.quantize:dequantize_per_token",
     variants=(
         ("dequantize_per_token_buffer_int8_float", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -309,7 +311,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     family="quantize",
     schema="choose_qparams_per_token_asymmetric(Tensor input, ScalarType dtype) -> (Tensor, Tensor)",
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
-    spec="op_specs/quantize.yaml:254",
+    spec="op_specs/quantize.yaml:268",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
     variants=(
         ("choose_qparams_per_token_asymmetric_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),

@@ -95,10 +95,11 @@ def positive_fp32(t) -> bool:
 
 def elementwise(t, units: int = 1) -> list[int]:
     """Global size with one invocation per `units` units of 4 values of ``t`` in a buffer,
-    one per texel of an image."""
+    one per `units` texels of an image row (the image extents, x divided rounding up)."""
     if t.storage == "buffer":
         return [ceil_div(numel(t), 4 * units), 1, 1]
-    return list(texture_extent(t.shape))
+    width, height, depth = texture_extent(t.shape)
+    return [ceil_div(width, units), height, depth]
 
 
 def pair(value) -> tuple[int, int] | None:

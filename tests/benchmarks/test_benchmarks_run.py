@@ -37,6 +37,17 @@ def test_runtime_bench_runs_on_every_family(family, tmp_path):
     assert "100 small dispatches recorded, replayed" in result.stdout
 
 
+def test_runtime_bench_sweep_times_every_units_candidate(tmp_path):
+    result = _run([str(BENCHMARKS / "runtime_bench.py"), "--quick", "--skip-overhead", "--sweep",
+                   "--only", "quantize_per_token_(buffer_half_int8|texture3d_float_uint8)$"],
+                  "nvidia", tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    sweep = result.stdout.split("== Units")[1].splitlines()
+    for variant in ("quantize_per_token_buffer_half_int8", "quantize_per_token_texture3d_float_uint8"):
+        assert [line.split()[1] for line in sweep if line.startswith(variant)] == ["1", "2", "4", "8"]
+    assert sum(line.strip().startswith("best UNITS=") for line in sweep) == 2
+
+
 @pytest.mark.parametrize("family", GPU_FAMILIES)
 def test_conv2d_bench_runs_on_every_family(family, tmp_path):
     """The conv benchmark times the dispatcher's pick for the family next to every algorithm."""

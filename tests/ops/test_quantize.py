@@ -28,6 +28,7 @@ from runtime.tools.examples import (
     int_input,
     per_token_params,
 )
+from runtime.tools.units_stream import CANDIDATES, UnitsStream
 from runtime.vulkan.device import get_device
 
 # Shapes every variant runs: 0-d, empty, widths that are and are not
@@ -36,6 +37,13 @@ from runtime.vulkan.device import get_device
 # choose_qparams' four-loads step (more than 4 x 64 units) with and without whole units.
 SHAPES = [(), (0,), (3, 0), (0, 5), (1,), (7,), (3, 5), (2, 3, 17), (4, 64), (2, 2, 3, 10),
           (5, 24), (3, 1040), (2, 1030)]
+
+# Shapes every UNITS candidate runs: several workgroup blocks with a short last one (a
+# buffer block is 256 * UNITS units, a texture block 16 * UNITS texels of a row), tokens
+# that straddle units and blocks (K % 4 != 0, K below 4), blocks with more tokens than a
+# workgroup has invocations (reciprocals not cached), 9 rows of texels (a second
+# workgroup of 8 rows) and one long token.
+UNITS_SHAPES = [(3, 1030), (5, 1031), (700, 3), (300, 5), (600, 8), (2, 9, 70), (2100,)]
 
 # Shapes an op rejects by design (tested under bad inputs instead).
 REJECTED = {"etvk.choose_qparams_per_token_asymmetric.default": {(), (0,), (3, 0)}}
@@ -80,6 +88,24 @@ def test_variant_matches_reference(op_name, variant, dispatch_trace):
         for i, (g, w) in enumerate(zip(got, want, strict=True)):
             assert_bit_equal(g, w, f"{variant} shape={shape} output {i}")
     assert variant in dispatch_trace(), f"{variant} never reached the device"
+
+
+@pytest.mark.parametrize("units", sorted({*CANDIDATES, 3}))
+@pytest.mark.parametrize(("op_name", "variant"), [
+    p for p in _variants() if "UNITS" in {s.name for s in catalog().variant(p.values[1]).interface.spec_constants}])
+def test_every_units_candidate_matches_reference(op_name, variant, units):
+    """Each value of the UNITS spec constant the benchmark sweeps (and 3, not a power of 2)."""
+    op = runtime.get_op(op_name)
+    axes = next(v.axes for v in op.variants if v.name == variant)
+    gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()) + units)
+    for shape in UNITS_SHAPES:
+        args, kwargs = EXAMPLES[op_name](axes, shape, gen)
+        with UnitsStream(units) as stream:
+            got = op.record(stream, *args, **kwargs, variant=variant)
+            stream.run()
+            got = got.to_torch()
+        want = op.reference(*args, **kwargs)
+        assert_bit_equal(got, want, f"{variant} UNITS={units} shape={shape}")
 
 
 def _quantized_decomposed(op_name):
@@ -310,7 +336,7 @@ def test_dispatch_trace_records_op_variant_and_sizes(dispatch_trace_path):
     assert line["op"] == "etvk.quantize_per_tensor.default"
     assert line["variant"] == "quantize_per_tensor_buffer_float_int8"
     workgroup = list(catalog().variant(line["variant"]).interface.workgroup)
-    assert line["global"] == [8, 1, 1]  # 30 values in units of 4
+    assert line["global"] == [4, 1, 1]  # 30 values in units of 4, 2 units per invocation
     assert line["local"] == workgroup
-    assert line["groups"] == [-(-8 // workgroup[0]), 1, 1]
+    assert line["groups"] == [-(-4 // workgroup[0]), 1, 1]
     assert line["device"] == get_device().caps.name
