@@ -19,10 +19,11 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    (``choose_qparams_per_token_asymmetric`` then ``quantize_per_token``, fp32
    and fp16, [64Ki, 1024]) against ``torch.compile`` of the same two ops
    (their eager torch math, compiled; CUDA events), ratio of GPU times.
-5. With ``--sweep``: every quantize / dequantize variant with 1, 2, 4 and 8
+5. With ``--sweep``, instead of 3 and 4: every quantize / dequantize variant with 1, 2, 4 and 8
    units of 4 values (buffer) or texels (texture3d) per invocation (the
    shaders' UNITS; the ops use op_specs/quantize.yaml's choice), rows back to
-   back in one run, and the fastest per variant.
+   back in one run, and the fastest per variant; every choose_qparams
+   variant at workgroup sizes 32 to 256 and REDUCERS 4 to 16.
 
 With ``ETVK_BENCH_RESULTS=DIR`` it also writes DIR/runtime.jsonl
 (benchmarks/results.py) for benchmarks/report.py.
@@ -53,7 +54,12 @@ from timing import time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.tools.examples import EXAMPLES  # noqa: E402
-from runtime.tools.units_stream import CANDIDATES, UnitsStream  # noqa: E402
+from runtime.tools.quantize_tunables import (  # noqa: E402
+    CANDIDATES,
+    CHOOSE_CANDIDATES,
+    UnitsStream,
+    record_choose_qparams,
+)
 from runtime.vulkan.device import FENCE_SPIN_US, get_device  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
 from runtime.vulkan.tensor import Tensor, dtype_info  # noqa: E402
@@ -67,8 +73,10 @@ REPLAYED = 100  # small dispatches in the recorded stream of the overhead sectio
 # bursts do not ramp them back: without this, variants timed later in the run
 # looked up to 4x slower than the same dispatch timed first.
 WARMUP_SECONDS = 1.0
-# Warm-up per --sweep row: the rows run back to back, so the clock is already up.
+# Warm-up per --sweep row: the rows of one variant run back to back, so the clock is
+# already up; the first row of a variant follows the host's preparation of its inputs.
 SWEEP_WARMUP_SECONDS = 0.2
+SWEEP_FIRST_WARMUP_SECONDS = 0.5
 
 
 def median_us(fn, repeats: int, warmup: float, gpu=None) -> tuple[float, float, float]:
@@ -261,7 +269,8 @@ def sweep_units(elements: int, repeats: int, warmup: float, only: re.Pattern) ->
     shape = (max(1, elements >> 20), min(elements, 1024), max(1, min(elements >> 10, 1024)))
     print(f"\n== Units (buffer) or texels (texture3d) per invocation, {'x'.join(map(str, shape))} "
           f"values, median of {repeats} x {BACK_TO_BACK}, rows back to back after "
-          f"{min(warmup, SWEEP_WARMUP_SECONDS):g} s of warm-up each ==")
+          f"{min(warmup, SWEEP_WARMUP_SECONDS):g} s of warm-up each "
+          f"({min(warmup, SWEEP_FIRST_WARMUP_SECONDS):g} s a variant's first) ==")
     print(f"{'variant':<50} {'UNITS':>5} {'GPU us':>9} {'GB/s':>8}")
     for name in ("etvk.quantize_per_tensor.default", "etvk.quantize_per_token.default",
                  "etvk.dequantize_per_tensor.default", "etvk.dequantize_per_token.default"):
@@ -286,11 +295,41 @@ def sweep_units(elements: int, repeats: int, warmup: float, only: re.Pattern) ->
                     for _ in range(BACK_TO_BACK):
                         out = op.record(stream, *args, **kwargs, variant=info.name)
                     stream.run()
-                    seconds = gpu_seconds(stream, repeats, min(warmup, SWEEP_WARMUP_SECONDS))
+                    row_warmup = SWEEP_WARMUP_SECONDS if timed else SWEEP_FIRST_WARMUP_SECONDS
+                    seconds = gpu_seconds(stream, repeats, min(warmup, row_warmup))
                 gbps = (moved + out.nbytes) / seconds / 1e9
                 timed.append((seconds, units))
-                print(f"{info.name:<50} {units:>5} {seconds * 1e6:>9.1f} {gbps:>8.1f}", flush=True)
+                mark = "  (the op's choice)" if units == stream.chosen else ""
+                print(f"{info.name:<50} {units:>5} {seconds * 1e6:>9.1f} {gbps:>8.1f}{mark}", flush=True)
             print(f"{'':<50} best UNITS={min(timed)[1]}")
+
+
+def sweep_choose(elements: int, repeats: int, warmup: float, only: re.Pattern) -> None:
+    """GPU time of every choose_qparams variant at each (workgroup size, REDUCERS) candidate."""
+    caps = get_device().caps
+    shape = (max(1, elements >> 10), min(elements, 1024))
+    print(f"\n== choose_qparams_per_token_asymmetric, workgroup size x REDUCERS, "
+          f"{shape[0]}x{shape[1]} values, rows back to back ==")
+    print(f"{'variant':<50} {'WG':>4} {'RED':>4} {'GPU us':>9} {'GB/s':>8}")
+    x = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3
+    for info in runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default").variants:
+        if not only.search(info.name) or not info.runnable(caps)[0]:
+            continue
+        typed = x.to(dtype_info(info.binding("t_in").dtype).torch_dtype)
+        device_x = Tensor.from_torch(typed, info.axes["STORAGE"])
+        moved = typed.numel() * typed.element_size() + shape[0] * 8
+        timed = []
+        for workgroup, reducers in CHOOSE_CANDIDATES:
+            with Stream() as stream:
+                for _ in range(BACK_TO_BACK):
+                    record_choose_qparams(stream, info, device_x, workgroup, reducers)
+                stream.run()
+                row_warmup = SWEEP_WARMUP_SECONDS if timed else SWEEP_FIRST_WARMUP_SECONDS
+                seconds = gpu_seconds(stream, repeats, min(warmup, row_warmup))
+            timed.append((seconds, workgroup, reducers))
+            print(f"{info.name:<50} {workgroup:>4} {reducers:>4} {seconds * 1e6:>9.1f} "
+                  f"{moved / seconds / 1e9:>8.1f}", flush=True)
+        print(f"{'':<50} best workgroup={min(timed)[1]} REDUCERS={min(timed)[2]}")
 
 
 def cuda_baseline(elements: int, repeats: int, warmup: float, ours_gbps: float | None,
@@ -332,7 +371,9 @@ def main() -> int:
     parser.add_argument("--only", default="", help="regular expression: time only matching variants")
     parser.add_argument("--skip-overhead", action="store_true", help="skip the overhead section")
     parser.add_argument("--sweep", action="store_true",
-                        help="also time quantize / dequantize variants at 1, 2, 4 and 8 units per invocation")
+                        help="instead of the throughput sections, time quantize / dequantize variants at "
+                        "1, 2, 4 and 8 units per invocation, choose_qparams at each workgroup size "
+                        "and REDUCERS")
     options = parser.parse_args()
     try:
         caps = get_device().caps
@@ -350,12 +391,14 @@ def main() -> int:
         overhead(repeats * 10, min(warmup, 0.2), results)
     copy_bandwidth(1 << 20 if options.quick else 64 << 20 if cpu else 1 << 30, repeats, warmup, results)
     only = re.compile(options.only)
+    if options.sweep:  # instead of the throughput and comparison sections: under 2 minutes
+        sweep_units(elements, repeats, warmup, only)
+        sweep_choose(elements, repeats, warmup, only)
+        return 0
     ours = throughput(elements, repeats, warmup, only, results)
     cuda_baseline(elements, repeats, warmup, ours, results)
     if only.search("choose_qparams") or only.search("quantize_per_token"):
         dynamic_quantize(repeats, warmup, options.quick, results)
-    if options.sweep:
-        sweep_units(elements, repeats, warmup, re.compile(options.only))
     return 0
 
 

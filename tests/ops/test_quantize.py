@@ -28,8 +28,15 @@ from runtime.tools.examples import (
     int_input,
     per_token_params,
 )
-from runtime.tools.units_stream import CANDIDATES, UnitsStream
+from runtime.tools.quantize_tunables import (
+    CANDIDATES,
+    CHOOSE_CANDIDATES,
+    UnitsStream,
+    record_choose_qparams,
+)
 from runtime.vulkan.device import get_device
+from runtime.vulkan.stream import Stream
+from runtime.vulkan.tensor import Tensor
 
 # Shapes every variant runs: 0-d, empty, widths that are and are not
 # multiples of 4, several leading dimensions; tokens of 24 values straddle the
@@ -106,6 +113,28 @@ def test_every_units_candidate_matches_reference(op_name, variant, units):
             got = got.to_torch()
         want = op.reference(*args, **kwargs)
         assert_bit_equal(got, want, f"{variant} UNITS={units} shape={shape}")
+
+
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+@pytest.mark.parametrize("in_dtype", ["float32", "float16"])
+def test_choose_qparams_every_workgroup_and_reducers(storage, in_dtype):
+    """Each (workgroup size, REDUCERS) the benchmark sweeps, and sizes that are not powers of
+    2, on tokens with and without whole units and longer than 4 loads per invocation."""
+    op = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
+    info = next(v for v in op.variants if v.axes == {"STORAGE": storage, "IN_DTYPE": in_dtype})
+    gen = torch.Generator().manual_seed(19)
+    for shape in ((3, 1040), (2, 1030), (5, 17), (4, 3)):
+        x = (torch.randn(shape, generator=gen) * 3).to(DTYPES[in_dtype])
+        device_x = Tensor.from_torch(x, storage)
+        want = ref.choose_qparams_per_token_asymmetric(x, torch.int8)
+        for workgroup, reducers in (*CHOOSE_CANDIDATES, (48, 5), (1, 1), (7, 16)):
+            with Stream() as stream:
+                got = record_choose_qparams(stream, info, device_x, workgroup, reducers)
+                stream.run()
+                got = [g.to_torch().reshape(w.shape) for g, w in zip(got, want, strict=True)]
+            for i, (g, w) in enumerate(zip(got, want, strict=True)):
+                assert_bit_equal(g, w, f"{info.name} {shape} workgroup={workgroup} "
+                                       f"REDUCERS={reducers} output {i}")
 
 
 def _quantized_decomposed(op_name):
