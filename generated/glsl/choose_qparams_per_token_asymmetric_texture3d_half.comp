@@ -93,26 +93,32 @@ ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
   const ivec4 r = ivec4(min(c, vec4(2147483520.0)));
   return mix(r, ivec4(hi), greaterThanEqual(c, vec4(2147483648.0)));
 }
+// Asymmetric int8 qparams of one token (choose_qparams_per_token_asymmetric's steps),
+// shared by choose_qparams.glsl.j2 and dynamic_quantize.glsl.j2: one workgroup per token,
+// t_in (IN_DTYPE in STORAGE, units of 4 values), push constant last_dim.
+// Needs include/numerics.glslh first.
 
 shared float s_min[gl_WorkGroupSize.x];
 shared float s_max[gl_WorkGroupSize.x];
 
-void main() {
-  const uint token = etvk_linear_group();
-  // Uniform across the workgroup, so returning before the barriers is safe.
-  if (token >= pc.tokens) {
-    return;
-  }
-  const uint lid = gl_LocalInvocationID.x;
-  const uint K = pc.last_dim;
+// The first texel of `token`'s row: a token is one row of the image (texels (x, y, z) with
+// y + z * height == token).
+ivec3 tq_row(uint token) {
+  const int height = t_in_extents().y;
+  return ivec3(0, int(token) % height, int(token) / height);
+}
 
+// min(0, values) and max(0, values) of `token` over all invocations of the workgroup (every
+// invocation gets them; call in uniform control flow: it holds barriers).
+void tq_token_range(uint token, out float min_neg, out float max_pos) {
+  const uint lid = gl_LocalInvocationID.x;
+  const uint WG = gl_WorkGroupSize.x;
+  const uint K = pc.last_dim;
   // Starting from 0 folds in "min/max forced to include 0".
   float lo = 0.0;
   float hi = 0.0;
-  // A token is one row of the image: texels (x, y, z) with y + z * height == token.
-  const int height = t_in_extents().y;
-  const ivec3 row = ivec3(0, int(token) % height, int(token) / height);
-  for (uint x = lid; 4u * x < K; x += gl_WorkGroupSize.x) {
+  const ivec3 row = tq_row(token);
+  for (uint x = lid; 4u * x < K; x += WG) {
     const vec4 v = t_in_load(row + ivec3(int(x), 0, 0));
     for (uint i = 0u; i < 4u; ++i) {
       if (4u * x + i < K) {
@@ -125,7 +131,7 @@ void main() {
   s_max[lid] = hi;
   barrier();
   // Tree reduction that works for any workgroup size, not only powers of two.
-  for (uint remaining = gl_WorkGroupSize.x; remaining > 1u;) {
+  for (uint remaining = WG; remaining > 1u;) {
     const uint half_count = (remaining + 1u) / 2u;
     if (lid + half_count < remaining) {
       s_min[lid] = min(s_min[lid], s_min[lid + half_count]);
@@ -134,20 +140,38 @@ void main() {
     barrier();
     remaining = half_count;
   }
-  if (lid != 0u) {
-    return;
-  }
-  // fp32 arithmetic in PyTorch's order; every division correctly rounded.
-  const float min_neg = s_min[0];
-  const float max_pos = s_max[0];
-  precise float scale = max(etvk_div_rn(max_pos - min_neg, 255.0), 1.1920928955078125e-07);
-  precise float descaled_min = etvk_div_rn(min_neg, scale);
-  precise float descaled_max = etvk_div_rn(max_pos, scale);
+  min_neg = s_min[0];
+  max_pos = s_max[0];
+}
+
+// fp32 arithmetic in PyTorch's order; every division correctly rounded.
+void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_point) {
+  precise float s = max(etvk_div_rn(max_pos - min_neg, 255.0), 1.1920928955078125e-07);
+  precise float descaled_min = etvk_div_rn(min_neg, s);
+  precise float descaled_max = etvk_div_rn(max_pos, s);
   precise float error_from_min = -128.0 + descaled_min;
   precise float error_from_max = 127.0 + descaled_max;
-  precise float zero_point = (error_from_min + error_from_max > 0.0)
+  precise float zp = (error_from_min + error_from_max > 0.0)
       ? -128.0 - descaled_min
       : 127.0 - descaled_max;
-  t_scales_store(token, scale);
-  t_zero_points_store(token, int(roundEven(clamp(zero_point, -128.0, 127.0))));
+  scale = s;
+  zero_point = int(roundEven(clamp(zp, -128.0, 127.0)));
+}
+
+void main() {
+  const uint token = etvk_linear_group();
+  // Uniform across the workgroup, so returning before the barriers is safe.
+  if (token >= pc.tokens) {
+    return;
+  }
+  float min_neg;
+  float max_pos;
+  tq_token_range(token, min_neg, max_pos);
+  if (gl_LocalInvocationID.x == 0u) {
+    float scale;
+    int zero_point;
+    tq_qparams(min_neg, max_pos, scale, zero_point);
+    t_scales_store(token, scale);
+    t_zero_points_store(token, zero_point);
+  }
 }
