@@ -113,6 +113,27 @@ ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
 shared float s_min[gl_WorkGroupSize.x];
 shared float s_max[gl_WorkGroupSize.x];
 
+// The workgroup's min of every invocation's `lo` and max of its `hi` (every invocation gets
+// them; call in uniform control flow: it holds barriers).
+void tq_reduce(float lo, float hi, out float min_neg, out float max_pos) {
+  const uint lid = gl_LocalInvocationID.x;
+  s_min[lid] = lo;
+  s_max[lid] = hi;
+  barrier();
+  // Tree reduction that works for any workgroup size, not only powers of two.
+  for (uint remaining = gl_WorkGroupSize.x; remaining > 1u;) {
+    const uint half_count = (remaining + 1u) / 2u;
+    if (lid + half_count < remaining) {
+      s_min[lid] = min(s_min[lid], s_min[lid + half_count]);
+      s_max[lid] = max(s_max[lid], s_max[lid + half_count]);
+    }
+    barrier();
+    remaining = half_count;
+  }
+  min_neg = s_min[0];
+  max_pos = s_max[0];
+}
+
 // min(0, values) and max(0, values) of `token` over all invocations of the workgroup (every
 // invocation gets them; call in uniform control flow: it holds barriers).
 void tq_token_range(uint token, out float min_neg, out float max_pos) {
@@ -158,21 +179,7 @@ void tq_token_range(uint token, out float min_neg, out float max_pos) {
       }
     }
   }
-  s_min[lid] = lo;
-  s_max[lid] = hi;
-  barrier();
-  // Tree reduction that works for any workgroup size, not only powers of two.
-  for (uint remaining = WG; remaining > 1u;) {
-    const uint half_count = (remaining + 1u) / 2u;
-    if (lid + half_count < remaining) {
-      s_min[lid] = min(s_min[lid], s_min[lid + half_count]);
-      s_max[lid] = max(s_max[lid], s_max[lid + half_count]);
-    }
-    barrier();
-    remaining = half_count;
-  }
-  min_neg = s_min[0];
-  max_pos = s_max[0];
+  tq_reduce(lo, hi, min_neg, max_pos);
 }
 
 // fp32 arithmetic in PyTorch's order; every division correctly rounded.
@@ -189,6 +196,14 @@ void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_poin
   zero_point = int(roundEven(clamp(zp, -128.0, 127.0)));
 }
 
+const uint REGS = 4u;  // units per invocation kept in registers (buffer)
+
+// q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127): quantize_per_token's step.
+ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
+  precise vec4 q = roundEven(x * inv_scale) + zero_point;
+  return etvk_to_int_clamped(q, -128, 127);
+}
+
 void main() {
   const uint token = etvk_linear_group();
   // Uniform across the workgroup, so returning before the barriers is safe.
@@ -199,7 +214,26 @@ void main() {
   const uint WG = gl_WorkGroupSize.x;
   float min_neg;
   float max_pos;
-  tq_token_range(token, min_neg, max_pos);
+  // Units [first, stop) are the token's (the op checks last_dim % 4 == 0).
+  const uint first = token * (pc.last_dim / 4u);
+  const uint stop = first + pc.last_dim / 4u;
+  vec4 kept[REGS];
+  // Starting from 0 folds in "min/max forced to include 0"; absent units add 0.
+  vec4 lo4 = vec4(0.0);
+  vec4 hi4 = vec4(0.0);
+  for (uint i = 0u; i < REGS; ++i) {
+    const uint unit = first + lid + i * WG;
+    kept[i] = unit < stop ? t_in_load(unit) : vec4(0.0);
+    lo4 = min(lo4, kept[i]);
+    hi4 = max(hi4, kept[i]);
+  }
+  for (uint unit = first + lid + REGS * WG; unit < stop; unit += WG) {
+    const vec4 a = t_in_load(unit);
+    lo4 = min(lo4, a);
+    hi4 = max(hi4, a);
+  }
+  tq_reduce(min(min(lo4.x, lo4.y), min(lo4.z, lo4.w)), max(max(hi4.x, hi4.y), max(hi4.z, hi4.w)),
+            min_neg, max_pos);
   float scale;
   int zp;
   tq_qparams(min_neg, max_pos, scale, zp);
@@ -209,9 +243,13 @@ void main() {
   }
   const vec4 inv_scale = vec4(etvk_div_rn(1.0, scale));
   const vec4 zero_point = vec4(float(zp));
-  const uint stop = (token + 1u) * (pc.last_dim / 4u);
-  for (uint unit = token * (pc.last_dim / 4u) + lid; unit < stop; unit += WG) {
-    precise vec4 q = roundEven(t_in_load(unit) * inv_scale) + zero_point;
-    t_out_store(unit, etvk_to_int_clamped(q, -128, 127));
+  for (uint i = 0u; i < REGS; ++i) {
+    const uint unit = first + lid + i * WG;
+    if (unit < stop) {
+      t_out_store(unit, quantize4(kept[i], inv_scale, zero_point));
+    }
+  }
+  for (uint unit = first + lid + REGS * WG; unit < stop; unit += WG) {
+    t_out_store(unit, quantize4(t_in_load(unit), inv_scale, zero_point));
   }
 }

@@ -111,6 +111,27 @@ ivec3 tq_row(uint token) {
   return ivec3(0, int(token) % height, int(token) / height);
 }
 
+// The workgroup's min of every invocation's `lo` and max of its `hi` (every invocation gets
+// them; call in uniform control flow: it holds barriers).
+void tq_reduce(float lo, float hi, out float min_neg, out float max_pos) {
+  const uint lid = gl_LocalInvocationID.x;
+  s_min[lid] = lo;
+  s_max[lid] = hi;
+  barrier();
+  // Tree reduction that works for any workgroup size, not only powers of two.
+  for (uint remaining = gl_WorkGroupSize.x; remaining > 1u;) {
+    const uint half_count = (remaining + 1u) / 2u;
+    if (lid + half_count < remaining) {
+      s_min[lid] = min(s_min[lid], s_min[lid + half_count]);
+      s_max[lid] = max(s_max[lid], s_max[lid + half_count]);
+    }
+    barrier();
+    remaining = half_count;
+  }
+  min_neg = s_min[0];
+  max_pos = s_max[0];
+}
+
 // min(0, values) and max(0, values) of `token` over all invocations of the workgroup (every
 // invocation gets them; call in uniform control flow: it holds barriers).
 void tq_token_range(uint token, out float min_neg, out float max_pos) {
@@ -130,21 +151,7 @@ void tq_token_range(uint token, out float min_neg, out float max_pos) {
       }
     }
   }
-  s_min[lid] = lo;
-  s_max[lid] = hi;
-  barrier();
-  // Tree reduction that works for any workgroup size, not only powers of two.
-  for (uint remaining = WG; remaining > 1u;) {
-    const uint half_count = (remaining + 1u) / 2u;
-    if (lid + half_count < remaining) {
-      s_min[lid] = min(s_min[lid], s_min[lid + half_count]);
-      s_max[lid] = max(s_max[lid], s_max[lid + half_count]);
-    }
-    barrier();
-    remaining = half_count;
-  }
-  min_neg = s_min[0];
-  max_pos = s_max[0];
+  tq_reduce(lo, hi, min_neg, max_pos);
 }
 
 // fp32 arithmetic in PyTorch's order; every division correctly rounded.
@@ -159,6 +166,14 @@ void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_poin
       : 127.0 - descaled_max;
   scale = s;
   zero_point = int(roundEven(clamp(zp, -128.0, 127.0)));
+}
+
+const uint REGS = 4u;  // units per invocation kept in registers (buffer)
+
+// q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127): quantize_per_token's step.
+ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
+  precise vec4 q = roundEven(x * inv_scale) + zero_point;
+  return etvk_to_int_clamped(q, -128, 127);
 }
 
 void main() {
@@ -184,7 +199,6 @@ void main() {
   const ivec3 row = tq_row(token);
   for (uint x = lid; 4u * x < pc.last_dim; x += WG) {
     const ivec3 texel = row + ivec3(int(x), 0, 0);
-    precise vec4 q = roundEven(t_in_load(texel) * inv_scale) + zero_point;
-    t_out_store(texel, etvk_to_int_clamped(q, -128, 127));
+    t_out_store(texel, quantize4(t_in_load(texel), inv_scale, zero_point));
   }
 }

@@ -104,6 +104,27 @@ ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
 shared float s_min[gl_WorkGroupSize.x];
 shared float s_max[gl_WorkGroupSize.x];
 
+// The workgroup's min of every invocation's `lo` and max of its `hi` (every invocation gets
+// them; call in uniform control flow: it holds barriers).
+void tq_reduce(float lo, float hi, out float min_neg, out float max_pos) {
+  const uint lid = gl_LocalInvocationID.x;
+  s_min[lid] = lo;
+  s_max[lid] = hi;
+  barrier();
+  // Tree reduction that works for any workgroup size, not only powers of two.
+  for (uint remaining = gl_WorkGroupSize.x; remaining > 1u;) {
+    const uint half_count = (remaining + 1u) / 2u;
+    if (lid + half_count < remaining) {
+      s_min[lid] = min(s_min[lid], s_min[lid + half_count]);
+      s_max[lid] = max(s_max[lid], s_max[lid + half_count]);
+    }
+    barrier();
+    remaining = half_count;
+  }
+  min_neg = s_min[0];
+  max_pos = s_max[0];
+}
+
 // min(0, values) and max(0, values) of `token` over all invocations of the workgroup (every
 // invocation gets them; call in uniform control flow: it holds barriers).
 void tq_token_range(uint token, out float min_neg, out float max_pos) {
@@ -149,21 +170,7 @@ void tq_token_range(uint token, out float min_neg, out float max_pos) {
       }
     }
   }
-  s_min[lid] = lo;
-  s_max[lid] = hi;
-  barrier();
-  // Tree reduction that works for any workgroup size, not only powers of two.
-  for (uint remaining = WG; remaining > 1u;) {
-    const uint half_count = (remaining + 1u) / 2u;
-    if (lid + half_count < remaining) {
-      s_min[lid] = min(s_min[lid], s_min[lid + half_count]);
-      s_max[lid] = max(s_max[lid], s_max[lid + half_count]);
-    }
-    barrier();
-    remaining = half_count;
-  }
-  min_neg = s_min[0];
-  max_pos = s_max[0];
+  tq_reduce(lo, hi, min_neg, max_pos);
 }
 
 // fp32 arithmetic in PyTorch's order; every division correctly rounded.
