@@ -17,8 +17,9 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    CUDA on the same tensor, timed with CUDA events in the same run, and the
    ratio of our per-tensor quantize to it; and dynamic per-token quantization
    (``choose_qparams_per_token_asymmetric`` then ``quantize_per_token``, fp32
-   and fp16, [64Ki, 1024]) against ``torch.compile`` of the same two ops
-   (their eager torch math, compiled; CUDA events), ratio of GPU times.
+   and fp16, [64Ki, 1024]; ours as the two ops and as the fused
+   ``quantize_per_token_dynamic``) against ``torch.compile`` of the same two
+   ops (their eager torch math, compiled; CUDA events), ratio of GPU times.
 5. With ``--sweep``, instead of 3 and 4: every quantize / dequantize variant with 1, 2, 4 and 8
    units of 4 values (buffer) or texels (texture3d) per invocation (the
    shaders' UNITS; the ops use op_specs/quantize.yaml's choice), rows back to
@@ -221,17 +222,20 @@ def compiled_dynamic_quantize(x: torch.Tensor, _: int) -> torch.Tensor:
 
 
 def dynamic_quantize(repeats: int, warmup: float, quick: bool, results: Results) -> None:
-    """choose_qparams_per_token_asymmetric + quantize_per_token (one call = both dispatches) on
-    [64Ki, 1024] fp32 and fp16 against torch.compile of the same two ops on CUDA (same run)."""
+    """Dynamic per-token int8 quantization of [64Ki, 1024] fp32 and fp16 values, GPU time per
+    call: ours as choose_qparams + quantize_per_token (two dispatches) and as the fused
+    quantize_per_token_dynamic, against torch.compile of the same two ops on CUDA (same run)."""
     shape = (64, 64) if quick else (64 << 10, 1024)
     choose = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
     quantize = runtime.get_op("etvk.quantize_per_token.default")
+    fused = runtime.get_op("etvk.quantize_per_token_dynamic.default")
     print(f"\n== Dynamic per-token int8 quantization (choose_qparams + quantize_per_token), "
-          f"{shape[0]}x{shape[1]}: GPU us per call (both dispatches) ==")
-    print(f"{'dtype':<8} {'ours us':>9} {'GB/s':>8} {'torch.compile us':>17} {'ours/compile':>13}")
+          f"{shape[0]}x{shape[1]}: GPU us per call; GB/s counts one read of x, q, scales, zps ==")
+    print(f"{'dtype':<8} {'two ops us':>10} {'fused us':>9} {'GB/s':>8} {'torch.compile us':>17} "
+          f"{'fused/compile':>14}")
     for dtype in (torch.float32, torch.float16):
         x = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
-        moved = x.numel() * (2 * x.element_size() + 1) + shape[0] * 8 * 2  # x twice, q, scales / zps
+        moved = x.numel() * (x.element_size() + 1) + shape[0] * 8  # what a fused kernel must move
         device_x = Tensor.from_torch(x)
         with Stream() as stream:
             for _ in range(BACK_TO_BACK):
@@ -244,21 +248,26 @@ def dynamic_quantize(repeats: int, warmup: float, quick: bool, results: Results)
                 stream.replay()
                 pair = [seconds for _, seconds in stream.timings()]
                 samples += [a + b for a, b in zip(pair[::2], pair[1::2], strict=True)]
-        ours = statistics.median(samples)
-        results.kernel("dynamic quantize", f"choose_qparams + quantize_per_token {dtype}", "etvk",
-                       ours, moved)
+        two_ops = statistics.median(samples)
+        with Stream() as stream:
+            for _ in range(BACK_TO_BACK):
+                fused.record(stream, device_x, torch.int8)
+            stream.run()
+            ours = gpu_seconds(stream, repeats, warmup)
+        what = f"choose_qparams + quantize_per_token {str(dtype).split('.')[-1]}"
+        results.kernel("dynamic quantize", what, "etvk two ops", two_ops, moved)
+        results.kernel("dynamic quantize", what, "etvk fused", ours, moved)
         compiled = "n/a (no CUDA)"
         if torch.cuda.is_available():
             try:
                 seconds = time_cuda(functools.partial(compiled_dynamic_quantize, x.cuda()), 1,
                                     repeats * BACK_TO_BACK, warmup)
-                results.kernel("dynamic quantize", f"choose_qparams + quantize_per_token {dtype}",
-                               "torch.compile", seconds, moved)
-                compiled = f"{seconds * 1e6:>17.1f} {ours / seconds:>13.2f}"
+                results.kernel("dynamic quantize", what, "torch.compile", seconds, moved)
+                compiled = f"{seconds * 1e6:>17.1f} {ours / seconds:>14.2f}"
             except Exception as error:  # noqa: BLE001 - any compile failure is reported, not fatal
                 compiled = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
-        print(f"{str(dtype).split('.')[-1]:<8} {ours * 1e6:>9.1f} {moved / ours / 1e9:>8.1f} {compiled}",
-              flush=True)
+        print(f"{str(dtype).split('.')[-1]:<8} {two_ops * 1e6:>10.1f} {ours * 1e6:>9.1f} "
+              f"{moved / ours / 1e9:>8.1f} {compiled}", flush=True)
 
 
 def sweep_units(elements: int, repeats: int, warmup: float, only: re.Pattern) -> None:

@@ -97,26 +97,53 @@ ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
   const ivec4 r = ivec4(min(c, vec4(2147483520.0)));
   return mix(r, ivec4(hi), greaterThanEqual(c, vec4(2147483648.0)));
 }
+// Asymmetric int8 qparams of one token (choose_qparams_per_token_asymmetric's steps),
+// shared by choose_qparams.glsl.j2 and dynamic_quantize.glsl.j2: one workgroup per token,
+// t_in (IN_DTYPE in STORAGE, units of 4 values), push constant last_dim.
+// Needs include/numerics.glslh first.
 
 shared float s_min[gl_WorkGroupSize.x];
 shared float s_max[gl_WorkGroupSize.x];
 
-void main() {
-  const uint token = etvk_linear_group();
-  // Uniform across the workgroup, so returning before the barriers is safe.
-  if (token >= pc.tokens) {
-    return;
-  }
+// The workgroup's min of every invocation's `lo` and max of its `hi` (every invocation gets
+// them; call in uniform control flow: it holds barriers). Two levels, two barriers for any
+// workgroup size (a tree takes log2 of it): the first REDUCERS invocations (a spec constant
+// of the including shader) take every REDUCERS-th value, then each invocation takes theirs.
+void tq_reduce(float lo, float hi, out float min_neg, out float max_pos) {
   const uint lid = gl_LocalInvocationID.x;
-  const uint K = pc.last_dim;
+  s_min[lid] = lo;
+  s_max[lid] = hi;
+  barrier();
+  const uint reducers = clamp(uint(REDUCERS), 1u, gl_WorkGroupSize.x);
+  if (lid < reducers) {
+    for (uint i = lid + reducers; i < gl_WorkGroupSize.x; i += reducers) {
+      lo = min(lo, s_min[i]);
+      hi = max(hi, s_max[i]);
+    }
+    s_min[lid] = lo;  // slots below REDUCERS: none of them is read above
+    s_max[lid] = hi;
+  }
+  barrier();
+  min_neg = s_min[0];
+  max_pos = s_max[0];
+  for (uint i = 1u; i < reducers; ++i) {
+    min_neg = min(min_neg, s_min[i]);
+    max_pos = max(max_pos, s_max[i]);
+  }
+}
 
+// min(0, values) and max(0, values) of `token` over all invocations of the workgroup (every
+// invocation gets them; call in uniform control flow: it holds barriers).
+void tq_token_range(uint token, out float min_neg, out float max_pos) {
+  const uint lid = gl_LocalInvocationID.x;
+  const uint WG = gl_WorkGroupSize.x;
+  const uint K = pc.last_dim;
   // Starting from 0 folds in "min/max forced to include 0".
   float lo = 0.0;
   float hi = 0.0;
-  // The token's values are elements [begin, end); units straddle tokens when K % 4 != 0.
+  // The token's values are elements [begin, end).
   const uint begin = token * K;
   const uint end = begin + K;
-  const uint WG = gl_WorkGroupSize.x;
   if (K % 4u == 0u) {
     // Whole units of one token: no per-value bounds, four loads in flight per step.
     vec4 lo4 = vec4(0.0);
@@ -150,39 +177,37 @@ void main() {
       }
     }
   }
-  s_min[lid] = lo;
-  s_max[lid] = hi;
-  barrier();
-  // Two levels, two barriers for any workgroup size (a tree took log2 of it): the first
-  // REDUCERS invocations take every REDUCERS-th value, then invocation 0 takes theirs.
-  const uint reducers = clamp(uint(REDUCERS), 1u, gl_WorkGroupSize.x);
-  if (lid < reducers) {
-    for (uint i = lid + reducers; i < gl_WorkGroupSize.x; i += reducers) {
-      lo = min(lo, s_min[i]);
-      hi = max(hi, s_max[i]);
-    }
-    s_min[lid] = lo;
-    s_max[lid] = hi;
-  }
-  barrier();
-  if (lid != 0u) {
-    return;
-  }
-  float min_neg = s_min[0];
-  float max_pos = s_max[0];
-  for (uint i = 1u; i < reducers; ++i) {
-    min_neg = min(min_neg, s_min[i]);
-    max_pos = max(max_pos, s_max[i]);
-  }
-  // fp32 arithmetic in PyTorch's order; every division correctly rounded.
-  precise float scale = max(etvk_div_rn(max_pos - min_neg, 255.0), 1.1920928955078125e-07);
-  precise float descaled_min = etvk_div_rn(min_neg, scale);
-  precise float descaled_max = etvk_div_rn(max_pos, scale);
+  tq_reduce(lo, hi, min_neg, max_pos);
+}
+
+// fp32 arithmetic in PyTorch's order; every division correctly rounded.
+void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_point) {
+  precise float s = max(etvk_div_rn(max_pos - min_neg, 255.0), 1.1920928955078125e-07);
+  precise float descaled_min = etvk_div_rn(min_neg, s);
+  precise float descaled_max = etvk_div_rn(max_pos, s);
   precise float error_from_min = -128.0 + descaled_min;
   precise float error_from_max = 127.0 + descaled_max;
-  precise float zero_point = (error_from_min + error_from_max > 0.0)
+  precise float zp = (error_from_min + error_from_max > 0.0)
       ? -128.0 - descaled_min
       : 127.0 - descaled_max;
-  t_scales_store(token, scale);
-  t_zero_points_store(token, int(roundEven(clamp(zero_point, -128.0, 127.0))));
+  scale = s;
+  zero_point = int(roundEven(clamp(zp, -128.0, 127.0)));
+}
+
+void main() {
+  const uint token = etvk_linear_group();
+  // Uniform across the workgroup, so returning before the barriers is safe.
+  if (token >= pc.tokens) {
+    return;
+  }
+  float min_neg;
+  float max_pos;
+  tq_token_range(token, min_neg, max_pos);
+  if (gl_LocalInvocationID.x == 0u) {
+    float scale;
+    int zero_point;
+    tq_qparams(min_neg, max_pos, scale, zero_point);
+    t_scales_store(token, scale);
+    t_zero_points_store(token, zero_point);
+  }
 }

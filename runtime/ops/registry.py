@@ -59,9 +59,13 @@ class Op:
         with device.lock, Stream(device) as stream:  # calls from several threads take turns
             outputs = self.opdef.record(stream, *args, **kwargs)
             stream.run()
-            if isinstance(outputs, tuple):
-                return tuple(t.to_torch() for t in outputs)
-            return outputs.to_torch()
+            result = (tuple(t.to_torch() for t in outputs) if isinstance(outputs, tuple)
+                      else outputs.to_torch())
+            # Dropped before the stream closes, which hands its tensors back in the reverse of the
+            # order they were made: the next call on the same sizes gets the same allocations in
+            # the same roles, and its stream reuses this recording.
+            del outputs
+        return result
 
 
 def _load_module(library: ShaderLibrary, index: int, relative: str):

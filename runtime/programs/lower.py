@@ -17,6 +17,9 @@ makes them) and/or torchao's 8da4w linears. The steps:
    ``etvk`` twins: a 4-D int8 per-tensor quantize becomes ``q8ta_quantize``
    (packed, placeholder layout) and the dequantize of a packed tensor
    ``q8ta_dequantize``; a cast to the dtype a tensor already has is dropped;
+   a choose-qparams whose parameters quantize the same tensor per token to
+   int8 fuses with that quantize into ``quantize_per_token_dynamic`` (when
+   the last dimension is a multiple of 4);
 6. what nothing reads is dropped.
 
 What matches no pattern stays a PyTorch op: the loader runs it on the CPU.
@@ -35,7 +38,7 @@ from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
 from runtime.programs import lower_cnn
 from runtime.programs.from_export import from_exported
-from runtime.programs.nodes import Node, ValueSpec
+from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.program import Program
 from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
 from runtime.pytorch.passes import fuse_quantized_ops
@@ -48,6 +51,9 @@ _TWINS = {
     "quantized_decomposed.choose_qparams_per_token_asymmetric.default": (
         "etvk.choose_qparams_per_token_asymmetric.default", (torch.float32, torch.int32)),
 }
+_CHOOSE = "etvk.choose_qparams_per_token_asymmetric.default"
+_QUANTIZE_PER_TOKEN = "etvk.quantize_per_token.default"
+_DYNAMIC = "etvk.quantize_per_token_dynamic.default"
 _FLOATS = (torch.float32, torch.float16)
 # cast target -> the arguments it may have (input, dtype, copy); any other must be default
 _CASTS = {"aten._to_copy.default": ("self", "dtype"), "aten.to.dtype": ("self", "dtype", "copy")}
@@ -124,6 +130,32 @@ class _Lowering(Rewriter):
             return dataclass_copy(node, target)
         return None
 
+    def fuse_dynamic_quantize(self) -> None:
+        """``choose_qparams_per_token_asymmetric(x)`` -> (s, z) and ``quantize_per_token(x, s, z,
+        -128, 127, int8)`` -> ``quantize_per_token_dynamic(x)`` -> (q, s, z), at the choose's
+        place, where x's last dimension is a multiple of 4 (the fused op's requirement)."""
+        for choose in [n for n in self.program.nodes if n.target == _CHOOSE]:
+            x = choose.args[0]
+            shape = self.program.values[x.name].shape if isinstance(x, Ref) else ()
+            if not shape or shape[-1] % 4:
+                continue
+            quantize = next((u for u in self.users.get(choose.outputs[0], ())
+                             if u.target == _QUANTIZE_PER_TOKEN and self._quantizes(u, x, choose)), None)
+            if quantize is None:
+                continue
+            fused = Node(choose.name, _DYNAMIC, (x, torch.int8), {},
+                         [quantize.outputs[0], *choose.outputs])
+            self.program.nodes.remove(quantize)
+            self.replace(choose, fused)
+
+    @staticmethod
+    def _quantizes(node: Node, x: Ref, choose: Node) -> bool:
+        """Whether `node` (a quantize_per_token) quantizes x to int8 [-128, 127] with `choose`'s qparams."""
+        b = bind(node)
+        return (getattr(b["input"], "name", None) == x.name
+                and [getattr(b[k], "name", None) for k in ("scales", "zero_points")] == list(choose.outputs)
+                and (b["quant_min"], b["quant_max"], b["dtype"]) == (-128, 127, torch.int8))
+
     def drop_identity_casts(self) -> None:
         """A cast (``_to_copy`` / ``to``) of a tensor to the dtype it already has, with nothing else
         asked, goes: in a functional graph its result is the same values."""
@@ -168,6 +200,7 @@ def lower(exported: ExportedProgram) -> Program:
     lowering.refresh()
     lowering.drop_identity_casts()
     lowering.lower_quantize_ops()
+    lowering.fuse_dynamic_quantize()
     program.remove_dead()
     program.op_schemas = {n.target: get_op(n.target).schema for n in program.nodes if n.is_etvk}
     program.manifest_hash = manifest_hash()

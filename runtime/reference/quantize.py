@@ -110,3 +110,10 @@ def choose_qparams_per_token_asymmetric(input, dtype):
     )
     zero_point = zero_point.clamp(-128, 127).round().to(torch.int32)
     return scale.reshape(shape), zero_point.reshape(shape)
+
+
+def quantize_per_token_dynamic(input, dtype):
+    """`choose_qparams_per_token_asymmetric`, then `quantize_per_token` with its parameters
+    (int8, [-128, 127]): returns (q, scales, zero_points)."""
+    scales, zero_points = choose_qparams_per_token_asymmetric(input, dtype)
+    return quantize_per_token(input, scales, zero_points, -128, 127, dtype), scales, zero_points

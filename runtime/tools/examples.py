@@ -233,6 +233,7 @@ EXAMPLES = {
     "etvk.dequantize_per_tensor.default": build_dequantize_per_tensor,
     "etvk.dequantize_per_token.default": build_dequantize_per_token,
     "etvk.choose_qparams_per_token_asymmetric.default": build_choose_qparams,
+    "etvk.quantize_per_token_dynamic.default": build_choose_qparams,
     "etvk.linear_qta8a_qga4w.default": build_linear_qta8a_qga4w,
     "etvk.q8ta_quantize.default": build_q8ta_quantize,
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,

@@ -23,6 +23,7 @@ bindings).
 from __future__ import annotations
 
 import ctypes
+import itertools
 
 from runtime.vulkan import raw
 
@@ -89,6 +90,9 @@ def _allocate(device, requirements, preferences, what: str):
     return memory[0], device.memory_types[index]
 
 
+_SERIALS = itertools.count()
+
+
 def _destroy_buffer(lib, null, device, buffer, memory):
     lib.vkDestroyBuffer(device, buffer, null)
     lib.vkFreeMemory(device, memory, null)
@@ -105,6 +109,7 @@ class _Allocation:
 
     def __init__(self, device, nbytes: int, handle, memory, view=None):
         self.nbytes, self.handle, self.view, self.mapped = nbytes, handle, view, None
+        self.serial = next(_SERIALS)  # never reused, unlike handles: streams key recordings by it
         self.uncached_reads = False  # mapped device-local memory without HOST_CACHED
         _, ffi, lib = raw.load()
         if view is None:
@@ -137,6 +142,7 @@ class _Holder:
 
     def _hold(self, device, key, allocation) -> None:
         self._spare, self._key, self._allocation = device.spare_memory, key, allocation
+        self.serial = allocation.serial
 
     def __del__(self):
         if self._allocation is not None:

@@ -10,8 +10,14 @@ earlier host/transfer/compute writes to compute, puts a compute->compute
 barrier between dispatches and ends with compute writes -> host/transfer
 reads. Recording and submission use pre-built cffi structs and raw `lib`
 calls. A stream's command buffer, fence, descriptor and query pools and
-structs (`_Resources`) are reset at `close()` and kept in the device's
-`spare_streams` for the next stream. It must not choose variants or check op
+structs (`_Resources`) are kept in the device's `spare_streams` for the
+next stream after `close()`, still recorded: `dispatch()` only checks and
+notes a dispatch, and `finish()` writes the Vulkan commands unless the
+resources already hold exactly these dispatches (same pipelines, the same
+allocations by serial number, push constants and group counts; a serial is
+never reused, so a recording of since-destroyed memory never matches). A
+fresh op call on the same sizes then skips recording: the recycler hands
+it the same allocations. It must not choose variants or check op
 arguments (the stubs do) nor know where kernels come from (the op library).
 Called by the op stubs, the registry, loaded programs and tests.
 """
@@ -72,6 +78,9 @@ class _Resources:
         self.descriptor_pools, self.query_pools = [], []
         self.pending = False  # submitted and not yet waited for
         self.writes: dict = {}  # Pipeline -> writes_for() template
+        self.signature = None  # what the command buffer holds (Stream._signature), None if nothing
+        self.timed: list[tuple] = []  # its timestamp queries: (label, pool, first index)
+        self.dummies: dict[tuple, Tensor] = {}  # (storage, dtype) -> zeros bound for omitted tensors
         self.destroy = device.track(
             self, _destroy_stream, lib, ffi.NULL, device.handle, device.command_pool,
             self.command_buffers, self.fence, self.descriptor_pools, self.query_pools)
@@ -127,6 +136,7 @@ class _Resources:
         raw.check(lib.vkResetCommandBuffer(self.cb, 0), "vkResetCommandBuffer")
         for pool in self.descriptor_pools:
             raw.check(lib.vkResetDescriptorPool(device.handle, pool, 0), "vkResetDescriptorPool")
+        self.signature, self.timed = None, []
 
 
 class Stream:
@@ -153,9 +163,9 @@ class Stream:
         self._cb, self._set, self._set_alloc = res.cb, res.set, res.set_alloc
         self._begin_barrier, self._between_barrier = res.begin_barrier, res.between_barrier
         self._timestamps = device.caps.timestamps
-        self._dummies: dict[tuple, Tensor] = {}
         self._allocate = allocate
-        self._state = "empty"  # -> "recording" -> "ready" (recorded, ended); "closed"
+        self._acquired: list[Tensor] = []  # what upload() and empty() made, in order
+        self._state = "empty"  # -> "recording" (dispatches noted) -> "ready" (recorded); "closed"
         self._reset_recording()
 
     # -- tensors --------------------------------------------------------------------
@@ -191,7 +201,9 @@ class Stream:
                 raise DispatchError(f"{label}: device tensor has layout {value.layout}, "
                                     f"this call needs {layout}")
             return value
-        return Tensor.from_torch(value, binding.storage, dtype, label, self.device, layout)
+        tensor = Tensor.from_torch(value, binding.storage, dtype, label, self.device, layout)
+        self._acquired.append(tensor)
+        return tensor
 
     def empty(self, shape, dtype, binding, label: str | None = None,
               layout: str | None = None) -> Tensor:
@@ -207,13 +219,15 @@ class Stream:
                                 f"dtype {binding.dtype} (a spec bug)")
         if self._allocate is not None:
             return self._allocate(shape, dtype, binding.storage, label, layout)
-        return Tensor.empty(shape, dtype, binding.storage, label, self.device, layout)
+        tensor = Tensor.empty(shape, dtype, binding.storage, label, self.device, layout)
+        self._acquired.append(tensor)
+        return tensor
 
     # -- recording ------------------------------------------------------------------
 
     def dispatch(self, kernel, op: str, *, bindings: dict, push: dict, global_size=None,
                  groups=None, spec_constants: dict | None = None) -> None:
-        """Record one dispatch of `kernel` for op `op`.
+        """Record one dispatch of `kernel` for op `op` (checked now, written at `finish()`).
 
         Args:
             kernel: the shader variant, a `runtime.vulkan.interface.Kernel` (e.g. a `VariantInfo`).
@@ -238,30 +252,12 @@ class Stream:
             return
         counts = fold_groups(counts, self.device.caps.limits.max_compute_work_group_count)
         pipeline = self.device.pipelines.get(kernel, spec_constants)
+        memories = [self._memory_for(binding, image, dtype, bindings[binding.name])
+                    for binding, image, dtype in layout(kernel).bindings]
         if self._state == "ready":  # a new recording after run()
-            self._restart()
-        descriptor_set = self._write_descriptors(pipeline, kernel, bindings)
-        lib, cb = self._lib, self._cb
-        if self._state == "empty":
-            raw.check(lib.vkBeginCommandBuffer(cb, self._resources.begin_info), "vkBeginCommandBuffer")
-            self._begin_barrier.record(cb)
-            self._state = "recording"
-        else:
-            self._between_barrier.record(cb)
-        query = self._next_queries(kernel.name)
-        compute = self._vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
-        if query:
-            lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1])
-        lib.vkCmdBindPipeline(cb, self._vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
-        self._set[0] = descriptor_set
-        lib.vkCmdBindDescriptorSets(cb, self._vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
-                                    0, 1, self._set, 0, self._ffi.NULL)
-        if push_data:
-            lib.vkCmdPushConstants(cb, pipeline.layout, self._vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
-                                   len(push_data), self._ffi.from_buffer(push_data))
-        lib.vkCmdDispatch(cb, *counts)
-        if query:
-            lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1] + 1)
+            self._reset_recording()
+        self._ops.append((pipeline, kernel, memories, push_data, counts))
+        self._state = "recording"
         self._keepalive.append(bindings)
         self.dispatched.append((op, kernel.name))
         trace = os.environ.get("ETVK_TRACE_DISPATCH")
@@ -271,7 +267,21 @@ class Stream:
                                     "local": list(kernel.interface.workgroup), "groups": counts,
                                     "device": self.device.caps.name}) + "\n")
 
-    def _write_descriptors(self, pipeline, info, bindings: dict):
+    def _memory_for(self, binding, image: bool, dtype, tensor):
+        """The allocation bound for `tensor` (a dummy when it is None or empty)."""
+        if tensor is not None and tensor.memory is not None:
+            if tensor.device is not self.device:
+                raise DispatchError(f"binding '{binding.name}': {tensor!r} lives on another device")
+            if tensor.storage != binding.storage or tensor.dtype != dtype:
+                raise DispatchError(f"binding '{binding.name}' needs {binding.dtype} {binding.storage}, "
+                                    f"got {tensor!r}")
+            return tensor.memory
+        dummies, key = self._resources.dummies, (binding.storage, binding.dtype)
+        if key not in dummies:
+            dummies[key] = Tensor.zeros([4], dtype, binding.storage, "dummy binding", self.device)
+        return dummies[key].memory
+
+    def _write_descriptors(self, pipeline, info, memories: list):
         ffi, lib = self._ffi, self._lib
         pools = self._resources.descriptor_pools
         self._resources.set_layouts[0] = pipeline.set_layout
@@ -286,14 +296,7 @@ class Stream:
         raw.check(result, "vkAllocateDescriptorSets")
         descriptor_set = self._set[0]
         writes, buffer_infos, image_infos = self._resources.writes_for(pipeline, info)
-        device = self.device
-        for i, (binding, image, dtype) in enumerate(layout(info).bindings):
-            tensor = bindings[binding.name]
-            if (tensor is None or tensor.memory is None or tensor.device is not device
-                    or tensor.storage != binding.storage or tensor.dtype != dtype):
-                memory = self._memory_for(binding, tensor)  # a dummy, or an error
-            else:
-                memory = tensor.memory
+        for i, ((_, image, _), memory) in enumerate(zip(layout(info).bindings, memories, strict=True)):
             writes[i].dstSet = descriptor_set
             if image:
                 image_infos[i].imageView = memory.view
@@ -301,20 +304,6 @@ class Stream:
                 buffer_infos[i].buffer, buffer_infos[i].range = memory.handle, memory.nbytes
         lib.vkUpdateDescriptorSets(self.device.handle, len(writes), writes, 0, ffi.NULL)
         return descriptor_set
-
-    def _memory_for(self, binding, tensor):
-        if tensor is not None and tensor.memory is not None:
-            if tensor.device is not self.device:
-                raise DispatchError(f"binding '{binding.name}': {tensor!r} lives on another device")
-            if tensor.storage != binding.storage or tensor.dtype != dtype_info(binding.dtype).torch_dtype:
-                raise DispatchError(f"binding '{binding.name}' needs {binding.dtype} {binding.storage}, "
-                                    f"got {tensor!r}")
-            return tensor.memory
-        key = (binding.storage, binding.dtype)
-        if key not in self._dummies:
-            self._dummies[key] = Tensor.zeros([4], dtype_info(binding.dtype).torch_dtype,
-                                              binding.storage, "dummy binding", self.device)
-        return self._dummies[key].memory
 
     def _new_descriptor_pool(self):
         vk, ffi, lib = self._vk, self._ffi, self._lib
@@ -353,13 +342,46 @@ class Stream:
     def _reset_recording(self) -> None:
         self.dispatched = []
         self._keepalive: list = []
+        self._ops: list[tuple] = []  # (pipeline, kernel, allocations, push bytes, group counts)
         self._timed: list[tuple] = []
         self._pool_index = 0
 
-    def _restart(self) -> None:
-        self._resources.reset(self.device)
-        self._reset_recording()
-        self._state = "empty"
+    def _signature(self) -> tuple:
+        """What the noted dispatches would record: pipelines, allocation serials and bound sizes,
+        push bytes, group counts."""
+        return tuple((pipeline.handle, tuple((m.serial, m.nbytes) for m in memories), push_data, counts)
+                     for pipeline, _, memories, push_data, counts in self._ops)
+
+    def _record(self, signature: tuple) -> None:
+        """Write the noted dispatches into the command buffer (reset first if it held others)."""
+        res, lib, cb, vk = self._resources, self._lib, self._cb, self._vk
+        if res.signature is not None:
+            res.reset(self.device)
+        self._pool_index = 0
+        self._timed = []
+        raw.check(lib.vkBeginCommandBuffer(cb, res.begin_info), "vkBeginCommandBuffer")
+        self._begin_barrier.record(cb)
+        compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        for i, (pipeline, kernel, memories, push_data, counts) in enumerate(self._ops):
+            if i:
+                self._between_barrier.record(cb)
+            descriptor_set = self._write_descriptors(pipeline, kernel, memories)
+            query = self._next_queries(kernel.name)
+            if query:
+                lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1])
+            lib.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
+            self._set[0] = descriptor_set
+            lib.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
+                                        0, 1, self._set, 0, self._ffi.NULL)
+            if push_data:
+                lib.vkCmdPushConstants(cb, pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
+                                       len(push_data), self._ffi.from_buffer(push_data))
+            lib.vkCmdDispatch(cb, *counts)
+            if query:
+                lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1] + 1)
+        res.end_barrier.record(cb)
+        raw.check(lib.vkEndCommandBuffer(cb), "vkEndCommandBuffer")
+        res.signature, res.timed = signature, self._timed
 
     def _require_stream(self) -> None:
         self.device.require_open()
@@ -369,11 +391,16 @@ class Stream:
     # -- submission -----------------------------------------------------------------
 
     def finish(self) -> None:
-        """End the recording without submitting it; `replay()` submits it. Nothing recorded: no-op."""
+        """End the recording without submitting it; `replay()` submits it. Nothing recorded: no-op.
+
+        The Vulkan commands are written here, unless this stream's resources already hold
+        exactly these dispatches (see the module docstring)."""
         self._require_stream()
         if self._state == "recording":
-            self._resources.end_barrier.record(self._cb)
-            raw.check(self._lib.vkEndCommandBuffer(self._cb), "vkEndCommandBuffer")
+            signature = self._signature()
+            if self._resources.signature != signature:
+                self._record(signature)
+            self._timed = list(self._resources.timed)
             self._state = "ready"
 
     @property
@@ -458,7 +485,7 @@ class Stream:
         return ((stamps[1] - stamps[0]) & mask) * self.device.caps.timestamp_period * 1e-9
 
     def close(self) -> None:
-        """Reset the command buffer and pools for the next stream, drop the dummies; idempotent.
+        """Give the command buffer and pools (still recorded) to the next stream; idempotent.
 
         Tensors stay valid; the stream cannot record or run any more.
         """
@@ -466,12 +493,16 @@ class Stream:
         if res is not None:
             if self.device.closed or res.pending:
                 res.destroy()
-            else:
-                res.reset(self.device)
+            else:  # still recorded: the next stream of the same dispatches reuses it
                 self.device.spare_streams.give(_Resources, res)
         self._state = "closed"
-        self._dummies.clear()
         self._reset_recording()
+        # The tensors nobody else holds go back to the spare memory last made first, so that a
+        # stream making the same tensors in the same order next gets the same allocations in
+        # the same roles (the spare memory hands back the newest first) and reuses this recording.
+        acquired, self._acquired = self._acquired, []
+        while acquired:
+            acquired.pop()
 
     def __enter__(self) -> Stream:
         return self

@@ -54,6 +54,9 @@ UNITS_SHAPES = [(3, 1030), (5, 1031), (700, 3), (300, 5), (600, 8), (2, 9, 70), 
 
 # Shapes an op rejects by design (tested under bad inputs instead).
 REJECTED = {"etvk.choose_qparams_per_token_asymmetric.default": {(), (0,), (3, 0)}}
+# The fused op also needs tokens of whole units of 4 values.
+REJECTED["etvk.quantize_per_token_dynamic.default"] = {
+    *REJECTED["etvk.choose_qparams_per_token_asymmetric.default"], *(s for s in SHAPES if s and s[-1] % 4)}
 
 
 QUANTIZE_OPS = [op for op in EXAMPLES if runtime.get_op(op).opdef.family == "quantize"]
@@ -210,6 +213,9 @@ def test_divisions_are_correctly_rounded_over_many_tokens(storage):
     want = ref.choose_qparams_per_token_asymmetric(x, torch.int8)
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
         assert_bit_equal(g, w, f"choose_qparams output {i}")
+    fused = runtime.get_op("etvk.quantize_per_token_dynamic.default")(x, torch.int8, storage=storage)
+    for i, (g, w) in enumerate(zip(fused, ref.quantize_per_token_dynamic(x, torch.int8), strict=True)):
+        assert_bit_equal(g, w, f"quantize_per_token_dynamic output {i}")
     quantize = runtime.get_op("etvk.quantize_per_token.default")
     scales = torch.rand(2, 4096, 1, generator=gen) * 0.5 + 1e-4
     zps = torch.zeros(2, 4096, 1, dtype=torch.int32)
@@ -260,6 +266,7 @@ def test_registry_lists_every_op_with_its_variants():
         "etvk.dequantize_per_tensor.default": 12,
         "etvk.dequantize_per_token.default": 12,
         "etvk.choose_qparams_per_token_asymmetric.default": 4,
+        "etvk.quantize_per_token_dynamic.default": 4,
     }
     named = runtime.get_op("etvk.quantize_per_tensor.default").variants
     assert "quantize_per_tensor_texture3d_float_int8" in {v.name for v in named}
@@ -319,6 +326,8 @@ BAD = [
     ("choose_qparams_per_token_asymmetric", (X, torch.uint8), {}, ValueError, "argument 'dtype': must be torch.int8"),
     ("choose_qparams_per_token_asymmetric", (torch.tensor(1.0), torch.int8), {}, ValueError, "argument 'input': must have at least one dimension"),
     ("choose_qparams_per_token_asymmetric", (torch.zeros(3, 0), torch.int8), {}, ValueError, "argument 'input': has an empty last dimension"),
+    ("quantize_per_token_dynamic", (torch.zeros(2, 6), torch.int8), {}, ValueError, "argument 'input': has a last dimension of 6, not a multiple of 4"),
+    ("quantize_per_token_dynamic", (torch.zeros(2, 8), torch.uint8), {}, ValueError, "argument 'dtype': must be torch.int8"),
 ]
 
 

@@ -154,3 +154,30 @@ def test_profile_times_every_device_node(small_cnn_file):
 def test_agreement_with_pytorchs_own_run(small_cnn, capsys):
     model, exported, program = small_cnn
     check_agreement("small CNN", exported, program, random_batches(1, seed=21)[0], capsys)
+
+
+class _DynamicQuant(torch.nn.Module):
+    """quantized_decomposed per-token dynamic quantization, as 8da4w graphs spell it."""
+
+    def forward(self, x):
+        qd = torch.ops.quantized_decomposed
+        scales, zero_points = qd.choose_qparams_per_token_asymmetric(x, torch.int8)
+        q = qd.quantize_per_token(x, scales, zero_points, -128, 127, torch.int8)
+        return qd.dequantize_per_token(q, scales, zero_points, -128, 127, torch.int8, torch.float32)
+
+
+@pytest.mark.parametrize(("k", "fused"), [(64, True), (6, False)])
+def test_choose_qparams_and_quantize_per_token_fuse_when_tokens_fill_units(k, fused, tmp_path):
+    import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+
+    x = torch.randn(5, k) * 4
+    program = runtime.lower(torch.export.export(_DynamicQuant(), (x,)))
+    targets = [n.target for n in program.nodes]
+    assert ("etvk.quantize_per_token_dynamic.default" in targets) == fused, targets
+    assert ("etvk.choose_qparams_per_token_asymmetric.default" in targets) != fused, targets
+    program.save(tmp_path / "dq.etvk")
+    loaded = runtime.load(tmp_path / "dq.etvk")
+    assert all(r["runs_on"] == "vulkan" for r in loaded.placement())
+    got = loaded(x)
+    assert torch.equal(got, program.run_reference(x))
+    assert torch.equal(got, _DynamicQuant()(x))

@@ -257,3 +257,58 @@ def test_fold_groups(counts, limits, folded):
 def test_fold_groups_over_the_limit(counts):
     with pytest.raises(DispatchError, match="exceed the device limit"):
         fold_groups(counts, (4, 4, 4))
+
+
+@pytest.fixture
+def recordings(monkeypatch):
+    """The signatures `Stream._record` wrote into command buffers, in order."""
+    from runtime.vulkan.stream import Stream
+
+    written, record = [], Stream._record
+
+    def counting(self, signature):
+        written.append(signature)
+        record(self, signature)
+
+    monkeypatch.setattr(Stream, "_record", counting)
+    return written
+
+
+def test_repeated_op_calls_reuse_the_recorded_command_buffer(recordings):
+    """Fresh calls on the same sizes get the same allocations back (input and output of one size
+    class here) and submit the recording already made; every call still sees its own values."""
+    import runtime
+    from runtime.reference.quantize import quantize_per_tensor
+
+    op = runtime.get_op("etvk.quantize_per_tensor.default")
+    for i in range(5):
+        x = torch.randn(40) * (i + 1)
+        assert torch.equal(op(x, 0.05, 3, -1000, 1000, torch.int32),
+                           quantize_per_tensor(x, 0.05, 3, -1000, 1000, torch.int32))
+    assert len(recordings) == 1
+    x = torch.randn(3, 41)
+    assert torch.equal(op(x, 0.05, 3, -1000, 1000, torch.int32),  # other sizes and push constants
+                       quantize_per_tensor(x, 0.05, 3, -1000, 1000, torch.int32))
+    assert torch.equal(op(x, 0.5, 3, -1000, 1000, torch.int32),
+                       quantize_per_tensor(x, 0.5, 3, -1000, 1000, torch.int32))
+    assert len(recordings) == 3
+
+
+def test_a_recording_of_destroyed_memory_is_never_reused(tiny_library, recordings):
+    """Allocations are keyed by serial, not by handle: a new buffer may get a destroyed one's
+    handle value (lavapipe's handles are heap addresses), never its serial."""
+    from runtime.vulkan.stream import Stream
+
+    device = get_device()
+    for i in range(3):
+        x = torch.randint(-50, 50, (300,)).float() + i
+        with Stream() as stream:
+            out = _affine(stream, tiny_library, x)
+            stream.run()
+            assert torch.equal(out.to_torch(), _affine_expected(x, dict(AFFINE_PUSH, numel=300), 0))
+        del out
+        spare = device.spare_memory
+        while (item := spare.take(next(iter(spare._idle), None))) is not None:  # destroy the spares
+            item.destroy()
+    assert len(recordings) == 3
+    assert not device.take_validation_messages("error")
