@@ -325,6 +325,8 @@ def sweep_choose(elements: int, repeats: int, warmup: float, only: re.Pattern) -
         if not only.search(info.name) or not info.runnable(caps)[0]:
             continue
         typed = x.to(dtype_info(info.binding("t_in").dtype).torch_dtype)
+        if info.axes["STORAGE"] == "texture3d":  # tokens as rows of image layers: within the limits
+            typed = typed.reshape(-1, min(shape[0], 1024), shape[1])
         device_x = Tensor.from_torch(typed, info.axes["STORAGE"])
         moved = typed.numel() * typed.element_size() + shape[0] * 8
         timed = []

@@ -41,10 +41,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "every value, rounded to fp32, finite and > 0 (device tensors: `True`)",
     ),
     "elementwise": (
-        "t",
-        "global size covering `t` in units of 4 values: buffer "
-        "`[ceil(numel/4), 1, 1]`, texture3d the image extents",
+        "t, units=1",
+        "global size covering `t` with `units` units of 4 values (buffer: "
+        "`[ceil(numel/(4*units)), 1, 1]`) or texels of a row (texture3d: the image extents, x "
+        "divided by `units`, rounded up) per invocation",
     ),
+    "per_storage": ("t, choices", "`choices[0]` for a tensor in a buffer, `choices[1]` for one in an image"),
     "prepacked": (
         "function, *args",
         "`function(*args)` (a `\"module:function\"` path returning a torch tensor), computed "

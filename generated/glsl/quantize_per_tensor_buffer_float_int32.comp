@@ -111,7 +111,6 @@ void main() {
   const uint lid = gl_LocalInvocationID.x;
   const uint units = (pc.numel + 3u) / 4u;
   const uint base = etvk_linear_group() * WG * uint(UNITS);
-  // Uniform across the workgroup, so returning before the barrier is safe.
   if (base >= units) {
     return;
   }

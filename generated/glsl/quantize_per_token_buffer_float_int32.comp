@@ -105,43 +105,6 @@ ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
   const ivec4 r = ivec4(min(c, vec4(2147483520.0)));
   return mix(r, ivec4(hi), greaterThanEqual(c, vec4(2147483648.0)));
 }
-// Which token a value of a flat buffer belongs to, for per-token buffer
-// shaders of the quantize family (tokens of K consecutive values). Plain GLSL,
-// included by templates through Jinja; needs no bindings.
-//
-// An invocation visits values v, v + step, v + 2 * step, ...: one division
-// when it starts, then each step adds a quotient and a remainder instead of
-// dividing again (integer division by a value known only at run time is a
-// long instruction sequence).
-struct EtvkTokenWalk {
-  uint token;         // token of the current value
-  uint offset;        // the value's position in it, < K
-  uint step_tokens;   // step / K
-  uint step_offset;   // step % K
-};
-
-EtvkTokenWalk etvk_token_walk(uint value, uint step, uint K) {
-  EtvkTokenWalk walk;
-  walk.token = value / K;
-  walk.offset = value - walk.token * K;
-  walk.step_tokens = step / K;
-  walk.step_offset = step - walk.step_tokens * K;
-  return walk;
-}
-
-void etvk_token_step(inout EtvkTokenWalk walk, uint K) {
-  walk.token += walk.step_tokens;
-  walk.offset += walk.step_offset;
-  if (walk.offset >= K) {
-    walk.offset -= K;
-    walk.token += 1u;
-  }
-}
-
-// The token of the value `ahead` places after the walk's current one.
-uint etvk_token_ahead(EtvkTokenWalk walk, uint ahead, uint K) {
-  return walk.token + (walk.offset + ahead) / K;
-}
 
 // q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max)
 ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
@@ -150,59 +113,34 @@ ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
 }
 
 // (inverse scale, zero point) of a token. The exact reciprocal is a long
-// sequence, so a workgroup computes it once per token it touches into
-// s_params and reads it from there.
+// sequence: a buffer invocation computes it once for its units, a texture
+// workgroup once per row into s_params.
 vec2 token_params(uint token) {
   return vec2(etvk_div_rn(1.0, t_scales_load(token)), float(t_zero_points_load(token)));
 }
 
-// The parameters of the block's tokens first_token + i, when they are at most
-// gl_WorkGroupSize.x (tokens of more than about 4 * UNITS values).
-shared vec2 s_params[gl_WorkGroupSize.x];
-
 void main() {
-  const uint WG = gl_WorkGroupSize.x;
-  const uint lid = gl_LocalInvocationID.x;
-  const uint units = (pc.numel + 3u) / 4u;
-  const uint base = etvk_linear_group() * WG * uint(UNITS);
-  // Uniform across the workgroup, so returning before the barrier is safe.
-  if (base >= units) {
+  const uint first = etvk_linear_invocation() * uint(UNITS);
+  if (4u * first >= pc.numel) {
     return;
   }
-  const uint stop = min(base + WG * uint(UNITS), units);
-  vec4 x[UNITS];
+  // One token for all UNITS units (the usual case): its exact reciprocal once.
+  const uint token = (4u * first) / pc.last_dim;
+  const bool one_token = min(4u * (first + uint(UNITS)) - 1u, pc.numel - 1u) / pc.last_dim == token;
+  const vec2 p = token_params(token);
   for (uint i = 0u; i < uint(UNITS); ++i) {
-    if (base + lid + i * WG < stop) {
-      x[i] = t_in_load(base + lid + i * WG);
-    }
-  }
-  const uint K = pc.last_dim;
-  const uint first_token = (4u * base) / K;
-  const uint last_token = (min(4u * stop, pc.numel) - 1u) / K;  // the block's last value's
-  const bool cached = last_token - first_token < WG;
-  if (cached && lid <= last_token - first_token) {
-    s_params[lid] = token_params(first_token + lid);
-  }
-  barrier();
-  EtvkTokenWalk walk = etvk_token_walk(4u * (base + lid), 4u * WG, K);
-  for (uint i = 0u; i < uint(UNITS); ++i) {
-    if (base + lid + i * WG < stop) {
-      vec4 inv_scale;
-      vec4 zero_point;
-      if (K % 4u == 0u) {  // whole units of one token
-        const vec2 p = cached ? s_params[walk.token - first_token] : token_params(walk.token);
-        inv_scale = vec4(p.x);
-        zero_point = vec4(p.y);
-      } else {  // the 4 values may straddle tokens; padding past numel takes the last token's
+    const uint unit = first + i;
+    if (4u * unit < pc.numel) {
+      vec4 inv_scale = vec4(p.x);
+      vec4 zero_point = vec4(p.y);
+      if (!one_token) {  // the 4 values may straddle tokens
         for (uint j = 0u; j < 4u; ++j) {
-          const uint t = min(etvk_token_ahead(walk, j, K), last_token);
-          const vec2 p = cached ? s_params[t - first_token] : token_params(t);
-          inv_scale[j] = p.x;
-          zero_point[j] = p.y;
+          const vec2 q = token_params(min(4u * unit + j, pc.numel - 1u) / pc.last_dim);
+          inv_scale[j] = q.x;
+          zero_point[j] = q.y;
         }
       }
-      t_out_store(base + lid + i * WG, quantize4(x[i], inv_scale, zero_point));
+      t_out_store(unit, quantize4(t_in_load(unit), inv_scale, zero_point));
     }
-    etvk_token_step(walk, K);
   }
 }

@@ -107,8 +107,8 @@ ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
 }
 
 // (inverse scale, zero point) of a token. The exact reciprocal is a long
-// sequence, so a workgroup computes it once per token it touches into
-// s_params and reads it from there.
+// sequence: a buffer invocation computes it once for its units, a texture
+// workgroup once per row into s_params.
 vec2 token_params(uint token) {
   return vec2(etvk_div_rn(1.0, t_scales_load(token)), float(t_zero_points_load(token)));
 }

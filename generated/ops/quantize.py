@@ -71,11 +71,11 @@ def quantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max, 
     _check_quant_range(op, quant_min, quant_max)
     _check_quant_min_in_dtype(op, quant_min, dtype)
     _check_quant_max_in_dtype(op, quant_max, dtype)
-    units = 1 if dtype == torch.int32 else 2
+    units = [1, 1] if dtype == torch.int32 else [2, 4]
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "inv_scale": rt.fp32_recip(scale), "zero_point": zero_point, "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": units}, global_size=rt.elementwise(out, units))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "inv_scale": rt.fp32_recip(scale), "zero_point": zero_point, "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": rt.per_storage(out, units)}, global_size=rt.elementwise(out, rt.per_storage(out, units)))
     return out
 
 
@@ -88,7 +88,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="quantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
-    spec="op_specs/quantize.yaml:168",
+    spec="op_specs/quantize.yaml:170",
     reference="runtime.reference.quantize:quantize_per_tensor",
     variants=(
         ("quantize_per_tensor_buffer_float_int8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -126,13 +126,13 @@ def quantize_per_token(stream, input, scales, zero_points, quant_min, quant_max,
     _check_scales_positive(op, scales)
     _check_zero_points_per_token(op, zero_points, input)
     _check_zero_points_int32(op, zero_points)
-    units = 1 if dtype == torch.int32 else 4
+    units = [1, 2] if dtype == torch.int32 else [2, 4]
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
     zero_points = stream.upload(zero_points, v.binding("t_zero_points"), op.label("zero_points"))
     out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": units}, global_size=rt.elementwise(out, units))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": rt.per_storage(out, units)}, global_size=rt.elementwise(out, rt.per_storage(out, units)))
     return out
 
 
@@ -145,7 +145,7 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="quantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
-    spec="op_specs/quantize.yaml:196",
+    spec="op_specs/quantize.yaml:200",
     reference="runtime.reference.quantize:quantize_per_token",
     variants=(
         ("quantize_per_token_buffer_float_int8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -182,11 +182,11 @@ def dequantize_per_tensor(stream, input, scale, zero_point, quant_min, quant_max
     _check_quant_min_in_dtype(op, quant_min, dtype)
     _check_quant_max_in_dtype(op, quant_max, dtype)
     out_dtype = torch.float32 if out_dtype is None else out_dtype
-    units = 2 if out_dtype == torch.float16 else 1
+    units = [1, 1] if out_dtype == torch.float32 or input.dtype == torch.int32 else [2, 4]
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("out_dtype", out_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     out = stream.empty(input.shape, out_dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "scale": rt.fp32(scale), "zero_point": zero_point}, spec_constants={"UNITS": units}, global_size=rt.elementwise(out, units))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "scale": rt.fp32(scale), "zero_point": zero_point}, spec_constants={"UNITS": rt.per_storage(out, units)}, global_size=rt.elementwise(out, rt.per_storage(out, units)))
     return out
 
 
@@ -200,7 +200,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="dequantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
-    spec="op_specs/quantize.yaml:234",
+    spec="op_specs/quantize.yaml:237",
     reference="runtime.reference.quantize:dequantize_per_tensor",
     variants=(
         ("dequantize_per_tensor_buffer_int8_float", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -240,13 +240,13 @@ def dequantize_per_token(stream, input, scales, zero_points, quant_min, quant_ma
     _check_scales_positive(op, scales)
     _check_zero_points_per_token(op, zero_points, input)
     _check_zero_points_int32(op, zero_points)
-    units = 2 if output_dtype == torch.float16 else 1
+    units = [2, 2] if input.dtype == torch.int32 else [2 if output_dtype == torch.float32 else 4, 4]
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("output_dtype", output_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
     zero_points = stream.upload(zero_points, v.binding("t_zero_points"), op.label("zero_points"))
     out = stream.empty(input.shape, output_dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input)}, spec_constants={"UNITS": units}, global_size=rt.elementwise(out, units))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input)}, spec_constants={"UNITS": rt.per_storage(out, units)}, global_size=rt.elementwise(out, rt.per_storage(out, units)))
     return out
 
 
@@ -259,7 +259,7 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="dequantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype, ScalarType output_dtype) -> Tensor",
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
-    spec="op_specs/quantize.yaml:261",
+    spec="op_specs/quantize.yaml:266",
     reference="runtime.reference.quantize:dequantize_per_token",
     variants=(
         ("dequantize_per_token_buffer_int8_float", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -311,7 +311,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     family="quantize",
     schema="choose_qparams_per_token_asymmetric(Tensor input, ScalarType dtype) -> (Tensor, Tensor)",
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
-    spec="op_specs/quantize.yaml:296",
+    spec="op_specs/quantize.yaml:302",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
     variants=(
         ("choose_qparams_per_token_asymmetric_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -359,7 +359,7 @@ QUANTIZE_PER_TOKEN_DYNAMIC = rt.OpDef(
     family="quantize",
     schema="quantize_per_token_dynamic(Tensor input, ScalarType dtype) -> (Tensor, Tensor, Tensor)",
     doc="choose_qparams_per_token_asymmetric then quantize_per_token(input, scales, zero_points, -128, 127, int8) in one dispatch; returns (q, scales, zero_points), bit-identical to the two ops.",
-    spec="op_specs/quantize.yaml:319",
+    spec="op_specs/quantize.yaml:325",
     reference="runtime.reference.quantize:quantize_per_token_dynamic",
     variants=(
         ("dynamic_quantize_per_token_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),

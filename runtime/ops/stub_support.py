@@ -102,6 +102,11 @@ def elementwise(t, units: int = 1) -> list[int]:
     return [ceil_div(width, units), height, depth]
 
 
+def per_storage(t, choices):
+    """``choices[0]`` for a tensor in a buffer, ``choices[1]`` for one in an image."""
+    return choices[0] if t.storage == "buffer" else choices[1]
+
+
 def pair(value) -> tuple[int, int] | None:
     """A conv argument (an int, or a list of 1 or 2 ints) as (y, x); None if it is neither."""
     if _is_int(value):
@@ -208,6 +213,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         fits_int32,
         positive_fp32,
         elementwise,
+        per_storage,
         prepacked,
         pair,
         conv2d_params,
