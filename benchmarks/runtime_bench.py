@@ -4,11 +4,14 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
 
 1. Host overhead of small dispatches (64 values, quantize_per_tensor): a
    fresh single-op call (``op(x, ...)`` on a host tensor: upload, record,
-   submit, wait, download), the replay of that one recorded dispatch, and
-   the replay of a stream of 100 such dispatches (per dispatch). Host time
-   is the wall time less the GPU time from timestamp queries in the same
-   run (for 100 dispatches: from the first one's start to the last one's
-   end).
+   submit, wait, download) and its recording alone (no submit), each with
+   the kept recording reused and recorded afresh every call (the device's
+   ``recordings.reuse``, ``ETVK_REUSE_RECORDINGS=0``), the pieces of the
+   call (upload, output, download), the replay of that one recorded
+   dispatch, and the replay of a stream of 100 such dispatches (per
+   dispatch). Host time is the wall time less the GPU time from timestamp
+   queries in the same run (for 100 dispatches: from the first one's start
+   to the last one's end).
 2. The device's copy bandwidth (vkCmdCopyBuffer of a large buffer, bytes
    read + written), the yardstick of the report.
 3. Throughput of every quantize-family variant in GB/s (bytes read + written
@@ -117,9 +120,15 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
         device.fence_spin = spin
         hundred_us, hundred_gpu_us, hundred_cpu = median_us(hundred.replay, repeats, warmup,
                                                             hundred.gpu_seconds)
-    fresh_us, _, fresh_cpu = median_us(lambda: op(x, *QUANTIZE_ARGS), repeats, warmup)
+    fresh, record_only = fresh_calls(op, x, repeats, warmup)
+    fresh_us = fresh[True][0]
+    afresh = "  the same, recorded afresh (ETVK_REUSE_RECORDINGS=0)"
     rows = [  # (what, wall us, GPU us, CPU us, dispatches); the fresh call's GPU time is the replay's
-        ("fresh op call (upload, record, submit, wait, download)", fresh_us, gpu_us, fresh_cpu, 1),
+        ("fresh op call (upload, record, submit, wait, download)", fresh[True][0], gpu_us, fresh[True][1], 1),
+        (afresh, fresh[False][0], gpu_us, fresh[False][1], 1),
+        ("record only (stub + finish, no submit)", record_only[True][0], 0.0, record_only[True][1], 1),
+        (afresh, record_only[False][0], 0.0, record_only[False][1], 1),
+        *call_pieces(x, repeats, warmup),
         ("1 recorded dispatch, replayed (submit + wait)", replay_us, gpu_us, replay_cpu, 1),
         ("  the same, " + ("blocking wait only" if spin else f"fence polled for up to {FENCE_SPIN_US} us"),
          other_us, gpu_us, other_cpu, 1),
@@ -136,6 +145,45 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
         results.emit("overhead", case=what, wall_us=wall, gpu_us=gpu, cpu_us=cpu, host_us=host,
                      dispatches=dispatches)
     print(f"fresh call / replay of the same dispatch (wall) = {fresh_us / replay_us:.2f}")
+
+
+def fresh_calls(op, x, repeats: int, warmup: float) -> tuple[dict, dict]:
+    """Median wall and mean thread-CPU microseconds of a fresh op call on `x` and of recording it
+    alone (a stream opened, the stub recorded, finished, closed), by `recordings.reuse` (True:
+    a kept recording of the same dispatches is reused; False: recorded afresh), alternated twice
+    and the lower of the two kept."""
+    def record_only():
+        with Stream() as stream:
+            op.record(stream, x, *QUANTIZE_ARGS)
+            stream.finish()
+
+    recordings = get_device().recordings
+    reuse = recordings.reuse
+    fresh, record = {}, {}
+    try:
+        for setting in (True, False, True, False):
+            recordings.reuse = setting
+            for table, fn in ((fresh, lambda: op(x, *QUANTIZE_ARGS)), (record, record_only)):
+                wall, _, cpu = median_us(fn, repeats // 2, warmup / 2)
+                old = table.get(setting, (wall, cpu))
+                table[setting] = (min(wall, old[0]), min(cpu, old[1]))
+    finally:
+        recordings.reuse = reuse
+    return fresh, record
+
+
+def call_pieces(x, repeats: int, warmup: float) -> list[tuple]:
+    """Rows (what, wall us, GPU us (0), CPU us, 1) of the host pieces of a fresh call on `x`:
+    the upload, the output tensor, the download."""
+    out = Tensor.empty(x.shape, QUANTIZE_ARGS[-1])
+    pieces = (("  piece: upload (Tensor.from_torch)", lambda: Tensor.from_torch(x)),
+              ("  piece: output (Tensor.empty)", lambda: Tensor.empty(x.shape, QUANTIZE_ARGS[-1])),
+              ("  piece: download (Tensor.to_torch)", out.to_torch))
+    rows = []
+    for what, fn in pieces:
+        wall, _, cpu = median_us(fn, repeats, warmup / 2)
+        rows.append((what, wall, 0.0, cpu, 1))
+    return rows
 
 
 def copy_bandwidth(nbytes: int, repeats: int, warmup: float, results: Results) -> float | None:

@@ -2,8 +2,9 @@
 
 Owns every Vulkan object of the process through a registry of live objects
 and destroys them all, in reverse order, on `close()` (also at exit), so the
-validation layer reports no leak. Keeps idle objects for reuse in two bounded
-`Recycler`s (`spare_memory` for memory.py, `spare_streams` for stream.py).
+validation layer reports no leak. Keeps idle objects for reuse: memory in a
+bounded `Recycler` (`spare_memory`, for memory.py), recorded command buffers
+in `Recordings` (`recordings`, for stream.py).
 Decides the GPU family and the capability vocabulary; enables optional
 features only where supported (and, under validation, only where the layer
 knows their structs, or where layer_gaps.py tolerates what it says about them). It must not know about shaders, tensors or ops.
@@ -26,6 +27,7 @@ from runtime.vulkan.instance import SEVERITIES, create_instance, destroy_instanc
 from runtime.vulkan.layer_gaps import LayerGaps
 from runtime.vulkan.pipeline import PipelineCache
 from runtime.vulkan.probe import feature_chain, probe_device, version_tuple
+from runtime.vulkan.recordings import Recordings
 from runtime.vulkan.recycler import Recycler
 
 CAPABILITY_NAMES = (
@@ -41,7 +43,7 @@ DRIVER_FAMILIES = {13: "llvmpipe", 10: "swiftshader"}  # VkDriverId: MESA_LLVMPI
 DEVICE_TYPES = {0: "other", 1: "integrated_gpu", 2: "discrete_gpu", 3: "virtual_gpu", 4: "cpu"}
 TYPE_PREFERENCE = ("discrete_gpu", "integrated_gpu", "virtual_gpu", "cpu", "other")
 SPARE_MEMORY_BYTES, SPARE_MEMORY_ENTRIES = 256 << 20, 64
-SPARE_STREAMS = 8
+RECORDINGS = 32  # idle recorded command buffers kept for streams of the same dispatches
 # Microseconds a stream polls its fence before blocking in vkWaitForFences (ETVK_FENCE_SPIN_US):
 # waking a blocked thread costs tens of microseconds, a small dispatch takes a few. Not on CPU
 # drivers, whose own threads need the cores.
@@ -86,6 +88,20 @@ def fence_spin_seconds(setting: str | None, device_type: str) -> float:
     if not setting.strip().isdigit():
         raise ConfigError(f"ETVK_FENCE_SPIN_US={setting!r} is not a whole number of microseconds >= 0")
     return int(setting) * 1e-6
+
+
+def reuse_recordings(setting: str | None) -> bool:
+    """Whether streams reuse a kept recording of the same dispatches: `setting`
+    (ETVK_REUSE_RECORDINGS, "0" or "1"; default on).
+
+    Raises:
+        ConfigError: another value.
+    """
+    if setting is None or setting == "":
+        return True
+    if setting not in ("0", "1"):
+        raise ConfigError(f"ETVK_REUSE_RECORDINGS={setting!r} must be 0 (record every stream afresh) or 1")
+    return setting == "1"
 
 
 def choose_physical_device(candidates: list[tuple[str, str]], selector: str | None) -> int:
@@ -214,7 +230,7 @@ class Device:
     Raises:
         VulkanUnavailable: no loader, no device, or validation asked for
             without the layer installed.
-        ConfigError: bad ETVK_DEVICE / ETVK_GPU_FAMILY.
+        ConfigError: bad ETVK_DEVICE / ETVK_GPU_FAMILY / ETVK_REUSE_RECORDINGS.
     """
 
     def __init__(self, selector: str | None = None, validation: bool | None = None):
@@ -230,7 +246,7 @@ class Device:
         self._live: list[weakref.finalize] = []
         self._prune_at = 64
         self.spare_memory = Recycler(SPARE_MEMORY_ENTRIES, SPARE_MEMORY_BYTES)
-        self.spare_streams = Recycler(SPARE_STREAMS)
+        self.recordings = Recordings(RECORDINGS, reuse_recordings(os.environ.get("ETVK_REUSE_RECORDINGS")))
         self._messages: list[tuple[int, str]] = []
         self.layer_gaps = LayerGaps()  # messages of an outdated layer that are not errors
         self._message_handle = None  # keeps the validation callback's user data alive
@@ -421,7 +437,7 @@ class Device:
         _, ffi, lib = raw.load()
         if self.handle is not None:
             lib.vkDeviceWaitIdle(self.handle)
-            self.spare_streams.close()
+            self.recordings.close()
             self.spare_memory.close()
             for finalizer in reversed(self._live):
                 finalizer()

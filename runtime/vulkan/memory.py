@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import weakref
 
 from runtime.vulkan import raw
 
@@ -143,6 +144,11 @@ class _Holder:
     def _hold(self, device, key, allocation) -> None:
         self._spare, self._key, self._allocation = device.spare_memory, key, allocation
         self.serial = allocation.serial
+
+    def allocation_ref(self) -> weakref.ref:
+        """A weak reference to the allocation, dead once it is destroyed and let go (evicted from
+        the spare memory): stream recordings that bind it are then written over first."""
+        return weakref.ref(self._allocation)
 
     def __del__(self):
         if self._allocation is not None:

@@ -1,8 +1,8 @@
 """`Recycler`: idle objects kept for reuse by key, within bounds.
 
-The device keeps two (memory allocations for memory.py, stream resources for
-stream.py). Items are anything with `.nbytes` and `.destroy()`; this module
-must not call Vulkan itself. Used by device.py.
+The device keeps its idle memory allocations in one (for memory.py). Items
+are anything with `.nbytes` and `.destroy()`; this module must not call
+Vulkan itself. Used by device.py.
 """
 
 from __future__ import annotations

@@ -9,17 +9,18 @@ then waited for). The command buffer starts with a barrier from all
 earlier host/transfer/compute writes to compute, puts a compute->compute
 barrier between dispatches and ends with compute writes -> host/transfer
 reads. Recording and submission use pre-built cffi structs and raw `lib`
-calls. A stream's command buffer, fence, descriptor and query pools and
-structs (`_Resources`) are kept in the device's `spare_streams` for the
-next stream after `close()`, still recorded: `dispatch()` only checks and
-notes a dispatch, and `finish()` writes the Vulkan commands unless the
-resources already hold exactly these dispatches (same pipelines, the same
-allocations by serial number, push constants and group counts; a serial is
-never reused, so a recording of since-destroyed memory never matches). A
-fresh op call on the same sizes then skips recording: the recycler hands
-it the same allocations. It must not choose variants or check op
-arguments (the stubs do) nor know where kernels come from (the op library).
-Called by the op stubs, the registry, loaded programs and tests.
+calls. `dispatch()` only checks and notes a dispatch; `finish()` takes a
+command buffer with its fence, descriptor and query pools and structs
+(`_Resources`) from the device's `recordings` (recordings.py) by the
+signature of the noted dispatches (pipelines, bound allocations by serial
+number, push constants, group counts) and writes the Vulkan commands only
+when it did not get a recording of exactly those dispatches; `close()`
+gives the resources back, still recorded. A fresh op call on the same
+sizes then skips recording: the spare memory hands it the same
+allocations. Omitted tensors bind one zero-filled dummy per device,
+storage and dtype. It must not choose variants or check op arguments (the
+stubs do) nor know where kernels come from (the op library). Called by the
+op stubs, the registry, loaded programs and tests.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import time
+import weakref
 
 from runtime.errors import DispatchError, VulkanError
 from runtime.vulkan import raw
@@ -39,6 +41,8 @@ POOL_SETS = 128
 QUERIES_PER_POOL = 128
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
 NOT_READY = 1  # VK_NOT_READY: vkGetFenceStatus of an unsignalled fence
+# device -> {(storage, dtype name): zero-filled Tensor} bound for omitted optional tensors
+_DUMMIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def _destroy_stream(lib, null, device, pool, command_buffers, fence, descriptor_pools, query_pools):
@@ -56,8 +60,6 @@ class _Resources:
     Pools grow as a recording needs; `reset()` makes everything reusable and
     `destroy()` (tracked by the device) frees it.
     """
-
-    nbytes = 0  # for the device's Recycler
 
     def __init__(self, device):
         vk, ffi, lib = raw.load()
@@ -79,8 +81,9 @@ class _Resources:
         self.pending = False  # submitted and not yet waited for
         self.writes: dict = {}  # Pipeline -> writes_for() template
         self.signature = None  # what the command buffer holds (Stream._signature), None if nothing
+        self.bound: tuple = ()  # weak references to the allocations the recording binds
         self.timed: list[tuple] = []  # its timestamp queries: (label, pool, first index)
-        self.dummies: dict[tuple, Tensor] = {}  # (storage, dtype) -> zeros bound for omitted tensors
+        self.used = False  # recorded into (or tried to) since the last reset
         self.destroy = device.track(
             self, _destroy_stream, lib, ffi.NULL, device.handle, device.command_pool,
             self.command_buffers, self.fence, self.descriptor_pools, self.query_pools)
@@ -136,7 +139,7 @@ class _Resources:
         raw.check(lib.vkResetCommandBuffer(self.cb, 0), "vkResetCommandBuffer")
         for pool in self.descriptor_pools:
             raw.check(lib.vkResetDescriptorPool(device.handle, pool, 0), "vkResetDescriptorPool")
-        self.signature, self.timed = None, []
+        self.signature, self.bound, self.timed, self.used = None, (), [], False
 
 
 class Stream:
@@ -158,10 +161,7 @@ class Stream:
             device = get_device()
         device.require_open()
         self.device, self._vk, self._ffi, self._lib = device, vk, ffi, lib
-        self._resources = device.spare_streams.take(_Resources) or _Resources(device)
-        res = self._resources
-        self._cb, self._set, self._set_alloc = res.cb, res.set, res.set_alloc
-        self._begin_barrier, self._between_barrier = res.begin_barrier, res.between_barrier
+        self._resources: _Resources | None = None  # taken by finish()
         self._timestamps = device.caps.timestamps
         self._allocate = allocate
         self._acquired: list[Tensor] = []  # what upload() and empty() made, in order
@@ -250,7 +250,7 @@ class Stream:
         counts, global_size = group_counts(kernel.interface.workgroup, global_size, groups)
         if 0 in counts:
             return
-        counts = fold_groups(counts, self.device.caps.limits.max_compute_work_group_count)
+        counts = tuple(fold_groups(counts, self.device.caps.limits.max_compute_work_group_count))
         pipeline = self.device.pipelines.get(kernel, spec_constants)
         memories = [self._memory_for(binding, image, dtype, bindings[binding.name])
                     for binding, image, dtype in layout(kernel).bindings]
@@ -276,26 +276,26 @@ class Stream:
                 raise DispatchError(f"binding '{binding.name}' needs {binding.dtype} {binding.storage}, "
                                     f"got {tensor!r}")
             return tensor.memory
-        dummies, key = self._resources.dummies, (binding.storage, binding.dtype)
+        dummies, key = _DUMMIES.setdefault(self.device, {}), (binding.storage, binding.dtype)
         if key not in dummies:
             dummies[key] = Tensor.zeros([4], dtype, binding.storage, "dummy binding", self.device)
         return dummies[key].memory
 
     def _write_descriptors(self, pipeline, info, memories: list):
-        ffi, lib = self._ffi, self._lib
-        pools = self._resources.descriptor_pools
-        self._resources.set_layouts[0] = pipeline.set_layout
+        ffi, lib, res = self._ffi, self._lib, self._resources
+        pools = res.descriptor_pools
+        res.set_layouts[0] = pipeline.set_layout
         result = OUT_OF_POOL[0]
         while result in OUT_OF_POOL:
             if self._pool_index == len(pools):
                 self._new_descriptor_pool()
-            self._set_alloc.descriptorPool = pools[self._pool_index]
-            result = lib.vkAllocateDescriptorSets(self.device.handle, self._set_alloc, self._set)
+            res.set_alloc.descriptorPool = pools[self._pool_index]
+            result = lib.vkAllocateDescriptorSets(self.device.handle, res.set_alloc, res.set)
             if result in OUT_OF_POOL:
                 self._pool_index += 1
         raw.check(result, "vkAllocateDescriptorSets")
-        descriptor_set = self._set[0]
-        writes, buffer_infos, image_infos = self._resources.writes_for(pipeline, info)
+        descriptor_set = res.set[0]
+        writes, buffer_infos, image_infos = res.writes_for(pipeline, info)
         for i, ((_, image, _), memory) in enumerate(zip(layout(info).bindings, memories, strict=True)):
             writes[i].dstSet = descriptor_set
             if image:
@@ -334,7 +334,7 @@ class Stream:
             pools.append(pool[0])
         pool = pools[used // QUERIES_PER_POOL]
         if used % QUERIES_PER_POOL == 0:
-            self._lib.vkCmdResetQueryPool(self._cb, pool, 0, QUERIES_PER_POOL)
+            self._lib.vkCmdResetQueryPool(self._resources.cb, pool, 0, QUERIES_PER_POOL)
         query = (pool, used % QUERIES_PER_POOL)
         self._timed.append((label, *query))
         return query
@@ -354,25 +354,30 @@ class Stream:
 
     def _record(self, signature: tuple) -> None:
         """Write the noted dispatches into the command buffer (reset first if it held others)."""
-        res, lib, cb, vk = self._resources, self._lib, self._cb, self._vk
-        if res.signature is not None:
+        res, lib, vk = self._resources, self._lib, self._vk
+        cb, sets = res.cb, res.set
+        if res.used:
             res.reset(self.device)
+        res.used = True
         self._pool_index = 0
         self._timed = []
         raw.check(lib.vkBeginCommandBuffer(cb, res.begin_info), "vkBeginCommandBuffer")
-        self._begin_barrier.record(cb)
+        res.begin_barrier.record(cb)
         compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
+        bound = {}
         for i, (pipeline, kernel, memories, push_data, counts) in enumerate(self._ops):
             if i:
-                self._between_barrier.record(cb)
+                res.between_barrier.record(cb)
+            for memory in memories:
+                bound[memory.serial] = memory
             descriptor_set = self._write_descriptors(pipeline, kernel, memories)
             query = self._next_queries(kernel.name)
             if query:
                 lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1])
             lib.vkCmdBindPipeline(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.handle)
-            self._set[0] = descriptor_set
+            sets[0] = descriptor_set
             lib.vkCmdBindDescriptorSets(cb, vk.VK_PIPELINE_BIND_POINT_COMPUTE, pipeline.layout,
-                                        0, 1, self._set, 0, self._ffi.NULL)
+                                        0, 1, sets, 0, self._ffi.NULL)
             if push_data:
                 lib.vkCmdPushConstants(cb, pipeline.layout, vk.VK_SHADER_STAGE_COMPUTE_BIT, 0,
                                        len(push_data), self._ffi.from_buffer(push_data))
@@ -381,6 +386,7 @@ class Stream:
                 lib.vkCmdWriteTimestamp(cb, compute, query[0], query[1] + 1)
         res.end_barrier.record(cb)
         raw.check(lib.vkEndCommandBuffer(cb), "vkEndCommandBuffer")
+        res.bound = tuple(memory.allocation_ref() for memory in bound.values())
         res.signature, res.timed = signature, self._timed
 
     def _require_stream(self) -> None:
@@ -393,14 +399,20 @@ class Stream:
     def finish(self) -> None:
         """End the recording without submitting it; `replay()` submits it. Nothing recorded: no-op.
 
-        The Vulkan commands are written here, unless this stream's resources already hold
-        exactly these dispatches (see the module docstring)."""
+        The Vulkan commands are written here, unless the device's `recordings` hand back a
+        command buffer that holds exactly these dispatches (see the module docstring)."""
         self._require_stream()
         if self._state == "recording":
             signature = self._signature()
-            if self._resources.signature != signature:
+            res, recordings = self._resources, self.device.recordings
+            if res is None or res.signature != signature:
+                if res is not None:  # it holds other dispatches: a later stream may want them
+                    self._resources = None
+                    self._give_back(res)
+                res = self._resources = recordings.take(signature) or _Resources(self.device)
+            if res.signature != signature or not recordings.reuse:
                 self._record(signature)
-            self._timed = list(self._resources.timed)
+            self._timed = list(res.timed)
             self._state = "ready"
 
     @property
@@ -491,10 +503,7 @@ class Stream:
         """
         res, self._resources = self._resources, None
         if res is not None:
-            if self.device.closed or res.pending:
-                res.destroy()
-            else:  # still recorded: the next stream of the same dispatches reuses it
-                self.device.spare_streams.give(_Resources, res)
+            self._give_back(res)
         self._state = "closed"
         self._reset_recording()
         # The tensors nobody else holds go back to the spare memory last made first, so that a
@@ -503,6 +512,13 @@ class Stream:
         acquired, self._acquired = self._acquired, []
         while acquired:
             acquired.pop()
+
+    def _give_back(self, res: _Resources) -> None:
+        """Keep `res` (still recorded) for later streams, unless it cannot be reused."""
+        if self.device.closed or res.pending:
+            res.destroy()
+        else:
+            self.device.recordings.give(res.signature, res, res.bound)
 
     def __enter__(self) -> Stream:
         return self

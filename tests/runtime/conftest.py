@@ -135,3 +135,23 @@ def stream(tiny_library):
     """A Stream on the process device (the tests dispatch the tiny library's variants)."""
     with Stream() as s:
         yield s
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """The signatures `Stream._record` wrote into command buffers during the test, in order; the
+    process device keeps the test's recordings in a cache of its own (none kept from other tests)."""
+    from runtime.vulkan.device import RECORDINGS, get_device
+    from runtime.vulkan.recordings import Recordings
+
+    written, record = [], Stream._record
+
+    def counting(self, signature):
+        written.append(signature)
+        record(self, signature)
+
+    monkeypatch.setattr(Stream, "_record", counting)
+    cache = Recordings(RECORDINGS)
+    monkeypatch.setattr(get_device(), "recordings", cache)
+    yield written
+    cache.close()

@@ -201,17 +201,28 @@ def test_recycler_bounds_and_order():
     assert destroyed == [1, "big", 2, "d", "late"] and spare.entries == spare.nbytes == 0
 
 
-def test_stream_and_memory_are_recycled(tiny_library):
+def test_stream_and_memory_are_recycled(tiny_library, recorded):
     import torch
 
     from runtime.vulkan.stream import Stream
     from runtime.vulkan.tensor import Tensor
 
     device = get_device()
-    with Stream(device) as stream:
-        command_buffer = stream._cb
-    with Stream(device) as stream:
-        assert stream._cb == command_buffer
+    variant = tiny_library.variant("group_ids_buffer_int32")
+    out = Tensor.empty([8], torch.int32)
+    for reuse in (True, False):  # the same recording, or recorded again into the same command buffer
+        device.recordings.reuse = reuse
+        command_buffers = []
+        try:
+            for _ in range(2):
+                with Stream(device) as stream:
+                    stream.dispatch(variant, "test", bindings={"t_out": out}, push={"count": 8}, groups=[8])
+                    stream.run()
+                    command_buffers.append(stream._resources.cb)
+        finally:
+            device.recordings.reuse = True
+        assert command_buffers[0] == command_buffers[1]
+    assert len(recorded) == 3  # once with reuse, twice without
     for storage in ("buffer", "texture3d"):
         tensor = Tensor.empty([3, 50], torch.float32, storage)
         handle = tensor.memory.handle
@@ -270,9 +281,13 @@ def test_close_leaves_nothing_behind(leak, tiny_library):
         del out
     for recycled in (Tensor.empty([7], torch.int8, storage, device=device) for storage in ("buffer", "texture3d")):
         del recycled
-    assert device.spare_memory.entries >= 2 and device.spare_streams.entries == 0
-    Stream(device).close()
-    assert device.spare_streams.entries == 1
+    assert device.spare_memory.entries >= 2 and device.recordings.entries == 0
+    Stream(device).close()  # nothing recorded: no resources taken
+    assert device.recordings.entries == 0
+    with Stream(device) as kept:
+        kept.dispatch(variant, "test", bindings={"t_out": None}, push={"count": 8}, groups=[8])
+        kept.run()
+    assert device.recordings.entries == 1
     if leak:
         _raw_buffer(device)
     device.close()

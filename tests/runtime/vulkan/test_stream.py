@@ -123,7 +123,15 @@ def test_replays_wait_for_the_fence_however_it_is_waited_for(stream, tiny_librar
 
 def test_missing_barrier_is_caught_by_synchronization_validation(stream, tiny_library, monkeypatch):
     """Proves the validation fixture can fail: drop the barrier between dependent dispatches."""
-    monkeypatch.setattr(stream._between_barrier, "record", lambda cb: None)
+    from runtime.vulkan.stream import Stream
+
+    record = Stream._record
+
+    def without_barrier(self, signature):  # into the resources finish() takes
+        monkeypatch.setattr(self._resources.between_barrier, "record", lambda cb: None)
+        record(self, signature)
+
+    monkeypatch.setattr(Stream, "_record", without_barrier)
     variant = tiny_library.variant("affine_buffer_float")
     push = dict(AFFINE_PUSH, numel=8)
     middle = stream.empty([8], torch.float32, variant.binding("t_out"))
@@ -259,22 +267,7 @@ def test_fold_groups_over_the_limit(counts):
         fold_groups(counts, (4, 4, 4))
 
 
-@pytest.fixture
-def recordings(monkeypatch):
-    """The signatures `Stream._record` wrote into command buffers, in order."""
-    from runtime.vulkan.stream import Stream
-
-    written, record = [], Stream._record
-
-    def counting(self, signature):
-        written.append(signature)
-        record(self, signature)
-
-    monkeypatch.setattr(Stream, "_record", counting)
-    return written
-
-
-def test_repeated_op_calls_reuse_the_recorded_command_buffer(recordings):
+def test_repeated_op_calls_reuse_the_recorded_command_buffer(recorded):
     """Fresh calls on the same sizes get the same allocations back (input and output of one size
     class here) and submit the recording already made; every call still sees its own values."""
     import runtime
@@ -285,16 +278,16 @@ def test_repeated_op_calls_reuse_the_recorded_command_buffer(recordings):
         x = torch.randn(40) * (i + 1)
         assert torch.equal(op(x, 0.05, 3, -1000, 1000, torch.int32),
                            quantize_per_tensor(x, 0.05, 3, -1000, 1000, torch.int32))
-    assert len(recordings) == 1
+    assert len(recorded) == 1
     x = torch.randn(3, 41)
     assert torch.equal(op(x, 0.05, 3, -1000, 1000, torch.int32),  # other sizes and push constants
                        quantize_per_tensor(x, 0.05, 3, -1000, 1000, torch.int32))
     assert torch.equal(op(x, 0.5, 3, -1000, 1000, torch.int32),
                        quantize_per_tensor(x, 0.5, 3, -1000, 1000, torch.int32))
-    assert len(recordings) == 3
+    assert len(recorded) == 3
 
 
-def test_a_recording_of_destroyed_memory_is_never_reused(tiny_library, recordings):
+def test_a_recording_of_destroyed_memory_is_never_reused(tiny_library, recorded):
     """Allocations are keyed by serial, not by handle: a new buffer may get a destroyed one's
     handle value (lavapipe's handles are heap addresses), never its serial."""
     from runtime.vulkan.stream import Stream
@@ -310,5 +303,5 @@ def test_a_recording_of_destroyed_memory_is_never_reused(tiny_library, recording
         spare = device.spare_memory
         while (item := spare.take(next(iter(spare._idle), None))) is not None:  # destroy the spares
             item.destroy()
-    assert len(recordings) == 3
+    assert len(recorded) == 3
     assert not device.take_validation_messages("error")
