@@ -167,6 +167,8 @@ class PipelineCache:
         self.device = device
         self._pipelines: dict[tuple, Pipeline] = {}
         self._defaults: dict[tuple, Pipeline] = {}  # (name, spirv key) -> pipeline with default specs
+        # (name, spirv key, spec-constant items as given) -> pipeline: skips resolving them again
+        self._given: dict[tuple, Pipeline] = {}
         caps = device.caps
         self.path = Path(cache_dir()) / "pipelines" / (
             f"{caps.vendor_id:04x}-{caps.device_id:04x}-{caps.driver_version:08x}-"
@@ -194,6 +196,14 @@ class PipelineCache:
             pipeline = self._defaults.get((variant.name, variant.spirv_key))
             if pipeline is not None:
                 return pipeline
+        else:
+            given = (variant.name, variant.spirv_key, tuple(spec_constants.items()))
+            try:
+                pipeline = self._given.get(given)
+            except TypeError:  # an unhashable value: resolved (and refused) below
+                given = pipeline = None
+            if pipeline is not None:
+                return pipeline
         specs = spec_values(variant, spec_constants)
         key = (variant.name, variant.spirv_key, specs)
         pipeline = self._pipelines.get(key)
@@ -202,6 +212,8 @@ class PipelineCache:
             self._pipelines[key] = pipeline
         if not spec_constants:
             self._defaults[(variant.name, variant.spirv_key)] = pipeline
+        elif given is not None:
+            self._given[given] = pipeline
         return pipeline
 
     def close(self) -> None:
@@ -223,4 +235,5 @@ class PipelineCache:
             pipeline.destroy()
         self._pipelines.clear()
         self._defaults.clear()
+        self._given.clear()
         lib.vkDestroyPipelineCache(handle, self.handle, ffi.NULL)

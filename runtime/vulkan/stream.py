@@ -243,9 +243,9 @@ class Stream:
             UnsupportedVariant: the variant exceeds a device limit.
         """
         self._require_stream()
-        names = layout(kernel).binding_names
-        if bindings.keys() != names:
-            check_names(op, kernel, "bindings", names, bindings)
+        fields = layout(kernel)
+        if bindings.keys() != fields.binding_names:
+            check_names(op, kernel, "bindings", fields.binding_names, bindings)
         push_data = pack_push(kernel, op, push)
         counts, global_size = group_counts(kernel.interface.workgroup, global_size, groups)
         if 0 in counts:
@@ -253,7 +253,7 @@ class Stream:
         counts = tuple(fold_groups(counts, self.device.caps.limits.max_compute_work_group_count))
         pipeline = self.device.pipelines.get(kernel, spec_constants)
         memories = [self._memory_for(binding, image, dtype, bindings[binding.name])
-                    for binding, image, dtype in layout(kernel).bindings]
+                    for binding, image, dtype in fields.bindings]
         if self._state == "ready":  # a new recording after run()
             self._reset_recording()
         self._ops.append((pipeline, kernel, memories, push_data, counts))

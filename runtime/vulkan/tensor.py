@@ -232,7 +232,10 @@ class Tensor:
             raise ValueError(f"cannot copy a tensor of shape {list(value.shape)} into {self!r}")
         if self.memory is None:
             return
-        host = value.detach().to("cpu", self.dtype).contiguous()
+        host = value  # a contiguous CPU tensor of this dtype outside autograd: copied from as it is
+        if (value.dtype is not self.dtype or not value.is_cpu or value.requires_grad
+                or not value.is_contiguous()):
+            host = value.detach().to("cpu", self.dtype).contiguous()
         if self.packed:
             host = layouts.pack(host, self.layout)
             self.memory.write(host.data_ptr(), host.numel())

@@ -220,6 +220,20 @@ def test_dispatch_errors(stream, tiny_library, change, message):
         stream.dispatch(variant, "test.affine", **call)
 
 
+def test_pipelines_by_given_spec_constants(tiny_library):
+    """Looked up by the values as given; equal values (and the defaults given explicitly) share
+    a pipeline, unknown names are refused however often they are given."""
+    pipelines = get_device().pipelines
+    variant = tiny_library.variant("affine_buffer_float")
+    built = pipelines.get(variant, {"OFFSET": 5})
+    assert pipelines.get(variant, {"OFFSET": 5}) is built
+    assert pipelines.get(variant, {"OFFSET": 6}) is not built
+    assert pipelines.get(variant, {"OFFSET": 0}) is pipelines.get(variant)  # the default value
+    for _ in range(2):
+        with pytest.raises(UnsupportedVariant, match="no spec constant"):
+            pipelines.get(variant, {"TILE": 5})
+
+
 def test_unknown_spec_constant(stream, tiny_library):
     with pytest.raises(UnsupportedVariant, match=r"no spec constant\(s\) \['TILE'\]; it has: \['OFFSET'\]"):
         _affine(stream, tiny_library, torch.ones(4), spec={"TILE": 2})

@@ -186,3 +186,15 @@ def test_large_reads_of_uncached_device_memory_go_through_staging(monkeypatch):
         buffer.read(out.data_ptr(), nbytes)
         assert torch.equal(out, data[:nbytes])
         assert (copies == ["buffer download"]) == (staged and buffer.mapped is not None), (uncached, nbytes)
+
+
+@pytest.mark.parametrize("make", [
+    lambda v: v,  # copied from as it is
+    lambda v: v.t().contiguous().t(),  # not contiguous
+    lambda v: v.clone().requires_grad_(True),  # under autograd
+    lambda v: v.double(),  # converted
+], ids=["plain", "strided", "requires_grad", "float64"])
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+def test_upload_of_any_host_tensor(make, storage):
+    value = torch.randn(5, 6, generator=torch.Generator().manual_seed(3))
+    assert torch.equal(Tensor.from_torch(make(value), storage, torch.float32).to_torch(), value)
