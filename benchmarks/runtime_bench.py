@@ -7,7 +7,7 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    submit, wait, download) and its recording alone (no submit), each with
    the kept recording reused and recorded afresh every call (the device's
    ``recordings.reuse``, ``ETVK_REUSE_RECORDINGS=0``), the pieces of the
-   call (upload, output, download), the replay of that one recorded
+   call (upload, output, download, its torch.empty), the replay of that one recorded
    dispatch, and the replay of a stream of 100 such dispatches (per
    dispatch). Host time is the wall time less the GPU time from timestamp
    queries in the same run (for 100 dispatches: from the first one's start
@@ -174,11 +174,13 @@ def fresh_calls(op, x, repeats: int, warmup: float) -> tuple[dict, dict]:
 
 def call_pieces(x, repeats: int, warmup: float) -> list[tuple]:
     """Rows (what, wall us, GPU us (0), CPU us, 1) of the host pieces of a fresh call on `x`:
-    the upload, the output tensor, the download."""
+    the upload, the output tensor, the download and the torch tensor it makes."""
     out = Tensor.empty(x.shape, QUANTIZE_ARGS[-1])
     pieces = (("  piece: upload (Tensor.from_torch)", lambda: Tensor.from_torch(x)),
               ("  piece: output (Tensor.empty)", lambda: Tensor.empty(x.shape, QUANTIZE_ARGS[-1])),
-              ("  piece: download (Tensor.to_torch)", out.to_torch))
+              ("  piece: download (Tensor.to_torch)", out.to_torch),
+              ("  piece: torch.empty of the result (in the download)",
+               lambda: torch.empty(out.shape, dtype=out.dtype)))
     rows = []
     for what, fn in pieces:
         wall, _, cpu = median_us(fn, repeats, warmup / 2)

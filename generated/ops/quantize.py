@@ -88,7 +88,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="quantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
-    spec="op_specs/quantize.yaml:170",
+    spec="op_specs/quantize.yaml:173",
     reference="runtime.reference.quantize:quantize_per_tensor",
     variants=(
         ("quantize_per_tensor_buffer_float_int8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -145,7 +145,7 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="quantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
-    spec="op_specs/quantize.yaml:200",
+    spec="op_specs/quantize.yaml:203",
     reference="runtime.reference.quantize:quantize_per_token",
     variants=(
         ("quantize_per_token_buffer_float_int8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -200,7 +200,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="dequantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
-    spec="op_specs/quantize.yaml:237",
+    spec="op_specs/quantize.yaml:240",
     reference="runtime.reference.quantize:dequantize_per_tensor",
     variants=(
         ("dequantize_per_tensor_buffer_int8_float", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -259,7 +259,7 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="dequantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype, ScalarType output_dtype) -> Tensor",
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
-    spec="op_specs/quantize.yaml:266",
+    spec="op_specs/quantize.yaml:269",
     reference="runtime.reference.quantize:dequantize_per_token",
     variants=(
         ("dequantize_per_token_buffer_int8_float", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -311,7 +311,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     family="quantize",
     schema="choose_qparams_per_token_asymmetric(Tensor input, ScalarType dtype) -> (Tensor, Tensor)",
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
-    spec="op_specs/quantize.yaml:302",
+    spec="op_specs/quantize.yaml:305",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
     variants=(
         ("choose_qparams_per_token_asymmetric_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -359,7 +359,7 @@ QUANTIZE_PER_TOKEN_DYNAMIC = rt.OpDef(
     family="quantize",
     schema="quantize_per_token_dynamic(Tensor input, ScalarType dtype) -> (Tensor, Tensor, Tensor)",
     doc="choose_qparams_per_token_asymmetric then quantize_per_token(input, scales, zero_points, -128, 127, int8) in one dispatch; returns (q, scales, zero_points), bit-identical to the two ops.",
-    spec="op_specs/quantize.yaml:325",
+    spec="op_specs/quantize.yaml:328",
     reference="runtime.reference.quantize:quantize_per_token_dynamic",
     variants=(
         ("dynamic_quantize_per_token_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
