@@ -1,14 +1,17 @@
 """Linear benchmark (not a test): etvk.linear_qta8a_qga4w against tinygemm and bf16 on cold weights.
 
 Times ``etvk.linear_qta8a_qga4w.default`` (int8 per-token activations x 4-bit
-weights in groups of 128) at M = 1, 8, 32 and 128 tokens, K = 4096, N = 4096
-and 14336: the op's default variant (gemv for one token, gemm for more). GPU
-time per call and weight GB/s (the bytes of the packed int4 weight with its
-scales and zeros, over the GPU time).
+weights in groups of 128) at M = 1, 8, 16, 32 and 128 tokens, K = 4096, N =
+4096 and 14336: the op's default variant (gemv for one token, the tiled gemm
+or the cooperative-matrix kernel for more), and for more than one token the
+other of those two where the device runs it. GPU time per call and weight
+GB/s (the bytes of the packed int4 weight with its scales and zeros, over
+the GPU time).
 
 ``--sweep`` also times every work split (C invocations per tile, GL group
 lanes: the shader's push constants, all bit-identical) of the kernel each
-row runs, to choose the op's rule by measurement.
+row runs, and for more than one token the cooperative-matrix kernel at every
+STEPS (its spec constant), to choose the op's rules by measurement.
 
 Weights are ROTATED beyond the L2 cache (50 MB on an H100): several distinct
 weight sets (8 for N = 4096, ~9.4 MB each; 4 for N = 14336, ~33 MB each) are
@@ -49,7 +52,12 @@ from results import Results  # noqa: E402
 from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.families.linear_weights import pack_linear_weights, packed_row_texels  # noqa: E402
+from runtime.families.linear_weights import (  # noqa: E402
+    pack_linear_meta_coop,
+    pack_linear_weights,
+    pack_linear_weights_coop,
+    packed_row_texels,
+)
 from runtime.ops.library import catalog  # noqa: E402
 from runtime.tools.examples import linear_args  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
@@ -58,8 +66,10 @@ from runtime.vulkan.tensor import Tensor  # noqa: E402
 drop_validation()
 
 OP = "etvk.linear_qta8a_qga4w.default"
+LEAVES = ("etvk.linear_qta8a_qga4w_tiled.default", "etvk.linear_qta8a_qga4w_coop.default")
 GROUP_SIZE = 128
 CALLS = 16  # calls recorded back to back per stream, cycling through the weight copies
+COOP_STEPS = (2, 4, 8)  # the cooperative-matrix kernel's STEPS a sweep times (8: 39 KB of shared memory)
 TIMED_SECONDS = 0.5  # replays after the warm-up: about this long, `--repeats` at most
 TARGET = "target: M=1 4096->14336 under 13 us (tinygemm 18.3 us on an H100)"
 
@@ -97,6 +107,25 @@ def time_split(kernel: str, m: int, k: int, n: int, packed: list, gen, split, re
         for i in range(CALLS):
             stream.dispatch(variant, OP, bindings={**bindings, "t_w": packed[i % len(packed)]},
                             push={"sizes": [k, n, m, GROUP_SIZE], "coop": [c, gl, 0, 0]}, groups=groups)
+        return time_stream(stream, repeats, warmup)
+
+
+def time_coop(m: int, k: int, n: int, weights: list, gen, steps: int, repeats, warmup):
+    """Median GPU seconds of one dispatch of the cooperative-matrix kernel (buffers) staging
+    `steps` K steps of 32 at a time (its spec constant STEPS)."""
+    variant = catalog().variant("linear_qta8a_qga4w_coop_buffer")
+    x, scale, zero_point = activations(m, k, gen)
+    packed = [(Tensor.from_torch(pack_linear_weights_coop(w)),
+               Tensor.from_torch(pack_linear_meta_coop(w, ws, wz, GROUP_SIZE))) for w, ws, wz in weights]
+    with Stream() as stream:
+        bindings = {"t_out": Tensor.empty((m, n), torch.float32, "buffer"),
+                    "t_x": Tensor.from_torch(x), "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
+                    "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
+        for i in range(CALLS):
+            w, meta = packed[i % len(packed)]
+            stream.dispatch(variant, OP, bindings={**bindings, "t_w": w, "t_meta": meta},
+                            push={"sizes": [k, n, m, GROUP_SIZE]}, spec_constants={"STEPS": steps},
+                            groups=[-(-n // 64), -(-m // 32), 1])
         return time_stream(stream, repeats, warmup)
 
 
@@ -202,6 +231,7 @@ def main() -> int:
         repeats = options.repeats
     warmup = options.warmup if options.warmup is not None else (0.05 if options.quick else 1.0)
     op = runtime.get_op(OP)
+    coop_runs = catalog().variant("linear_qta8a_qga4w_coop_buffer").runnable(caps)[0]
     gen = torch.Generator().manual_seed(0)
     record = Results("linear")
     record.device(caps)
@@ -224,13 +254,26 @@ def main() -> int:
         print(f"-- N={n}: {copies} weight copies of {our_bytes / 1e6:.1f} MB "
               f"(host set-up {time.perf_counter() - start:.1f} s; packed on first record)")
         packed = [Tensor.from_torch(pack_linear_weights(w, ws, wz, GROUP_SIZE)) for w, ws, wz in weights]
-        for m in (1, 8, 32, 128):
+        for m in (1, 8, 16, 32, 128):
             measured = time_ours(op, m, k, weights, gen, repeats, warmup)
             if measured is None:
                 print("device has no timestamp queries: nothing to time")
                 return 1
             ours, variant = measured
             emit(m, n, f"ours {variant}", ours, our_bytes, ours)
+            for leaf in LEAVES if m > 1 else ():
+                if variant in {info.name for info in runtime.get_op(leaf).variants}:
+                    continue
+                try:
+                    seconds, other = time_ours(runtime.get_op(leaf), m, k, weights, gen, repeats, warmup)
+                except runtime.UnsupportedVariant as error:
+                    emit(m, n, f"  {leaf}", None, 0, ours, str(error).split(": ")[-1][:60])
+                    continue
+                emit(m, n, f"  {other}", seconds, our_bytes, ours)
+            if options.sweep and m > 1 and coop_runs:
+                for steps in COOP_STEPS:
+                    seconds, _ = time_coop(m, k, n, weights, gen, steps, repeats, min(warmup, 0.3))
+                    emit(m, n, f"  sweep coop STEPS={steps}", seconds, our_bytes, ours)
             if m == 1 and n == sizes[-1][0]:
                 target_ours = ours
             if options.sweep and m <= 8:

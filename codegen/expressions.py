@@ -84,6 +84,11 @@ HELPERS: dict[str, tuple[str, str]] = {
         "choice",
         "OUT_W of the direct and depthwise shaders: a `tuned` choice's, else 4",
     ),
+    "linear_uses_coop": (
+        "x, weight, group_size",
+        "whether linear_qta8a_qga4w runs on cooperative matrices: enough tokens x output rows, "
+        "`group_size % 32 == 0` and a device that runs linear_qta8a_qga4w_coop",
+    ),
     "pool2d_params": (
         "x, kernel_size, stride, padding, dilation, ceil_mode",
         "a pooling's geometry, `runtime.families.pool2d.Pool2dParams` (`N C H W KH KW stride "

@@ -7,6 +7,9 @@ group_size``) into one int32 tensor that both shaders (gemv and gemm, see
 templates/linear_qta8a_qga4w.glsl.j2) read as 16-byte texels (an ``ivec4``:
 a buffer unit, or one texel of a 2-D ``rgba32i`` image). The op spec calls it
 through ``prepacked(...)``, so a weight is packed and uploaded once.
+The cooperative-matrix kernel reads its own two tensors instead
+(`pack_linear_weights_coop`, `pack_linear_meta_coop`): rows of nibbles in k
+order, and the per-group metadata in planes.
 
 Layout. Output rows are taken in blocks of 4 (``N4 = ceil(N / 4)`` blocks;
 rows past N are padding), and every block is one row of ``R = (J + 2) * G``
@@ -85,9 +88,7 @@ def pack_linear_weights(
     # [rows, G, J, 2, 4]: (g, j, half, i) -> k = g*gs + 8j + 4*half + i
     q5 = q.reshape(rows, groups, j_count, 2, 4)
     nibbles = q5[:, :, :, 0, :] | (q5[:, :, :, 1, :] << 4)  # byte i: low k+i, high k+4+i
-    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32)
-    words = (nibbles << shifts).sum(dim=-1, dtype=torch.int64)  # [rows, G, J], < 2**32
-    words = torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+    words = _words(nibbles)  # [rows, G, J]
 
     c = (q.reshape(rows, groups, group_size) - zq[:, :, None]).sum(dim=-1, dtype=torch.int32)
     meta_corr = (c << 4) | zq
@@ -100,6 +101,70 @@ def pack_linear_weights(
     # rows -> (block, r) with r the texel component: [blocks, R, 4]
     packed = per_row.reshape(blocks, ROWS_PER_BLOCK, -1).transpose(1, 2)
     return packed.reshape(blocks, -1).contiguous()
+
+
+# The cooperative-matrix kernel (templates/linear_qta8a_qga4w_coop.glsl.j2) takes K in
+# steps of 32 and output rows in tiles of COOP_ROWS.
+COOP_K_STEP = 32
+COOP_ROWS = 64
+
+
+def pack_linear_weights_coop(weight: torch.Tensor) -> torch.Tensor:
+    """The 4-bit weights of `pack_linear_weights` laid out for the cooperative-matrix kernel.
+
+    Row ``n`` (N zero padded to a multiple of `COOP_ROWS`, padding rows hold
+    ``q = 8``) holds its K nibbles in order, 16 bytes per step of 32 k: word
+    ``i`` of step ``s`` holds ``k = 32 s + 8 i .. + 7`` with byte ``b`` (bits
+    ``8b..8b+7``) holding ``q[k + b]`` in its low nibble and ``q[k + 4 + b]`` in
+    its high nibble, ``q = w + 8`` (the word of `pack_linear_weights`). So
+    ``word & 0x0F0F0F0F`` and ``(word >> 4) & 0x0F0F0F0F`` are 4 int8 values
+    each, in k order.
+
+    Args:
+        weight: uint8 ``[N, K/2]`` (OPS.md family 3 nibbles), K a multiple of 32.
+
+    Returns:
+        int32 ``[N_pad, K/8]``; read as 16-byte units, step ``s`` of row ``n`` is
+        unit ``n * K/32 + s``.
+    """
+    n, k = weight.shape[0], 2 * weight.shape[1]
+    rows = -(-n // COOP_ROWS) * COOP_ROWS
+    q = torch.full((rows, k), 8, dtype=torch.int32)
+    q[:n] = unpack_int4(weight).to(torch.int32) + 8
+    q4 = q.reshape(rows, k // 8, 2, 4)  # (word, half, byte)
+    nibbles = q4[:, :, 0, :] | (q4[:, :, 1, :] << 4)
+    return _words(nibbles)
+
+
+def pack_linear_meta_coop(
+    weight: torch.Tensor, weight_scales: torch.Tensor, weight_zeros: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """Per-group metadata of the cooperative-matrix kernel: int32 ``[2, G, N_pad]``.
+
+    Plane 0 holds the bits of ``weight_scales[n, g]`` (fp32), plane 1
+    ``(c << 4) | zq`` as in `pack_linear_weights` (``zq = weight_zeros + 8``,
+    ``c = Σ_{k in g} (q - zq)``); groups outer, rows inner, so the invocations
+    of a tile read consecutive words. Padding rows (to a multiple of
+    `COOP_ROWS`) hold scale 0, ``zq = 8`` and ``c = 0``.
+    """
+    n, k = weight.shape[0], 2 * weight.shape[1]
+    groups = k // group_size
+    rows = -(-n // COOP_ROWS) * COOP_ROWS
+    q = unpack_int4(weight).to(torch.int32).reshape(n, groups, group_size) + 8
+    zq = weight_zeros.to(torch.int32) + 8
+    meta = torch.zeros(2, groups, rows, dtype=torch.int32)
+    meta[1] = 8
+    meta[0, :, :n] = weight_scales.to(torch.float32).contiguous().view(torch.int32).t()
+    c = (q - zq[:, :, None]).sum(dim=-1, dtype=torch.int32)
+    meta[1, :, :n] = ((c << 4) | zq).t()
+    return meta
+
+
+def _words(nibbles: torch.Tensor) -> torch.Tensor:
+    """int32 words from bytes ``[..., 4]`` (byte i at bits 8i..8i+7, little-endian)."""
+    shifts = torch.tensor([0, 8, 16, 24], dtype=torch.int32)
+    words = (nibbles << shifts).sum(dim=-1, dtype=torch.int64)  # < 2**32
+    return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
 
 
 def unpack_linear_weights(packed: torch.Tensor, n: int, k: int, group_size: int):

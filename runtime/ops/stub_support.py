@@ -30,6 +30,11 @@ from runtime.vulkan.tensor import Tensor, texture_extent
 # ---------------------------------------------------------------- helpers
 
 COOP_GEMM_VARIANT = "q8ta_gemm_coop"  # the variant `_gemm_coop` checks the device against
+LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
+# Tokens x output rows from which linear_qta8a_qga4w runs on cooperative matrices: on the
+# H100 the kernel takes 70-80 us up to 32 x 14336 and beats the tiled gemm from 16 x 14336
+# and 64 x 4096 on (benchmarks/linear_bench.py; NOTES.md).
+LINEAR_COOP_MIN_WORK = 16 * 14336
 
 
 def numel(t) -> int:
@@ -169,6 +174,15 @@ def _gemm_coop(params, algorithm: str) -> bool:
     return catalog().variant(COOP_GEMM_VARIANT).runnable(get_device().caps)[0]
 
 
+def linear_uses_coop(x, weight, group_size: int) -> bool:
+    """Whether linear_qta8a_qga4w runs on cooperative matrices: at least
+    `LINEAR_COOP_MIN_WORK` tokens x output rows, more than one token, whole 32-value K
+    steps per group, and a device that runs the kernel."""
+    if tokens(x) < 2 or tokens(x) * weight.shape[0] < LINEAR_COOP_MIN_WORK or group_size % 32:
+        return False
+    return catalog().variant(LINEAR_COOP_VARIANT).runnable(get_device().caps)[0]
+
+
 def pool2d_params(x, kernel_size, stride, padding, dilation, ceil_mode):
     """The `runtime.families.pool2d.Pool2dParams` of a pooling (its list arguments already checked)."""
     return pool2d.pool2d_params(x.shape, kernel_size, stride, padding, dilation, ceil_mode)
@@ -222,6 +236,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         tuned,
         gemm_tiling,
         conv2d_out_w,
+        linear_uses_coop,
         pool2d_params,
         global_pool_tiling,
         layout_of,

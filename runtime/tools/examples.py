@@ -133,11 +133,12 @@ def linear_args(lead, k, n, group_size, gen):
 
 def build_linear_qta8a_qga4w(axes, shape, gen):
     """K is the last size rounded up to a multiple of 64 (at least 64), N = 20,
-    group size 32; gemv variants get one token, gemm variants at least two
-    (or none, for an empty shape)."""
+    group size 32; gemv variants get one token, the others (gemm, the
+    cooperative-matrix kernel, the dispatcher) at least two (or none, for an
+    empty shape)."""
     k = max(64, -(-(shape[-1] if shape else 0) // 64) * 64)
     lead = tuple(shape[:-1])
-    if axes["KERNEL"] == "gemv":
+    if axes.get("KERNEL") == "gemv":
         lead = (1,) * len(lead)
     elif math.prod(lead) == 1:
         lead = (2,) + lead[1:]
@@ -218,11 +219,18 @@ def build_q8ta_linear(axes, shape, gen):
     return make_inputs(case, seed, fp32_output=axes.get("OUT_DTYPE") == "float32").args(), {}
 
 
+LINEAR_OPS = (
+    "etvk.linear_qta8a_qga4w.default",
+    "etvk.linear_qta8a_qga4w_tiled.default",
+    "etvk.linear_qta8a_qga4w_coop.default",
+)
+
+
 def tolerance(op_name: str, want) -> float:
     """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
-    every op but linear_qta8a_qga4w, whose output may be 1e-5 of its largest magnitude away
-    (fp32 sums of groups)."""
-    if op_name == "etvk.linear_qta8a_qga4w.default":
+    every op but linear_qta8a_qga4w (and the two it routes to), whose output may be 1e-5 of
+    its largest magnitude away (fp32 sums of groups)."""
+    if op_name in LINEAR_OPS:
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
     return 0.0
 
@@ -234,7 +242,7 @@ EXAMPLES = {
     "etvk.dequantize_per_token.default": build_dequantize_per_token,
     "etvk.choose_qparams_per_token_asymmetric.default": build_choose_qparams,
     "etvk.quantize_per_token_dynamic.default": build_choose_qparams,
-    "etvk.linear_qta8a_qga4w.default": build_linear_qta8a_qga4w,
+    **{name: build_linear_qta8a_qga4w for name in LINEAR_OPS},
     "etvk.q8ta_quantize.default": build_q8ta_quantize,
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,
     "etvk.q8ta_linear.default": build_q8ta_linear,

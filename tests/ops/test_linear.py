@@ -28,7 +28,9 @@ from runtime.tools.examples import linear_args
 from runtime.vulkan.device import get_device
 from runtime.vulkan.stream import Stream
 
-OP = "etvk.linear_qta8a_qga4w.default"
+OP = "etvk.linear_qta8a_qga4w.default"  # the dispatcher: routes to one of the two below
+TILED = "etvk.linear_qta8a_qga4w_tiled.default"  # gemv and gemm kernels
+COOP = "etvk.linear_qta8a_qga4w_coop.default"  # cooperative matrices (group sizes % 32 == 0)
 
 # (leading shape of x, K, N, group size). Tokens 1, 2, 3, 17 and 3-D inputs;
 # N not a multiple of 4; one group, many groups, more groups than a gemv
@@ -49,6 +51,11 @@ CASES = [
     ((2, 17), 256, 21, 32),
     ((3, 1), 128, 4, 128),
     ((1, 17), 4096, 6, 64),
+    # Several tiles of the cooperative-matrix kernel (32 tokens x 64 rows), K not a
+    # whole number of its 128-value stages, a group spanning two stages.
+    ((33,), 96, 65, 32),
+    ((40,), 512, 130, 128),
+    ((2, 35), 512, 70, 256),
 ]
 
 # The fp64 oracle: relative to the largest output magnitude of the case.
@@ -56,10 +63,16 @@ RTOL = 1e-5
 
 
 def _variants():
-    return [pytest.param(info.name, id=info.name) for info in runtime.get_op(OP).variants]
+    return [
+        pytest.param(leaf, info.name, id=info.name)
+        for leaf in (TILED, COOP)
+        for info in runtime.get_op(leaf).variants
+    ]
 
 
-def _serves(axes, lead) -> bool:
+def _serves(axes, lead, group_size) -> bool:
+    if "KERNEL" not in axes:  # the cooperative-matrix kernel: any tokens, K steps of 32
+        return group_size % 32 == 0
     return (axes["KERNEL"] == "gemv") == (math.prod(lead) == 1)
 
 
@@ -83,15 +96,15 @@ def assert_bit_equal(got, want, what):
     assert differ == 0, f"{what}: {differ} of {got.numel()} values differ from the fp32 reference"
 
 
-@pytest.mark.parametrize("variant", _variants())
-def test_variant_matches_references(variant, dispatch_trace):
+@pytest.mark.parametrize(("leaf", "variant"), _variants())
+def test_variant_matches_references(leaf, variant, dispatch_trace):
     _skip_unless_runnable(variant)
-    op = runtime.get_op(OP)
+    op = runtime.get_op(leaf)
     axes = catalog().variant(variant).axes
     gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
     ran = 0
     for lead, k, n, gs in CASES:
-        if not _serves(axes, lead):
+        if not _serves(axes, lead, gs):
             continue
         args, _ = linear_args(lead, k, n, gs, gen)
         got = op(*args, variant=variant)
@@ -114,6 +127,32 @@ def test_op_picks_gemv_for_one_token_and_gemm_for_more(dispatch_trace_path):
             assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), f"{lead} {storage}")
             line = dispatch_trace_path.read_text().splitlines()[before]
             assert f"linear_qta8a_qga4w_{kernel}_" in line and f"_{storage}_" in line, line
+
+
+def test_op_picks_coop_for_many_tokens_where_the_device_has_it(dispatch_trace_path):
+    """From LINEAR_COOP_MIN_WORK tokens x output rows with group sizes % 32 == 0 the
+    dispatcher hands the call to the cooperative-matrix kernel where it runs, else to the
+    tiled gemm."""
+    from runtime.ops.stub_support import LINEAR_COOP_MIN_WORK
+
+    coop = catalog().variant("linear_qta8a_qga4w_coop_buffer").runnable(get_device().caps)[0]
+    gen = torch.Generator().manual_seed(12)
+    n = 2048
+    enough = -(-LINEAR_COOP_MIN_WORK // n)
+    for tokens, gs, kernel in ((enough, 32, "coop" if coop else "gemm"), (enough - 1, 32, "gemm"),
+                               (enough, 16, "gemm")):
+        args, _ = linear_args((tokens,), 32, n, gs, gen)
+        before = dispatch_trace_path.read_text().count("\n") if dispatch_trace_path.exists() else 0
+        got = runtime.get_op(OP)(*args)
+        assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), f"{tokens} tokens group_size={gs}")
+        line = dispatch_trace_path.read_text().splitlines()[before]
+        assert f"linear_qta8a_qga4w_{kernel}_" in line, line
+
+
+def test_coop_rejects_group_sizes_it_cannot_step():
+    args, _ = linear_args((20,), 64, 4, 16, torch.Generator().manual_seed(13))
+    with pytest.raises(runtime.ArgumentError, match="argument 'group_size': must be a multiple of 32"):
+        runtime.get_op(COOP)(*args)
 
 
 def test_forced_variant_of_the_other_kernel_is_rejected():
@@ -165,6 +204,35 @@ def test_every_work_split_gives_the_same_bits(kernel, lead):
                             "coop": [c, gl, 0, 0]}, groups=groups)
             stream.run()
             assert_bit_equal(out.to_torch(), want, f"{variant.name} C={c} GL={gl}")
+
+
+@pytest.mark.parametrize("gs", [32, 256])
+def test_every_coop_staging_gives_the_same_bits(gs):
+    """The cooperative-matrix kernel stages STEPS K steps of 32 at a time (a spec constant,
+    at most 8 within 48 KB of shared memory); every value gives the reference's bits,
+    groups shorter and longer than a stage alike."""
+    from runtime.vulkan.tensor import Tensor
+
+    _skip_unless_runnable("linear_qta8a_qga4w_coop_buffer")
+    variant = catalog().variant("linear_qta8a_qga4w_coop_buffer")
+    k, n, tokens = 512, 70, 40
+    x, s, z, w, _, ws, wz = linear_args((tokens,), k, n, gs, torch.Generator().manual_seed(15))[0]
+    want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz)
+    for steps in (2, 4, 8):
+        with Stream() as stream:
+            out = Tensor.empty((tokens, n), torch.float32, "buffer")
+            bindings = {
+                "t_out": out,
+                "t_x": Tensor.from_torch(x),
+                "t_w": Tensor.from_torch(linear_weights.pack_linear_weights_coop(w)),
+                "t_meta": Tensor.from_torch(linear_weights.pack_linear_meta_coop(w, ws, wz, gs)),
+                "t_input_scale": Tensor.from_torch(s.reshape(-1)),
+                "t_input_zero_point": Tensor.from_torch(z.reshape(-1)),
+            }
+            stream.dispatch(variant, COOP, bindings=bindings, push={"sizes": [k, n, tokens, gs]},
+                            spec_constants={"STEPS": steps}, groups=[-(-n // 64), -(-tokens // 32), 1])
+            stream.run()
+            assert_bit_equal(out.to_torch(), want, f"STEPS={steps} group_size={gs}")
 
 
 # ---------------------------------------------------------------- dynamic activations in one stream
@@ -289,6 +357,30 @@ def test_packed_layout_matches_its_description():
         assert torch.equal(got, want)
 
 
+def test_coop_packed_layout_matches_its_description():
+    """Row n: unit s (16 bytes) holds k = 32s .. 32s+31, word i byte b: low nibble k+8i+b,
+    high nibble k+8i+4+b; metadata planes [scale bits, (c << 4) | zq] x [G, N_pad]."""
+    gen = torch.Generator().manual_seed(14)
+    n, k, gs = 70, 96, 32
+    w = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
+    ws = torch.randn(n, k // gs, generator=gen)
+    wz = torch.randint(-8, 8, (n, k // gs), generator=gen, dtype=torch.int32)
+    packed = linear_weights.pack_linear_weights_coop(pack_int4(w))
+    meta = linear_weights.pack_linear_meta_coop(pack_int4(w), ws, wz, gs)
+    assert packed.shape == (128, k // 8) and packed.dtype == torch.int32
+    assert meta.shape == (2, k // gs, 128) and meta.dtype == torch.int32
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    nibbles = torch.stack([(words >> (4 * i)) & 0xF for i in range(8)], dim=-1)  # [rows, word, nibble]
+    q = torch.cat((nibbles[:, :, 0::2], nibbles[:, :, 1::2]), dim=-1).reshape(128, k)
+    assert torch.equal(q[:n], w.to(torch.int64) + 8)
+    assert (q[n:] == 8).all()
+    assert torch.equal(meta[0, :, :n].contiguous().view(torch.float32), ws.t())
+    assert torch.equal(meta[1, :, :n] & 0xF, wz.t() + 8)
+    c = (w.int() - wz.repeat_interleave(gs, dim=1)).reshape(n, k // gs, gs).sum(dim=-1)
+    assert torch.equal(meta[1, :, :n] >> 4, c.t())
+    assert (meta[0, :, n:] == 0).all() and (meta[1, :, n:] == 8).all()
+
+
 # ---------------------------------------------------------------- bad inputs
 
 _GOOD, _ = linear_args((2, 3), 64, 6, 32, torch.Generator().manual_seed(8))
@@ -352,7 +444,7 @@ def test_weights_beyond_the_image_limit_are_rejected_with_op_and_name():
     args, _ = linear_args((1,), 64, 4 * (limit + 1), 32, torch.Generator().manual_seed(11))
     with pytest.raises(runtime.TensorTooLarge) as info:
         runtime.get_op(OP)(*args, variant="linear_qta8a_qga4w_gemv_fallback_buffer_texture2d")
-    assert str(info.value).startswith(f"{OP}: value 'w_packed'"), str(info.value)
+    assert str(info.value).startswith(f"{TILED}: value 'w_packed'"), str(info.value)
 
 
 # ---------------------------------------------------------------- torch.ops
