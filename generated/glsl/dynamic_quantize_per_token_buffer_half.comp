@@ -219,26 +219,27 @@ void main() {
   }
   const uint lid = gl_LocalInvocationID.x;
   const uint WG = gl_WorkGroupSize.x;
-  float min_neg;
-  float max_pos;
-  // Units [first, stop) are the token's (the op checks last_dim % 4 == 0).
-  const uint first = token * (pc.last_dim / 4u);
-  const uint stop = first + pc.last_dim / 4u;
+  // The token's units of 4 values (the op checks last_dim % 4 == 0): buffer units
+  // [first, first + units), or the texels of its image row.
+  const uint units = pc.last_dim / 4u;
+  const uint first = token * units;
   vec4 kept[REGS];  // sized by the spec constant
   // Starting from 0 folds in "min/max forced to include 0"; absent units add 0.
   vec4 lo4 = vec4(0.0);
   vec4 hi4 = vec4(0.0);
   for (uint i = 0u; i < uint(REGS); ++i) {
-    const uint unit = first + lid + i * WG;
-    kept[i] = unit < stop ? t_in_load(unit) : vec4(0.0);
+    const uint x = lid + i * WG;
+    kept[i] = x < units ? t_in_load(first + (x)) : vec4(0.0);
     lo4 = min(lo4, kept[i]);
     hi4 = max(hi4, kept[i]);
   }
-  for (uint unit = first + lid + uint(REGS) * WG; unit < stop; unit += WG) {
-    const vec4 a = t_in_load(unit);
+  for (uint x = lid + uint(REGS) * WG; x < units; x += WG) {
+    const vec4 a = t_in_load(first + (x));
     lo4 = min(lo4, a);
     hi4 = max(hi4, a);
   }
+  float min_neg;
+  float max_pos;
   tq_reduce(min(min(lo4.x, lo4.y), min(lo4.z, lo4.w)), max(max(hi4.x, hi4.y), max(hi4.z, hi4.w)),
             min_neg, max_pos);
   float scale;
@@ -251,12 +252,12 @@ void main() {
   const vec4 inv_scale = vec4(etvk_div_rn(1.0, scale));
   const vec4 zero_point = vec4(float(zp));
   for (uint i = 0u; i < uint(REGS); ++i) {
-    const uint unit = first + lid + i * WG;
-    if (unit < stop) {
-      t_out_store(unit, quantize4(kept[i], inv_scale, zero_point));
+    const uint x = lid + i * WG;
+    if (x < units) {
+      t_out_store(first + (x), quantize4(kept[i], inv_scale, zero_point));
     }
   }
-  for (uint unit = first + lid + uint(REGS) * WG; unit < stop; unit += WG) {
-    t_out_store(unit, quantize4(t_in_load(unit), inv_scale, zero_point));
+  for (uint x = lid + uint(REGS) * WG; x < units; x += WG) {
+    t_out_store(first + (x), quantize4(t_in_load(first + (x)), inv_scale, zero_point));
   }
 }

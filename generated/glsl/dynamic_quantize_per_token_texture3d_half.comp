@@ -210,9 +210,29 @@ void main() {
   }
   const uint lid = gl_LocalInvocationID.x;
   const uint WG = gl_WorkGroupSize.x;
+  // The token's units of 4 values (the op checks last_dim % 4 == 0): buffer units
+  // [first, first + units), or the texels of its image row.
+  const uint units = pc.last_dim / 4u;
+  const ivec3 row = tq_row(token);
+  vec4 kept[REGS];  // sized by the spec constant
+  // Starting from 0 folds in "min/max forced to include 0"; absent units add 0.
+  vec4 lo4 = vec4(0.0);
+  vec4 hi4 = vec4(0.0);
+  for (uint i = 0u; i < uint(REGS); ++i) {
+    const uint x = lid + i * WG;
+    kept[i] = x < units ? t_in_load(row + ivec3(int(x), 0, 0)) : vec4(0.0);
+    lo4 = min(lo4, kept[i]);
+    hi4 = max(hi4, kept[i]);
+  }
+  for (uint x = lid + uint(REGS) * WG; x < units; x += WG) {
+    const vec4 a = t_in_load(row + ivec3(int(x), 0, 0));
+    lo4 = min(lo4, a);
+    hi4 = max(hi4, a);
+  }
   float min_neg;
   float max_pos;
-  tq_token_range(token, min_neg, max_pos);
+  tq_reduce(min(min(lo4.x, lo4.y), min(lo4.z, lo4.w)), max(max(hi4.x, hi4.y), max(hi4.z, hi4.w)),
+            min_neg, max_pos);
   float scale;
   int zp;
   tq_qparams(min_neg, max_pos, scale, zp);
@@ -222,9 +242,13 @@ void main() {
   }
   const vec4 inv_scale = vec4(etvk_div_rn(1.0, scale));
   const vec4 zero_point = vec4(float(zp));
-  const ivec3 row = tq_row(token);
-  for (uint x = lid; 4u * x < pc.last_dim; x += WG) {
-    const ivec3 texel = row + ivec3(int(x), 0, 0);
-    t_out_store(texel, quantize4(t_in_load(texel), inv_scale, zero_point));
+  for (uint i = 0u; i < uint(REGS); ++i) {
+    const uint x = lid + i * WG;
+    if (x < units) {
+      t_out_store(row + ivec3(int(x), 0, 0), quantize4(kept[i], inv_scale, zero_point));
+    }
+  }
+  for (uint x = lid + uint(REGS) * WG; x < units; x += WG) {
+    t_out_store(row + ivec3(int(x), 0, 0), quantize4(t_in_load(row + ivec3(int(x), 0, 0)), inv_scale, zero_point));
   }
 }
