@@ -301,7 +301,8 @@ const int WG = int(gl_WorkGroupSize.x);   // 4 subgroups of 32 (the capability's
 const int BM = 64;                        // pixels of a tile
 const int BN = 64;                        // output channels of a tile
 const int BN4 = BN / 4;
-const int BKW = 16;                       // K words (4 bytes) per staged chunk
+const int BKW = 32;                       // K words (4 bytes) per staged chunk (H100: 128 bytes
+                                          // against 64: 3x3 layers 0.83-0.87x, 4096^3 0.74x)
 const int STRIDE = BKW + 4;               // words per staged row (16-byte aligned, padded)
 const int CSTRIDE = BN + 4;               // ints per accumulator row in shared memory
 const int A_SLOTS = BM * BKW / WG;        // input words an invocation stages

@@ -245,15 +245,15 @@ def pack_gemm_weights(w: torch.Tensor, groups: int) -> torch.Tensor:
     return _words(rows.reshape(o4, 4, k4, 4).permute(0, 2, 1, 3))
 
 
-COOP_ROWS, COOP_K = 64, 64  # q8ta_gemm_coop's tile of output channels and K bytes per chunk
+COOP_ROWS, COOP_K = 64, 128  # q8ta_gemm_coop's tile of output channels and K bytes per chunk
 
 
 def pack_gemm_coop_weights(w: torch.Tensor) -> torch.Tensor:
     """Weights of the cooperative-matrix GEMM (``q8ta_gemm_coop``; groups == 1).
 
     Row ``oc`` is ``w[oc]`` in K order ``k = (ky*KW + kx)*C_in + ic`` (ic
-    fastest, as `pack_gemm_weights`), zero padded to ``KP = ceil(K / 64) *
-    64`` bytes; rows are zero padded to a multiple of 64. Byte ``k`` of row
+    fastest, as `pack_gemm_weights`), zero padded to ``KP = ceil(K / 128) *
+    128`` bytes (the shader's K chunk); rows are zero padded to a multiple of 64. Byte ``k`` of row
     ``oc`` is byte ``k % 4`` of word ``oc * KP / 4 + k / 4``.
 
     Args:

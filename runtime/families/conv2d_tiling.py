@@ -11,8 +11,8 @@ of 8 or more accumulator ivec4 per invocation ran about 5x slower there, so
 every rule tiling is 4 pixels x 1 word. A tiling the tuner measured on the
 device (runtime/families/conv2d_tuning.py) replaces the rule.
 `prefers_coop_gemm` is the shape half of the choice of the cooperative-matrix
-GEMM (``q8ta_gemm_coop``, 64 x 64 output tiles): one group and at least one
-full tile. Pure arithmetic: no Vulkan. Called by the conv op specs through the
+GEMM (``q8ta_gemm_coop``, 64 x 64 output tiles): one group, enough tiles and
+a K long enough to pay. Pure arithmetic: no Vulkan. Called by the conv op specs through the
 ``gemm_tiling`` and ``conv2d_algorithm`` expression helpers.
 """
 
@@ -24,6 +24,10 @@ from dataclasses import dataclass
 GEMM_WORKGROUP = 256  # must equal q8ta_gemm's workgroup in op_specs/conv2d.yaml
 COOP_TILE = 64  # output pixels and channels of a q8ta_gemm_coop workgroup
 COOP_MIN_PIXELS = 16 * COOP_TILE  # smaller GEMMs leave too few workgroups (a guess: tune)
+# Shorter K (bytes) ran slower on the cooperative matrices than on the dot-product GEMM on the
+# H100 (batch-32 ResNet-50 1x1 layers: K = 64 2.1x, K = 256 1.1x; K = 576 3x3 1.0x, longer
+# K faster; benchmarks/coop_gemm_bench.py, NOTES.md).
+COOP_MIN_K = 512
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -78,6 +82,7 @@ def gemm_tiling(m: int, k4: int, c_out: int, settings: Mapping[str, int] | None 
     return GemmTiling(4, 1, threads, split_k, block_k, m, n4)
 
 
-def prefers_coop_gemm(m: int, c_out: int, groups: int) -> bool:
-    """Whether a GEMM of `m` output pixels and `c_out` channels suits ``q8ta_gemm_coop``."""
-    return groups == 1 and c_out >= COOP_TILE and m >= COOP_MIN_PIXELS
+def prefers_coop_gemm(m: int, k: int, c_out: int, groups: int) -> bool:
+    """Whether a GEMM of `m` output pixels, `k` bytes of K and `c_out` channels suits
+    ``q8ta_gemm_coop``."""
+    return groups == 1 and c_out >= COOP_TILE and m >= COOP_MIN_PIXELS and k >= COOP_MIN_K

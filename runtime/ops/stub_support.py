@@ -169,7 +169,7 @@ def _gemm_coop(params, algorithm: str) -> bool:
     if algorithm not in ("pw", "im2col"):
         return False
     m = params.N * params.H_out * params.W_out
-    if not conv2d_tiling.prefers_coop_gemm(m, params.C_out, params.groups):
+    if not conv2d_tiling.prefers_coop_gemm(m, params.Kg, params.C_out, params.groups):
         return False
     return catalog().variant(COOP_GEMM_VARIANT).runnable(get_device().caps)[0]
 

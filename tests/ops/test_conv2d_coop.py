@@ -121,7 +121,7 @@ def test_pack_gemm_coop_weights():
     gen = torch.Generator().manual_seed(3)
     w = torch.randint(-128, 128, (70, 5, 3, 3), dtype=torch.int8, generator=gen)
     words = conv2d_module.pack_gemm_coop_weights(w)
-    k, kp, rows = 45, 64, 128
+    k, kp, rows = 45, 128, 128
     assert words.dtype == torch.int32 and words.numel() == rows * kp // 4
     packed = words.view(torch.int8).reshape(rows, kp)  # little-endian: byte k % 4 of word k / 4
     for oc in (0, 33, 69):
@@ -136,10 +136,11 @@ def test_pack_gemm_coop_weights_rejects_non_int8():
 
 
 def test_shape_rule():
-    assert prefers_coop_gemm(1024, 64, 1)
-    assert not prefers_coop_gemm(1023, 64, 1)
-    assert not prefers_coop_gemm(4096, 63, 1)
-    assert not prefers_coop_gemm(4096, 64, 2)
+    assert prefers_coop_gemm(1024, 512, 64, 1)
+    assert not prefers_coop_gemm(1023, 512, 64, 1)
+    assert not prefers_coop_gemm(4096, 512, 63, 1)
+    assert not prefers_coop_gemm(4096, 511, 64, 1)
+    assert not prefers_coop_gemm(4096, 512, 64, 2)
 
 
 def _require_coop():
@@ -183,12 +184,19 @@ def test_coop_reads_and_writes_every_layout(op_name, layout):
         assert_bit_exact(out.to_torch(), ref.q8ta_conv2d(*inp.args()), f"{op_name} {layout}")
 
 
-@pytest.mark.parametrize("case", [PW_CASES[0], IM2COL_CASES[0]], ids=lambda c: c.name)
+# Shapes the rule sends to the cooperative-matrix GEMM: 1024 pixels, K of 512 bytes or more.
+ROUTED_CASES = [
+    C("pw_m1024_k512_n64", 1, 512, 32, 32, 64, (1, 1), activation="relu"),
+    C("im2col_3x3_k576_n72", 1, 64, 32, 32, 72, (3, 3), padding=(1, 1)),
+]
+
+
+@pytest.mark.parametrize("case", ROUTED_CASES, ids=lambda c: c.name)
 def test_dispatcher_routes_large_gemms_by_capability(case, dispatch_trace_path):
     """Coop where the device runs it and the shape suits it, else the existing GEMM."""
     inp = make_inputs(case)
     p = case.params
-    assert prefers_coop_gemm(p.N * p.H_out * p.W_out, p.C_out, p.groups)
+    assert prefers_coop_gemm(p.N * p.H_out * p.W_out, p.Kg, p.C_out, p.groups)
     coop = catalog().variant(VARIANT).runnable(get_device().caps)[0]
     before = _trace_length(dispatch_trace_path)
     got = runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())
