@@ -4,9 +4,11 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
 
 1. Host overhead of small dispatches (64 values, quantize_per_tensor): a
    fresh single-op call (``op(x, ...)`` on a host tensor: upload, record,
-   submit, wait, download) and its recording alone (no submit), each with
-   the kept recording reused and recorded afresh every call (the device's
-   ``recordings.reuse``, ``ETVK_REUSE_RECORDINGS=0``), the pieces of the
+   submit, wait, download) with its call plan replayed, with call plans off
+   (``ETVK_CALL_PLANS=0``) and with recordings made afresh too; its
+   recording alone (no submit) with the kept recording reused and recorded
+   afresh every call (the device's ``recordings.reuse``,
+   ``ETVK_REUSE_RECORDINGS=0``); the pieces of the
    call (upload, output, download, its torch.empty), the replay of that one recorded
    dispatch, and the replay of a stream of 100 such dispatches (per
    dispatch). Host time is the wall time less the GPU time from timestamp
@@ -57,6 +59,7 @@ from results import Results  # noqa: E402
 from timing import time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
+from runtime.ops.plans import plans_for  # noqa: E402
 from runtime.tools.examples import EXAMPLES  # noqa: E402
 from runtime.tools.quantize_tunables import (  # noqa: E402
     CANDIDATES,
@@ -121,13 +124,17 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
         hundred_us, hundred_gpu_us, hundred_cpu = median_us(hundred.replay, repeats, warmup,
                                                             hundred.gpu_seconds)
     fresh, record_only = fresh_calls(op, x, repeats, warmup)
-    fresh_us = fresh[True][0]
+    fresh_us = fresh["plan"][0]
     afresh = "  the same, recorded afresh (ETVK_REUSE_RECORDINGS=0)"
     rows = [  # (what, wall us, GPU us, CPU us, dispatches); the fresh call's GPU time is the replay's
-        ("fresh op call (upload, record, submit, wait, download)", fresh[True][0], gpu_us, fresh[True][1], 1),
-        (afresh, fresh[False][0], gpu_us, fresh[False][1], 1),
-        ("record only (stub + finish, no submit)", record_only[True][0], 0.0, record_only[True][1], 1),
-        (afresh, record_only[False][0], 0.0, record_only[False][1], 1),
+        ("fresh op call (upload, record, submit, wait, download)", fresh["plan"][0], gpu_us,
+         fresh["plan"][1], 1),
+        ("  the same, call plans off (ETVK_CALL_PLANS=0)", fresh["reuse"][0], gpu_us,
+         fresh["reuse"][1], 1),
+        (afresh + " too", fresh["afresh"][0], gpu_us, fresh["afresh"][1], 1),
+        ("record only (stub + finish, no submit)", record_only["reuse"][0], 0.0,
+         record_only["reuse"][1], 1),
+        (afresh, record_only["afresh"][0], 0.0, record_only["afresh"][1], 1),
         *call_pieces(x, repeats, warmup),
         ("1 recorded dispatch, replayed (submit + wait)", replay_us, gpu_us, replay_cpu, 1),
         ("  the same, " + ("blocking wait only" if spin else f"fence polled for up to {FENCE_SPIN_US} us"),
@@ -147,28 +154,36 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
     print(f"fresh call / replay of the same dispatch (wall) = {fresh_us / replay_us:.2f}")
 
 
+# How a fresh call may reuse earlier work: (call plans on, recordings reused).
+FRESH_MODES = {"plan": (True, True), "reuse": (False, True), "afresh": (False, False)}
+
+
 def fresh_calls(op, x, repeats: int, warmup: float) -> tuple[dict, dict]:
-    """Median wall and mean thread-CPU microseconds of a fresh op call on `x` and of recording it
-    alone (a stream opened, the stub recorded, finished, closed), by `recordings.reuse` (True:
-    a kept recording of the same dispatches is reused; False: recorded afresh), alternated twice
-    and the lower of the two kept."""
+    """(median wall us, mean thread-CPU us) of a fresh op call on `x` and of recording
+    it alone (a stream opened, the stub recorded, finished, closed) in each of `FRESH_MODES`
+    ("plan": the call plan replayed; "reuse": recorded through the stream, whose kept recording
+    of the same dispatches is reused; "afresh": recorded afresh), alternated twice and the lower
+    of the two kept; recording alone has no "plan" entry (plans serve op calls only)."""
     def record_only():
         with Stream() as stream:
             op.record(stream, x, *QUANTIZE_ARGS)
             stream.finish()
 
-    recordings = get_device().recordings
-    reuse = recordings.reuse
+    device = get_device()
+    recordings, call_plans = device.recordings, plans_for(device)
+    saved = (call_plans.enabled, recordings.reuse)
     fresh, record = {}, {}
     try:
-        for setting in (True, False, True, False):
-            recordings.reuse = setting
+        for mode in (*FRESH_MODES, *FRESH_MODES):
+            call_plans.enabled, recordings.reuse = FRESH_MODES[mode]
             for table, fn in ((fresh, lambda: op(x, *QUANTIZE_ARGS)), (record, record_only)):
+                if table is record and mode == "plan":
+                    continue
                 wall, _, cpu = median_us(fn, repeats // 2, warmup / 2)
-                old = table.get(setting, (wall, cpu))
-                table[setting] = (min(wall, old[0]), min(cpu, old[1]))
+                old = table.get(mode, (wall, cpu))
+                table[mode] = (min(wall, old[0]), min(cpu, old[1]))
     finally:
-        recordings.reuse = reuse
+        call_plans.enabled, recordings.reuse = saved
     return fresh, record
 
 

@@ -60,6 +60,7 @@ errors of a run together, sorted; the exit status is 1.
 | `validate.py` | ops: checks, lets, outputs, scratch, layouts, routes; expressions -> stub code |
 | `steps.py` | each step of an op against its shader's variants |
 | `stubs.py` | the view `templates/ops.py.j2` lays out |
+| `plans.py` | whether an op's eager calls may replay a call plan (its expressions read tensor shapes and dtypes only) |
 | `render.py` | Jinja environment; template errors and generated lines mapped to template lines |
 | `manifest.py` | `generated/manifest.json` |
 | `build.py` | the pipeline up to the output plan; compile errors mapped to template/spec lines |

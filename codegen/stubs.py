@@ -15,6 +15,7 @@ import re
 
 from codegen.model import FamilySpec, ResolvedOp
 from codegen.naming import GENERATOR, check_function, fake_function, op_constant, registry_key
+from codegen.plans import plannable
 
 
 def _q(text: str) -> str:
@@ -191,6 +192,7 @@ def _opdef(op: ResolvedOp) -> list[str]:
         *steps_lines,
         f"record={spec.name},",
         f"fake={fake_function(spec.name)},",
+        *(["plannable=True,"] if plannable(op) else []),
     ]
 
 

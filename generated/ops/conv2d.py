@@ -209,6 +209,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     ),
     record=q8ta_quantize,
     fake=_q8ta_quantize_fake,
+    plannable=True,
 )
 
 
@@ -263,6 +264,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     ),
     record=q8ta_dequantize,
     fake=_q8ta_dequantize_fake,
+    plannable=True,
 )
 
 

@@ -116,6 +116,7 @@ Q8TA_ADD = rt.OpDef(
     ),
     record=q8ta_add,
     fake=_q8ta_add_fake,
+    plannable=True,
 )
 
 
@@ -167,6 +168,7 @@ Q8TA_MUL = rt.OpDef(
     ),
     record=q8ta_mul,
     fake=_q8ta_mul_fake,
+    plannable=True,
 )
 
 
@@ -216,6 +218,7 @@ Q8TA_CONCAT = rt.OpDef(
     ),
     record=q8ta_concat,
     fake=_q8ta_concat_fake,
+    plannable=True,
 )
 
 

@@ -117,6 +117,7 @@ Q8TA_MAX_POOL2D = rt.OpDef(
     ),
     record=q8ta_max_pool2d,
     fake=_q8ta_max_pool2d_fake,
+    plannable=True,
 )
 
 
@@ -171,6 +172,7 @@ Q8TA_AVG_POOL2D = rt.OpDef(
     ),
     record=q8ta_avg_pool2d,
     fake=_q8ta_avg_pool2d_fake,
+    plannable=True,
 )
 
 
@@ -213,6 +215,7 @@ Q8TA_GLOBAL_AVG_POOL2D = rt.OpDef(
     ),
     record=q8ta_global_avg_pool2d,
     fake=_q8ta_global_avg_pool2d_fake,
+    plannable=True,
 )
 
 

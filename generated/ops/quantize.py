@@ -106,6 +106,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     ),
     record=quantize_per_tensor,
     fake=_quantize_per_tensor_fake,
+    plannable=True,
 )
 
 
@@ -218,6 +219,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     ),
     record=dequantize_per_tensor,
     fake=_dequantize_per_tensor_fake,
+    plannable=True,
 )
 
 
@@ -321,6 +323,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     ),
     record=choose_qparams_per_token_asymmetric,
     fake=_choose_qparams_per_token_asymmetric_fake,
+    plannable=True,
 )
 
 
@@ -369,6 +372,7 @@ QUANTIZE_PER_TOKEN_DYNAMIC = rt.OpDef(
     ),
     record=quantize_per_token_dynamic,
     fake=_quantize_per_token_dynamic_fake,
+    plannable=True,
 )
 
 

@@ -3,9 +3,10 @@
 It loads the generated stub modules of every library in the catalog
 (`runtime.ops.library`; no Vulkan needed for that) and wraps each `OpDef` in
 an `Op`: a callable that takes torch tensors, records the stub into a fresh
-`Stream`, runs it and returns torch tensors. Validation and variant choice
-live in the stubs and `stub_support`; recording lives in the Vulkan layer's
-stream; this module only connects them.
+`Stream` (or replays the call plan of an earlier call with the same key:
+`runtime.ops.plans`), runs it and returns torch tensors. Validation and
+variant choice live in the stubs and `stub_support`; recording lives in the
+Vulkan layer's stream; this module only connects them.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ import sys
 from pathlib import Path
 
 from runtime.ops.library import Catalog, ManifestError, ShaderLibrary, catalog
+from runtime.ops.plans import plans_for
 from runtime.ops.stub_support import OpDef
 from runtime.vulkan.device import get_device
-from runtime.vulkan.stream import Stream
 
 
 class Op:
@@ -56,16 +57,8 @@ class Op:
 
     def __call__(self, *args, **kwargs):
         device = get_device()
-        with device.lock, Stream(device) as stream:  # calls from several threads take turns
-            outputs = self.opdef.record(stream, *args, **kwargs)
-            stream.run()
-            result = (tuple(t.to_torch() for t in outputs) if isinstance(outputs, tuple)
-                      else outputs.to_torch())
-            # Dropped before the stream closes, which hands its tensors back in the reverse of the
-            # order they were made: the next call on the same sizes gets the same allocations in
-            # the same roles, and its stream reuses this recording.
-            del outputs
-        return result
+        with device.lock:  # calls from several threads take turns
+            return plans_for(device).call(self.opdef, device, args, kwargs)
 
 
 def _load_module(library: ShaderLibrary, index: int, relative: str):

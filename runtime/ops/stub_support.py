@@ -333,6 +333,9 @@ class OpDef:
     record: Callable[..., Any]
     fake: Callable[..., Any]
     steps: tuple[tuple[str, ...], ...] | None = None
+    # Eager calls may replay a call plan (runtime/ops/plans.py): the checks, lets and
+    # dispatch read tensor shapes and dtypes only (codegen/plans.py decides).
+    plannable: bool = False
     # (variant, storage, wanted, step) -> (device capabilities, chosen VariantInfo): a choice
     # depends only on these, so repeated calls skip the search (errors are never cached).
     _chosen: dict = field(default_factory=dict, init=False, repr=False, compare=False)

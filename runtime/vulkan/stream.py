@@ -165,6 +165,7 @@ class Stream:
         self._timestamps = device.caps.timestamps
         self._allocate = allocate
         self._acquired: list[Tensor] = []  # what upload() and empty() made, in order
+        self.uploads: list[tuple] = []  # (host torch tensor, the device Tensor upload() made of it)
         self._state = "empty"  # -> "recording" (dispatches noted) -> "ready" (recorded); "closed"
         self._reset_recording()
 
@@ -203,6 +204,7 @@ class Stream:
             return value
         tensor = Tensor.from_torch(value, binding.storage, dtype, label, self.device, layout)
         self._acquired.append(tensor)
+        self.uploads.append((value, tensor))
         return tensor
 
     def empty(self, shape, dtype, binding, label: str | None = None,
@@ -260,12 +262,19 @@ class Stream:
         self._state = "recording"
         self._keepalive.append(bindings)
         self.dispatched.append((op, kernel.name))
+        self._traced.append({"op": op, "variant": kernel.name, "global": global_size,
+                             "local": list(kernel.interface.workgroup), "groups": counts,
+                             "device": self.device.caps.name})
+        self.retrace(self._traced[-1:])
+
+    def retrace(self, entries: list[dict] | None = None) -> None:
+        """Append `entries` (default: every dispatch of the recording) to the dispatch trace
+        file ETVK_TRACE_DISPATCH names, if any: a replay of a recording ran them again."""
         trace = os.environ.get("ETVK_TRACE_DISPATCH")
         if trace:
             with open(trace, "a") as f:
-                f.write(json.dumps({"op": op, "variant": kernel.name, "global": global_size,
-                                    "local": list(kernel.interface.workgroup), "groups": counts,
-                                    "device": self.device.caps.name}) + "\n")
+                for entry in self._traced if entries is None else entries:
+                    f.write(json.dumps(entry) + "\n")
 
     def _memory_for(self, binding, image: bool, dtype, tensor):
         """The allocation bound for `tensor` (a dummy when it is None or empty)."""
@@ -341,6 +350,7 @@ class Stream:
 
     def _reset_recording(self) -> None:
         self.dispatched = []
+        self._traced: list[dict] = []  # the dispatch trace entries of the recording
         self._keepalive: list = []
         self._ops: list[tuple] = []  # (pipeline, kernel, allocations, push bytes, group counts)
         self._timed: list[tuple] = []
@@ -510,6 +520,7 @@ class Stream:
         # stream making the same tensors in the same order next gets the same allocations in
         # the same roles (the spare memory hands back the newest first) and reuses this recording.
         acquired, self._acquired = self._acquired, []
+        self.uploads = []
         while acquired:
             acquired.pop()
 

@@ -140,9 +140,13 @@ def stream(tiny_library):
 @pytest.fixture
 def recorded(monkeypatch):
     """The signatures `Stream._record` wrote into command buffers during the test, in order; the
-    process device keeps the test's recordings in a cache of its own (none kept from other tests)."""
+    process device keeps the test's recordings in a cache of its own (none kept from other tests),
+    and op calls go through streams every time (call plans off: runtime/ops/plans.py)."""
+    from runtime.ops.plans import plans_for
     from runtime.vulkan.device import RECORDINGS, get_device
     from runtime.vulkan.recordings import Recordings
+
+    monkeypatch.setattr(plans_for(get_device()), "enabled", False)
 
     written, record = [], Stream._record
 
