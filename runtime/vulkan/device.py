@@ -245,8 +245,11 @@ class Device:
         self.lock = threading.RLock()
         self._live: list[weakref.finalize] = []
         self._prune_at = 64
-        self.spare_memory = Recycler(SPARE_MEMORY_ENTRIES, SPARE_MEMORY_BYTES)
         self.recordings = Recordings(RECORDINGS, reuse_recordings(os.environ.get("ETVK_REUSE_RECORDINGS")))
+        # Kept recordings that bind an allocation go before the allocation does: no descriptor
+        # set of a live pool ever names a destroyed buffer or view.
+        self.spare_memory = Recycler(SPARE_MEMORY_ENTRIES, SPARE_MEMORY_BYTES,
+                                     retire=self.recordings.forget)
         self._messages: list[tuple[int, str]] = []
         self.layer_gaps = LayerGaps()  # messages of an outdated layer that are not errors
         self._message_handle = None  # keeps the validation callback's user data alive

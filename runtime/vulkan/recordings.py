@@ -8,7 +8,12 @@ The next stream that would record exactly those dispatches takes them and
 submits without recording; another one takes a recording to write over: one
 that binds a destroyed allocation first (it can never match again, and its
 command buffer is invalid until reset), else, once `max_entries` are kept,
-the least recently used. A recording that binds a destroyed object is only
+the least recently used. The device's spare memory calls `forget()` before
+it destroys an allocation, so kept recordings that bind it are destroyed
+first and no descriptor set of a kept pool names a destroyed buffer (legal,
+but the one unusual pattern here; Debian's validation layer 1.3.239 crashes
+now and then inside vkUpdateDescriptorSets in full test runs, and this
+pattern is the suspect: benchmarks/NOTES.md). A recording that binds a destroyed object is only
 ever reset or destroyed, never submitted: a match binds the serials of
 allocations that are alive. Items have `.destroy()` (a `Device.track`
 finalizer); this module must not call Vulkan itself. Kept by device.py, used
@@ -85,6 +90,14 @@ class Recordings:
             self._idle[signature] = (item, bound)
             while len(self._idle) > self.max_entries:
                 self._idle.popitem(last=False)[1][0].destroy()
+
+    def forget(self, bound_object) -> None:
+        """Destroy the kept items whose recording binds `bound_object` (about to be destroyed)."""
+        with self._lock:
+            doomed = [key for key, (_, bound) in self._idle.items()
+                      if bound is not None and any(ref() is bound_object for ref in bound)]
+            for key in doomed:
+                self._idle.pop(key)[0].destroy()
 
     def close(self) -> None:
         """Destroy every kept item; later `give()`s destroy at once."""

@@ -19,10 +19,13 @@ class Recycler:
     Args:
         max_entries: how many items are kept at most.
         max_bytes: total `.nbytes` kept at most.
+        retire: called with an item right before it is destroyed for the bounds (not at
+            `close()`), so that whatever still refers to it can let go first.
     """
 
-    def __init__(self, max_entries: int, max_bytes: int = 0):
+    def __init__(self, max_entries: int, max_bytes: int = 0, retire=None):
         self.max_entries, self.max_bytes = max_entries, max_bytes
+        self._retire = retire
         self.entries = self.nbytes = 0
         self.closed = False
         self._idle: dict[object, list] = {}
@@ -51,13 +54,18 @@ class Recycler:
 
     def _give(self, key, item) -> None:
         if self.closed or item.nbytes > self.max_bytes or not self.max_entries:
-            item.destroy()
+            self._destroy(item)
             return
         self._idle.setdefault(key, []).append(item)
         self.entries += 1
         self.nbytes += item.nbytes
         while self.entries > self.max_entries or self.nbytes > self.max_bytes:
-            self._take(next(iter(self._idle))).destroy()
+            self._destroy(self._take(next(iter(self._idle))))
+
+    def _destroy(self, item) -> None:
+        if self._retire is not None and not self.closed:
+            self._retire(item)
+        item.destroy()
 
     def close(self) -> None:
         """Destroy every kept item; later `give()`s destroy at once."""

@@ -201,6 +201,17 @@ def test_recycler_bounds_and_order():
     assert destroyed == [1, "big", 2, "d", "late"] and spare.entries == spare.nbytes == 0
 
 
+def test_recycler_retires_what_it_destroys_for_its_bounds():
+    destroyed, retired = [], []
+    spare = Recycler(max_entries=1, max_bytes=100, retire=lambda item: retired.append(item.name))
+    spare.give("a", _Item(destroyed, "a", 10))
+    spare.give("b", _Item(destroyed, "b", 10))  # over 1 entry: "a" is retired, then destroyed
+    spare.give("c", _Item(destroyed, "big", 101))
+    assert retired == destroyed == ["a", "big"]
+    spare.close()  # the device is going: nothing to retire first
+    assert destroyed == ["a", "big", "b"] and retired == ["a", "big"]
+
+
 def test_stream_and_memory_are_recycled(tiny_library, recorded):
     import torch
 

@@ -63,6 +63,21 @@ def test_recordings_that_bind_destroyed_objects_are_recorded_again_first():
     assert cache.take("old").name == "old" and not destroyed
 
 
+def test_recordings_that_bind_a_retired_object_are_destroyed_first():
+    """The spare memory calls forget() before destroying an allocation: kept recordings that
+    bind it go first (no kept descriptor set names a destroyed buffer)."""
+    destroyed = []
+    cache = Recordings(8)
+    a, b = _Alive(), _Alive()
+    cache.give("ab", _Item(destroyed, "ab"), (weakref.ref(a), weakref.ref(b)))
+    cache.give("b", _Item(destroyed, "b"), (weakref.ref(b),))
+    cache.give(None, _Item(destroyed, "blank"), ())
+    cache.forget(a)
+    assert destroyed == ["ab"] and cache.entries == 2
+    cache.forget(b)
+    assert destroyed == ["ab", "b"] and cache.take("x").name == "blank"
+
+
 def test_recordings_without_reuse_hand_back_the_most_recent_to_record_again():
     destroyed = []
     cache = Recordings(8, reuse=False)
