@@ -94,7 +94,7 @@ class Plan:
         # upload of something else (a let's host tensor) follows from the key and stays.
         self.inputs = [(positions[id(value)], tensor) for value, tensor in stream.uploads
                        if id(value) in positions]
-        stream.uploads.clear()  # the first call's host tensors are not kept
+        stream.uploads = None  # the first call's host tensors are not kept
 
     def run(self, args: tuple, kwargs: dict):
         """The call's outputs for new argument values (same key): copy in, replay, copy out."""
@@ -130,6 +130,8 @@ class CallPlans:
                 self.hits += 1
                 return plan.run(args, kwargs)
         stream = Stream(device)
+        if key is not None:
+            stream.uploads = []  # where the host tensors go, for the plan
         try:
             outputs = opdef.record(stream, *args, **kwargs)
             stream.run()

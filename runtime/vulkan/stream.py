@@ -165,7 +165,9 @@ class Stream:
         self._timestamps = device.caps.timestamps
         self._allocate = allocate
         self._acquired: list[Tensor] = []  # what upload() and empty() made, in order
-        self.uploads: list[tuple] = []  # (host torch tensor, the device Tensor upload() made of it)
+        # Set to a list to collect (host torch tensor, the device Tensor upload() made of it)
+        # pairs (call plans do); None: host tensors are not kept.
+        self.uploads: list[tuple] | None = None
         self._state = "empty"  # -> "recording" (dispatches noted) -> "ready" (recorded); "closed"
         self._reset_recording()
 
@@ -204,7 +206,8 @@ class Stream:
             return value
         tensor = Tensor.from_torch(value, binding.storage, dtype, label, self.device, layout)
         self._acquired.append(tensor)
-        self.uploads.append((value, tensor))
+        if self.uploads is not None:
+            self.uploads.append((value, tensor))
         return tensor
 
     def empty(self, shape, dtype, binding, label: str | None = None,
@@ -520,7 +523,7 @@ class Stream:
         # stream making the same tensors in the same order next gets the same allocations in
         # the same roles (the spare memory hands back the newest first) and reuses this recording.
         acquired, self._acquired = self._acquired, []
-        self.uploads = []
+        self.uploads = None
         while acquired:
             acquired.pop()
 
