@@ -322,7 +322,10 @@ class Device:
               if memory.memoryTypes[i].heapIndex == h])
             for h in range(memory.memoryHeapCount)]
 
-        features, keep = feature_chain(physical, probe.features)
+        # On a CPU device, device memory is this process's own memory: bounds-checked buffer
+        # access keeps a shader's out-of-range write from damaging its heap.
+        features, keep = feature_chain(physical, probe.features, robust=self.caps.device_type == "cpu")
+        self.robust_buffer_access = bool(features.features.robustBufferAccess)
         priority = ffi.new("float[]", [1.0])
         queue_info = ffi.new("VkDeviceQueueCreateInfo*", {
             "sType": vk.VK_STRUCTURE_TYPE_DEVICE_QUEUE_CREATE_INFO,

@@ -251,8 +251,9 @@ def probe_device(instance, physical, layer_version: tuple | None = None) -> Prob
     )
 
 
-def feature_chain(physical, features: frozenset):
-    """Build a VkPhysicalDeviceFeatures2 chain enabling exactly `features`.
+def feature_chain(physical, features: frozenset, robust: bool = False):
+    """Build a VkPhysicalDeviceFeatures2 chain enabling exactly `features`, and
+    robustBufferAccess when `robust` and the device has it.
 
     Returns:
         (head pointer, keepalive list): keep both alive until vkCreateDevice returns.
@@ -266,4 +267,8 @@ def feature_chain(physical, features: frozenset):
                if features & set(s[4])]
     head, keep = _chain(structs, features)
     head.features.shaderInt16 = "shader_int16" in features
+    if robust:
+        supported = ffi.new("VkPhysicalDeviceFeatures*")
+        lib.vkGetPhysicalDeviceFeatures(physical, supported)
+        head.features.robustBufferAccess = supported.robustBufferAccess
     return head, keep

@@ -309,3 +309,10 @@ def test_close_leaves_nothing_behind(leak, tiny_library):
     for use in (keep[0].to_torch, keep[1].to_torch, stream.run):
         with pytest.raises(DeviceClosed, match="was closed"):
             use()
+
+
+def test_cpu_devices_check_buffer_bounds():
+    """On a CPU device (lavapipe) device memory is the process's own: robustBufferAccess is on
+    there, so a shader's out-of-range write cannot damage the heap; GPUs run without it."""
+    device = get_device()
+    assert device.robust_buffer_access == (device.caps.device_type == "cpu")
