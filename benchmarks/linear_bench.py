@@ -1,8 +1,8 @@
 """Linear benchmark (not a test): etvk.linear_qta8a_qga4w against tinygemm and bf16 on cold weights.
 
 Times ``etvk.linear_qta8a_qga4w.default`` (int8 per-token activations x 4-bit
-weights in groups of 128) at M = 1, 8, 16, 32 and 128 tokens, K = 4096, N =
-4096 and 14336: the op's default variant (gemv for one token, the tiled gemm
+weights in groups of 128) at M = 1, 8, 16, 32 and 128 tokens (``--tokens``),
+K = 4096, N = 4096 and 14336: the op's default variant (gemv for one token, the tiled gemm
 or the cooperative-matrix kernel for more), and for more than one token the
 other of those two where the device runs it. GPU time per call and weight
 GB/s (the bytes of the packed int4 weight with its scales and zeros, over
@@ -30,7 +30,7 @@ Method (benchmarks/NOTES.md): every measured thing gets ~1 s of continuous
 work first (an idle H100 drops its clock), then a median over timestamped
 calls.
 
-Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R] [--sweep]``
+Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R] [--sweep] [--tokens 1,8]``
 (``--quick``: K = 512, N = 256 and 512, 2 weight copies, short warm-up; runs on lavapipe.)
 """
 
@@ -216,9 +216,15 @@ def main() -> int:
                         help="replays of each recorded stream after the warm-up, at most (default 20)")
     parser.add_argument("--sweep", action="store_true",
                         help="also time every (C, GL) work split of each row's kernel")
+    parser.add_argument("--tokens", default="1,8,16,32,128",
+                        help="comma-separated token counts M (default 1,8,16,32,128)")
     parser.add_argument("--warmup", type=float, default=None,
                         help="seconds of continuous work before timing each row (default 1; quick 0.05)")
     options = parser.parse_args()
+    try:
+        tokens = [int(m) for m in options.tokens.split(",")]
+    except ValueError:
+        parser.error(f"--tokens: expected comma-separated integers, got {options.tokens!r}")
     started = time.perf_counter()
     caps = open_device()
     if caps is None:
@@ -254,7 +260,7 @@ def main() -> int:
         print(f"-- N={n}: {copies} weight copies of {our_bytes / 1e6:.1f} MB "
               f"(host set-up {time.perf_counter() - start:.1f} s; packed on first record)")
         packed = [Tensor.from_torch(pack_linear_weights(w, ws, wz, GROUP_SIZE)) for w, ws, wz in weights]
-        for m in (1, 8, 16, 32, 128):
+        for m in tokens:
             measured = time_ours(op, m, k, weights, gen, repeats, warmup)
             if measured is None:
                 print("device has no timestamp queries: nothing to time")

@@ -13,13 +13,14 @@
 #   whl/ may also hold matplotlib and its dependencies (cp312) for the report's plots; without
 #         them the report has no plots (`python benchmarks/report.py DIR/results` elsewhere)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
-# Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|tune|all] (output also under $OUT
-# when set); bench runs every kernel benchmark through benchmarks/run_all.py and writes the
+# Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|tune|all|cmd COMMAND...] (output
+# also under $OUT when set); bench runs every kernel benchmark through benchmarks/run_all.py and writes the
 # report ($OUT/bench-report/REPORT.md, PNGs, results/, logs/); kernels runs only the conv2d,
 # coop_gemm, linear and q8ta_linear benchmarks; programs runs each saved program under validation
 # (`python -m runtime run`), then benchmarks/program_bench.py; tune tunes each saved program's
 # convs (`python -m runtime tune`, choices cached under $ETVK_CACHE_DIR) and runs it (bit-exact
-# check), then program_bench.py again, now with the measured choices.
+# check), then program_bench.py again, now with the measured choices; cmd runs COMMAND... in
+# the session's environment (e.g. one benchmark with its own flags).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 what=${1:-all}
@@ -47,6 +48,11 @@ log=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -m runtime info 2>&1 | head -n 40
 rc=0
+if [ "$what" = cmd ]; then
+  shift
+  "$@"
+  rc=$?
+fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
   python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$log/gpu_tests.log" | tail -n 40
   rc=${PIPESTATUS[0]}
