@@ -30,7 +30,9 @@ Method (benchmarks/NOTES.md): every measured thing gets ~1 s of continuous
 work first (an idle H100 drops its clock), then a median over timestamped
 calls.
 
-Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R] [--sweep] [--tokens 1,8]``
+Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R] [--sweep] [--tokens 1,8]
+[--n 512,4096] [--copies C]`` (``--copies 1``: the weights stay in the L2, which separates
+the DRAM stream from the rest of a kernel's time)
 (``--quick``: K = 512, N = 256 and 512, 2 weight copies, short warm-up; runs on lavapipe.)
 """
 
@@ -69,6 +71,7 @@ OP = "etvk.linear_qta8a_qga4w.default"
 LEAVES = ("etvk.linear_qta8a_qga4w_tiled.default", "etvk.linear_qta8a_qga4w_coop.default")
 GROUP_SIZE = 128
 CALLS = 16  # calls recorded back to back per stream, cycling through the weight copies
+ROTATED_BYTES = 67e6  # weights per rotation for an N of one's own (--n): beyond a 50-60 MB L2
 COOP_STEPS = (2, 4, 8)  # the cooperative-matrix kernel's STEPS a sweep times (8: 39 KB of shared memory)
 TIMED_SECONDS = 0.5  # replays after the warm-up: about this long, `--repeats` at most
 TARGET = "target: M=1 4096->14336 under 13 us (tinygemm 18.3 us on an H100)"
@@ -195,6 +198,21 @@ def bf16_setup(m: int, k: int, n: int, copies: int):
     return fn, n * k * 2
 
 
+def weight_bytes(k: int, n: int) -> int:
+    """Bytes of the packed weights (int4 with scales and zeros) of a K x N linear."""
+    return -(-n // 4) * 16 * packed_row_texels(k, GROUP_SIZE)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
 def row(m, n, what, seconds, nbytes, ours, note="", record: Results | None = None, k=None):
     if record is not None:
         impl = what.replace("ours ", "etvk ").replace("torch._weight_int4pack_mm bf16 (tinygemm)",
@@ -216,25 +234,32 @@ def main() -> int:
                         help="replays of each recorded stream after the warm-up, at most (default 20)")
     parser.add_argument("--sweep", action="store_true",
                         help="also time every (C, GL) work split of each row's kernel")
-    parser.add_argument("--tokens", default="1,8,16,32,128",
+    parser.add_argument("--tokens", type=_ints, default=[1, 8, 16, 32, 128],
                         help="comma-separated token counts M (default 1,8,16,32,128)")
+    parser.add_argument("--n", type=_ints, default=None,
+                        help="comma-separated output sizes N (default 4096,14336; quick 256,512)")
+    parser.add_argument("--copies", type=int, default=None,
+                        help="weight copies rotated per N (default: at least 67 MB per rotation, "
+                             "beyond the L2; 1 keeps the weights in the L2 after the first call)")
     parser.add_argument("--warmup", type=float, default=None,
                         help="seconds of continuous work before timing each row (default 1; quick 0.05)")
     options = parser.parse_args()
-    try:
-        tokens = [int(m) for m in options.tokens.split(",")]
-    except ValueError:
-        parser.error(f"--tokens: expected comma-separated integers, got {options.tokens!r}")
+    tokens = options.tokens
     started = time.perf_counter()
     caps = open_device()
     if caps is None:
         return 1
     if options.quick:
-        k, sizes = 512, ((256, 2), (512, 2))
+        k, sizes = 512, {256: 2, 512: 2}
         repeats = 3 if options.repeats == 20 else options.repeats
     else:
-        k, sizes = 4096, ((4096, 8), (14336, 4))  # (N, weight copies): >= 67 MB per rotation
+        k, sizes = 4096, {4096: 8, 14336: 4}  # N: weight copies, >= 67 MB per rotation
         repeats = options.repeats
+    if options.n:
+        sizes = {n: sizes.get(n, max(2, math.ceil(ROTATED_BYTES / weight_bytes(k, n))))
+                 for n in options.n}
+    if options.copies:
+        sizes = dict.fromkeys(sizes, options.copies)
     warmup = options.warmup if options.warmup is not None else (0.05 if options.quick else 1.0)
     op = runtime.get_op(OP)
     coop_runs = catalog().variant("linear_qta8a_qga4w_coop_buffer").runnable(caps)[0]
@@ -250,13 +275,13 @@ def main() -> int:
     print(f"{'M':>3} {'N':>6} {'what':<54} {'GPU us':>9} {'weight MB':>9} {'GB/s':>9} "
           f"{'ours/this':>10}")
     target_ours = target_tinygemm = None
-    for n, copies in sizes:
+    for n, copies in sizes.items():
         start = time.perf_counter()
         weights = []
         for _ in range(copies):
             args, _ = linear_args((1,), k, n, GROUP_SIZE, gen)
             weights.append((args[3], args[5], args[6]))  # weight, weight_scales, weight_zeros
-        our_bytes = -(-n // 4) * 16 * packed_row_texels(k, GROUP_SIZE)
+        our_bytes = weight_bytes(k, n)
         print(f"-- N={n}: {copies} weight copies of {our_bytes / 1e6:.1f} MB "
               f"(host set-up {time.perf_counter() - start:.1f} s; packed on first record)")
         packed = [Tensor.from_torch(pack_linear_weights(w, ws, wz, GROUP_SIZE)) for w, ws, wz in weights]
@@ -280,7 +305,7 @@ def main() -> int:
                 for steps in COOP_STEPS:
                     seconds, _ = time_coop(m, k, n, weights, gen, steps, repeats, min(warmup, 0.3))
                     emit(m, n, f"  sweep coop STEPS={steps}", seconds, our_bytes, ours)
-            if m == 1 and n == sizes[-1][0]:
+            if m == 1 and n == 14336 and k == 4096:
                 target_ours = ours
             if options.sweep and m <= 8:
                 kernel = variant.split("_")[3]  # linear_qta8a_qga4w_<KERNEL>_...
@@ -294,7 +319,7 @@ def main() -> int:
             else:
                 seconds = time_cuda(fn, copies, repeats * CALLS, warmup)
                 emit(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", seconds, info, ours)
-                if m == 1 and n == sizes[-1][0]:
+                if m == 1 and n == 14336 and k == 4096:
                     target_tinygemm = seconds
             del fn
             fn, info = bf16_setup(m, k, n, copies)
