@@ -151,8 +151,12 @@ class _Holder:
         return weakref.ref(self._allocation)
 
     def __del__(self):
-        if self._allocation is not None:
-            self._spare.give(self._key, self._allocation)
+        allocation = self._allocation
+        # When a reference cycle held this object, the garbage collector has already run the
+        # allocation's finalizer (weak reference callbacks come before `__del__`): its buffer
+        # or image is destroyed, and handing it on would bind a destroyed handle.
+        if allocation is not None and allocation.destroy.alive:
+            self._spare.give(self._key, allocation)
 
 
 def _new_buffer(device, size: int, placement: str) -> _Allocation:

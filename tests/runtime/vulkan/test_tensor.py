@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import math
 
 import pytest
@@ -198,3 +199,24 @@ def test_large_reads_of_uncached_device_memory_go_through_staging(monkeypatch):
 def test_upload_of_any_host_tensor(make, storage):
     value = torch.randn(5, 6, generator=torch.Generator().manual_seed(3))
     assert torch.equal(Tensor.from_torch(make(value), storage, torch.float32).to_torch(), value)
+
+
+@pytest.mark.parametrize("make", [lambda device: Buffer(device, 3 * 2**20 + 12),
+                                  lambda device: Tensor.empty((5, 7, 12), torch.float32, "texture3d",
+                                                              device=device).memory])
+def test_memory_collected_in_a_reference_cycle_is_not_given_back_destroyed(make):
+    """The garbage collector runs an unreachable allocation's finalizer (which destroys its
+    Vulkan objects) before the `__del__` of the memory object that held it; that `__del__`
+    must not hand the destroyed allocation to the spare memory, whose next taker would bind
+    a destroyed buffer or image (a crash in the validation layer, heap damage on lavapipe)."""
+    device = get_device()
+    memory = make(device)
+    key = memory._key
+    while device.spare_memory.take(key) is not None:  # nothing of this kind kept before
+        pass
+    cycle = [memory]
+    cycle.append(cycle)  # the memory and its allocation are reachable only through a cycle
+    del memory, cycle
+    gc.collect()
+    kept = device.spare_memory.take(key)
+    assert kept is None or kept.destroy.alive, "the spare memory kept a destroyed allocation"
