@@ -3,7 +3,7 @@
 The validation layer (with synchronization validation) is on for the whole
 session unless ETVK_VALIDATION is set otherwise, every dispatch is traced (to
 the file ETVK_TRACE_DISPATCH names when the user sets it, else to a session
-file), measured conv choices are ignored (ETVK_TUNING=off: the rules decide,
+file removed at exit), measured conv choices are ignored (ETVK_TUNING=off: the rules decide,
 whatever a developer's cache holds; the tuning tests turn it back on with a
 cache of their own), and a test fails when the device collected a validation
 message of error severity while it ran.
@@ -15,8 +15,10 @@ ETVK_REQUIRE_DEVICE=1 (set by CI, which has lavapipe) it fails instead.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 
@@ -26,7 +28,10 @@ from runtime.errors import VulkanUnavailable
 
 os.environ.setdefault("ETVK_VALIDATION", "1")
 os.environ.setdefault("ETVK_TUNING", "off")  # the rules; tuning tests turn the cache on
-os.environ.setdefault("ETVK_TRACE_DISPATCH", str(Path(tempfile.mkdtemp(prefix="etvk-tests-")) / "dispatch.jsonl"))
+if "ETVK_TRACE_DISPATCH" not in os.environ:  # a file of the session's own, removed at exit
+    _TRACE_DIR = tempfile.mkdtemp(prefix="etvk-tests-")
+    atexit.register(shutil.rmtree, _TRACE_DIR, ignore_errors=True)
+    os.environ["ETVK_TRACE_DISPATCH"] = str(Path(_TRACE_DIR) / "dispatch.jsonl")
 _TRACE = Path(os.environ["ETVK_TRACE_DISPATCH"])
 # Lines a user's trace file held before this session are not this session's dispatches.
 _TRACE_START = _TRACE.stat().st_size if _TRACE.exists() else 0
