@@ -2,9 +2,9 @@
 
 Times ``etvk.linear_qta8a_qga4w.default`` (int8 per-token activations x 4-bit
 weights in groups of 128) at M = 1, 8, 16, 32 and 128 tokens (``--tokens``),
-K = 4096, N = 4096 and 14336: the op's default variant (gemv for one token, the tiled gemm
-or the cooperative-matrix kernel for more), and for more than one token the
-other of those two where the device runs it. GPU time per call and weight
+K = 4096, N = 4096 and 14336 (``--n``): the op's default variant (gemv for
+one token, the tiled gemm or the cooperative-matrix kernel for more), and for
+more than one token the other of those two where the device runs it. GPU time per call and weight
 GB/s (the bytes of the packed int4 weight with its scales and zeros, over
 the GPU time).
 
@@ -244,7 +244,6 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=None,
                         help="seconds of continuous work before timing each row (default 1; quick 0.05)")
     options = parser.parse_args()
-    tokens = options.tokens
     started = time.perf_counter()
     caps = open_device()
     if caps is None:
@@ -285,7 +284,7 @@ def main() -> int:
         print(f"-- N={n}: {copies} weight copies of {our_bytes / 1e6:.1f} MB "
               f"(host set-up {time.perf_counter() - start:.1f} s; packed on first record)")
         packed = [Tensor.from_torch(pack_linear_weights(w, ws, wz, GROUP_SIZE)) for w, ws, wz in weights]
-        for m in tokens:
+        for m in options.tokens:
             measured = time_ours(op, m, k, weights, gen, repeats, warmup)
             if measured is None:
                 print("device has no timestamp queries: nothing to time")

@@ -14,9 +14,9 @@
 #         them the report has no plots (`python benchmarks/report.py DIR/results` elsewhere)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
 # Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|tune|all|cmd COMMAND...] (output
-# also under $OUT when set); bench runs every kernel benchmark through benchmarks/run_all.py and writes the
-# report ($OUT/bench-report/REPORT.md, PNGs, results/, logs/); kernels runs only the conv2d,
-# coop_gemm, linear and q8ta_linear benchmarks; programs runs each saved program under validation
+# also under $OUT when set); bench runs every kernel benchmark through benchmarks/run_all.py and
+# writes the report ($OUT/bench-report/REPORT.md, PNGs, results/, logs/); kernels runs only the
+# conv2d, coop_gemm, linear and q8ta_linear benchmarks; programs runs each saved program under validation
 # (`python -m runtime run`), then benchmarks/program_bench.py; tune tunes each saved program's
 # convs (`python -m runtime tune`, choices cached under $ETVK_CACHE_DIR) and runs it (bit-exact
 # check), then program_bench.py again, now with the measured choices; cmd runs COMMAND... in
