@@ -285,6 +285,7 @@ def main() -> int:
               f"(host set-up {time.perf_counter() - start:.1f} s; packed on first record)")
         packed = [Tensor.from_torch(pack_linear_weights(w, ws, wz, GROUP_SIZE)) for w, ws, wz in weights]
         for m in options.tokens:
+            target_row = (m, n, k) == (1, 14336, 4096)  # the row TARGET names
             measured = time_ours(op, m, k, weights, gen, repeats, warmup)
             if measured is None:
                 print("device has no timestamp queries: nothing to time")
@@ -304,7 +305,7 @@ def main() -> int:
                 for steps in COOP_STEPS:
                     seconds, _ = time_coop(m, k, n, weights, gen, steps, repeats, min(warmup, 0.3))
                     emit(m, n, f"  sweep coop STEPS={steps}", seconds, our_bytes, ours)
-            if m == 1 and n == 14336 and k == 4096:
+            if target_row:
                 target_ours = ours
             if options.sweep and m <= 8:
                 kernel = variant.split("_")[3]  # linear_qta8a_qga4w_<KERNEL>_...
@@ -318,7 +319,7 @@ def main() -> int:
             else:
                 seconds = time_cuda(fn, copies, repeats * CALLS, warmup)
                 emit(m, n, "torch._weight_int4pack_mm bf16 (tinygemm)", seconds, info, ours)
-                if m == 1 and n == 14336 and k == 4096:
+                if target_row:
                     target_tinygemm = seconds
             del fn
             fn, info = bf16_setup(m, k, n, copies)
