@@ -166,8 +166,12 @@ class PipelineCache:
         vk, ffi, lib = raw.load()
         self.device = device
         self._pipelines: dict[tuple, Pipeline] = {}
-        self._defaults: dict[tuple, Pipeline] = {}  # (name, spirv key) -> pipeline with default specs
-        # (name, spirv key, spec-constant items as given) -> pipeline: skips resolving them again
+        # (name, spirv key, workgroup) -> pipeline with default specs. The workgroup is part of
+        # every key: a caller may run a variant with another one (dataclasses.replace of its
+        # interface, as the quantize tunables do), and it is a specialization of the pipeline.
+        self._defaults: dict[tuple, Pipeline] = {}
+        # (name, spirv key, workgroup, spec-constant items as given) -> pipeline: skips
+        # resolving them again
         self._given: dict[tuple, Pipeline] = {}
         caps = device.caps
         self.path = Path(cache_dir()) / "pipelines" / (
@@ -192,12 +196,13 @@ class PipelineCache:
             UnsupportedVariant: over a device limit, or an unknown spec constant.
             VulkanError: pipeline creation failed.
         """
+        workgroup = variant.interface.workgroup
         if not spec_constants:  # the common case, without resolving the spec constants
-            pipeline = self._defaults.get((variant.name, variant.spirv_key))
+            pipeline = self._defaults.get((variant.name, variant.spirv_key, workgroup))
             if pipeline is not None:
                 return pipeline
         else:
-            given = (variant.name, variant.spirv_key, tuple(spec_constants.items()))
+            given = (variant.name, variant.spirv_key, workgroup, tuple(spec_constants.items()))
             try:
                 pipeline = self._given.get(given)
             except TypeError:  # an unhashable value: resolved (and refused) below
@@ -211,7 +216,7 @@ class PipelineCache:
             pipeline = Pipeline(self.device, variant, variant.spirv(), specs, self.handle)
             self._pipelines[key] = pipeline
         if not spec_constants:
-            self._defaults[(variant.name, variant.spirv_key)] = pipeline
+            self._defaults[(variant.name, variant.spirv_key, workgroup)] = pipeline
         elif given is not None:
             self._given[given] = pipeline
         return pipeline

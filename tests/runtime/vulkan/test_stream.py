@@ -234,6 +234,21 @@ def test_pipelines_by_given_spec_constants(tiny_library):
             pipelines.get(variant, {"TILE": 5})
 
 
+def test_pipelines_by_workgroup(tiny_library):
+    """A variant run with another workgroup (its interface replaced, as the quantize tunables
+    do) gets its own pipeline, with the given spec constants and without: the workgroup is a
+    specialization, so a pipeline built for one must not serve another."""
+    pipelines = get_device().pipelines
+    variant = tiny_library.variant("affine_buffer_float")
+    wider = replace(variant, interface=replace(
+        variant.interface, workgroup=(2 * variant.interface.workgroup[0], 1, 1)))
+    for specs in (None, {"OFFSET": 5}):
+        built = pipelines.get(variant, specs)
+        assert pipelines.get(wider, specs) is not built
+        assert pipelines.get(wider, specs) is pipelines.get(wider, specs)
+        assert pipelines.get(variant, specs) is built
+
+
 def test_unknown_spec_constant(stream, tiny_library):
     with pytest.raises(UnsupportedVariant, match=r"no spec constant\(s\) \['TILE'\]; it has: \['OFFSET'\]"):
         _affine(stream, tiny_library, torch.ones(4), spec={"TILE": 2})
