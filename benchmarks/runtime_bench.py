@@ -28,8 +28,9 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
 5. With ``--sweep``, instead of 3 and 4: every quantize / dequantize variant with 1, 2, 4 and 8
    units of 4 values (buffer) or texels (texture3d) per invocation (the
    shaders' UNITS; the ops use op_specs/quantize.yaml's choice), rows back to
-   back in one run, and the fastest per variant; every choose_qparams
-   variant at workgroup sizes 32 to 256 and REDUCERS 4 to 16.
+   back in one run, and the fastest per variant; every choose_qparams and fused dynamic
+   quantize variant at each (workgroup size, LANES) of quantize_tunables.TEAMS, with
+   REDUCERS 4 and 8 (choose_qparams) or the REGS that hold a 1024-value token.
 
 With ``ETVK_BENCH_RESULTS=DIR`` it also writes DIR/runtime.jsonl
 (benchmarks/results.py) for benchmarks/report.py.
@@ -64,14 +65,17 @@ from runtime.tools.examples import EXAMPLES  # noqa: E402
 from runtime.tools.quantize_tunables import (  # noqa: E402
     CANDIDATES,
     CHOOSE_CANDIDATES,
+    DYNAMIC_CANDIDATES,
     UnitsStream,
-    record_choose_qparams,
+    record_token_shader,
 )
 from runtime.vulkan.device import FENCE_SPIN_US, get_device  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
 from runtime.vulkan.tensor import Tensor, dtype_info  # noqa: E402
 
 QUANTIZE = "etvk.quantize_per_tensor.default"
+CHOOSE = "etvk.choose_qparams_per_token_asymmetric.default"
+DYNAMIC = "etvk.quantize_per_token_dynamic.default"
 QUANTIZE_ARGS = (0.05, 0, -128, 127, torch.int8)
 BACK_TO_BACK = 8  # dispatches per submitted stream in the throughput runs
 REPLAYED = 100  # small dispatches in the recorded stream of the overhead section
@@ -378,34 +382,41 @@ def sweep_units(elements: int, repeats: int, warmup: float, only: re.Pattern) ->
             print(f"{'':<50} best UNITS={min(timed)[1]}")
 
 
-def sweep_choose(elements: int, repeats: int, warmup: float, only: re.Pattern) -> None:
-    """GPU time of every choose_qparams variant at each (workgroup size, REDUCERS) candidate."""
+def sweep_tokens(elements: int, repeats: int, warmup: float, only: re.Pattern) -> None:
+    """GPU time of every per-token shader variant (choose_qparams, the fused dynamic quantize)
+    at each (workgroup size, LANES, REDUCERS or REGS) candidate."""
     caps = get_device().caps
     shape = (max(1, elements >> 10), min(elements, 1024))
-    print(f"\n== choose_qparams_per_token_asymmetric, workgroup size x REDUCERS, "
-          f"{shape[0]}x{shape[1]} values, rows back to back ==")
-    print(f"{'variant':<50} {'WG':>4} {'RED':>4} {'GPU us':>9} {'GB/s':>8}")
+    print(f"\n== Per-token shaders, workgroup size x LANES x REDUCERS (choose_qparams) or REGS "
+          f"(dynamic quantize), {shape[0]}x{shape[1]} values, rows back to back ==")
+    print(f"{'variant':<50} {'WG':>4} {'LANES':>5} {'R':>3} {'GPU us':>9} {'GB/s':>8}")
     x = torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3
-    for info in runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default").variants:
-        if not only.search(info.name) or not info.runnable(caps)[0]:
-            continue
-        typed = x.to(dtype_info(info.binding("t_in").dtype).torch_dtype)
-        if info.axes["STORAGE"] == "texture3d":  # tokens as rows of image layers: within the limits
-            typed = typed.reshape(-1, min(shape[0], 1024), shape[1])
-        device_x = Tensor.from_torch(typed, info.axes["STORAGE"])
-        moved = typed.numel() * typed.element_size() + shape[0] * 8
-        timed = []
-        for workgroup, reducers in CHOOSE_CANDIDATES:
-            with Stream() as stream:
-                for _ in range(BACK_TO_BACK):
-                    record_choose_qparams(stream, info, device_x, workgroup, reducers)
-                stream.run()
-                row_warmup = SWEEP_WARMUP_SECONDS if timed else SWEEP_FIRST_WARMUP_SECONDS
-                seconds = gpu_seconds(stream, repeats, min(warmup, row_warmup))
-            timed.append((seconds, workgroup, reducers))
-            print(f"{info.name:<50} {workgroup:>4} {reducers:>4} {seconds * 1e6:>9.1f} "
-                  f"{moved / seconds / 1e9:>8.1f}", flush=True)
-        print(f"{'':<50} best workgroup={min(timed)[1]} REDUCERS={min(timed)[2]}")
+    for op, name, candidates in ((CHOOSE, "REDUCERS", CHOOSE_CANDIDATES),
+                                 (DYNAMIC, "REGS", DYNAMIC_CANDIDATES)):
+        for info in runtime.get_op(op).variants:
+            if not only.search(info.name) or not info.runnable(caps)[0]:
+                continue
+            typed = x.to(dtype_info(info.binding("t_in").dtype).torch_dtype)
+            if info.axes["STORAGE"] == "texture3d":  # tokens as rows of image layers: within the limits
+                typed = typed.reshape(-1, min(shape[0], 1024), shape[1])
+            device_x = Tensor.from_torch(typed, info.axes["STORAGE"])
+            moved = typed.numel() * typed.element_size() + shape[0] * 8
+            if op == DYNAMIC:
+                moved += typed.numel()  # the int8 output
+            timed = []
+            for workgroup, lanes, value in candidates:
+                with Stream() as stream:
+                    for _ in range(BACK_TO_BACK):
+                        record_token_shader(stream, info, op, device_x, workgroup, lanes,
+                                            {name: value})
+                    stream.run()
+                    row_warmup = SWEEP_WARMUP_SECONDS if timed else SWEEP_FIRST_WARMUP_SECONDS
+                    seconds = gpu_seconds(stream, repeats, min(warmup, row_warmup))
+                timed.append((seconds, workgroup, lanes, value))
+                print(f"{info.name:<50} {workgroup:>4} {lanes:>5} {value:>3} {seconds * 1e6:>9.1f} "
+                      f"{moved / seconds / 1e9:>8.1f}", flush=True)
+            best = min(timed)
+            print(f"{'':<50} best workgroup={best[1]} LANES={best[2]} {name}={best[3]}")
 
 
 def cuda_baseline(elements: int, repeats: int, warmup: float, ours_gbps: float | None,
@@ -469,7 +480,7 @@ def main() -> int:
     only = re.compile(options.only)
     if options.sweep:  # instead of the throughput and comparison sections: under 2 minutes
         sweep_units(elements, repeats, warmup, only)
-        sweep_choose(elements, repeats, warmup, only)
+        sweep_tokens(elements, repeats, warmup, only)
         return 0
     ours = throughput(elements, repeats, warmup, only, results)
     cuda_baseline(elements, repeats, warmup, ours, results)

@@ -106,14 +106,14 @@ void main() {
   const int first = int(gl_WorkGroupID.x * WGX * uint(UNITS) + gl_LocalInvocationID.x);
   const ivec2 row = ivec2(gl_GlobalInvocationID.yz);
   const bool in_rows = all(lessThan(row, extents.yz));
-  if (!in_rows) {
-    return;
-  }
   vec4 x[UNITS];
   for (uint i = 0u; i < uint(UNITS); ++i) {
-    if (first + int(i * WGX) < extents.x) {
+    if (in_rows && first + int(i * WGX) < extents.x) {
       x[i] = t_in_load(ivec3(first + int(i * WGX), row));
     }
+  }
+  if (!in_rows) {
+    return;
   }
   const vec4 inv_scale = vec4(pc.inv_scale);
   const vec4 zero_point = vec4(float(pc.zero_point));

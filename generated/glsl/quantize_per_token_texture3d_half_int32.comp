@@ -122,7 +122,14 @@ void main() {
   const int first = int(gl_WorkGroupID.x * WGX * uint(UNITS) + gl_LocalInvocationID.x);
   const ivec2 row = ivec2(gl_GlobalInvocationID.yz);
   const bool in_rows = all(lessThan(row, extents.yz));
-  // A texel holds 4 values of one row, and a row is one token.
+  vec4 x[UNITS];
+  for (uint i = 0u; i < uint(UNITS); ++i) {
+    if (in_rows && first + int(i * WGX) < extents.x) {
+      x[i] = t_in_load(ivec3(first + int(i * WGX), row));
+    }
+  }
+  // A texel holds 4 values of one row, and a row is one token. The reciprocal is
+  // computed while the loads above are in flight.
   const uint slot = gl_LocalInvocationID.y + gl_LocalInvocationID.z * gl_WorkGroupSize.y;
   if (gl_LocalInvocationID.x == 0u && in_rows) {
     s_params[slot] = token_params(uint(row.x + row.y * extents.y));
@@ -130,12 +137,6 @@ void main() {
   barrier();
   if (!in_rows) {
     return;
-  }
-  vec4 x[UNITS];
-  for (uint i = 0u; i < uint(UNITS); ++i) {
-    if (first + int(i * WGX) < extents.x) {
-      x[i] = t_in_load(ivec3(first + int(i * WGX), row));
-    }
   }
   const vec4 inv_scale = vec4(s_params[slot].x);
   const vec4 zero_point = vec4(s_params[slot].y);

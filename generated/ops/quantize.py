@@ -88,7 +88,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="quantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
-    spec="op_specs/quantize.yaml:173",
+    spec="op_specs/quantize.yaml:186",
     reference="runtime.reference.quantize:quantize_per_tensor",
     variants=(
         ("quantize_per_tensor_buffer_float_int8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -146,7 +146,7 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="quantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
-    spec="op_specs/quantize.yaml:203",
+    spec="op_specs/quantize.yaml:216",
     reference="runtime.reference.quantize:quantize_per_token",
     variants=(
         ("quantize_per_token_buffer_float_int8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -201,7 +201,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="dequantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
-    spec="op_specs/quantize.yaml:240",
+    spec="op_specs/quantize.yaml:253",
     reference="runtime.reference.quantize:dequantize_per_tensor",
     variants=(
         ("dequantize_per_tensor_buffer_int8_float", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -261,7 +261,7 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="dequantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype, ScalarType output_dtype) -> Tensor",
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
-    spec="op_specs/quantize.yaml:269",
+    spec="op_specs/quantize.yaml:282",
     reference="runtime.reference.quantize:dequantize_per_token",
     variants=(
         ("dequantize_per_token_buffer_int8_float", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -293,11 +293,12 @@ def choose_qparams_per_token_asymmetric(stream, input, dtype, *, variant=None, s
         raise rt.ArgumentError(op, "input", "must have at least one dimension, got a 0-d tensor")
     if not (rt.last_dim(input) > 0 or rt.tokens(input) == 0):
         raise rt.ArgumentError(op, "input", "has an empty last dimension; every token needs at least one value")
+    lanes = 16
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.empty(rt.token_shape(input), torch.float32, v.binding("t_scales"), op.label("scales", "output"))
     zero_points = stream.empty(rt.token_shape(input), torch.int32, v.binding("t_zero_points"), op.label("zero_points", "output"))
-    stream.dispatch(v, op.name, bindings={"t_scales": scales, "t_zero_points": zero_points, "t_in": input}, push={"tokens": rt.tokens(input), "last_dim": rt.last_dim(input)}, groups=[rt.tokens(input), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_scales": scales, "t_zero_points": zero_points, "t_in": input}, push={"tokens": rt.tokens(input), "last_dim": rt.last_dim(input)}, spec_constants={"LANES": lanes}, global_size=[rt.tokens(input) * lanes])
     return scales, zero_points
 
 
@@ -313,7 +314,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     family="quantize",
     schema="choose_qparams_per_token_asymmetric(Tensor input, ScalarType dtype) -> (Tensor, Tensor)",
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
-    spec="op_specs/quantize.yaml:305",
+    spec="op_specs/quantize.yaml:318",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
     variants=(
         ("choose_qparams_per_token_asymmetric_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -340,12 +341,14 @@ def quantize_per_token_dynamic(stream, input, dtype, *, variant=None, storage=No
         raise rt.ArgumentError(op, "input", "has an empty last dimension; every token needs at least one value")
     if not (rt.last_dim(input) % 4 == 0):
         raise rt.ArgumentError(op, "input", f"has a last dimension of {rt.last_dim(input)}, not a multiple of 4 (a token must fill whole units of 4 values); use choose_qparams_per_token_asymmetric and quantize_per_token")
+    lanes = rt.per_storage(input, [32, 16])
+    regs = rt.per_storage(input, [8, 16])
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     out = stream.empty(input.shape, torch.int8, v.binding("t_out"), op.label("out", "output"))
     scales = stream.empty(rt.token_shape(input), torch.float32, v.binding("t_scales"), op.label("scales", "output"))
     zero_points = stream.empty(rt.token_shape(input), torch.int32, v.binding("t_zero_points"), op.label("zero_points", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_scales": scales, "t_zero_points": zero_points, "t_in": input}, push={"tokens": rt.tokens(input), "last_dim": rt.last_dim(input)}, groups=[rt.tokens(input), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_scales": scales, "t_zero_points": zero_points, "t_in": input}, push={"tokens": rt.tokens(input), "last_dim": rt.last_dim(input)}, spec_constants={"LANES": lanes, "REGS": regs}, global_size=[rt.tokens(input) * lanes])
     return out, scales, zero_points
 
 
@@ -362,7 +365,7 @@ QUANTIZE_PER_TOKEN_DYNAMIC = rt.OpDef(
     family="quantize",
     schema="quantize_per_token_dynamic(Tensor input, ScalarType dtype) -> (Tensor, Tensor, Tensor)",
     doc="choose_qparams_per_token_asymmetric then quantize_per_token(input, scales, zero_points, -128, 127, int8) in one dispatch; returns (q, scales, zero_points), bit-identical to the two ops.",
-    spec="op_specs/quantize.yaml:328",
+    spec="op_specs/quantize.yaml:344",
     reference="runtime.reference.quantize:quantize_per_token_dynamic",
     variants=(
         ("dynamic_quantize_per_token_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),

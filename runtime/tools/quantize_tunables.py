@@ -1,7 +1,8 @@
 """Recording the quantize family's shaders with other tunable choices than the ops' own.
 
 The elementwise quantize / dequantize shaders take UNITS units (or texels) per invocation;
-choose_qparams takes a workgroup size and REDUCERS. The tests check every candidate with
+the per-token shaders (choose_qparams, the fused dynamic quantize) take a workgroup size,
+LANES invocations per token and REDUCERS or REGS. The tests check every candidate with
 these, and ``benchmarks/runtime_bench.py --sweep`` times them.
 """
 
@@ -16,8 +17,15 @@ from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
 
 CANDIDATES = (1, 2, 4, 8)  # the UNITS values the benchmark sweep times
-# (workgroup size, REDUCERS) pairs of choose_qparams the benchmark sweep times
-CHOOSE_CANDIDATES = tuple((size, reducers) for size in (32, 64, 128, 256) for reducers in (4, 8, 16))
+# (workgroup size, LANES) of the per-token shaders the benchmark sweep times: one token per
+# workgroup of 32 to 128, or teams of 8 to 32 invocations sharing one of 64 to 256
+TEAMS = ((32, 32), (64, 64), (128, 128), (64, 32), (128, 32), (64, 16), (128, 16), (256, 16),
+         (64, 8), (128, 8), (256, 8))
+# (workgroup size, LANES, REDUCERS) of choose_qparams the benchmark sweep times
+CHOOSE_CANDIDATES = tuple((size, lanes, reducers) for size, lanes in TEAMS for reducers in (4, 8))
+# (workgroup size, LANES, REGS) of the fused dynamic quantize: REGS keeps a 1024-value token
+# (the benchmark's) in registers
+DYNAMIC_CANDIDATES = tuple((size, lanes, 256 // lanes) for size, lanes in TEAMS)
 
 
 class UnitsStream(Stream):
@@ -41,19 +49,23 @@ class UnitsStream(Stream):
                          groups=groups, spec_constants=spec_constants)
 
 
-def record_choose_qparams(stream: Stream, variant, x: Tensor, workgroup: int,
-                          reducers: int) -> tuple[Tensor, Tensor]:
-    """Record a choose_qparams_per_token_asymmetric `variant` on device tensor `x` (of the
-    variant's storage and dtype) with `workgroup` invocations per token and `reducers`;
-    returns the (scales, zero_points) device tensors, one value per token."""
+def record_token_shader(stream: Stream, variant, op: str, x: Tensor, workgroup: int, lanes: int,
+                        spec_constants: dict) -> dict[str, Tensor]:
+    """Record a per-token shader `variant` (choose_qparams_per_token_asymmetric's, or
+    dynamic_quantize_per_token's) for `op` on device tensor `x` (of the variant's storage and
+    dtype), with `workgroup` invocations per workgroup, `lanes` of them per token (LANES) and
+    the other `spec_constants` (REDUCERS, REGS); returns its outputs by binding name: t_scales
+    and t_zero_points (one value per token), and t_out (x's shape, int8) where it has one."""
     kernel = dataclasses.replace(variant, interface=dataclasses.replace(
         variant.interface, workgroup=(workgroup, 1, 1)))
     last_dim = x.shape[-1]
     tokens = x.numel() // last_dim
-    scales = Tensor.empty((tokens,), torch.float32)
-    zero_points = Tensor.empty((tokens,), torch.int32)
-    stream.dispatch(kernel, "etvk.choose_qparams_per_token_asymmetric.default",
-                    bindings={"t_scales": scales, "t_zero_points": zero_points, "t_in": x},
-                    push={"tokens": tokens, "last_dim": last_dim}, groups=[tokens],
-                    spec_constants={"REDUCERS": reducers})
-    return scales, zero_points
+    outputs = {"t_scales": Tensor.empty((tokens,), torch.float32),
+               "t_zero_points": Tensor.empty((tokens,), torch.int32)}
+    if any(b.name == "t_out" for b in variant.interface.bindings):
+        outputs["t_out"] = Tensor.empty(x.shape, torch.int8, x.storage)
+    teams = workgroup // max(1, min(lanes, workgroup))  # tokens per workgroup
+    stream.dispatch(kernel, op, bindings={**outputs, "t_in": x},
+                    push={"tokens": tokens, "last_dim": last_dim}, groups=[-(-tokens // teams)],
+                    spec_constants={"LANES": lanes, **spec_constants})
+    return outputs

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.tools.quantize_tunables import CHOOSE_CANDIDATES
+from runtime.tools.quantize_tunables import CHOOSE_CANDIDATES, DYNAMIC_CANDIDATES
 from runtime.vulkan.device import GPU_FAMILIES
 
 BENCHMARKS = Path(__file__).resolve().parents[2] / "benchmarks"
@@ -39,10 +39,11 @@ def test_runtime_bench_runs_on_every_family(family, tmp_path):
     assert result.stdout.count("the same, recorded afresh (ETVK_REUSE_RECORDINGS=0)") == 2
 
 
-def test_runtime_bench_sweep_times_every_units_candidate(tmp_path):
+def test_runtime_bench_sweep_times_every_candidate(tmp_path):
     result = _run([str(BENCHMARKS / "runtime_bench.py"), "--quick", "--skip-overhead", "--sweep",
                    "--only", "quantize_per_token_(buffer_half_int8|texture3d_float_uint8)$|"
-                   "choose_qparams_per_token_asymmetric_buffer_half$"], "nvidia", tmp_path)
+                   "choose_qparams_per_token_asymmetric_buffer_half$|"
+                   "dynamic_quantize_per_token_texture3d_float$"], "nvidia", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     sweep = result.stdout.split("== Units")[1].splitlines()
     for variant in ("quantize_per_token_buffer_half_int8", "quantize_per_token_texture3d_float_uint8"):
@@ -50,8 +51,11 @@ def test_runtime_bench_sweep_times_every_units_candidate(tmp_path):
         assert [row[1] for row in rows] == ["1", "2", "4", "8"]
         assert sum("choice)" in row for row in rows) == 1  # the op's own UNITS is marked
     assert sum(line.strip().startswith("best UNITS=") for line in sweep) == 2
-    choose = [line.split() for line in sweep if line.startswith("choose_qparams")]
-    assert [(int(row[1]), int(row[2])) for row in choose] == list(CHOOSE_CANDIDATES)
+    for variant, candidates in (("choose_qparams", CHOOSE_CANDIDATES),
+                                ("dynamic_quantize", DYNAMIC_CANDIDATES)):
+        rows = [line.split() for line in sweep if line.startswith(variant)]
+        assert [tuple(map(int, row[1:4])) for row in rows] == list(candidates)
+    assert sum(line.strip().startswith("best workgroup=") for line in sweep) == 2
 
 
 @pytest.mark.parametrize("family", GPU_FAMILIES)

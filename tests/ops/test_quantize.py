@@ -31,8 +31,9 @@ from runtime.tools.examples import (
 from runtime.tools.quantize_tunables import (
     CANDIDATES,
     CHOOSE_CANDIDATES,
+    DYNAMIC_CANDIDATES,
     UnitsStream,
-    record_choose_qparams,
+    record_token_shader,
 )
 from runtime.vulkan.device import get_device
 from runtime.vulkan.stream import Stream
@@ -120,24 +121,36 @@ def test_every_units_candidate_matches_reference(op_name, variant, units):
 
 @pytest.mark.parametrize("storage", ["buffer", "texture3d"])
 @pytest.mark.parametrize("in_dtype", ["float32", "float16"])
-def test_choose_qparams_every_workgroup_and_reducers(storage, in_dtype):
-    """Each (workgroup size, REDUCERS) the benchmark sweeps, and sizes that are not powers of
-    2, on tokens with and without whole units and longer than 4 loads per invocation."""
-    op = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
+@pytest.mark.parametrize("op_name, spec, candidates", [
+    ("etvk.choose_qparams_per_token_asymmetric.default", "REDUCERS", CHOOSE_CANDIDATES),
+    ("etvk.quantize_per_token_dynamic.default", "REGS", DYNAMIC_CANDIDATES),
+])
+def test_per_token_shaders_every_team(storage, in_dtype, op_name, spec, candidates):
+    """Each (workgroup size, LANES, REDUCERS or REGS) the benchmark sweeps, and odd ones (sizes
+    that are not powers of 2, a last team cut short, LANES over the workgroup), on tokens with
+    and without whole units, longer than the loads an invocation keeps, and counts of tokens
+    that leave a workgroup's last teams without one."""
+    op = runtime.get_op(op_name)
     info = next(v for v in op.variants if v.axes == {"STORAGE": storage, "IN_DTYPE": in_dtype})
+    reference = (ref.choose_qparams_per_token_asymmetric if "choose" in op_name
+                 else ref.quantize_per_token_dynamic)
+    names = ["t_scales", "t_zero_points"] if "choose" in op_name else ["t_out", "t_scales", "t_zero_points"]
     gen = torch.Generator().manual_seed(19)
-    for shape in ((3, 1040), (2, 1030), (5, 17), (4, 3)):
+    shapes = ((3, 1040), (2, 1032), (5, 16), (9, 8)) if "dynamic" in op_name else (
+        (3, 1040), (2, 1030), (5, 17), (9, 3))
+    for shape in shapes:
         x = (torch.randn(shape, generator=gen) * 3).to(DTYPES[in_dtype])
         device_x = Tensor.from_torch(x, storage)
-        want = ref.choose_qparams_per_token_asymmetric(x, torch.int8)
-        for workgroup, reducers in (*CHOOSE_CANDIDATES, (48, 5), (1, 1), (7, 16)):
+        want = reference(x, torch.int8)
+        for workgroup, lanes, value in (*candidates, (48, 16, 5), (1, 1, 1), (7, 16, 2), (7, 3, 2)):
             with Stream() as stream:
-                got = record_choose_qparams(stream, info, device_x, workgroup, reducers)
+                outputs = record_token_shader(stream, info, op_name, device_x, workgroup, lanes,
+                                              {spec: value})
                 stream.run()
-                got = [g.to_torch().reshape(w.shape) for g, w in zip(got, want, strict=True)]
-            for i, (g, w) in enumerate(zip(got, want, strict=True)):
-                assert_bit_equal(g, w, f"{info.name} {shape} workgroup={workgroup} "
-                                       f"REDUCERS={reducers} output {i}")
+                got = [outputs[name].to_torch().reshape(w.shape) for name, w in zip(names, want, strict=True)]
+            for name, g, w in zip(names, got, want, strict=True):
+                assert_bit_equal(g, w, f"{info.name} {shape} workgroup={workgroup} LANES={lanes} "
+                                       f"{spec}={value} {name}")
 
 
 def _quantized_decomposed(op_name):
