@@ -184,7 +184,7 @@ def linear_qta8a_qga4w_tiled(stream, x, input_scale, input_zero_point, weight, g
     n_out = int(weight.shape[0])
     tiles = rt.ceil_div(n_out, 4) * (1 if rt.tokens(x) == 1 else rt.ceil_div(rt.tokens(x), 4))
     coop_lanes = min(2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // 8))), (64 if tiles < 2048 else 32) if rt.tokens(x) == 1 else max(4, min(64, 2 ** int(math.log2(max(1, 32768 // max(1, tiles)))))))
-    group_lanes = 2 ** int(math.log2(min(coop_lanes, 32, 2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // group_size))), 64 // max(1, group_size // 32) if rt.tokens(x) == 1 else 8)))
+    group_lanes = 2 ** int(math.log2(min(coop_lanes, 32, 2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // group_size))), max(1, coop_lanes // max(1, group_size // 32)) if rt.tokens(x) == 1 else 8)))
     w_packed = rt.prepacked('runtime.families.linear_weights:pack_linear_weights', weight, weight_scales, weight_zeros, group_size)
     v = op.select(variant, storage, {"KERNEL": ("x", 'gemv' if rt.tokens(x) == 1 else 'gemm'), "DOT": (None, None), "ACT_STORAGE": (None, storage), "W_STORAGE": (None, None)})
     x = stream.upload(x, v.binding("t_x"), op.label("x"))
