@@ -2,6 +2,7 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 16, local_size_y = 8, local_size_z = 1) in;
 layout(constant_id = 3) const int UNITS = 1;
+layout(constant_id = 4) const int ROW_LANES = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) uint numel;
   layout(offset = 4) uint last_dim;

@@ -2,6 +2,7 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int UNITS = 1;
+layout(constant_id = 4) const int ROW_LANES = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) uint numel;
   layout(offset = 4) uint last_dim;
@@ -122,7 +123,46 @@ vec2 token_params(uint token) {
   return vec2(etvk_div_rn(1.0, t_scales_load(token)), float(t_zero_points_load(token)));
 }
 
+// Tokens of whole units (last_dim % 4 == 0), ROW_LANES > 0 invocations per token: a team
+// walks its token's units in steps of ROW_LANES * UNITS, invocation `lane` taking units
+// lane + i * ROW_LANES of a step (contiguous runs), its loads issued before the token's
+// exact reciprocal, which each invocation computes once, with no division to find its
+// token.
+void quantize_row() {
+  const uint lanes = clamp(uint(ROW_LANES), 1u, gl_WorkGroupSize.x);
+  const uint team = gl_LocalInvocationID.x / lanes;
+  const uint lane = gl_LocalInvocationID.x % lanes;
+  const uint token = etvk_linear_group() * (gl_WorkGroupSize.x / lanes) + team;
+  const uint units_row = pc.last_dim / 4u;
+  if (team >= gl_WorkGroupSize.x / lanes || token >= pc.numel / pc.last_dim) {
+    return;
+  }
+  const uint first = token * units_row;
+  vec2 p = vec2(0.0);
+  for (uint step = 0u; step < units_row; step += lanes * uint(UNITS)) {
+    vec4 x[UNITS];
+    for (uint i = 0u; i < uint(UNITS); ++i) {
+      if (step + lane + i * lanes < units_row) {
+        x[i] = t_in_load(first + step + lane + i * lanes);
+      }
+    }
+    if (step == 0u) {
+      p = token_params(token);
+    }
+    for (uint i = 0u; i < uint(UNITS); ++i) {
+      if (step + lane + i * lanes < units_row) {
+        t_out_store(first + step + lane + i * lanes, quantize4(x[i], vec4(p.x), vec4(p.y)));
+      }
+    }
+  }
+}
+
 void main() {
+  if (ROW_LANES > 0) {
+    quantize_row();
+    return;
+  }
+  // Any last dimension: UNITS consecutive units per invocation.
   const uint first = etvk_linear_invocation() * uint(UNITS);
   if (4u * first >= pc.numel) {
     return;

@@ -88,7 +88,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="quantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
-    spec="op_specs/quantize.yaml:186",
+    spec="op_specs/quantize.yaml:191",
     reference="runtime.reference.quantize:quantize_per_tensor",
     variants=(
         ("quantize_per_tensor_buffer_float_int8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -127,13 +127,14 @@ def quantize_per_token(stream, input, scales, zero_points, quant_min, quant_max,
     _check_scales_positive(op, scales)
     _check_zero_points_per_token(op, zero_points, input)
     _check_zero_points_int32(op, zero_points)
-    units = [1, 2] if dtype == torch.int32 else [2, 4]
+    units = [4 if rt.last_dim(input) % 4 == 0 else 1 if dtype == torch.int32 else 2, 2 if dtype == torch.int32 else 4]
+    row_lanes = [32 if rt.last_dim(input) % 4 == 0 else 0, 0]
     v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype), "OUT_DTYPE": ("dtype", dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
     zero_points = stream.upload(zero_points, v.binding("t_zero_points"), op.label("zero_points"))
     out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": rt.per_storage(out, units)}, global_size=rt.elementwise(out, rt.per_storage(out, units)))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": rt.per_storage(out, units), "ROW_LANES": rt.per_storage(out, row_lanes)}, global_size=[rt.tokens(input) * row_lanes[0]] if rt.per_storage(out, row_lanes) else rt.elementwise(out, rt.per_storage(out, units)))
     return out
 
 
@@ -146,7 +147,7 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="quantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
-    spec="op_specs/quantize.yaml:216",
+    spec="op_specs/quantize.yaml:221",
     reference="runtime.reference.quantize:quantize_per_token",
     variants=(
         ("quantize_per_token_buffer_float_int8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -201,7 +202,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="dequantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
-    spec="op_specs/quantize.yaml:253",
+    spec="op_specs/quantize.yaml:267",
     reference="runtime.reference.quantize:dequantize_per_tensor",
     variants=(
         ("dequantize_per_tensor_buffer_int8_float", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -261,7 +262,7 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="dequantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype, ScalarType output_dtype) -> Tensor",
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
-    spec="op_specs/quantize.yaml:282",
+    spec="op_specs/quantize.yaml:296",
     reference="runtime.reference.quantize:dequantize_per_token",
     variants=(
         ("dequantize_per_token_buffer_int8_float", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -314,7 +315,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     family="quantize",
     schema="choose_qparams_per_token_asymmetric(Tensor input, ScalarType dtype) -> (Tensor, Tensor)",
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
-    spec="op_specs/quantize.yaml:318",
+    spec="op_specs/quantize.yaml:332",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
     variants=(
         ("choose_qparams_per_token_asymmetric_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -365,7 +366,7 @@ QUANTIZE_PER_TOKEN_DYNAMIC = rt.OpDef(
     family="quantize",
     schema="quantize_per_token_dynamic(Tensor input, ScalarType dtype) -> (Tensor, Tensor, Tensor)",
     doc="choose_qparams_per_token_asymmetric then quantize_per_token(input, scales, zero_points, -128, 127, int8) in one dispatch; returns (q, scales, zero_points), bit-identical to the two ops.",
-    spec="op_specs/quantize.yaml:344",
+    spec="op_specs/quantize.yaml:358",
     reference="runtime.reference.quantize:quantize_per_token_dynamic",
     variants=(
         ("dynamic_quantize_per_token_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),

@@ -30,7 +30,8 @@ DYNAMIC_CANDIDATES = tuple((size, lanes, 256 // lanes) for size, lanes in TEAMS)
 
 class UnitsStream(Stream):
     """A `Stream` whose dispatches that set UNITS get `units` instead, and the global size to
-    match (`elementwise` of the dispatch's ``t_out``); other dispatches are recorded unchanged.
+    match (`elementwise` of the dispatch's ``t_out``; per-token quantize's teams per token,
+    ROW_LANES, keep theirs); other dispatches are recorded unchanged.
     Ops record into it through their ordinary path (checks, uploads, outputs). `chosen` is
     the UNITS the op asked for in the last such dispatch (None before one)."""
 
@@ -44,7 +45,8 @@ class UnitsStream(Stream):
         if spec_constants and "UNITS" in spec_constants:
             self.chosen = spec_constants["UNITS"]
             spec_constants = {**spec_constants, "UNITS": self.units}
-            global_size = elementwise(bindings["t_out"], self.units)
+            if not spec_constants.get("ROW_LANES"):  # teams per token: a size without UNITS
+                global_size = elementwise(bindings["t_out"], self.units)
         super().dispatch(kernel, op, bindings=bindings, push=push, global_size=global_size,
                          groups=groups, spec_constants=spec_constants)
 
