@@ -241,11 +241,11 @@ const uint LIN_TM = 4u;
 // two <= C) times S = C / GL sub-lanes. Each round takes GL consecutive
 // groups: invocation c takes group g = base + c % GL and its weight texels
 // j = c / GL, c / GL + S, ..., so consecutive invocations read consecutive
-// texels (t = j * G + g), in batches of LIN_INFLIGHT widths (gemv 8 then 4,
-// gemm 4) issued before any is used; the lane that adds the group's sums
-// loads its metadata before its weights (H200, 4096 -> 14336: one token 15.6
-// against 16.1 us, 8 tokens 46.2 against 48.2, with 4 in flight and the
-// metadata loaded after the barrier). Per texel
+// texels (t = j * G + g), in batches of LIN_INFLIGHT widths (8, then 4)
+// issued before any is used; the lane that adds the group's sums loads its
+// metadata before its weights (H200, 4096 -> 14336: one token 15.6 against
+// 16.1 us, 8 tokens 43.5 against 48.2, with 4 in flight and the metadata
+// loaded after the barrier). Per texel
 // and token: 2 activation words and 8 + 2 dot4. The S partial sums of a
 // group are added in shared memory as integers (exact: the split cannot
 // change them), the group's product weight_scale * float(isum) is rounded
@@ -300,6 +300,232 @@ void main() {
     }
     if (has_group) {
       uint j = sub;
+      for (; j + 7u * S < J; j += 8u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (j + 4u * S) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (j + 5u * S) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (j + 6u * S) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (j + 7u * S) * G + g);
+        {
+          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          {
+            const uint x0 = lin_x_word(tok0, kw);
+            const uint x1 = lin_x_word(tok0, kw + 1u);
+            xq0 += lin_dot8x4(x0, x1, w0);
+            xs[0] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok1, kw);
+            const uint x1 = lin_x_word(tok1, kw + 1u);
+            xq1 += lin_dot8x4(x0, x1, w0);
+            xs[1] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok2, kw);
+            const uint x1 = lin_x_word(tok2, kw + 1u);
+            xq2 += lin_dot8x4(x0, x1, w0);
+            xs[2] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok3, kw);
+            const uint x1 = lin_x_word(tok3, kw + 1u);
+            xq3 += lin_dot8x4(x0, x1, w0);
+            xs[3] += lin_xsum8(x0, x1);
+          }
+        }
+        {
+          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          {
+            const uint x0 = lin_x_word(tok0, kw);
+            const uint x1 = lin_x_word(tok0, kw + 1u);
+            xq0 += lin_dot8x4(x0, x1, w1);
+            xs[0] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok1, kw);
+            const uint x1 = lin_x_word(tok1, kw + 1u);
+            xq1 += lin_dot8x4(x0, x1, w1);
+            xs[1] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok2, kw);
+            const uint x1 = lin_x_word(tok2, kw + 1u);
+            xq2 += lin_dot8x4(x0, x1, w1);
+            xs[2] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok3, kw);
+            const uint x1 = lin_x_word(tok3, kw + 1u);
+            xq3 += lin_dot8x4(x0, x1, w1);
+            xs[3] += lin_xsum8(x0, x1);
+          }
+        }
+        {
+          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          {
+            const uint x0 = lin_x_word(tok0, kw);
+            const uint x1 = lin_x_word(tok0, kw + 1u);
+            xq0 += lin_dot8x4(x0, x1, w2);
+            xs[0] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok1, kw);
+            const uint x1 = lin_x_word(tok1, kw + 1u);
+            xq1 += lin_dot8x4(x0, x1, w2);
+            xs[1] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok2, kw);
+            const uint x1 = lin_x_word(tok2, kw + 1u);
+            xq2 += lin_dot8x4(x0, x1, w2);
+            xs[2] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok3, kw);
+            const uint x1 = lin_x_word(tok3, kw + 1u);
+            xq3 += lin_dot8x4(x0, x1, w2);
+            xs[3] += lin_xsum8(x0, x1);
+          }
+        }
+        {
+          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          {
+            const uint x0 = lin_x_word(tok0, kw);
+            const uint x1 = lin_x_word(tok0, kw + 1u);
+            xq0 += lin_dot8x4(x0, x1, w3);
+            xs[0] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok1, kw);
+            const uint x1 = lin_x_word(tok1, kw + 1u);
+            xq1 += lin_dot8x4(x0, x1, w3);
+            xs[1] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok2, kw);
+            const uint x1 = lin_x_word(tok2, kw + 1u);
+            xq2 += lin_dot8x4(x0, x1, w3);
+            xs[2] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok3, kw);
+            const uint x1 = lin_x_word(tok3, kw + 1u);
+            xq3 += lin_dot8x4(x0, x1, w3);
+            xs[3] += lin_xsum8(x0, x1);
+          }
+        }
+        {
+          const uint kw = g * gs_words + 2u * (j + 4u * S);
+          {
+            const uint x0 = lin_x_word(tok0, kw);
+            const uint x1 = lin_x_word(tok0, kw + 1u);
+            xq0 += lin_dot8x4(x0, x1, w4);
+            xs[0] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok1, kw);
+            const uint x1 = lin_x_word(tok1, kw + 1u);
+            xq1 += lin_dot8x4(x0, x1, w4);
+            xs[1] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok2, kw);
+            const uint x1 = lin_x_word(tok2, kw + 1u);
+            xq2 += lin_dot8x4(x0, x1, w4);
+            xs[2] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok3, kw);
+            const uint x1 = lin_x_word(tok3, kw + 1u);
+            xq3 += lin_dot8x4(x0, x1, w4);
+            xs[3] += lin_xsum8(x0, x1);
+          }
+        }
+        {
+          const uint kw = g * gs_words + 2u * (j + 5u * S);
+          {
+            const uint x0 = lin_x_word(tok0, kw);
+            const uint x1 = lin_x_word(tok0, kw + 1u);
+            xq0 += lin_dot8x4(x0, x1, w5);
+            xs[0] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok1, kw);
+            const uint x1 = lin_x_word(tok1, kw + 1u);
+            xq1 += lin_dot8x4(x0, x1, w5);
+            xs[1] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok2, kw);
+            const uint x1 = lin_x_word(tok2, kw + 1u);
+            xq2 += lin_dot8x4(x0, x1, w5);
+            xs[2] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok3, kw);
+            const uint x1 = lin_x_word(tok3, kw + 1u);
+            xq3 += lin_dot8x4(x0, x1, w5);
+            xs[3] += lin_xsum8(x0, x1);
+          }
+        }
+        {
+          const uint kw = g * gs_words + 2u * (j + 6u * S);
+          {
+            const uint x0 = lin_x_word(tok0, kw);
+            const uint x1 = lin_x_word(tok0, kw + 1u);
+            xq0 += lin_dot8x4(x0, x1, w6);
+            xs[0] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok1, kw);
+            const uint x1 = lin_x_word(tok1, kw + 1u);
+            xq1 += lin_dot8x4(x0, x1, w6);
+            xs[1] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok2, kw);
+            const uint x1 = lin_x_word(tok2, kw + 1u);
+            xq2 += lin_dot8x4(x0, x1, w6);
+            xs[2] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok3, kw);
+            const uint x1 = lin_x_word(tok3, kw + 1u);
+            xq3 += lin_dot8x4(x0, x1, w6);
+            xs[3] += lin_xsum8(x0, x1);
+          }
+        }
+        {
+          const uint kw = g * gs_words + 2u * (j + 7u * S);
+          {
+            const uint x0 = lin_x_word(tok0, kw);
+            const uint x1 = lin_x_word(tok0, kw + 1u);
+            xq0 += lin_dot8x4(x0, x1, w7);
+            xs[0] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok1, kw);
+            const uint x1 = lin_x_word(tok1, kw + 1u);
+            xq1 += lin_dot8x4(x0, x1, w7);
+            xs[1] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok2, kw);
+            const uint x1 = lin_x_word(tok2, kw + 1u);
+            xq2 += lin_dot8x4(x0, x1, w7);
+            xs[2] += lin_xsum8(x0, x1);
+          }
+          {
+            const uint x0 = lin_x_word(tok3, kw);
+            const uint x1 = lin_x_word(tok3, kw + 1u);
+            xq3 += lin_dot8x4(x0, x1, w7);
+            xs[3] += lin_xsum8(x0, x1);
+          }
+        }
+      }
       for (; j + 3u * S < J; j += 4u * S) {  // 4 independent loads in flight
         const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
         const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);

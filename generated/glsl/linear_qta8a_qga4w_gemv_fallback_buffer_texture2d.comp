@@ -238,11 +238,11 @@ const uint LIN_TM = 1u;
 // two <= C) times S = C / GL sub-lanes. Each round takes GL consecutive
 // groups: invocation c takes group g = base + c % GL and its weight texels
 // j = c / GL, c / GL + S, ..., so consecutive invocations read consecutive
-// texels (t = j * G + g), in batches of LIN_INFLIGHT widths (gemv 8 then 4,
-// gemm 4) issued before any is used; the lane that adds the group's sums
-// loads its metadata before its weights (H200, 4096 -> 14336: one token 15.6
-// against 16.1 us, 8 tokens 46.2 against 48.2, with 4 in flight and the
-// metadata loaded after the barrier). Per texel
+// texels (t = j * G + g), in batches of LIN_INFLIGHT widths (8, then 4)
+// issued before any is used; the lane that adds the group's sums loads its
+// metadata before its weights (H200, 4096 -> 14336: one token 15.6 against
+// 16.1 us, 8 tokens 43.5 against 48.2, with 4 in flight and the metadata
+// loaded after the barrier). Per texel
 // and token: 2 activation words and 8 + 2 dot4. The S partial sums of a
 // group are added in shared memory as integers (exact: the split cannot
 // change them), the group's product weight_scale * float(isum) is rounded
