@@ -108,6 +108,43 @@ ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
   const ivec4 r = ivec4(min(c, vec4(2147483520.0)));
   return mix(r, ivec4(hi), greaterThanEqual(c, vec4(2147483648.0)));
 }
+// Teams per token for the per-token buffer quantize (templates/quantize.glsl.j2) when every
+// token holds whole units (last_dim % 4 == 0): ROW_LANES invocations per token (a spec
+// constant of the including shader, > 0), so a workgroup takes gl_WorkGroupSize.x /
+// ROW_LANES consecutive tokens; no division finds a token. (Dequantize per token measured
+// mixed in teams on the H200, session 5: int8 -> fp16 56.0 against 60.5 us, fp32 and int32
+// outputs 1-3 % slower; benchmarks/NOTES.md.)
+// A team walks its token's units in steps of ROW_LANES * UNITS: invocation `lane` takes
+// units lane + i * ROW_LANES of a step (i < UNITS), so each step reads and writes
+// contiguous runs. Plain GLSL, included by templates through Jinja; needs push constants
+// numel and last_dim.
+struct EtvkRowTeam {
+  uint token;   // the team's token
+  uint lane;    // this invocation's place in the team, < lanes
+  uint lanes;   // invocations per token
+  uint first;   // the token's first unit
+  uint units;   // units per token
+  bool live;    // false past the last token, and past the workgroup's last whole team
+};
+
+EtvkRowTeam etvk_row_team() {
+  EtvkRowTeam team;
+  team.lanes = clamp(uint(ROW_LANES), 1u, gl_WorkGroupSize.x);
+  const uint teams = gl_WorkGroupSize.x / team.lanes;
+  const uint index = gl_LocalInvocationID.x / team.lanes;
+  team.lane = gl_LocalInvocationID.x % team.lanes;
+  team.token = etvk_linear_group() * teams + index;
+  team.units = pc.last_dim / 4u;
+  team.first = team.token * team.units;
+  team.live = index < teams && team.token < pc.numel / pc.last_dim;
+  return team;
+}
+
+// The unit (from the token's first) of step `step` (a multiple of lanes * UNITS) and slot
+// i < UNITS; at or past team.units when the token ends before it.
+uint etvk_row_unit(EtvkRowTeam team, uint step, uint i) {
+  return step + team.lane + i * team.lanes;
+}
 
 // q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max)
 ivec4 quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
@@ -122,35 +159,29 @@ vec2 token_params(uint token) {
   return vec2(etvk_div_rn(1.0, t_scales_load(token)), float(t_zero_points_load(token)));
 }
 
-// Tokens of whole units (last_dim % 4 == 0), ROW_LANES > 0 invocations per token: a team
-// walks its token's units in steps of ROW_LANES * UNITS, invocation `lane` taking units
-// lane + i * ROW_LANES of a step (contiguous runs), its loads issued before the token's
-// exact reciprocal, which each invocation computes once, with no division to find its
-// token.
+// Tokens of whole units, a team per token (include/token_rows.glslh): its loads issued
+// before the token's exact reciprocal, which each invocation computes once.
 void quantize_row() {
-  const uint lanes = clamp(uint(ROW_LANES), 1u, gl_WorkGroupSize.x);
-  const uint team = gl_LocalInvocationID.x / lanes;
-  const uint lane = gl_LocalInvocationID.x % lanes;
-  const uint token = etvk_linear_group() * (gl_WorkGroupSize.x / lanes) + team;
-  const uint units_row = pc.last_dim / 4u;
-  if (team >= gl_WorkGroupSize.x / lanes || token >= pc.numel / pc.last_dim) {
+  const EtvkRowTeam team = etvk_row_team();
+  if (!team.live) {
     return;
   }
-  const uint first = token * units_row;
   vec2 p = vec2(0.0);
-  for (uint step = 0u; step < units_row; step += lanes * uint(UNITS)) {
+  for (uint step = 0u; step < team.units; step += team.lanes * uint(UNITS)) {
     vec4 x[UNITS];
     for (uint i = 0u; i < uint(UNITS); ++i) {
-      if (step + lane + i * lanes < units_row) {
-        x[i] = t_in_load(first + step + lane + i * lanes);
+      const uint u = etvk_row_unit(team, step, i);
+      if (u < team.units) {
+        x[i] = t_in_load(team.first + u);
       }
     }
     if (step == 0u) {
-      p = token_params(token);
+      p = token_params(team.token);
     }
     for (uint i = 0u; i < uint(UNITS); ++i) {
-      if (step + lane + i * lanes < units_row) {
-        t_out_store(first + step + lane + i * lanes, quantize4(x[i], vec4(p.x), vec4(p.y)));
+      const uint u = etvk_row_unit(team, step, i);
+      if (u < team.units) {
+        t_out_store(team.first + u, quantize4(x[i], vec4(p.x), vec4(p.y)));
       }
     }
   }
