@@ -95,38 +95,41 @@ ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
   const ivec4 r = ivec4(min(c, vec4(2147483520.0)));
   return mix(r, ivec4(hi), greaterThanEqual(c, vec4(2147483648.0)));
 }
+// Teams per token for the quantize family's per-token shaders (choose_qparams, the fused
+// dynamic quantize, per-token buffer quantize): `lanes` consecutive invocations per token (a
+// spec constant of the including shader, clamped to [1, workgroup size]), so a workgroup
+// takes gl_WorkGroupSize.x / lanes consecutive tokens and no division finds a token.
+// Invocations past the workgroup's last whole team, and teams past the last token, are not
+// live: they return, or join the barriers only. Plain GLSL, included by templates through
+// Jinja; needs etvk_linear_group() (the generated header).
+struct EtvkTeam {
+  uint lanes;        // invocations per token
+  uint lane;         // this invocation's place in its team, < lanes
+  uint first_token;  // the workgroup's first token (the same for all its invocations)
+  uint token;        // this invocation's token
+  bool live;         // in a whole team, and token < tokens
+};
+
+EtvkTeam etvk_team(int lanes, uint tokens) {
+  EtvkTeam team;
+  team.lanes = clamp(uint(lanes), 1u, gl_WorkGroupSize.x);
+  const uint teams = gl_WorkGroupSize.x / team.lanes;
+  const uint index = gl_LocalInvocationID.x / team.lanes;
+  team.lane = gl_LocalInvocationID.x % team.lanes;
+  team.first_token = etvk_linear_group() * teams;
+  team.token = team.first_token + index;
+  team.live = index < teams && team.token < tokens;
+  return team;
+}
 // Asymmetric int8 qparams of one token (choose_qparams_per_token_asymmetric's steps),
-// shared by choose_qparams.glsl.j2 and dynamic_quantize.glsl.j2: LANES consecutive
-// invocations per token (a spec constant of the including shader), so a workgroup takes
-// gl_WorkGroupSize.x / LANES consecutive tokens (invocations past the last whole team of
-// LANES take none); t_in (IN_DTYPE in STORAGE, units of 4 values), push constants tokens and
-// last_dim. Needs include/numerics.glslh first.
+// shared by choose_qparams.glsl.j2 and dynamic_quantize.glsl.j2: a team of invocations per
+// token (include/token_team.glslh, LANES of them); t_in (IN_DTYPE in STORAGE, units of 4
+// values), push constants tokens and last_dim. Needs include/numerics.glslh and
+// include/token_team.glslh first.
 
 shared float s_min[gl_WorkGroupSize.x];
 shared float s_max[gl_WorkGroupSize.x];
 
-// Invocations per token: LANES, at least 1 and at most the workgroup.
-uint tq_lanes() {
-  return clamp(uint(LANES), 1u, gl_WorkGroupSize.x);
-}
-
-// This invocation's place in its token's team, 0 <= lane < tq_lanes().
-uint tq_lane() {
-  return gl_LocalInvocationID.x % tq_lanes();
-}
-
-// The workgroup's first token.
-uint tq_first_token() {
-  return etvk_linear_group() * (gl_WorkGroupSize.x / tq_lanes());
-}
-
-// This invocation's token; tokens past pc.tokens, and invocations past the last whole team,
-// get pc.tokens (none): they join the barriers only.
-uint tq_token() {
-  const uint team = gl_LocalInvocationID.x / tq_lanes();
-  return team < gl_WorkGroupSize.x / tq_lanes() ? min(tq_first_token() + team, pc.tokens)
-                                                : pc.tokens;
-}
 
 // The first texel of `token`'s row: a token is one row of the image (texels (x, y, z) with
 // y + z * height == token).
@@ -140,10 +143,10 @@ ivec3 tq_row(uint token) {
 // for any team size (a tree takes log2 of it): the team's first REDUCERS invocations (a spec
 // constant of the including shader) take every REDUCERS-th value, then each invocation takes
 // theirs.
-void tq_reduce(float lo, float hi, out float min_neg, out float max_pos) {
+void tq_reduce(EtvkTeam team, float lo, float hi, out float min_neg, out float max_pos) {
   const uint lid = gl_LocalInvocationID.x;
-  const uint lanes = tq_lanes();
-  const uint lane = tq_lane();
+  const uint lanes = team.lanes;
+  const uint lane = team.lane;
   const uint base = lid - lane;  // the team's first slot
   s_min[lid] = lo;
   s_max[lid] = hi;
@@ -166,13 +169,14 @@ void tq_reduce(float lo, float hi, out float min_neg, out float max_pos) {
   }
 }
 
-// min(0, values) and max(0, values) of `token` over the invocations of its team (every
-// invocation of the team gets them; call in uniform control flow: it holds barriers). A
-// token >= pc.tokens reads nothing.
-void tq_token_range(uint token, out float min_neg, out float max_pos) {
-  const uint lane = tq_lane();
-  const uint lanes = tq_lanes();
-  const uint K = token < pc.tokens ? pc.last_dim : 0u;
+// min(0, values) and max(0, values) of the team's token over its invocations (every
+// invocation of the team gets them; call in uniform control flow: it holds barriers). A team
+// that is not live reads nothing.
+void tq_token_range(EtvkTeam team, out float min_neg, out float max_pos) {
+  const uint token = team.token;
+  const uint lane = team.lane;
+  const uint lanes = team.lanes;
+  const uint K = team.live ? pc.last_dim : 0u;
   // Starting from 0 folds in "min/max forced to include 0".
   float lo = 0.0;
   float hi = 0.0;
@@ -205,7 +209,7 @@ void tq_token_range(uint token, out float min_neg, out float max_pos) {
       hi = max(hi, v[i]);
     }
   }
-  tq_reduce(lo, hi, min_neg, max_pos);
+  tq_reduce(team, lo, hi, min_neg, max_pos);
 }
 
 // fp32 arithmetic in PyTorch's order; every division correctly rounded.
@@ -223,15 +227,16 @@ void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_poin
 }
 
 void main() {
+  const EtvkTeam team = etvk_team(LANES, pc.tokens);
   // Uniform across the workgroup, so returning before the barriers is safe.
-  if (tq_first_token() >= pc.tokens) {
+  if (team.first_token >= pc.tokens) {
     return;
   }
-  const uint token = tq_token();
+  const uint token = team.token;
   float min_neg;
   float max_pos;
-  tq_token_range(token, min_neg, max_pos);
-  if (tq_lane() == 0u && token < pc.tokens) {
+  tq_token_range(team, min_neg, max_pos);
+  if (team.lane == 0u && team.live) {
     float scale;
     int zero_point;
     tq_qparams(min_neg, max_pos, scale, zero_point);

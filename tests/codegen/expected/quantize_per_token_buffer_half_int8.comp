@@ -109,42 +109,31 @@ ivec4 etvk_to_int_clamped(vec4 q, int lo, int hi) {
   const ivec4 r = ivec4(min(c, vec4(2147483520.0)));
   return mix(r, ivec4(hi), greaterThanEqual(c, vec4(2147483648.0)));
 }
-// Teams per token for the per-token buffer quantize (templates/quantize.glsl.j2) when every
-// token holds whole units (last_dim % 4 == 0): ROW_LANES invocations per token (a spec
-// constant of the including shader, > 0), so a workgroup takes gl_WorkGroupSize.x /
-// ROW_LANES consecutive tokens; no division finds a token. (Dequantize per token measured
-// mixed in teams on the H200, session 5: int8 -> fp16 56.0 against 60.5 us, fp32 and int32
-// outputs 1-3 % slower; benchmarks/NOTES.md.)
-// A team walks its token's units in steps of ROW_LANES * UNITS: invocation `lane` takes
-// units lane + i * ROW_LANES of a step (i < UNITS), so each step reads and writes
-// contiguous runs. Plain GLSL, included by templates through Jinja; needs push constants
-// numel and last_dim.
-struct EtvkRowTeam {
-  uint token;   // the team's token
-  uint lane;    // this invocation's place in the team, < lanes
-  uint lanes;   // invocations per token
-  uint first;   // the token's first unit
-  uint units;   // units per token
-  bool live;    // false past the last token, and past the workgroup's last whole team
+// Teams per token for the quantize family's per-token shaders (choose_qparams, the fused
+// dynamic quantize, per-token buffer quantize): `lanes` consecutive invocations per token (a
+// spec constant of the including shader, clamped to [1, workgroup size]), so a workgroup
+// takes gl_WorkGroupSize.x / lanes consecutive tokens and no division finds a token.
+// Invocations past the workgroup's last whole team, and teams past the last token, are not
+// live: they return, or join the barriers only. Plain GLSL, included by templates through
+// Jinja; needs etvk_linear_group() (the generated header).
+struct EtvkTeam {
+  uint lanes;        // invocations per token
+  uint lane;         // this invocation's place in its team, < lanes
+  uint first_token;  // the workgroup's first token (the same for all its invocations)
+  uint token;        // this invocation's token
+  bool live;         // in a whole team, and token < tokens
 };
 
-EtvkRowTeam etvk_row_team() {
-  EtvkRowTeam team;
-  team.lanes = clamp(uint(ROW_LANES), 1u, gl_WorkGroupSize.x);
+EtvkTeam etvk_team(int lanes, uint tokens) {
+  EtvkTeam team;
+  team.lanes = clamp(uint(lanes), 1u, gl_WorkGroupSize.x);
   const uint teams = gl_WorkGroupSize.x / team.lanes;
   const uint index = gl_LocalInvocationID.x / team.lanes;
   team.lane = gl_LocalInvocationID.x % team.lanes;
-  team.token = etvk_linear_group() * teams + index;
-  team.units = pc.last_dim / 4u;
-  team.first = team.token * team.units;
-  team.live = index < teams && team.token < pc.numel / pc.last_dim;
+  team.first_token = etvk_linear_group() * teams;
+  team.token = team.first_token + index;
+  team.live = index < teams && team.token < tokens;
   return team;
-}
-
-// The unit (from the token's first) of step `step` (a multiple of lanes * UNITS) and slot
-// i < UNITS; at or past team.units when the token ends before it.
-uint etvk_row_unit(EtvkRowTeam team, uint step, uint i) {
-  return step + team.lane + i * team.lanes;
 }
 
 // q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max)
@@ -160,29 +149,34 @@ vec2 token_params(uint token) {
   return vec2(etvk_div_rn(1.0, t_scales_load(token)), float(t_zero_points_load(token)));
 }
 
-// Tokens of whole units, a team per token (include/token_rows.glslh): its loads issued
-// before the token's exact reciprocal, which each invocation computes once.
+// Tokens of whole units (last_dim % 4 == 0), a team of ROW_LANES invocations per token
+// (include/token_team.glslh). The team walks its token's units in steps of ROW_LANES *
+// UNITS: invocation `lane` takes units lane + i * ROW_LANES of a step (i < UNITS), so each
+// step reads and writes contiguous runs; its loads are issued before the token's exact
+// reciprocal, which each invocation computes once.
 void quantize_row() {
-  const EtvkRowTeam team = etvk_row_team();
+  const EtvkTeam team = etvk_team(ROW_LANES, pc.numel / pc.last_dim);
   if (!team.live) {
     return;
   }
+  const uint units = pc.last_dim / 4u;  // per token
+  const uint first = team.token * units;
   vec2 p = vec2(0.0);
-  for (uint step = 0u; step < team.units; step += team.lanes * uint(UNITS)) {
+  for (uint step = 0u; step < units; step += team.lanes * uint(UNITS)) {
     vec4 x[UNITS];
     for (uint i = 0u; i < uint(UNITS); ++i) {
-      const uint u = etvk_row_unit(team, step, i);
-      if (u < team.units) {
-        x[i] = t_in_load(team.first + u);
+      const uint u = step + team.lane + i * team.lanes;
+      if (u < units) {
+        x[i] = t_in_load(first + u);
       }
     }
     if (step == 0u) {
       p = token_params(team.token);
     }
     for (uint i = 0u; i < uint(UNITS); ++i) {
-      const uint u = etvk_row_unit(team, step, i);
-      if (u < team.units) {
-        t_out_store(team.first + u, quantize4(x[i], vec4(p.x), vec4(p.y)));
+      const uint u = step + team.lane + i * team.lanes;
+      if (u < units) {
+        t_out_store(first + u, quantize4(x[i], vec4(p.x), vec4(p.y)));
       }
     }
   }
