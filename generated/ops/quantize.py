@@ -134,7 +134,7 @@ def quantize_per_token(stream, input, scales, zero_points, quant_min, quant_max,
     scales = stream.upload(scales, v.binding("t_scales"), op.label("scales"))
     zero_points = stream.upload(zero_points, v.binding("t_zero_points"), op.label("zero_points"))
     out = stream.empty(input.shape, dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": rt.per_storage(out, units), "ROW_LANES": rt.per_storage(out, row_lanes)}, global_size=[rt.tokens(input) * row_lanes[0]] if rt.per_storage(out, row_lanes) else rt.elementwise(out, rt.per_storage(out, units)))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input, "t_scales": scales, "t_zero_points": zero_points}, push={"numel": rt.numel(input), "last_dim": rt.last_dim(input), "quant_min": quant_min, "quant_max": quant_max}, spec_constants={"UNITS": rt.per_storage(out, units), "ROW_LANES": rt.per_storage(out, row_lanes)}, global_size=[rt.tokens(input) * rt.per_storage(out, row_lanes)] if rt.per_storage(out, row_lanes) else rt.elementwise(out, rt.per_storage(out, units)))
     return out
 
 
