@@ -24,7 +24,8 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    (``choose_qparams_per_token_asymmetric`` then ``quantize_per_token``, fp32
    and fp16, [64Ki, 1024]; ours as the two ops and as the fused
    ``quantize_per_token_dynamic``) against ``torch.compile`` of the same two
-   ops (their eager torch math, compiled; CUDA events), ratio of GPU times.
+   ops (their eager torch math, compiled; CUDA events), timed in turn over three
+   rounds (ours on new memory each round): medians, ranges and their ratio.
 5. With ``--sweep``, instead of 3 and 4: every quantize / dequantize variant with 1, 2, 4 and 8
    units of 4 values (buffer) or texels (texture3d) per invocation (the
    shaders' UNITS; the ops use op_specs/quantize.yaml's choice), rows back to
@@ -88,6 +89,7 @@ WARMUP_SECONDS = 1.0
 # already up; the first row of a variant follows the host's preparation of its inputs.
 SWEEP_WARMUP_SECONDS = 0.2
 SWEEP_FIRST_WARMUP_SECONDS = 0.5
+DYNAMIC_ROUNDS = 3  # interleaved rounds of the dynamic quantize comparison
 
 
 def median_us(fn, repeats: int, warmup: float, gpu=None) -> tuple[float, float, float]:
@@ -290,53 +292,83 @@ def compiled_dynamic_quantize(x: torch.Tensor, _: int) -> torch.Tensor:
     return _dynamic_quantize(x)
 
 
+def time_dynamic_ours(x: torch.Tensor, repeats: int, warmup: float, keep: list) -> tuple[float, float]:
+    """GPU seconds per call of ours on a new device copy of `x`: as choose_qparams +
+    quantize_per_token (two dispatches) and as the fused quantize_per_token_dynamic. Every
+    device tensor made goes to `keep`: while the caller holds them, the next call's tensors
+    get new memory instead of these (the device recycles freed memory)."""
+    choose = runtime.get_op(CHOOSE)
+    quantize = runtime.get_op("etvk.quantize_per_token.default")
+    fused = runtime.get_op(DYNAMIC)
+    device_x = Tensor.from_torch(x)
+    keep.append(device_x)
+    with Stream() as stream:
+        for _ in range(BACK_TO_BACK):
+            scales, zero_points = choose.record(stream, device_x, torch.int8)
+            keep += [scales, zero_points, quantize.record(stream, device_x, scales, zero_points,
+                                                          -128, 127, torch.int8)]
+        stream.run()
+        warm(stream.replay, warmup)
+        samples = []
+        for _ in range(repeats):
+            stream.replay()
+            pair = [seconds for _, seconds in stream.timings()]
+            samples += [a + b for a, b in zip(pair[::2], pair[1::2], strict=True)]
+    with Stream() as stream:
+        for _ in range(BACK_TO_BACK):
+            keep += fused.record(stream, device_x, torch.int8)
+        stream.run()
+        return statistics.median(samples), gpu_seconds(stream, repeats, warmup)
+
+
+def median_cell(values: list[float], width: int) -> str:
+    """`median (low-high)` in µs, right-aligned in `width` characters."""
+    text = f"{statistics.median(values) * 1e6:.1f} ({min(values) * 1e6:.1f}-{max(values) * 1e6:.1f})"
+    return f"{text:>{width}}"
+
+
 def dynamic_quantize(repeats: int, warmup: float, quick: bool, results: Results) -> None:
     """Dynamic per-token int8 quantization of [64Ki, 1024] fp32 and fp16 values, GPU time per
     call: ours as choose_qparams + quantize_per_token (two dispatches) and as the fused
-    quantize_per_token_dynamic, against torch.compile of the same two ops on CUDA (same run)."""
+    quantize_per_token_dynamic, against torch.compile of the same two ops on CUDA (same run).
+
+    Ours and torch.compile are timed in turn, DYNAMIC_ROUNDS times (ours on new memory each
+    round), and each reports its median round: one round of ours swings by a few percent with
+    where its tensors land, and a first measurement with the clocks (NOTES, session 6)."""
     shape = (64, 64) if quick else (64 << 10, 1024)
-    choose = runtime.get_op("etvk.choose_qparams_per_token_asymmetric.default")
-    quantize = runtime.get_op("etvk.quantize_per_token.default")
-    fused = runtime.get_op("etvk.quantize_per_token_dynamic.default")
+    rounds = 1 if quick else DYNAMIC_ROUNDS
     print(f"\n== Dynamic per-token int8 quantization (choose_qparams + quantize_per_token), "
-          f"{shape[0]}x{shape[1]}: GPU us per call; GB/s counts one read of x, q, scales, zps ==")
-    print(f"{'dtype':<8} {'two ops us':>10} {'fused us':>9} {'GB/s':>8} {'torch.compile us':>17} "
+          f"{shape[0]}x{shape[1]}: GPU us per call, median (range) of {rounds} interleaved "
+          f"rounds; GB/s counts one read of x, q, scales, zps ==")
+    print(f"{'dtype':<8} {'two ops us':>22} {'fused us':>22} {'GB/s':>8} {'torch.compile us':>22} "
           f"{'fused/compile':>14}")
     for dtype in (torch.float32, torch.float16):
         x = (torch.randn(shape, generator=torch.Generator().manual_seed(0)) * 3).to(dtype)
         moved = x.numel() * (x.element_size() + 1) + shape[0] * 8  # what a fused kernel must move
-        device_x = Tensor.from_torch(x)
-        with Stream() as stream:
-            for _ in range(BACK_TO_BACK):
-                scales, zero_points = choose.record(stream, device_x, torch.int8)
-                quantize.record(stream, device_x, scales, zero_points, -128, 127, torch.int8)
-            stream.run()
-            warm(stream.replay, warmup)
-            samples = []
-            for _ in range(repeats):
-                stream.replay()
-                pair = [seconds for _, seconds in stream.timings()]
-                samples += [a + b for a, b in zip(pair[::2], pair[1::2], strict=True)]
-        two_ops = statistics.median(samples)
-        with Stream() as stream:
-            for _ in range(BACK_TO_BACK):
-                fused.record(stream, device_x, torch.int8)
-            stream.run()
-            ours = gpu_seconds(stream, repeats, warmup)
+        two_ops, fused, compiled = [], [], []
+        compile_error = None
+        keep: list = []  # every round's device tensors, until the dtype's rounds are done
+        for _ in range(rounds):
+            pair = time_dynamic_ours(x, repeats, warmup, keep)
+            two_ops.append(pair[0])
+            fused.append(pair[1])
+            if torch.cuda.is_available() and compile_error is None:
+                try:
+                    compiled.append(time_cuda(functools.partial(compiled_dynamic_quantize, x.cuda()),
+                                              1, repeats * BACK_TO_BACK, warmup))
+                except Exception as error:  # noqa: BLE001 - a compile failure is reported, not fatal
+                    compile_error = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
         what = f"choose_qparams + quantize_per_token {str(dtype).split('.')[-1]}"
-        results.kernel("dynamic quantize", what, "etvk two ops", two_ops, moved)
+        ours = statistics.median(fused)
+        results.kernel("dynamic quantize", what, "etvk two ops", statistics.median(two_ops), moved)
         results.kernel("dynamic quantize", what, "etvk fused", ours, moved)
-        compiled = "n/a (no CUDA)"
-        if torch.cuda.is_available():
-            try:
-                seconds = time_cuda(functools.partial(compiled_dynamic_quantize, x.cuda()), 1,
-                                    repeats * BACK_TO_BACK, warmup)
-                results.kernel("dynamic quantize", what, "torch.compile", seconds, moved)
-                compiled = f"{seconds * 1e6:>17.1f} {ours / seconds:>14.2f}"
-            except Exception as error:  # noqa: BLE001 - any compile failure is reported, not fatal
-                compiled = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
-        print(f"{str(dtype).split('.')[-1]:<8} {two_ops * 1e6:>10.1f} {ours * 1e6:>9.1f} "
-              f"{moved / ours / 1e9:>8.1f} {compiled}", flush=True)
+        versus = f"{compile_error or 'n/a (no CUDA)':>22}"
+        if compiled:
+            seconds = statistics.median(compiled)
+            results.kernel("dynamic quantize", what, "torch.compile", seconds, moved)
+            versus = f"{median_cell(compiled, 22)} {ours / seconds:>14.2f}"
+        print(f"{str(dtype).split('.')[-1]:<8} {median_cell(two_ops, 22)} {median_cell(fused, 22)} "
+              f"{moved / ours / 1e9:>8.1f} {versus}", flush=True)
 
 
 def sweep_units(elements: int, repeats: int, warmup: float, only: re.Pattern) -> None:
