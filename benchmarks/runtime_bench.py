@@ -348,14 +348,15 @@ def dynamic_quantize(repeats: int, warmup: float, quick: bool, results: Results)
         two_ops, fused, compiled = [], [], []
         compile_error = None
         keep: list = []  # every round's device tensors, until the dtype's rounds are done
+        compile_call = (functools.partial(compiled_dynamic_quantize, x.cuda())
+                        if torch.cuda.is_available() else None)
         for _ in range(rounds):
             pair = time_dynamic_ours(x, repeats, warmup, keep)
             two_ops.append(pair[0])
             fused.append(pair[1])
-            if torch.cuda.is_available() and compile_error is None:
+            if compile_call is not None and compile_error is None:
                 try:
-                    compiled.append(time_cuda(functools.partial(compiled_dynamic_quantize, x.cuda()),
-                                              1, repeats * BACK_TO_BACK, warmup))
+                    compiled.append(time_cuda(compile_call, 1, repeats * BACK_TO_BACK, warmup))
                 except Exception as error:  # noqa: BLE001 - a compile failure is reported, not fatal
                     compile_error = f"n/a ({type(error).__name__}: {str(error).splitlines()[0][:80]})"
         what = f"choose_qparams + quantize_per_token {str(dtype).split('.')[-1]}"
