@@ -52,35 +52,62 @@ def enabled(setting: str | None) -> bool:
     raise ConfigError(f"ETVK_CALL_PLANS={setting!r} must be 0 (never replay a call plan) or 1")
 
 
+# Argument types keyed by (type, value) as they are; floats are keyed by their bits, host
+# torch tensors by shape and dtype, lists and tuples by their items (tensors not among them);
+# anything else (a device tensor, a constant, a subclass of these) is not planned.
+_PLAIN = frozenset((bool, int, str, type(None), torch.dtype))
+
+
 def plan_key(args: tuple, kwargs: dict):
-    """The key of a call's arguments, or None when the call must not be planned."""
-    parts, seen, nbytes = [], set(), 0
-    for name, value in (*enumerate(args), *sorted(kwargs.items())):
-        if isinstance(value, torch.Tensor):
-            if id(value) in seen:
-                return None
-            seen.add(id(value))
-            nbytes += value.numel() * value.element_size()
-        part = _key(value)
-        if part is None or nbytes > MAX_PLAN_BYTES:
+    """The key of a call's arguments, or None when the call must not be planned.
+
+    A flat tuple: the number of positional arguments, then each argument's type and value
+    (keyword arguments by sorted name), so that every type tag says how many entries follow.
+    Built on every eager call of a plannable op, so kept to plain loops (~2 us).
+    """
+    parts, tensors = [len(args)], []
+    for value in args:
+        kind = type(value)
+        if kind in _PLAIN:  # the common cases inline: a call costs ~0.1 us
+            parts += (kind, value)
+        elif kind is float:
+            parts += (float, value.hex())
+        elif not _add(parts, value, tensors):
             return None
-        parts.append((name, part))
+    if kwargs:
+        for name in sorted(kwargs):
+            parts.append(name)
+            if not _add(parts, kwargs[name], tensors):
+                return None
+    if len(tensors) == 1:
+        if tensors[0].nbytes > MAX_PLAN_BYTES:
+            return None
+    elif len({id(t) for t in tensors}) < len(tensors):  # one host tensor in two places
+        return None
+    elif sum(t.nbytes for t in tensors) > MAX_PLAN_BYTES:
+        return None
     return tuple(parts)
 
 
-def _key(value):
-    if isinstance(value, torch.Tensor):
-        return ("tensor", tuple(value.shape), value.dtype)
-    if isinstance(value, bool) or value is None or isinstance(value, (str, torch.dtype)):
-        return (type(value).__name__, value)
-    if isinstance(value, int):
-        return ("int", value)
-    if isinstance(value, float):
-        return ("float", value.hex())
-    if isinstance(value, (list, tuple)):
-        parts = tuple(_key(v) for v in value)
-        return None if None in parts else ("seq", parts)
-    return None  # device tensors, constants and anything else: not planned
+def _add(parts: list, value, tensors: list | None) -> bool:
+    """Append `value`'s type and key to `parts` (host tensors also to `tensors`); False when
+    it cannot be keyed (a tensor in a list: the plan refreshes arguments' own tensors only)."""
+    kind = type(value)
+    if kind in _PLAIN:
+        parts += (kind, value)
+    elif kind is float:
+        parts += (float, value.hex())
+    elif isinstance(value, torch.Tensor):
+        if tensors is None:
+            return False
+        parts += (torch.Tensor, value.shape, value.dtype)
+        tensors.append(value)
+    elif kind is list or kind is tuple:
+        parts += (list, len(value))
+        return all(_add(parts, item, None) for item in value)
+    else:
+        return False
+    return True
 
 
 class Plan:

@@ -80,6 +80,9 @@ def test_keys():
     assert plan_key((x, 0.0), {}) == plan_key((y, 0.0), {})
     assert plan_key((x, 0.0), {}) != plan_key((x, -0.0), {})
     assert plan_key((x, 1), {}) != plan_key((x, True), {})
+    assert plan_key((x, 1), {}) != plan_key((x, 1.0), {})
+    assert plan_key((x, 1), {}) != plan_key((x,), {"scale": 1})  # positional or keyword
+    assert plan_key((x, "a", "b"), {}) != plan_key((x, ["a", "b"]), {})
     assert plan_key((x,), {}) != plan_key((x.half(),), {})
     assert plan_key((x,), {}) != plan_key((torch.zeros(2, 2),), {})
     assert plan_key((x, [1, 2]), {"storage": None}) == plan_key((y, (1, 2)), {"storage": None})
@@ -87,6 +90,7 @@ def test_keys():
     assert plan_key((x, x), {}) is None  # one tensor in two places
     assert plan_key((Tensor.from_torch(x),), {}) is None  # device tensors
     assert plan_key((x, object()), {}) is None
+    assert plan_key((x, [y]), {}) is None  # a plan refreshes the arguments' own tensors only
     assert plan_key((torch.zeros(plans.MAX_PLAN_BYTES // 4 + 1),), {}) is None
 
 
