@@ -111,9 +111,10 @@ def _record_body(op: ResolvedOp) -> list[str]:
             layout = f", layout={layouts[name]}" if name in layouts else ""
             if kind in ("output", "scratch"):
                 shape, dtype = shapes[name]
+                scratch = ", scratch=True" if kind == "scratch" else ""
                 lines.append(
                     f"{name} = stream.empty({shape}, {dtype}, v.binding({_q(binding)}), "
-                    f"op.label({_q(name)}, {_q(kind)}){layout})"
+                    f"op.label({_q(name)}, {_q(kind)}){layout}{scratch})"
                 )
             else:
                 label = f"op.label({_q(name)}{', ' + _q('value') if kind == 'let' else ''})"

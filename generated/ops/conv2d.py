@@ -317,7 +317,7 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     tiling = rt.gemm_tiling(p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4, k // 4, p.C_out, choice)
     v = op.select(variant, storage, {"INPUT": ("x", '4W4C' if layout == '4W4C' else 'any_layout')}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
-    cols = stream.empty([p.N, p.groups * k, p.H_out, p.W_out], torch.int8, v.binding("t_cols"), op.label("cols", "scratch"), layout='4W4C')
+    cols = stream.empty([p.N, p.groups * k, p.H_out, p.W_out], torch.int8, v.binding("t_cols"), op.label("cols", "scratch"), layout='4W4C', scratch=True)
     stream.dispatch(v, op.name, bindings={"t_cols": cols, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "group_in_channels": p.Cg, "group_k": k, "input_zero_point": input_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout)}, global_size=[rt.ceil_div(p.W_out, 4), p.H_out, p.N * p.groups * k // 4])
     v = op.select(variant, storage, {"DOT": (None, None)}, step=1)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
@@ -484,7 +484,7 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     m = p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4
     v = op.select(variant, storage, {"INPUT": ("x", '4W4C' if layout == '4W4C' else 'any_layout')}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
-    cols = stream.empty([p.N, p.groups * k, p.H_out, p.W_out], torch.int8, v.binding("t_cols"), op.label("cols", "scratch"), layout='4W4C')
+    cols = stream.empty([p.N, p.groups * k, p.H_out, p.W_out], torch.int8, v.binding("t_cols"), op.label("cols", "scratch"), layout='4W4C', scratch=True)
     stream.dispatch(v, op.name, bindings={"t_cols": cols, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "group_in_channels": p.Cg, "group_k": k, "input_zero_point": input_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout)}, global_size=[rt.ceil_div(p.W_out, 4), p.H_out, p.N * p.groups * k // 4])
     v = op.select(variant, storage, {}, step=1)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))

@@ -156,7 +156,7 @@ class CallPlans:
                 self._plans.move_to_end((opdef.name, key))
                 self.hits += 1
                 return plan.run(args, kwargs)
-        stream = Stream(device)
+        stream = Stream(device, read_back=True)
         if key is not None:
             stream.uploads = []  # where the host tensors go, for the plan
         try:

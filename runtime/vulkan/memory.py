@@ -3,7 +3,8 @@
 A `Buffer` lives in memory that is device-local and host-visible-coherent
 where the device has it (mapped once, copied with memmove), else device-local
 with a temporary host-visible staging buffer, else host-visible. Staging
-buffers prefer host-cached system memory. The host reads device-local mapped
+buffers, and results the host reads back ("host" placement: an eager call's
+small outputs), prefer host-cached system memory. The host reads device-local mapped
 memory (a GPU's BAR) uncached, at PCIe read latency (on the H100, programs
 whose CPU nodes read device tensors that way spent about a second per call:
 benchmarks/NOTES.md), so reads of more than `DIRECT_READ_LIMIT` bytes from it go through a
@@ -201,13 +202,14 @@ class Buffer(_Holder):
     Attributes:
         handle: the VkBuffer (possibly larger than `nbytes`: its size class).
         mapped: the host address of its memory, or None when staged.
+        placement: as asked.
     """
 
     def __init__(self, device, nbytes: int, placement: str = "auto"):
         if nbytes <= 0 or placement not in PLACEMENTS:
             raise ValueError(f"Buffer needs nbytes > 0 and a placement in {PLACEMENTS}")
         device.require_open()
-        self.device, self.nbytes = device, nbytes
+        self.device, self.nbytes, self.placement = device, nbytes, placement
         size = size_class(nbytes, device.caps.limits.max_memory_allocation_size)
         key = ("buffer", placement, size)
         allocation = device.spare_memory.take(key) or _new_buffer(device, size, placement)

@@ -35,12 +35,14 @@ from runtime.vulkan import raw
 from runtime.vulkan.device import get_device
 from runtime.vulkan.dispatch import check_names, fold_groups, group_counts, layout, pack_push
 from runtime.vulkan.interface import IMAGE_STORAGES
-from runtime.vulkan.tensor import Constant, Tensor, dtype_info
+from runtime.vulkan.tensor import Constant, Tensor, buffer_bytes, dtype_info
 
 POOL_SETS = 128
 QUERIES_PER_POOL = 128
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
 NOT_READY = 1  # VK_NOT_READY: vkGetFenceStatus of an unsignalled fence
+# Largest output buffer a `read_back` stream puts in host memory (see `Stream`).
+HOST_OUTPUT_BYTES = 1 << 16
 # device -> {(storage, dtype name): zero-filled Tensor} bound for omitted optional tensors
 _DUMMIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
@@ -150,12 +152,16 @@ class Stream:
         allocate: where `empty()` gets its tensors: a function of (shape, dtype,
             storage, label, layout) returning a `Tensor` (a loaded program plans
             its memory through it); default `Tensor.empty`.
+        read_back: the host reads the outputs once the stream has run (an eager op
+            call): `empty()` then puts output buffers of at most `HOST_OUTPUT_BYTES`
+            in host memory ("host" placement), where the host reads them at memory
+            speed; a discrete GPU's mapped device memory is read uncached over the bus.
 
     Attributes:
         dispatched: (op, variant name) of every dispatch recorded so far, in order.
     """
 
-    def __init__(self, device=None, allocate=None):
+    def __init__(self, device=None, allocate=None, read_back: bool = False):
         vk, ffi, lib = raw.load()
         if device is None:
             device = get_device()
@@ -164,6 +170,7 @@ class Stream:
         self._resources: _Resources | None = None  # taken by finish()
         self._timestamps = device.caps.timestamps
         self._allocate = allocate
+        self._host_outputs = HOST_OUTPUT_BYTES if read_back else 0
         self._acquired: list[Tensor] = []  # what upload() and empty() made, in order
         # Set to a list to collect (host torch tensor, the device Tensor upload() made of it)
         # pairs (call plans do); None: host tensors are not kept.
@@ -211,8 +218,10 @@ class Stream:
         return tensor
 
     def empty(self, shape, dtype, binding, label: str | None = None,
-              layout: str | None = None) -> Tensor:
+              layout: str | None = None, scratch: bool = False) -> Tensor:
         """A device tensor of `shape` for `binding`, not initialised: the shader writes all of it.
+
+        `scratch`: only the call's own dispatches read it (else it is an output).
 
         Raises:
             DispatchError: `dtype` is not the binding's dtype (a spec bug).
@@ -224,7 +233,11 @@ class Stream:
                                 f"dtype {binding.dtype} (a spec bug)")
         if self._allocate is not None:
             return self._allocate(shape, dtype, binding.storage, label, layout)
-        tensor = Tensor.empty(shape, dtype, binding.storage, label, self.device, layout)
+        placement = "auto"
+        if (self._host_outputs and not scratch and binding.storage == "buffer"
+                and buffer_bytes(shape, dtype, layout) <= self._host_outputs):
+            placement = "host"
+        tensor = Tensor.empty(shape, dtype, binding.storage, label, self.device, layout, placement)
         self._acquired.append(tensor)
         return tensor
 

@@ -145,7 +145,7 @@ class Tensor:
     """
 
     def __init__(self, shape, dtype: torch.dtype, storage: str, label: str = "tensor", device=None,
-                 layout: str | None = None, memory: Buffer | None = None):
+                 layout: str | None = None, memory: Buffer | None = None, placement: str = "auto"):
         if storage not in STORAGES:
             raise ValueError(f"{label}: storage must be one of {STORAGES}, got {storage!r}")
         info = dtype_info(dtype, label)
@@ -166,7 +166,7 @@ class Tensor:
                 raise ValueError(f"{label}: a {storage} of {needed} bytes cannot live in {memory!r}")
             self.memory = memory
         elif storage == "buffer":
-            self.memory = Buffer(device, needed)
+            self.memory = Buffer(device, needed, placement)
         else:
             vk, _, _ = raw.load()
             self.memory = Image3D(device, texture_extent(self.shape), getattr(vk, info.vk_format),
@@ -179,7 +179,7 @@ class Tensor:
 
     @classmethod
     def empty(cls, shape, dtype: torch.dtype, storage: str = "buffer", label: str = "tensor",
-              device=None, layout: str | None = None) -> Tensor:
+              device=None, layout: str | None = None, placement: str = "auto") -> Tensor:
         """A device tensor whose contents are undefined (the memory may be recycled).
 
         Args:
@@ -189,13 +189,15 @@ class Tensor:
             label: what the tensor is, for error messages (e.g. "etvk.x.default: output 'out'").
             device: the `Device`; default `get_device()`.
             layout: None (the storage's default) or a packed int8 layout.
+            placement: where a buffer's memory lives (memory.py's `Buffer`): "auto", or "host"
+                for a result the host reads back (host-cached memory where the device has it).
 
         Raises:
             TensorTooLarge: over the device's limits for `storage`.
             UnsupportedDtype: another dtype.
             ValueError: a layout the shape, dtype or storage cannot have.
         """
-        return cls(shape, dtype, storage, label, device, layout)
+        return cls(shape, dtype, storage, label, device, layout, placement=placement)
 
     @classmethod
     def zeros(cls, shape, dtype: torch.dtype, storage: str = "buffer", label: str = "tensor",

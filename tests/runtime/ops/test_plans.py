@@ -60,6 +60,8 @@ def test_multiple_outputs_and_keyword_arguments(call_plans):
         for g, w in zip(got, ref.choose_qparams_per_token_asymmetric(x, torch.int8), strict=True):
             assert torch.equal(g, w)
     assert call_plans.hits == 2
+    (plan,) = call_plans._plans.values()
+    assert [t.memory.placement for t in plan.outputs] == ["host", "host"]  # the host reads them
 
 
 def test_another_key_records_and_checks_again(call_plans):

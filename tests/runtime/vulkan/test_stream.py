@@ -12,6 +12,7 @@ import torch
 from runtime.errors import DispatchError, UnsupportedVariant
 from runtime.vulkan.device import get_device
 from runtime.vulkan.dispatch import fold_groups, group_counts, pack_push
+from runtime.vulkan.stream import HOST_OUTPUT_BYTES, Stream
 from runtime.vulkan.tensor import Tensor
 
 AFFINE_PUSH = {"numel": 10, "scale": 2.0, "neg": -3, "bias": [1, 2, 3, 4], "shift": [10, 20, 30, 40],
@@ -123,7 +124,6 @@ def test_replays_wait_for_the_fence_however_it_is_waited_for(stream, tiny_librar
 
 def test_missing_barrier_is_caught_by_synchronization_validation(stream, tiny_library, monkeypatch):
     """Proves the validation fixture can fail: drop the barrier between dependent dispatches."""
-    from runtime.vulkan.stream import Stream
 
     record = Stream._record
 
@@ -263,6 +263,18 @@ def test_upload_and_empty_check_the_binding(stream, tiny_library):
         stream.upload(int8_buffer, binding, "op: argument 'x'")
     with pytest.raises(DispatchError, match="dtype torch.int32 differs from binding 't_in' dtype float32"):
         stream.empty([3], torch.int32, binding)
+
+
+def test_read_back_streams_put_small_outputs_in_host_memory(tiny_library):
+    binding = tiny_library.variant("affine_buffer_float").binding("t_out")
+    large = [HOST_OUTPUT_BYTES // 4 + 1]
+    with Stream(read_back=True) as stream:
+        placements = [stream.empty([8], torch.float32, binding).memory.placement,
+                      stream.empty([8], torch.float32, binding, scratch=True).memory.placement,
+                      stream.empty(large, torch.float32, binding).memory.placement]
+    with Stream() as stream:
+        placements.append(stream.empty([8], torch.float32, binding).memory.placement)
+    assert placements == ["host", "auto", "auto", "auto"]
 
 
 def test_pack_push_bytes(tiny_library):
