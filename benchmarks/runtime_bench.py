@@ -9,7 +9,7 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    recording alone (no submit) with the kept recording reused and recorded
    afresh every call (the device's ``recordings.reuse``,
    ``ETVK_REUSE_RECORDINGS=0``); the pieces of the
-   call (upload, output, download, its torch.empty), the replay of that one recorded
+   call (plan key, upload, output, download, its torch.empty), the replay of that one recorded
    dispatch, and the replay of a stream of 100 such dispatches (per
    dispatch). Host time is the wall time less the GPU time from timestamp
    queries in the same run (for 100 dispatches: from the first one's start
@@ -61,7 +61,7 @@ from results import Results  # noqa: E402
 from timing import time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.ops.plans import plans_for  # noqa: E402
+from runtime.ops.plans import plan_key, plans_for  # noqa: E402
 from runtime.tools.examples import EXAMPLES  # noqa: E402
 from runtime.tools.quantize_tunables import (  # noqa: E402
     CANDIDATES,
@@ -99,7 +99,8 @@ def median_us(fn, repeats: int, warmup: float, gpu=None) -> tuple[float, float, 
     warm(fn, warmup)
     wall, device, cpu = [], [], 0.0
     for _ in range(repeats):
-        start, start_cpu = time.perf_counter(), time.thread_time()
+        start_cpu = time.thread_time()  # a system call: outside the wall-clock window
+        start = time.perf_counter()
         fn()
         wall.append(time.perf_counter() - start)
         cpu += time.thread_time() - start_cpu
@@ -195,10 +196,13 @@ def fresh_calls(op, x, repeats: int, warmup: float) -> tuple[dict, dict]:
 
 def call_pieces(x, repeats: int, warmup: float) -> list[tuple]:
     """Rows (what, wall us, GPU us (0), CPU us, 1) of the host pieces of a fresh call on `x`:
-    the upload, the output tensor, the download and the torch tensor it makes."""
-    out = Tensor.empty(x.shape, QUANTIZE_ARGS[-1])
-    pieces = (("  piece: upload (Tensor.from_torch)", lambda: Tensor.from_torch(x)),
-              ("  piece: output (Tensor.empty)", lambda: Tensor.empty(x.shape, QUANTIZE_ARGS[-1])),
+    the call plan's key, the upload, the output tensor (in host memory, as an op call's small
+    outputs are), the download and the torch tensor it makes."""
+    out = Tensor.empty(x.shape, QUANTIZE_ARGS[-1], placement="host")
+    pieces = (("  piece: call plan key (plan_key)", lambda: plan_key((x, *QUANTIZE_ARGS), {})),
+              ("  piece: upload (Tensor.from_torch)", lambda: Tensor.from_torch(x)),
+              ("  piece: output (Tensor.empty)",
+               lambda: Tensor.empty(x.shape, QUANTIZE_ARGS[-1], placement="host")),
               ("  piece: download (Tensor.to_torch)", out.to_torch),
               ("  piece: torch.empty of the result (in the download)",
                lambda: torch.empty(out.shape, dtype=out.dtype)))

@@ -33,7 +33,7 @@ def test_runtime_bench_runs_on_every_family(family, tmp_path):
     assert f"(family {family})" in result.stdout and "quantize_per_tensor_buffer_float_int8" in result.stdout
     records = [json.loads(line) for line in (tmp_path / "runtime.jsonl").read_text().splitlines()]
     kinds = [r["kind"] for r in records]
-    assert kinds[0] == "device" and kinds.count("overhead") == 12 and kinds.count("copy") == 1
+    assert kinds[0] == "device" and kinds.count("overhead") == 13 and kinds.count("copy") == 1
     assert [r["case"] for r in records if r["kind"] == "kernel"] == ["quantize_per_tensor_buffer_float_int8"]
     assert "100 small dispatches recorded, replayed" in result.stdout
     assert result.stdout.count("the same, recorded afresh (ETVK_REUSE_RECORDINGS=0)") == 2
