@@ -32,7 +32,8 @@ from runtime.vulkan import raw
 PLACEMENTS = ("auto", "host", "device")
 SMALLEST_CLASS = 256
 # Larger reads of device-local mapped memory go through a host-cached staging copy (one
-# submission, tens of us) rather than uncached loads over PCIe (a guess, not yet measured).
+# submission) rather than uncached loads over PCIe. Measured on the H200: direct 2.5 / 18.3 /
+# 65.1 / 269.8 us at 64 B / 1 / 4 / 16 KiB, staged 59.1 / 74.3 / 74.1 / 92.3 us.
 DIRECT_READ_LIMIT = 4096
 
 

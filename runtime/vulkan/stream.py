@@ -41,8 +41,11 @@ POOL_SETS = 128
 QUERIES_PER_POOL = 128
 OUT_OF_POOL = (-1000069000, -12)  # VK_ERROR_OUT_OF_POOL_MEMORY, VK_ERROR_FRAGMENTED_POOL
 NOT_READY = 1  # VK_NOT_READY: vkGetFenceStatus of an unsignalled fence
-# Largest output buffer a `read_back` stream puts in host memory (see `Stream`).
-HOST_OUTPUT_BYTES = 1 << 16
+# Largest output buffer a `read_back` stream puts in host memory (see `Stream`): the largest
+# measured. On the H200 an eager quantize_per_tensor call took 94.7 / 209.4 / 788.5 / 1881.6 us
+# at 64 / 16Ki / 1Mi / 4Mi int8 outputs in device memory, 93.3 / 98.9 / 594.5 / 1688.9 us in
+# host memory (benchmarks/NOTES.md, session 7).
+HOST_OUTPUT_BYTES = 4 << 20
 # device -> {(storage, dtype name): zero-filled Tensor} bound for omitted optional tensors
 _DUMMIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
