@@ -223,7 +223,8 @@ class Buffer(_Holder):
         self.device.require_open()
         if self.mapped is not None:
             ctypes.memmove(self.mapped, source, nbytes)
-            ctypes.memset(self.mapped + nbytes, 0, self.nbytes - nbytes)
+            if nbytes < self.nbytes:
+                ctypes.memset(self.mapped + nbytes, 0, self.nbytes - nbytes)
             return
         staging = Buffer(self.device, self.nbytes, "host")
         staging.write(source, nbytes)

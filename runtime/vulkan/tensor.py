@@ -230,7 +230,7 @@ class Tensor:
         Raises:
             ValueError: another shape.
         """
-        if tuple(value.shape) != tuple(self.shape):
+        if value.shape != self.shape:  # both torch.Size
             raise ValueError(f"cannot copy a tensor of shape {list(value.shape)} into {self!r}")
         if self.memory is None:
             return
@@ -272,7 +272,7 @@ class Tensor:
             return layouts.unpack(words, self.shape, self.layout)
         if self.storage == "buffer":
             out = torch.empty(self.shape, dtype=self.dtype)
-            self.memory.read(out.data_ptr(), self.nbytes)
+            self.memory.read(out.data_ptr(), out.nbytes)
             return out
         width, height, depth = texture_extent(self.shape)
         texels = torch.empty(depth, height, 4 * width, dtype=self.dtype)
