@@ -67,12 +67,7 @@ def plan_key(args: tuple, kwargs: dict):
     """
     parts, tensors = [len(args)], []
     for value in args:
-        kind = type(value)
-        if kind in _PLAIN:  # the common cases inline: a call costs ~0.1 us
-            parts += (kind, value)
-        elif kind is float:
-            parts += (float, value.hex())
-        elif not _add(parts, value, tensors):
+        if not _add(parts, value, tensors):
             return None
     if kwargs:
         for name in sorted(kwargs):
