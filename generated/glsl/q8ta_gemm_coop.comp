@@ -301,10 +301,13 @@ const int WG = int(gl_WorkGroupSize.x);   // 4 subgroups of 32 (the capability's
 const int BM = 64;                        // pixels of a tile
 const int BN = 64;                        // output channels of a tile
 const int BN4 = BN / 4;
-const int BKW = 32;                       // K words (4 bytes) per staged chunk (H100: 128 bytes
-                                          // against 64: 3x3 layers 0.83-0.87x, 4096^3 0.74x)
+const int BKW = 16;                       // K words (4 bytes) per staged chunk
+const int KP_WORDS = 32;                  // the packed weight rows are padded to 128 bytes
 const int STRIDE = BKW + 4;               // words per staged row (16-byte aligned, padded)
+const int B_BASE = BM * STRIDE;           // first word of the staged weights
 const int CSTRIDE = BN + 4;               // ints per accumulator row in shared memory
+const int HALF = BM / 2;                  // pixels per epilogue pass
+const int SMEM_WORDS = (BM + BN) * STRIDE > HALF * CSTRIDE ? (BM + BN) * STRIDE : HALF * CSTRIDE;
 const int A_SLOTS = BM * BKW / WG;        // input words an invocation stages
 const int B_SLOTS = BN * BKW / 4 / WG;    // weight ivec4 an invocation stages
 const int OUT_ROWS = WG / BN4;            // pixels the epilogue covers per pass
@@ -314,9 +317,9 @@ const bool ANY_4W4C = IN_LAYOUT == ETVK_4W4C || OUT_LAYOUT == ETVK_4W4C;
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
-shared uint s_a[BM * STRIDE];    // [pixel][K word]
-shared uint s_b[BN * STRIDE];    // [channel][K word]
-shared int s_c[BM * CSTRIDE];    // [pixel][channel]: the accumulators
+// During the K loop: A [pixel][K word] at 0, B [channel][K word] at B_BASE.
+// In the epilogue: the accumulators [pixel of the half][channel] at 0.
+shared uint s_mem[SMEM_WORDS];
 
 // Word address of K word 0 of pixel m in a packed tensor of row width
 // `w_size` (padded to wp), C4 words `c4` and `rows` rows; ~0u if outside.
@@ -335,6 +338,19 @@ uint pixel_base(int m, int wp, int w_size, int rows, int c4) {
   return uint(row * c4 * w_size + w);
 }
 
+// (pixel of the tile, K word of the chunk) of staging slot idx: slot r of
+// invocation t is idx = t + r * WG, so that consecutive invocations read
+// consecutive words of the layout.
+ivec2 a_slot(int idx) {
+  if (IN_LAYOUT == ETVK_4W4C) {
+    return ivec2(((idx >> 2) / BKW) * 4 + (idx & 3), (idx >> 2) % BKW);
+  }
+  if (IN_LAYOUT == ETVK_4C) {
+    return ivec2(idx / BKW, idx % BKW);
+  }
+  return ivec2(idx % BM, idx / BM);
+}
+
 void main() {
   const int t = int(gl_LocalInvocationID.x);
   const int sg = int(gl_SubgroupID);       // 0 .. 3
@@ -351,40 +367,18 @@ void main() {
   const int n0 = int(gl_WorkGroupID.y) * BN;
   const uint in_step = IN_LAYOUT == ETVK_4W4C ? 4u : (IN_LAYOUT == ETVK_4C ? 1u : uint(W));
 
-  // Staging slots: a fixed (pixel, K word) per slot, consecutive invocations
-  // reading consecutive words of the layout.
+  // Word address of each slot's K word 0 (~0u: a pixel outside the output).
   uint a_addr[A_SLOTS];
-  int a_k[A_SLOTS];
-  int a_dst[A_SLOTS];
   [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-    const int idx = t + r * WG;
-    int ml;
-    int k;
-    if (IN_LAYOUT == ETVK_4W4C) {
-      k = (idx >> 2) % BKW;
-      ml = ((idx >> 2) / BKW) * 4 + (idx & 3);
-    } else if (IN_LAYOUT == ETVK_4C) {
-      k = idx % BKW;
-      ml = idx / BKW;
-    } else {
-      ml = idx % BM;
-      k = idx / BM;
-    }
-    const uint base = pixel_base(m0 + ml, wp, W, rows, in_c4);
-    a_addr[r] = base == ~0u ? ~0u : base + uint(k) * in_step;
-    a_k[r] = k;
-    a_dst[r] = ml * STRIDE + k;
+    const ivec2 mk = a_slot(t + r * WG);
+    const uint base = pixel_base(m0 + mk.x, wp, W, rows, in_c4);
+    a_addr[r] = base == ~0u ? ~0u : base + uint(mk.y) * in_step;
   }
-  const int row_vecs = chunks * (BKW / 4);  // ivec4 per packed weight row
-  uint b_addr[B_SLOTS];
-  int b_dst[B_SLOTS];
-  [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
-    const int idx = t + r * WG;
-    const int n = idx / (BKW / 4);
-    const int q = idx % (BKW / 4);
-    b_addr[r] = uint((n0 + n) * row_vecs + q);
-    b_dst[r] = n * STRIDE + q * 4;
-  }
+  const int row_vecs = ((kg4 + KP_WORDS - 1) / KP_WORDS) * (KP_WORDS / 4);  // ivec4 per packed row
+  const int b_n = t / (BKW / 4);  // slot r stages ivec4 b_q of channel b_n + r * WG / (BKW / 4)
+  const int b_q = t % (BKW / 4);
+  const uint b_addr = uint((n0 + b_n) * row_vecs + b_q);
+  const int b_rows = WG / (BKW / 4);
 
   C_MAT acc[2][2];
   [[unroll]] for (int i = 0; i < 2; ++i) {
@@ -396,42 +390,43 @@ void main() {
   uint a_reg[A_SLOTS];
   uvec4 b_reg[B_SLOTS];
   [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-    const bool ok = a_addr[r] != ~0u && a_k[r] < kg4;
+    const bool ok = a_addr[r] != ~0u && a_slot(t + r * WG).y < kg4;
     a_reg[r] = ok ? t_in_load_word(a_addr[r]) : 0u;
   }
   [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
-    b_reg[r] = uvec4(t_weights_load(b_addr[r]));
+    b_reg[r] = uvec4(t_weights_load(b_addr + uint(r * b_rows * row_vecs)));
   }
   for (int c = 0; c < chunks; ++c) {
     barrier();
     [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-      s_a[a_dst[r]] = a_reg[r];
+      const ivec2 mk = a_slot(t + r * WG);
+      s_mem[mk.x * STRIDE + mk.y] = a_reg[r];
     }
     [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
       [[unroll]] for (int e = 0; e < 4; ++e) {
-        s_b[b_dst[r] + e] = b_reg[r][e];
+        s_mem[B_BASE + (b_n + r * b_rows) * STRIDE + b_q * 4 + e] = b_reg[r][e];
       }
     }
     barrier();
     if (c + 1 < chunks) {
       const int k1 = (c + 1) * BKW;
       [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-        const bool ok = a_addr[r] != ~0u && k1 + a_k[r] < kg4;
+        const bool ok = a_addr[r] != ~0u && k1 + a_slot(t + r * WG).y < kg4;
         a_reg[r] = ok ? t_in_load_word(a_addr[r] + uint(k1) * in_step) : 0u;
       }
       [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
-        b_reg[r] = uvec4(t_weights_load(b_addr[r] + uint((c + 1) * (BKW / 4))));
+        b_reg[r] = uvec4(t_weights_load(b_addr + uint(r * b_rows * row_vecs + (c + 1) * (BKW / 4))));
       }
     }
     [[unroll]] for (int kk = 0; kk < BKW; kk += 8) {
       A_MAT a[2];
       B_MAT b[2];
       [[unroll]] for (int i = 0; i < 2; ++i) {
-        coopMatLoad(a[i], s_a, uint((sm + i * 16) * STRIDE + kk), uint(STRIDE),
+        coopMatLoad(a[i], s_mem, uint((sm + i * 16) * STRIDE + kk), uint(STRIDE),
                     gl_CooperativeMatrixLayoutRowMajor);
       }
       [[unroll]] for (int j = 0; j < 2; ++j) {
-        coopMatLoad(b[j], s_b, uint((sn + j * 16) * STRIDE + kk), uint(STRIDE),
+        coopMatLoad(b[j], s_mem, uint(B_BASE + (sn + j * 16) * STRIDE + kk), uint(STRIDE),
                     gl_CooperativeMatrixLayoutColumnMajor);
       }
       [[unroll]] for (int i = 0; i < 2; ++i) {
@@ -442,39 +437,44 @@ void main() {
     }
   }
 
-  [[unroll]] for (int i = 0; i < 2; ++i) {
-    [[unroll]] for (int j = 0; j < 2; ++j) {
-      coopMatStore(acc[i][j], s_c, uint((sm + i * 16) * CSTRIDE + sn + j * 16), uint(CSTRIDE),
-                   gl_CooperativeMatrixLayoutRowMajor);
-    }
-  }
-  barrier();
-
-  // Epilogue: invocation t requantizes channel word t % BN4 of pixels t / BN4 + OUT_ROWS * r.
+  // Epilogue, one M half at a time: the half's two subgroups store their
+  // accumulators, then invocation t requantizes channel word t % BN4 of the
+  // half's pixels t / BN4 + OUT_ROWS * r. Every invocation reaches every barrier.
   const int n4 = t % BN4;
   const int oc4 = n0 / 4 + n4;
-  if (oc4 >= oc4_count) {
-    return;
-  }
   const int hardswish = pc.gemm.w;
   const ivec4 out4 = ivec4(W, pc.out_sizes.y, oc4_count, pc.out_sizes.w);
   const EtvkQ8taChannels ch = etvk_q8ta_load_channels(oc4 * 4, pc.out_sizes.z);
-  for (int ml = t / BN4; ml < BM; ml += OUT_ROWS) {
-    const int m = m0 + ml;
-    const int row = m / wp;
-    const int w = m - row * wp;
-    if (row >= rows) {
-      break;
+  [[unroll]] for (int part = 0; part < 2; ++part) {
+    barrier();
+    if ((sg & 1) == part) {
+      [[unroll]] for (int i = 0; i < 2; ++i) {
+        [[unroll]] for (int j = 0; j < 2; ++j) {
+          coopMatStore(acc[i][j], s_mem, uint((i * 16) * CSTRIDE + sn + j * 16), uint(CSTRIDE),
+                       gl_CooperativeMatrixLayoutRowMajor);
+        }
+      }
     }
-    const int n = row / pc.out_sizes.y;
-    const int h = row - n * pc.out_sizes.y;
-    const uint word = etvk_packed_word(OUT_LAYOUT, out4, n, oc4, h, w);
-    if (w < W) {
-      const int at = ml * CSTRIDE + n4 * 4;
-      const ivec4 sums = ivec4(s_c[at], s_c[at + 1], s_c[at + 2], s_c[at + 3]);
-      t_out_store_word(word, etvk_q8ta_requantize_word(sums, ch, hardswish));
-    } else if (OUT_LAYOUT == ETVK_4W4C) {
-      t_out_store_word(word, 0u);
+    barrier();
+    if (oc4 < oc4_count) {
+      for (int ml = t / BN4; ml < HALF; ml += OUT_ROWS) {
+        const int m = m0 + part * HALF + ml;
+        const int row = m / wp;
+        const int w = m - row * wp;
+        if (row >= rows) {
+          break;
+        }
+        const int n = row / pc.out_sizes.y;
+        const int h = row - n * pc.out_sizes.y;
+        const uint word = etvk_packed_word(OUT_LAYOUT, out4, n, oc4, h, w);
+        if (w < W) {
+          const int at = ml * CSTRIDE + n4 * 4;
+          const ivec4 sums = ivec4(s_mem[at], s_mem[at + 1], s_mem[at + 2], s_mem[at + 3]);
+          t_out_store_word(word, etvk_q8ta_requantize_word(sums, ch, hardswish));
+        } else if (OUT_LAYOUT == ETVK_4W4C) {
+          t_out_store_word(word, 0u);
+        }
+      }
     }
   }
 }
