@@ -24,10 +24,10 @@ from dataclasses import dataclass
 GEMM_WORKGROUP = 256  # must equal q8ta_gemm's workgroup in op_specs/conv2d.yaml
 COOP_TILE = 64  # output pixels and channels of a q8ta_gemm_coop workgroup
 COOP_MIN_PIXELS = 16 * COOP_TILE  # smaller GEMMs leave too few workgroups (a guess: tune)
-# Shorter K (bytes) ran slower on the cooperative matrices than on the dot-product GEMM on the
-# H100 (batch-32 ResNet-50 1x1 layers: K = 64 2.1x, K = 256 1.1x; K = 576 3x3 1.0x, longer
-# K faster; benchmarks/coop_gemm_bench.py, NOTES.md).
-COOP_MIN_K = 512
+# Shorter K (bytes) ran slower on the cooperative matrices than on the dot-product GEMM. H200,
+# session 8's q8ta_gemm_coop (benchmarks/NOTES.md), coop time / dot-product time: K = 64 0.68
+# and 0.78 at batch 32, 0.86 at batch 1; K = 32 0.93; K = 24 1.06 and 1.24; K = 16 1.17 and 0.98.
+COOP_MIN_K = 64
 
 
 def _ceil_div(a: int, b: int) -> int:

@@ -136,11 +136,11 @@ def test_pack_gemm_coop_weights_rejects_non_int8():
 
 
 def test_shape_rule():
-    assert prefers_coop_gemm(1024, 512, 64, 1)
-    assert not prefers_coop_gemm(1023, 512, 64, 1)
-    assert not prefers_coop_gemm(4096, 512, 63, 1)
-    assert not prefers_coop_gemm(4096, 511, 64, 1)
-    assert not prefers_coop_gemm(4096, 512, 64, 2)
+    assert prefers_coop_gemm(1024, 64, 64, 1)
+    assert not prefers_coop_gemm(1023, 64, 64, 1)
+    assert not prefers_coop_gemm(4096, 64, 63, 1)
+    assert not prefers_coop_gemm(4096, 63, 64, 1)
+    assert not prefers_coop_gemm(4096, 64, 64, 2)
 
 
 def _require_coop():
@@ -184,9 +184,10 @@ def test_coop_reads_and_writes_every_layout(op_name, layout):
         assert_bit_exact(out.to_torch(), ref.q8ta_conv2d(*inp.args()), f"{op_name} {layout}")
 
 
-# Shapes the rule sends to the cooperative-matrix GEMM: 1024 pixels, K of 512 bytes or more.
+# Shapes the rule sends to the cooperative-matrix GEMM: 1024 pixels, K of 64 bytes or more.
 ROUTED_CASES = [
     C("pw_m1024_k512_n64", 1, 512, 32, 32, 64, (1, 1), activation="relu"),
+    C("pw_m1024_k64_n64", 1, 64, 32, 32, 64, (1, 1)),
     C("im2col_3x3_k576_n72", 1, 64, 32, 32, 72, (3, 3), padding=(1, 1)),
 ]
 
