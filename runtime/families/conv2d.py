@@ -245,7 +245,9 @@ def pack_gemm_weights(w: torch.Tensor, groups: int) -> torch.Tensor:
     return _words(rows.reshape(o4, 4, k4, 4).permute(0, 2, 1, 3))
 
 
-COOP_ROWS, COOP_K = 64, 128  # q8ta_gemm_coop's tile of output channels and K bytes per chunk
+# q8ta_gemm_coop's tile of output channels, and the K bytes its weight rows are padded to (two of
+# its 64-byte chunks; the shader reads only the chunks that hold K)
+COOP_ROWS, COOP_K = 64, 128
 
 
 def pack_gemm_coop_weights(w: torch.Tensor) -> torch.Tensor:
