@@ -311,7 +311,8 @@ const int SMEM_WORDS = (BM + BN) * STRIDE > HALF * CSTRIDE ? (BM + BN) * STRIDE 
 const int A_SLOTS = BM * BKW / WG;        // input words an invocation stages
 const int B_SLOTS = BN * BKW / 4 / WG;    // weight ivec4 an invocation stages
 const int OUT_ROWS = WG / BN4;            // pixels the epilogue covers per pass
-const bool ANY_4W4C = IN_LAYOUT == ETVK_4W4C || OUT_LAYOUT == ETVK_4W4C;
+const int B_ROWS = WG / (BKW / 4);        // channels between an invocation's weight slots
+const bool PAD_ROWS = IN_LAYOUT == ETVK_4W4C || OUT_LAYOUT == ETVK_4W4C;
 
 #define A_MAT coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
@@ -321,22 +322,11 @@ const bool ANY_4W4C = IN_LAYOUT == ETVK_4W4C || OUT_LAYOUT == ETVK_4W4C;
 // In the epilogue: the accumulators [pixel of the half][channel] at 0.
 shared uint s_mem[SMEM_WORDS];
 
-// Word address of K word 0 of pixel m in a packed tensor of row width
-// `w_size` (padded to wp), C4 words `c4` and `rows` rows; ~0u if outside.
-uint pixel_base(int m, int wp, int w_size, int rows, int c4) {
-  const int row = m / wp;
-  const int w = m - row * wp;
-  if (row >= rows || w >= w_size) {
-    return ~0u;
-  }
-  if (IN_LAYOUT == ETVK_4W4C) {
-    return uint((m >> 2) * c4 * 4 + (m & 3));
-  }
-  if (IN_LAYOUT == ETVK_4C) {
-    return uint((row * w_size + w) * c4);
-  }
-  return uint(row * c4 * w_size + w);
-}
+// The staging registers: the next chunk on its way from memory to shared memory.
+uint a_reg[A_SLOTS];
+uvec4 b_reg[B_SLOTS];
+uint b_addr;   // ivec4 of this invocation's first weight slot in chunk 0
+int row_vecs;  // ivec4 per packed weight row
 
 // (pixel of the tile, K word of the chunk) of staging slot idx: slot r of
 // invocation t is idx = t + r * WG, so that consecutive invocations read
@@ -351,34 +341,70 @@ ivec2 a_slot(int idx) {
   return ivec2(idx % BM, idx / BM);
 }
 
+uint a_addr[A_SLOTS];  // word address of each slot's K word 0 (~0u: a pixel outside the output)
+uint in_step;          // words between consecutive K words of a pixel
+
+// Sets the slots up for the tile's first pixel m0.
+void init_slots(int t, int m0, int wp, int rows) {
+  const int W = pc.out_sizes.x;
+  const int in_c4 = (pc.in_sizes.z + 3) >> 2;
+  in_step = IN_LAYOUT == ETVK_4W4C ? 4u : (IN_LAYOUT == ETVK_4C ? 1u : uint(W));
+  [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
+    const ivec2 mk = a_slot(t + r * WG);
+    const int m = m0 + mk.x;
+    const int row = m / wp;
+    const int w = m - row * wp;
+    uint base = ~0u;
+    if (row < rows && w < W) {
+      if (IN_LAYOUT == ETVK_4W4C) {
+        base = uint((m >> 2) * in_c4 * 4 + (m & 3));
+      } else if (IN_LAYOUT == ETVK_4C) {
+        base = uint((row * W + w) * in_c4);
+      } else {
+        base = uint(row * in_c4 * W + w);
+      }
+    }
+    a_addr[r] = base == ~0u ? ~0u : base + uint(mk.y) * in_step;
+  }
+}
+
+// Loads chunk c's A slots (K words past kg4 and pixels outside read 0).
+void load_a(int c, int t, int kg4) {
+  const int k0 = c * BKW;
+  [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
+    const bool ok = a_addr[r] != ~0u && k0 + a_slot(t + r * WG).y < kg4;
+    a_reg[r] = ok ? t_in_load_word(a_addr[r] + uint(k0) * in_step) : 0u;
+  }
+}
+
+// Loads chunk c's staging slots into the registers.
+void load_chunk(int c, int t, int kg4) {
+  load_a(c, t, kg4);
+  [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
+    b_reg[r] = uvec4(t_weights_load(b_addr + uint((r * B_ROWS) * row_vecs + c * (BKW / 4))));
+  }
+}
+
 void main() {
   const int t = int(gl_LocalInvocationID.x);
   const int sg = int(gl_SubgroupID);       // 0 .. 3
   const int sm = (sg & 1) * 32;
   const int sn = (sg >> 1) * 32;
   const int W = pc.out_sizes.x;
-  const int wp = ANY_4W4C ? ((W + 3) & ~3) : W;
+  const int wp = PAD_ROWS ? ((W + 3) & ~3) : W;
   const int rows = pc.out_sizes.y * pc.out_sizes.w;
   const int oc4_count = (pc.out_sizes.z + 3) >> 2;
-  const int in_c4 = (pc.in_sizes.z + 3) >> 2;
   const int kg4 = pc.gemm.x;
   const int chunks = (kg4 + BKW - 1) / BKW;
   const int m0 = int(gl_WorkGroupID.x) * BM;
   const int n0 = int(gl_WorkGroupID.y) * BN;
-  const uint in_step = IN_LAYOUT == ETVK_4W4C ? 4u : (IN_LAYOUT == ETVK_4C ? 1u : uint(W));
 
-  // Word address of each slot's K word 0 (~0u: a pixel outside the output).
-  uint a_addr[A_SLOTS];
-  [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-    const ivec2 mk = a_slot(t + r * WG);
-    const uint base = pixel_base(m0 + mk.x, wp, W, rows, in_c4);
-    a_addr[r] = base == ~0u ? ~0u : base + uint(mk.y) * in_step;
-  }
-  const int row_vecs = ((kg4 + KP_WORDS - 1) / KP_WORDS) * (KP_WORDS / 4);  // ivec4 per packed row
-  const int b_n = t / (BKW / 4);  // slot r stages ivec4 b_q of channel b_n + r * WG / (BKW / 4)
+  init_slots(t, m0, wp, rows);
+  // Weight slot r stages ivec4 b_q of channel b_n + r * B_ROWS.
+  const int b_n = t / (BKW / 4);
   const int b_q = t % (BKW / 4);
-  const uint b_addr = uint((n0 + b_n) * row_vecs + b_q);
-  const int b_rows = WG / (BKW / 4);
+  row_vecs = ((kg4 + KP_WORDS - 1) / KP_WORDS) * (KP_WORDS / 4);
+  b_addr = uint((n0 + b_n) * row_vecs + b_q);
 
   C_MAT acc[2][2];
   [[unroll]] for (int i = 0; i < 2; ++i) {
@@ -387,15 +413,7 @@ void main() {
     }
   }
 
-  uint a_reg[A_SLOTS];
-  uvec4 b_reg[B_SLOTS];
-  [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-    const bool ok = a_addr[r] != ~0u && a_slot(t + r * WG).y < kg4;
-    a_reg[r] = ok ? t_in_load_word(a_addr[r]) : 0u;
-  }
-  [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
-    b_reg[r] = uvec4(t_weights_load(b_addr + uint(r * b_rows * row_vecs)));
-  }
+  load_chunk(0, t, kg4);
   for (int c = 0; c < chunks; ++c) {
     barrier();
     [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
@@ -404,19 +422,12 @@ void main() {
     }
     [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
       [[unroll]] for (int e = 0; e < 4; ++e) {
-        s_mem[B_BASE + (b_n + r * b_rows) * STRIDE + b_q * 4 + e] = b_reg[r][e];
+        s_mem[B_BASE + (b_n + r * B_ROWS) * STRIDE + b_q * 4 + e] = b_reg[r][e];
       }
     }
     barrier();
     if (c + 1 < chunks) {
-      const int k1 = (c + 1) * BKW;
-      [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-        const bool ok = a_addr[r] != ~0u && k1 + a_slot(t + r * WG).y < kg4;
-        a_reg[r] = ok ? t_in_load_word(a_addr[r] + uint(k1) * in_step) : 0u;
-      }
-      [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
-        b_reg[r] = uvec4(t_weights_load(b_addr + uint(r * b_rows * row_vecs + (c + 1) * (BKW / 4))));
-      }
+      load_chunk(c + 1, t, kg4);
     }
     [[unroll]] for (int kk = 0; kk < BKW; kk += 8) {
       A_MAT a[2];

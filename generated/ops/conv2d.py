@@ -158,6 +158,11 @@ def _check_coop_groups(op, groups):
         raise rt.ArgumentError(op, "groups", f"the cooperative-matrix GEMM needs groups == 1, got {groups}; use the op without _coop")
 
 
+def _check_coop_im2col_extent(op, x, padding):
+    if not (x.shape[2] + 2 * rt.pair(padding)[0] < 32768 and x.shape[3] + 2 * rt.pair(padding)[1] < 32768):
+        raise rt.ArgumentError(op, "x", f"the cooperative-matrix im2col keeps tap coordinates in 16 bits: needs H + 2 * pad_y and W + 2 * pad_x below 32768, got H={x.shape[2]}, W={x.shape[3]}, padding={padding}; use etvk.q8ta_conv2d_im2col.default")
+
+
 def _check_depthwise_groups(op, groups, x, weights):
     if not (groups == x.shape[1] and weights.shape[0] == x.shape[1]):
         raise rt.ArgumentError(op, "groups", f"the depthwise conv needs groups == C_in == C_out, got groups={groups}, C_in={x.shape[1]}, C_out={weights.shape[0]}")
@@ -191,7 +196,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:364",
+    spec="op_specs/conv2d.yaml:402",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -246,7 +251,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:387",
+    spec="op_specs/conv2d.yaml:425",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -339,7 +344,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:411",
+    spec="op_specs/conv2d.yaml:449",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -424,7 +429,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:461",
+    spec="op_specs/conv2d.yaml:499",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -476,23 +481,20 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     _check_activation_max_bounds(op, activation_max, activation, activation_min)
     _check_im2col_channels(op, groups, x)
     _check_coop_groups(op, groups)
+    _check_coop_im2col_extent(op, x, padding)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, '4C')
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
-    k = p.Cg * p.KH * p.KW
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
-    m = p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4
-    v = op.select(variant, storage, {"INPUT": ("x", '4W4C' if layout == '4W4C' else 'any_layout')}, step=0)
+    m = p.N * p.H_out * (rt.ceil_div(p.W_out, 4) * 4 if layout == '4W4C' else p.W_out)
+    v = op.select(variant, storage, {})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
-    cols = stream.empty([p.N, p.groups * k, p.H_out, p.W_out], torch.int8, v.binding("t_cols"), op.label("cols", "scratch"), layout='4W4C', scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_cols": cols, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "group_in_channels": p.Cg, "group_k": k, "input_zero_point": input_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout)}, global_size=[rt.ceil_div(p.W_out, 4), p.H_out, p.N * p.groups * k // 4])
-    v = op.select(variant, storage, {}, step=1)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), 1])
     return out
 
 
@@ -505,17 +507,11 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col_coop.default",
     family="conv2d",
     schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
-    doc="q8ta_conv2d_im2col with the cooperative-matrix GEMM (q8ta_gemm_coop); needs groups == 1 and C_in % 4 == 0, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:494",
+    doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no scratch); needs groups == 1, C_in % 4 == 0, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
+    spec="op_specs/conv2d.yaml:532",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
-        ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
-        ("q8ta_im2col_4W4C", {"INPUT": "4W4C"}),
-        ("q8ta_gemm_coop", {}),
-    ),
-    steps=(
-        ("q8ta_im2col_any_layout", "q8ta_im2col_4W4C"),
-        ("q8ta_gemm_coop",),
+        ("q8ta_gemm_coop_im2col", {}),
     ),
     record=q8ta_conv2d_im2col_coop,
     fake=_q8ta_conv2d_im2col_coop_fake,
@@ -589,7 +585,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:541",
+    spec="op_specs/conv2d.yaml:564",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop", {}),
@@ -664,7 +660,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:571",
+    spec="op_specs/conv2d.yaml:594",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -741,7 +737,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:603",
+    spec="op_specs/conv2d.yaml:626",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -811,16 +807,17 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it).",
-    spec="op_specs/conv2d.yaml:636",
+    spec="op_specs/conv2d.yaml:659",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop", {}),
-        ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
-        ("q8ta_im2col_4W4C", {"INPUT": "4W4C"}),
+        ("q8ta_gemm_coop_im2col", {}),
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
         ("q8ta_gemm_fallback", {"DOT": "fallback"}),
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
         ("q8ta_conv2d_dw_fallback", {"DOT": "fallback"}),
+        ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
+        ("q8ta_im2col_4W4C", {"INPUT": "4W4C"}),
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
         ("q8ta_conv2d_direct_fallback", {"DOT": "fallback"}),
     ),

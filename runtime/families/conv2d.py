@@ -32,6 +32,9 @@ ACTIVATIONS = ("none", "relu", "hardtanh", "hardswish")
 INT8_MIN, INT8_MAX = -128, 127
 IM2COL_MIN_GROUP_CHANNELS = 32
 IM2COL_MAX_OUTPUT_PIXELS = 4096
+# q8ta_gemm_coop_im2col keeps tap coordinates in 16 bits: H + 2 * pad_y and W + 2 * pad_x must
+# stay below this (the op's check coop_im2col_extent in op_specs/conv2d.yaml says the same).
+COOP_IM2COL_EXTENT = 32768
 
 
 def conv_output_size(size: int, kernel: int, stride: int, padding: int, dilation: int) -> int:
@@ -105,6 +108,14 @@ class Conv2dParams:
     def im2col_eligible(self) -> bool:
         """OPS.md rule 1: ``(C_in / groups) % 4 == 0``."""
         return self.Cg % 4 == 0
+
+    @property
+    def im2col_coop_eligible(self) -> bool:
+        """``q8ta_conv2d_im2col_coop`` accepts it: im2col-eligible, one group, and tap
+        coordinates within 16 bits (`COOP_IM2COL_EXTENT`)."""
+        return (self.im2col_eligible and self.groups == 1
+                and self.H + 2 * self.padding[0] < COOP_IM2COL_EXTENT
+                and self.W + 2 * self.padding[1] < COOP_IM2COL_EXTENT)
 
 
 def conv2d_params(x_shape, weight_shape, kernel_size, stride, padding, dilation, groups) -> Conv2dParams:

@@ -117,9 +117,10 @@ def choice_from_json(data) -> Conv2dChoice:
 def candidate_algorithms(p: Conv2dParams) -> list[str]:
     """The algorithms whose op accepts the geometry: pw (1x1, stride 1, padding 0), dw
     (depthwise), im2col (``C_in / groups % 4 == 0``), general (any), and pw and im2col on the
-    cooperative-matrix GEMM (one group; the tuner skips them where the device cannot run them)."""
+    cooperative-matrix GEMM (one group, and for im2col `Conv2dParams.im2col_coop_eligible`; the
+    tuner skips them where the device cannot run them)."""
     valid = {"pw": p.is_pointwise, "dw": p.is_depthwise, "im2col": p.im2col_eligible, "general": True,
-             "pw_coop": p.is_pointwise and p.groups == 1, "im2col_coop": p.im2col_eligible and p.groups == 1}
+             "pw_coop": p.is_pointwise and p.groups == 1, "im2col_coop": p.im2col_coop_eligible}
     return [a for a in ALGORITHMS if valid[a]]
 
 

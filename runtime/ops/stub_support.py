@@ -29,7 +29,8 @@ from runtime.vulkan.tensor import Tensor, texture_extent
 
 # ---------------------------------------------------------------- helpers
 
-COOP_GEMM_VARIANT = "q8ta_gemm_coop"  # the variant `_gemm_coop` checks the device against
+# the variants `_gemm_coop` checks the device against, by the rule's algorithm
+COOP_GEMM_VARIANTS = {"pw": "q8ta_gemm_coop", "im2col": "q8ta_gemm_coop_im2col"}
 LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # Tokens x output rows from which linear_qta8a_qga4w runs on cooperative matrices: on the
 # H100 the kernel takes 70-80 us up to 32 x 14336 and beats the tiled gemm from 16 x 14336
@@ -164,14 +165,16 @@ def conv2d_out_w(choice) -> int:
 
 def _gemm_coop(params, algorithm: str) -> bool:
     """Whether the rule's `algorithm` ("pw" or "im2col") runs on the cooperative-matrix
-    GEMM: the shape suits it (`conv2d_tiling.prefers_coop_gemm`) and this device runs
-    ``q8ta_gemm_coop``."""
-    if algorithm not in ("pw", "im2col"):
+    GEMM: the shape suits it (`conv2d_tiling.prefers_coop_gemm`; im2col also needs
+    `Conv2dParams.im2col_coop_eligible`) and this device runs the algorithm's variant."""
+    if algorithm not in COOP_GEMM_VARIANTS:
+        return False
+    if algorithm == "im2col" and not params.im2col_coop_eligible:
         return False
     m = params.N * params.H_out * params.W_out
     if not conv2d_tiling.prefers_coop_gemm(m, params.Kg, params.C_out, params.groups):
         return False
-    return catalog().variant(COOP_GEMM_VARIANT).runnable(get_device().caps)[0]
+    return catalog().variant(COOP_GEMM_VARIANTS[algorithm]).runnable(get_device().caps)[0]
 
 
 def linear_uses_coop(x, weight, group_size: int) -> bool:

@@ -159,7 +159,7 @@ def build_conv2d(op_name):
         "etvk.q8ta_conv2d_general.default": lambda p: True,
         "etvk.q8ta_conv2d_im2col.default": lambda p: p.im2col_eligible,
         "etvk.q8ta_conv2d_pw.default": lambda p: p.is_pointwise,
-        "etvk.q8ta_conv2d_im2col_coop.default": lambda p: p.im2col_eligible and p.groups == 1,
+        "etvk.q8ta_conv2d_im2col_coop.default": lambda p: p.im2col_coop_eligible,
         "etvk.q8ta_conv2d_pw_coop.default": lambda p: p.is_pointwise and p.groups == 1,
         "etvk.q8ta_conv2d_dw.default": lambda p: p.is_depthwise,
     }[op_name]

@@ -1,4 +1,5 @@
-"""The cooperative-matrix int8 GEMM (shader q8ta_gemm_coop) of the pointwise and im2col convs.
+"""The cooperative-matrix int8 GEMMs of the pointwise and im2col convs (shaders q8ta_gemm_coop
+and q8ta_gemm_coop_im2col, which gathers the im2col rows itself).
 
 On the CPU: the weight prepack, and the gating of the variant on what a device
 reports (fake capabilities: only the exact shape, types, scope and subgroup
@@ -21,6 +22,7 @@ from conv_testlib import assert_bit_exact
 import runtime
 from runtime.families import conv2d as conv2d_module
 from runtime.families.conv2d_tiling import prefers_coop_gemm
+from runtime.families.conv2d_tuning import candidate_algorithms
 from runtime.ops.library import catalog
 from runtime.reference import conv2d as ref
 from runtime.tools.examples_conv2d import Conv2dCase, make_inputs
@@ -31,10 +33,12 @@ from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
 
 VARIANT = "q8ta_gemm_coop"
+IM2COL_VARIANT = "q8ta_gemm_coop_im2col"
 CAPABILITY = "coopmat_s8_16x16x32_sg32"
 EXACT = CoopMatrixShape(16, 16, 32, "s8", "s8", "s32", "s32", "subgroup")
 PW = "etvk.q8ta_conv2d_pw_coop.default"
 IM2COL = "etvk.q8ta_conv2d_im2col_coop.default"
+OP_VARIANTS = {PW: VARIANT, IM2COL: IM2COL_VARIANT}
 
 C = Conv2dCase
 # M = N * H_out * W_out pixels (tiles of 64), K = C_in * KH * KW bytes (chunks of 64), C_out
@@ -52,6 +56,11 @@ IM2COL_CASES = [
     C("im2col_dilated_k144_n10", 1, 16, 12, 12, 10, (3, 3), padding=(2, 2), dilation=(2, 2),
       bias=False),
     C("im2col_1x7_k56_n200", 1, 8, 6, 13, 200, (1, 7), padding=(0, 3), activation="hardswish"),
+    # The implicit im2col's tap walk: 3 input channel words per tap (several taps per chunk),
+    # 20 (chunks across taps), 32 (whole chunks per tap) over two images.
+    C("im2col_5x5s21_k300_n64", 1, 12, 11, 9, 64, (5, 5), (2, 1), (2, 2)),
+    C("im2col_3x3_c80_k720_n64", 1, 80, 7, 9, 64, (3, 3), padding=(1, 1), activation="relu"),
+    C("im2col_3x3_b2_k1152_n96", 2, 128, 9, 10, 96, (3, 3), padding=(1, 1)),
 ]
 
 
@@ -165,9 +174,10 @@ def test_coop_matches_the_reference(op_name, case, dispatch_trace_path):
     _require_coop()
     inp = make_inputs(case)
     before = _trace_length(dispatch_trace_path)
-    got = runtime.get_op(op_name)(*inp.args(), variant=VARIANT)
+    variant = OP_VARIANTS[op_name]
+    got = runtime.get_op(op_name)(*inp.args(), variant=variant)
     assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"{op_name} {case.name}")
-    assert VARIANT in _dispatched(dispatch_trace_path, before)
+    assert _dispatched(dispatch_trace_path, before) == [variant]
 
 
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
@@ -203,7 +213,11 @@ def test_dispatcher_routes_large_gemms_by_capability(case, dispatch_trace_path):
     got = runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())
     assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"dispatcher {case.name}")
     gemms = [v for v in _dispatched(dispatch_trace_path, before) if v.startswith("q8ta_gemm")]
-    assert gemms == [VARIANT] if coop else gemms and VARIANT not in gemms, gemms
+    expected = VARIANT if p.is_pointwise else IM2COL_VARIANT
+    if coop:
+        assert gemms == [expected], gemms
+    else:
+        assert gemms and not any(v.startswith(VARIANT) for v in gemms), gemms
 
 
 def test_dispatcher_keeps_small_gemms_off_coop(dispatch_trace_path):
@@ -211,7 +225,24 @@ def test_dispatcher_keeps_small_gemms_off_coop(dispatch_trace_path):
     inp = make_inputs(case)
     before = _trace_length(dispatch_trace_path)
     runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())
-    assert VARIANT not in _dispatched(dispatch_trace_path, before)
+    assert not any(v.startswith(VARIANT) for v in _dispatched(dispatch_trace_path, before))
+
+
+def test_im2col_coop_eligibility_bounds_the_tap_extent():
+    def params(width: int, pad: int):
+        return conv2d_module.conv2d_params([1, 4, 1, width], [4, 4, 1, 3], [1, 3], 1, [0, pad], 1, 1)
+
+    assert params(32765, 1).im2col_coop_eligible  # W + 2 * pad_x = 32767
+    assert not params(32766, 1).im2col_coop_eligible
+    assert "im2col_coop" in candidate_algorithms(params(32765, 1))
+    assert "im2col_coop" not in candidate_algorithms(params(32766, 1))
+
+
+def test_coop_im2col_refuses_inputs_past_16_bit_taps():
+    """The implicit im2col keeps tap coordinates in 16 bits: the op says so before any dispatch."""
+    inp = make_inputs(C("wide", 1, 4, 1, 32766, 4, (1, 3), padding=(0, 1)))
+    with pytest.raises(Exception, match=r"below 32768, got H=1, W=32766, padding=\[0, 1\]"):
+        runtime.get_op(IM2COL)(*inp.args())
 
 
 def test_coop_ops_refuse_groups():
