@@ -80,6 +80,11 @@ HELPERS: dict[str, tuple[str, str]] = {
         "when given, else the rule: `.tile_m .tile_n4 .threads_n .split_k .block_k` (spec "
         "constants) and `.groups` (workgroup counts)",
     ),
+    "coop_chunk": (
+        "m, c_out",
+        "the K chunk (`\"k64\"` or `\"k128\"`, the CHUNK axis of q8ta_gemm_coop_im2col) of a "
+        "cooperative-matrix GEMM of `m` pixels and `c_out` channels (runtime/families/conv2d_tiling.py)",
+    ),
     "conv2d_out_w": (
         "choice",
         "OUT_W of the direct and depthwise shaders: a `tuned` choice's, else 4",

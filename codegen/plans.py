@@ -29,7 +29,7 @@ from codegen.model import ResolvedOp
 PURE_HELPERS = frozenset({
     "numel", "last_dim", "tokens", "token_shape", "ceil_div", "int_range", "fp32", "fp32_recip",
     "fits_int32", "positive_fp32", "elementwise", "per_storage", "pair", "layout_code",
-    "on_host", "layout_of", "packed_words", "pool2d_params", "global_pool_tiling",
+    "on_host", "layout_of", "packed_words", "pool2d_params", "global_pool_tiling", "coop_chunk",
 })
 # The pure helpers that read only the shape, dtype or kind of a tensor passed to them.
 SHAPE_HELPERS = frozenset({"numel", "last_dim", "tokens", "token_shape", "on_host", "layout_of",

@@ -328,10 +328,10 @@ uvec4 b_reg[B_SLOTS];
 uint b_addr;   // ivec4 of this invocation's first weight slot in chunk 0
 int row_vecs;  // ivec4 per packed weight row
 
-// (pixel of the tile, K word of the chunk) of staging slot idx: slot r of
-// invocation t is idx = t + r * WG, so that consecutive invocations read
-// consecutive words of the layout.
-ivec2 a_slot(int idx) {
+// (pixel of the tile, K word of the chunk) of staging slot r of invocation t: slot
+// idx = t + r * WG, so that consecutive invocations read consecutive words of the layout.
+ivec2 a_slot(int t, int r) {
+  const int idx = t + r * WG;
   if (IN_LAYOUT == ETVK_4W4C) {
     return ivec2(((idx >> 2) / BKW) * 4 + (idx & 3), (idx >> 2) % BKW);
   }
@@ -350,7 +350,7 @@ void init_slots(int t, int m0, int wp, int rows) {
   const int in_c4 = (pc.in_sizes.z + 3) >> 2;
   in_step = IN_LAYOUT == ETVK_4W4C ? 4u : (IN_LAYOUT == ETVK_4C ? 1u : uint(W));
   [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-    const ivec2 mk = a_slot(t + r * WG);
+    const ivec2 mk = a_slot(t, r);
     const int m = m0 + mk.x;
     const int row = m / wp;
     const int w = m - row * wp;
@@ -372,7 +372,7 @@ void init_slots(int t, int m0, int wp, int rows) {
 void load_a(int c, int t, int kg4) {
   const int k0 = c * BKW;
   [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-    const bool ok = a_addr[r] != ~0u && k0 + a_slot(t + r * WG).y < kg4;
+    const bool ok = a_addr[r] != ~0u && k0 + a_slot(t, r).y < kg4;
     a_reg[r] = ok ? t_in_load_word(a_addr[r] + uint(k0) * in_step) : 0u;
   }
 }
@@ -417,7 +417,7 @@ void main() {
   for (int c = 0; c < chunks; ++c) {
     barrier();
     [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-      const ivec2 mk = a_slot(t + r * WG);
+      const ivec2 mk = a_slot(t, r);
       s_mem[mk.x * STRIDE + mk.y] = a_reg[r];
     }
     [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {

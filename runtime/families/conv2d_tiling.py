@@ -28,6 +28,10 @@ COOP_MIN_PIXELS = 16 * COOP_TILE  # smaller GEMMs leave too few workgroups (a gu
 # session 8's q8ta_gemm_coop (benchmarks/NOTES.md), coop time / dot-product time: K = 64 0.68
 # and 0.78 at batch 32, 0.86 at batch 1; K = 32 0.93; K = 24 1.06 and 1.24; K = 16 1.17 and 0.98.
 COOP_MIN_K = 64
+# q8ta_gemm_coop_im2col stages 128-byte K chunks up to this many 64 x 64 tiles, else 64-byte ones.
+# H200, session 9 (benchmarks/NOTES.md), 128- against 64-byte chunks: 0.90-0.97x the time at 100
+# and 196-200 tiles, 1.0 at 49, 1.12-1.49x at 392 tiles and more (occupancy wins there).
+COOP_WIDE_CHUNK_MAX_TILES = 256
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -80,6 +84,13 @@ def gemm_tiling(m: int, k4: int, c_out: int, settings: Mapping[str, int] | None 
         shape = (8, 4, 4)
     threads, split_k, block_k = shape
     return GemmTiling(4, 1, threads, split_k, block_k, m, n4)
+
+
+def coop_chunk(m: int, c_out: int) -> str:
+    """The K chunk of q8ta_gemm_coop_im2col (its CHUNK axis) for `m` output pixels and `c_out`
+    channels: "k128" for at most `COOP_WIDE_CHUNK_MAX_TILES` output tiles, else "k64"."""
+    tiles = _ceil_div(m, COOP_TILE) * _ceil_div(c_out, COOP_TILE)
+    return "k128" if tiles <= COOP_WIDE_CHUNK_MAX_TILES else "k64"
 
 
 def prefers_coop_gemm(m: int, k: int, c_out: int, groups: int) -> bool:

@@ -21,7 +21,7 @@ from conv_testlib import assert_bit_exact
 
 import runtime
 from runtime.families import conv2d as conv2d_module
-from runtime.families.conv2d_tiling import prefers_coop_gemm
+from runtime.families.conv2d_tiling import coop_chunk, prefers_coop_gemm
 from runtime.families.conv2d_tuning import candidate_algorithms
 from runtime.ops.library import catalog
 from runtime.reference import conv2d as ref
@@ -33,12 +33,10 @@ from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
 
 VARIANT = "q8ta_gemm_coop"
-IM2COL_VARIANT = "q8ta_gemm_coop_im2col"
 CAPABILITY = "coopmat_s8_16x16x32_sg32"
 EXACT = CoopMatrixShape(16, 16, 32, "s8", "s8", "s32", "s32", "subgroup")
 PW = "etvk.q8ta_conv2d_pw_coop.default"
 IM2COL = "etvk.q8ta_conv2d_im2col_coop.default"
-OP_VARIANTS = {PW: VARIANT, IM2COL: IM2COL_VARIANT}
 
 C = Conv2dCase
 # M = N * H_out * W_out pixels (tiles of 64), K = C_in * KH * KW bytes (chunks of 64), C_out
@@ -61,7 +59,11 @@ IM2COL_CASES = [
     C("im2col_5x5s21_k300_n64", 1, 12, 11, 9, 64, (5, 5), (2, 1), (2, 2)),
     C("im2col_3x3_c80_k720_n64", 1, 80, 7, 9, 64, (3, 3), padding=(1, 1), activation="relu"),
     C("im2col_3x3_b2_k1152_n96", 2, 128, 9, 10, 96, (3, 3), padding=(1, 1)),
+    # 18432 pixels x 64 channels: 288 tiles, so 64-byte K chunks (the others stage 128 bytes).
+    C("im2col_3x3_m18432_k144_n64", 2, 16, 96, 96, 64, (3, 3), padding=(1, 1), activation="relu"),
 ]
+# One case per K chunk for the layout test.
+LAYOUT_CASES = ("im2col_3x3_k180_n68", "im2col_3x3_m18432_k144_n64")
 
 
 def _caps(**changes) -> Capabilities:
@@ -152,6 +154,14 @@ def test_shape_rule():
     assert not prefers_coop_gemm(4096, 64, 64, 2)
 
 
+def test_coop_chunk_by_tiles():
+    """128-byte K chunks up to 256 output tiles of 64 x 64, 64-byte ones past that."""
+    assert coop_chunk(256 * 64, 64) == "k128"
+    assert coop_chunk(128 * 64, 128) == "k128"
+    assert coop_chunk(256 * 64 + 1, 64) == "k64"
+    assert coop_chunk(128 * 64, 129) == "k64"
+
+
 def _require_coop():
     ok, reason = catalog().variant(VARIANT).runnable(get_device().caps)
     if not ok:
@@ -167,6 +177,14 @@ def _trace_length(trace_path) -> int:
     return len(trace_path.read_text().splitlines()) if trace_path.exists() else 0
 
 
+def _coop_variant(op_name: str, case: Conv2dCase) -> str:
+    """The variant the coop op runs for the case (im2col: the rule's K chunk)."""
+    if op_name == PW:
+        return VARIANT
+    p = case.params
+    return f"q8ta_gemm_coop_im2col_{coop_chunk(p.N * p.H_out * p.W_out, p.C_out)}"
+
+
 @pytest.mark.parametrize(("op_name", "case"),
                          [(PW, c) for c in PW_CASES] + [(IM2COL, c) for c in IM2COL_CASES],
                          ids=lambda v: v.name if isinstance(v, Conv2dCase) else v.split(".")[1])
@@ -174,17 +192,18 @@ def test_coop_matches_the_reference(op_name, case, dispatch_trace_path):
     _require_coop()
     inp = make_inputs(case)
     before = _trace_length(dispatch_trace_path)
-    variant = OP_VARIANTS[op_name]
-    got = runtime.get_op(op_name)(*inp.args(), variant=variant)
+    variant = _coop_variant(op_name, case)
+    got = runtime.get_op(op_name)(*inp.args())
     assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"{op_name} {case.name}")
     assert _dispatched(dispatch_trace_path, before) == [variant]
 
 
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
-@pytest.mark.parametrize("op_name", [PW, IM2COL])
-def test_coop_reads_and_writes_every_layout(op_name, layout):
+@pytest.mark.parametrize(("op_name", "case"), [(PW, PW_CASES[0])]
+                         + [(IM2COL, c) for c in IM2COL_CASES if c.name in LAYOUT_CASES],
+                         ids=lambda v: v.name if isinstance(v, Conv2dCase) else v.split(".")[1])
+def test_coop_reads_and_writes_every_layout(op_name, case, layout):
     _require_coop()
-    case = PW_CASES[0] if op_name == PW else IM2COL_CASES[0]
     inp = make_inputs(case)
     with Stream() as stream:
         out = runtime.get_op(op_name).record(stream, Tensor.from_torch(inp.x, layout=layout),
@@ -213,7 +232,7 @@ def test_dispatcher_routes_large_gemms_by_capability(case, dispatch_trace_path):
     got = runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())
     assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"dispatcher {case.name}")
     gemms = [v for v in _dispatched(dispatch_trace_path, before) if v.startswith("q8ta_gemm")]
-    expected = VARIANT if p.is_pointwise else IM2COL_VARIANT
+    expected = _coop_variant(PW if p.is_pointwise else IM2COL, case)
     if coop:
         assert gemms == [expected], gemms
     else:

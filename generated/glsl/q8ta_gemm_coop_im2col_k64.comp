@@ -330,19 +330,22 @@ uvec4 b_reg[B_SLOTS];
 uint b_addr;   // ivec4 of this invocation's first weight slot in chunk 0
 int row_vecs;  // ivec4 per packed weight row
 
-// (pixel of the tile, K word of the chunk) of staging slot idx: slot r of
-// invocation t is idx = t + r * WG, so that consecutive invocations read
-// consecutive words of the layout.
-ivec2 a_slot(int idx) {
-  return ivec2(idx / BKW, idx % BKW);
+const int PARTS = BKW / 16;               // K words an invocation stages per pixel
+const int PIXELS = A_SLOTS / PARTS;       // pixels an invocation stages
+
+// (pixel of the tile, K word of the chunk) of staging slot r of invocation t: K word
+// t % 16 + 16 * part of pixel t / 16 + (WG / 16) * p for slot r = part * PIXELS + p, so that
+// consecutive invocations read consecutive words of a 4C pixel.
+ivec2 a_slot(int t, int r) {
+  return ivec2(t / 16 + (WG / 16) * (r % PIXELS), t % 16 + 16 * (r / PIXELS));
 }
 
-int a_nh[A_SLOTS];  // image row n * H of each slot's pixel
-int a_hw[A_SLOTS];  // its tap (0, 0): (iy << 16) | (ix & 0xFFFF); iy = -32768 past the output
-ivec3 tap;          // (input channel word, kx, ky) of this invocation's K word in the next chunk
+int a_nh[PIXELS];   // image row n * H of each staged pixel
+int a_hw[PIXELS];   // its tap (0, 0): (iy << 16) | (ix & 0xFFFF); iy = -32768 past the output
+ivec3 taps[PARTS];  // (input channel word, kx, ky) of each of this invocation's K words in the next chunk
 
 // Moves `tap` on by `words` K words.
-void advance_tap(int words) {
+void advance_tap(inout ivec3 tap, int words) {
   const int in_c4 = pc.in_sizes.z >> 2;
   tap.x += words;
   while (tap.x >= in_c4) {
@@ -357,40 +360,45 @@ void advance_tap(int words) {
 // Sets the slots up for the tile's first pixel m0.
 void init_slots(int t, int m0, int wp, int rows) {
   const int W = pc.out_sizes.x;
-  [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-    const int m = m0 + a_slot(t + r * WG).x;
+  [[unroll]] for (int p = 0; p < PIXELS; ++p) {
+    const int m = m0 + a_slot(t, p).x;
     const int row = m / wp;
     const int w = m - row * wp;
     if (row < rows && w < W) {
       const int n = row / pc.out_sizes.y;
       const int iy = (row - n * pc.out_sizes.y) * pc.kernel.w - pc.pad_dil.y;
       const int ix = w * pc.kernel.z - pc.pad_dil.x;
-      a_nh[r] = n * pc.in_sizes.y;
-      a_hw[r] = (iy << 16) | (ix & 0xFFFF);
+      a_nh[p] = n * pc.in_sizes.y;
+      a_hw[p] = (iy << 16) | (ix & 0xFFFF);
     } else {
-      a_nh[r] = 0;
-      a_hw[r] = int(0x80000000u);
+      a_nh[p] = 0;
+      a_hw[p] = int(0x80000000u);
     }
   }
-  tap = ivec3(0);
-  advance_tap(t % BKW);
+  [[unroll]] for (int part = 0; part < PARTS; ++part) {
+    taps[part] = ivec3(0);
+    advance_tap(taps[part], a_slot(t, part * PIXELS).y);
+  }
 }
 
-// Loads chunk c's A slots: each slot's pixel at this invocation's tap.
+// Loads chunk c's A slots: each staged pixel at each of this invocation's taps.
 void load_a(int c, int t, int kg4) {
   const ivec4 in4 = ivec4(pc.in_sizes.xy, pc.in_sizes.z >> 2, pc.in_sizes.w);
-  const bool k_ok = c * BKW + t % BKW < kg4;
-  const int dy = tap.z * pc.pad_dil.w;
-  const int dx = tap.y * pc.pad_dil.z;
   const uint zp_word = uint(pc.input_zero_point & 0xFF) * 0x01010101u;
-  [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-    const int iy = (a_hw[r] >> 16) + dy;
-    const int ix = ((a_hw[r] << 16) >> 16) + dx;
-    const bool ok = k_ok && uint(iy) < uint(in4.y) && uint(ix) < uint(in4.x);
-    a_reg[r] = ok ? t_in_load_word(etvk_packed_word(IN_LAYOUT, in4, 0, tap.x, a_nh[r] + iy, ix))
-                  : zp_word;
+  [[unroll]] for (int part = 0; part < PARTS; ++part) {
+    const ivec3 tap = taps[part];
+    const bool k_ok = c * BKW + a_slot(t, part * PIXELS).y < kg4;
+    const int dy = tap.z * pc.pad_dil.w;
+    const int dx = tap.y * pc.pad_dil.z;
+    [[unroll]] for (int p = 0; p < PIXELS; ++p) {
+      const int iy = (a_hw[p] >> 16) + dy;
+      const int ix = ((a_hw[p] << 16) >> 16) + dx;
+      const bool ok = k_ok && uint(iy) < uint(in4.y) && uint(ix) < uint(in4.x);
+      a_reg[part * PIXELS + p] =
+          ok ? t_in_load_word(etvk_packed_word(IN_LAYOUT, in4, 0, tap.x, a_nh[p] + iy, ix)) : zp_word;
+    }
+    advance_tap(taps[part], BKW);
   }
-  advance_tap(BKW);
 }
 
 // Loads chunk c's staging slots into the registers.
@@ -433,7 +441,7 @@ void main() {
   for (int c = 0; c < chunks; ++c) {
     barrier();
     [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
-      const ivec2 mk = a_slot(t + r * WG);
+      const ivec2 mk = a_slot(t, r);
       s_mem[mk.x * STRIDE + mk.y] = a_reg[r];
     }
     [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
