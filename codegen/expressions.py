@@ -81,9 +81,10 @@ HELPERS: dict[str, tuple[str, str]] = {
         "constants) and `.groups` (workgroup counts)",
     ),
     "coop_chunk": (
-        "m, c_out",
-        "the K chunk (`\"k64\"` or `\"k128\"`, the CHUNK axis of q8ta_gemm_coop_im2col) of a "
-        "cooperative-matrix GEMM of `m` pixels and `c_out` channels (runtime/families/conv2d_tiling.py)",
+        "kernel, m, k, c_out",
+        "the K chunk (`\"k64\"` or `\"k128\"`, the CHUNK axis) of cooperative-matrix GEMM "
+        "`kernel` (`\"pw\"`: q8ta_gemm_coop, `\"im2col\"`: q8ta_gemm_coop_im2col) for `m` pixels, "
+        "`k` K bytes and `c_out` channels (runtime/families/conv2d_tiling.py)",
     ),
     "conv2d_out_w": (
         "choice",

@@ -28,10 +28,17 @@ COOP_MIN_PIXELS = 16 * COOP_TILE  # smaller GEMMs leave too few workgroups (a gu
 # session 8's q8ta_gemm_coop (benchmarks/NOTES.md), coop time / dot-product time: K = 64 0.68
 # and 0.78 at batch 32, 0.86 at batch 1; K = 32 0.93; K = 24 1.06 and 1.24; K = 16 1.17 and 0.98.
 COOP_MIN_K = 64
-# q8ta_gemm_coop_im2col stages 128-byte K chunks up to this many 64 x 64 tiles, else 64-byte ones.
-# H200, session 9 (benchmarks/NOTES.md), 128- against 64-byte chunks: 0.90-0.97x the time at 100
-# and 196-200 tiles, 1.0 at 49, 1.12-1.49x at 392 tiles and more (occupancy wins there).
+# The coop GEMMs stage 128-byte K chunks up to this many 64 x 64 tiles, else 64-byte ones. H200,
+# 128- against 64-byte chunks (benchmarks/NOTES.md): q8ta_gemm_coop_im2col (session 9) 0.90-0.97x
+# the time at 100 and 196-200 tiles, 1.0 at 49, 1.12-1.49x at 392 tiles and more (occupancy wins
+# there); q8ta_gemm_coop (session 10) 0.88-0.97x at 49-200 tiles, 1.01-1.58x at 392 and more.
 COOP_WIDE_CHUNK_MAX_TILES = 256
+# ... and q8ta_gemm_coop from this many K bytes at any tile count: half the chunks' barriers pay
+# for the residency there. H200, session 10: 0.88-0.95x the time at K = 2048 and 4096 (1024 and
+# 4096 tiles), 1.01-1.22x at K = 512 and 1024 (392 to 2048 tiles). The implicit im2col's heavier
+# staging lost at K = 2304 (392 tiles, 1.31x).
+COOP_WIDE_CHUNK_MIN_K = 2048
+COOP_CHUNK_KERNELS = ("pw", "im2col")
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -86,11 +93,16 @@ def gemm_tiling(m: int, k4: int, c_out: int, settings: Mapping[str, int] | None 
     return GemmTiling(4, 1, threads, split_k, block_k, m, n4)
 
 
-def coop_chunk(m: int, c_out: int) -> str:
-    """The K chunk of q8ta_gemm_coop_im2col (its CHUNK axis) for `m` output pixels and `c_out`
-    channels: "k128" for at most `COOP_WIDE_CHUNK_MAX_TILES` output tiles, else "k64"."""
+def coop_chunk(kernel: str, m: int, k: int, c_out: int) -> str:
+    """The K chunk (the CHUNK axis) of coop GEMM `kernel` ("pw": q8ta_gemm_coop, "im2col":
+    q8ta_gemm_coop_im2col) for `m` output pixels, `k` K bytes and `c_out` channels: "k128" where
+    K is longer than one 64-byte chunk and either there are at most `COOP_WIDE_CHUNK_MAX_TILES`
+    output tiles or, pointwise, K is at least `COOP_WIDE_CHUNK_MIN_K` bytes; else "k64"."""
+    if kernel not in COOP_CHUNK_KERNELS:
+        raise ValueError(f"coop_chunk: kernel must be one of {COOP_CHUNK_KERNELS}, got {kernel!r}")
     tiles = _ceil_div(m, COOP_TILE) * _ceil_div(c_out, COOP_TILE)
-    return "k128" if tiles <= COOP_WIDE_CHUNK_MAX_TILES else "k64"
+    wide = tiles <= COOP_WIDE_CHUNK_MAX_TILES or (kernel == "pw" and k >= COOP_WIDE_CHUNK_MIN_K)
+    return "k128" if k > 64 and wide else "k64"
 
 
 def prefers_coop_gemm(m: int, k: int, c_out: int, groups: int) -> bool:

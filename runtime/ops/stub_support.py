@@ -30,7 +30,7 @@ from runtime.vulkan.tensor import Tensor, texture_extent
 # ---------------------------------------------------------------- helpers
 
 # the variants `_gemm_coop` checks the device against, by the rule's algorithm
-COOP_GEMM_VARIANTS = {"pw": "q8ta_gemm_coop", "im2col": "q8ta_gemm_coop_im2col_k64"}
+COOP_GEMM_VARIANTS = {"pw": "q8ta_gemm_coop_k64", "im2col": "q8ta_gemm_coop_im2col_k64"}
 LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # Tokens x output rows from which linear_qta8a_qga4w runs on cooperative matrices: on the
 # H100 the kernel takes 70-80 us up to 32 x 14336 and beats the tiled gemm from 16 x 14336
@@ -157,10 +157,10 @@ def gemm_tiling(m: int, k4: int, c_out: int, choice=None):
     return conv2d_tiling.gemm_tiling(m, k4, c_out, dict(choice.settings) if choice else None)
 
 
-def coop_chunk(m: int, c_out: int) -> str:
-    """The CHUNK of q8ta_gemm_coop_im2col for `m` pixels and `c_out` channels
-    (`conv2d_tiling.coop_chunk`)."""
-    return conv2d_tiling.coop_chunk(m, c_out)
+def coop_chunk(kernel: str, m: int, k: int, c_out: int) -> str:
+    """The CHUNK of coop GEMM `kernel` ("pw" or "im2col") for `m` pixels, `k` K bytes and
+    `c_out` channels (`conv2d_tiling.coop_chunk`)."""
+    return conv2d_tiling.coop_chunk(kernel, m, k, c_out)
 
 
 def conv2d_out_w(choice) -> int:

@@ -32,7 +32,8 @@ from runtime.vulkan.layouts import PACKED_LAYOUTS
 from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
 
-VARIANT = "q8ta_gemm_coop"
+VARIANT = "q8ta_gemm_coop_k64"
+COOP_GEMMS = "q8ta_gemm_coop"  # the prefix of every coop GEMM variant
 CAPABILITY = "coopmat_s8_16x16x32_sg32"
 EXACT = CoopMatrixShape(16, 16, 32, "s8", "s8", "s32", "s32", "subgroup")
 PW = "etvk.q8ta_conv2d_pw_coop.default"
@@ -62,8 +63,9 @@ IM2COL_CASES = [
     # 18432 pixels x 64 channels: 288 tiles, so 64-byte K chunks (the others stage 128 bytes).
     C("im2col_3x3_m18432_k144_n64", 2, 16, 96, 96, 64, (3, 3), padding=(1, 1), activation="relu"),
 ]
-# One case per K chunk for the layout test.
-LAYOUT_CASES = ("im2col_3x3_k180_n68", "im2col_3x3_m18432_k144_n64")
+# One case per kernel and K chunk for the layout test.
+LAYOUT_CASES = ("pw_m1054_k40_n72", "pw_k200_n130_hardswish", "im2col_3x3_k180_n68",
+                "im2col_3x3_m18432_k144_n64")
 
 
 def _caps(**changes) -> Capabilities:
@@ -154,12 +156,24 @@ def test_shape_rule():
     assert not prefers_coop_gemm(4096, 64, 64, 2)
 
 
-def test_coop_chunk_by_tiles():
-    """128-byte K chunks up to 256 output tiles of 64 x 64, 64-byte ones past that."""
-    assert coop_chunk(256 * 64, 64) == "k128"
-    assert coop_chunk(128 * 64, 128) == "k128"
-    assert coop_chunk(256 * 64 + 1, 64) == "k64"
-    assert coop_chunk(128 * 64, 129) == "k64"
+@pytest.mark.parametrize("kernel", ["pw", "im2col"])
+def test_coop_chunk_by_tiles(kernel):
+    """128-byte K chunks up to 256 output tiles of 64 x 64, 64-byte ones past that or where K
+    fits one 64-byte chunk."""
+    assert coop_chunk(kernel, 256 * 64, 576, 64) == "k128"
+    assert coop_chunk(kernel, 128 * 64, 65, 128) == "k128"
+    assert coop_chunk(kernel, 128 * 64, 64, 128) == "k64"
+    assert coop_chunk(kernel, 256 * 64 + 1, 576, 64) == "k64"
+    assert coop_chunk(kernel, 128 * 64, 576, 129) == "k64"
+
+
+def test_coop_chunk_by_k_pointwise_only():
+    """From 2048 K bytes the pointwise GEMM takes 128-byte chunks at any tile count."""
+    assert coop_chunk("pw", 4096, 2048, 4096) == "k128"
+    assert coop_chunk("pw", 4096, 2047, 4096) == "k64"
+    assert coop_chunk("im2col", 4096, 4608, 4096) == "k64"
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        coop_chunk("direct", 4096, 4608, 4096)
 
 
 def _require_coop():
@@ -178,11 +192,10 @@ def _trace_length(trace_path) -> int:
 
 
 def _coop_variant(op_name: str, case: Conv2dCase) -> str:
-    """The variant the coop op runs for the case (im2col: the rule's K chunk)."""
-    if op_name == PW:
-        return VARIANT
+    """The variant the coop op runs for the case: the rule's K chunk."""
     p = case.params
-    return f"q8ta_gemm_coop_im2col_{coop_chunk(p.N * p.H_out * p.W_out, p.C_out)}"
+    kernel, shader = ("pw", "q8ta_gemm_coop") if op_name == PW else ("im2col", "q8ta_gemm_coop_im2col")
+    return f"{shader}_{coop_chunk(kernel, p.N * p.H_out * p.W_out, p.Kg, p.C_out)}"
 
 
 @pytest.mark.parametrize(("op_name", "case"),
@@ -199,7 +212,8 @@ def test_coop_matches_the_reference(op_name, case, dispatch_trace_path):
 
 
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
-@pytest.mark.parametrize(("op_name", "case"), [(PW, PW_CASES[0])]
+@pytest.mark.parametrize(("op_name", "case"),
+                         [(PW, c) for c in PW_CASES if c.name in LAYOUT_CASES]
                          + [(IM2COL, c) for c in IM2COL_CASES if c.name in LAYOUT_CASES],
                          ids=lambda v: v.name if isinstance(v, Conv2dCase) else v.split(".")[1])
 def test_coop_reads_and_writes_every_layout(op_name, case, layout):
@@ -236,7 +250,7 @@ def test_dispatcher_routes_large_gemms_by_capability(case, dispatch_trace_path):
     if coop:
         assert gemms == [expected], gemms
     else:
-        assert gemms and not any(v.startswith(VARIANT) for v in gemms), gemms
+        assert gemms and not any(v.startswith(COOP_GEMMS) for v in gemms), gemms
 
 
 def test_dispatcher_keeps_small_gemms_off_coop(dispatch_trace_path):
@@ -244,7 +258,7 @@ def test_dispatcher_keeps_small_gemms_off_coop(dispatch_trace_path):
     inp = make_inputs(case)
     before = _trace_length(dispatch_trace_path)
     runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())
-    assert not any(v.startswith(VARIANT) for v in _dispatched(dispatch_trace_path, before))
+    assert not any(v.startswith(COOP_GEMMS) for v in _dispatched(dispatch_trace_path, before))
 
 
 def test_im2col_coop_eligibility_bounds_the_tap_extent():
