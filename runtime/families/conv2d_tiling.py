@@ -31,7 +31,8 @@ COOP_MIN_K = 64
 # The coop GEMMs stage 128-byte K chunks up to this many 64 x 64 tiles, else 64-byte ones. H200,
 # 128- against 64-byte chunks (benchmarks/NOTES.md): q8ta_gemm_coop_im2col (session 9) 0.90-0.97x
 # the time at 100 and 196-200 tiles, 1.0 at 49, 1.12-1.49x at 392 tiles and more (occupancy wins
-# there); q8ta_gemm_coop (session 10) 0.88-0.97x at 49-200 tiles, 1.01-1.58x at 392 and more.
+# there); q8ta_gemm_coop (session 10) 0.88-0.97x at 49-200 tiles, 1.01-1.68x at 392 and more
+# (K <= 1024 bytes).
 COOP_WIDE_CHUNK_MAX_TILES = 256
 # ... and q8ta_gemm_coop from this many K bytes at any tile count: half the chunks' barriers pay
 # for the residency there. H200, session 10: 0.88-0.95x the time at K = 2048 and 4096 (1024 and
