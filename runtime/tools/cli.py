@@ -3,11 +3,11 @@
 Commands: ``info`` (the default: the device and which variants run on it),
 ``demo`` (every variant against its reference, then a small CNN exported,
 saved, loaded and run), ``export``, ``inspect`` and ``run`` (programs; see
-runtime.tools.program_commands) and ``tune`` (measured conv choices for this
-device; runtime.tools.tune_command). A user mistake or a missing Vulkan device
-prints one line to stderr and exits 1, never a traceback. This module parses
-arguments and calls the tool modules.
-"""
+runtime.tools.program_commands), ``tune`` (measured conv choices for this
+device; runtime.tools.tune_command) and ``stats`` (the driver compiler's
+statistics of variants; runtime.tools.statistics_command). A user mistake or
+a missing Vulkan device prints one line to stderr and exits 1, never a
+traceback. This module parses arguments and calls the tool modules."""
 
 from __future__ import annotations
 
@@ -44,6 +44,11 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--batch", type=int, help="tune for this batch size instead of the program's")
     tune.add_argument("--repeat", type=int, default=3,
                       help="timed replays per candidate, after its warm-up (default 3)")
+    stats = sub.add_parser("stats", help="the driver compiler's statistics of shader variants "
+                                         "(registers, shared memory: what decides occupancy)")
+    stats.add_argument("variant", nargs="+", help="variant names, as `info` lists them")
+    stats.add_argument("--spec", action="append", default=[], metavar="NAME=VALUE",
+                       help="a spec constant for the variants that have it (repeatable)")
     return parser
 
 
@@ -68,6 +73,10 @@ def main(argv: list[str] | None = None) -> int:
             from runtime.tools.tune_command import tune
 
             return tune(args.file, args.batch, args.repeat)
+        if args.command == "stats":
+            from runtime.tools.statistics_command import statistics
+
+            return statistics(args.variant, args.spec)
         from runtime.tools.info import info
 
         return info()

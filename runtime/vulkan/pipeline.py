@@ -72,21 +72,22 @@ def _check_limits(variant: Kernel, limits) -> None:
 
 
 class Pipeline:
-    """One compute pipeline and the layouts it needs; destroyed by `PipelineCache.close()`."""
+    """One compute pipeline and the layouts it needs; destroyed by `PipelineCache.close()`
+    (statistics.py creates its own with `flags` that capture statistics, and destroys it)."""
 
-    def __init__(self, device, variant: Kernel, spirv: bytes, specs: tuple, vk_cache):
+    def __init__(self, device, variant: Kernel, spirv: bytes, specs: tuple, vk_cache, flags: int = 0):
         _, ffi, _ = raw.load()
         _check_limits(variant, device.caps.limits)
         self.device, self.variant = device, variant
         self.module = self.set_layout = self.layout = self.handle = ffi.NULL
         try:
             with device.layer_gaps.coop_module(spirv):
-                self._create(device, variant, spirv, specs, vk_cache)
+                self._create(device, variant, spirv, specs, vk_cache, flags)
         except BaseException:
             self.destroy()
             raise
 
-    def _create(self, device, variant: Kernel, spirv: bytes, specs: tuple, vk_cache) -> None:
+    def _create(self, device, variant: Kernel, spirv: bytes, specs: tuple, vk_cache, flags) -> None:
         """Create the module, layouts and pipeline; `__init__` destroys them on failure."""
         vk, ffi, lib = raw.load()
         handle = device.handle
@@ -135,7 +136,7 @@ class Pipeline:
             "pData": spec_data})
         entry_name = ffi.new("char[]", b"main")
         pipeline_info = ffi.new("VkComputePipelineCreateInfo*", {
-            "sType": vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO,
+            "sType": vk.VK_STRUCTURE_TYPE_COMPUTE_PIPELINE_CREATE_INFO, "flags": flags,
             "stage": {"sType": vk.VK_STRUCTURE_TYPE_PIPELINE_SHADER_STAGE_CREATE_INFO,
                       "stage": vk.VK_SHADER_STAGE_COMPUTE_BIT, "module": self.module,
                       "pName": entry_name, "pSpecializationInfo": spec_info},

@@ -46,6 +46,11 @@ FEATURE_STRUCTS = (
     ("VkPhysicalDeviceCooperativeMatrixFeaturesKHR",
      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR", None,
      "VK_KHR_cooperative_matrix", {"cooperative_matrix": "cooperativeMatrix"}),
+    # the compiler's statistics of a pipeline (registers, shared memory): runtime/vulkan/statistics.py;
+    # a tool's feature, not one a shader may require (not in device.CAPABILITY_NAMES)
+    ("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
+     "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR", None,
+     "VK_KHR_pipeline_executable_properties", {"pipeline_statistics": "pipelineExecutableInfo"}),
 )
 
 # extension -> the Vulkan header version that introduced it (a layer built from an older

@@ -55,13 +55,16 @@ def new(ctype: str, **fields):
     return ffi.new(ctype + "*", fields)
 
 
-def enumerate_items(ctype: str, fn, *args) -> list:
-    """Run a Vulkan two-call enumeration (`fn(*args, count*, items*)`) and return the items."""
+def enumerate_items(ctype: str, fn, *args, stype: int | None = None) -> list:
+    """Run a Vulkan two-call enumeration (`fn(*args, count*, items*)`) and return the items
+    (extensible structs get `stype` as their sType before the second call)."""
     _, ffi, _ = load()
     count = ffi.new("uint32_t*")
     for items in (ffi.NULL, None):
         if items is None:
             items = ffi.new(ctype + "[]", count[0])
+            for i in range(count[0] if stype is not None else 0):
+                items[i].sType = stype
         result = fn(*args, count, items)
         if result is not None:  # None: a void function
             check(result, "enumerate " + ctype)
