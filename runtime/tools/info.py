@@ -50,7 +50,7 @@ def describe_device(device) -> list[str]:
         "storage images: " + ", ".join(f"{f} {_yes(caps.supports_storage_image(f))}" for f in formats),
         "cooperative matrices: " + ("; ".join(map(str, caps.cooperative_matrices)) or "none"),
         f"timestamps: {_yes(caps.timestamps)} (period {caps.timestamp_period} ns)",
-        f"pipeline statistics (python -m runtime stats): {_yes('pipeline_statistics' in caps.features)}",
+        f"pipeline statistics (python -m runtime stats): {_yes(caps.pipeline_statistics)}",
         "limits:",
         f"  max storage buffer range {limits.max_storage_buffer_range}, max allocation "
         f"{limits.max_memory_allocation_size}, max image dimension 3-D {limits.max_image_dimension_3d}, "

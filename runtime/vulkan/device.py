@@ -174,6 +174,9 @@ class Capabilities:
     held_back: tuple = field(default=())  # ((capability, why it is not enabled), ...)
     cooperative_matrices: tuple = field(default=())  # runtime.vulkan.coopmat.CoopMatrixShape
     subgroup_size_range: tuple = field(default=())  # (min, max) subgroup size, () if unknown
+    # VK_KHR_pipeline_executable_properties enabled: runtime/vulkan/statistics.py can report
+    # what the compiler made of a pipeline (a tool's feature, not one a shader may require)
+    pipeline_statistics: bool = False
 
     def supports(self, name: str) -> bool:
         """Whether capability `name` (one of `CAPABILITY_NAMES`) is enabled.
@@ -297,7 +300,7 @@ class Device:
             driver_id=props["driver_id"], driver_name=props["driver_name"],
             driver_info=props["driver_info"], driver_version=props["driver_version"],
             family=gpu_family(props["vendor_id"], props["driver_id"], override),
-            family_overridden=bool(override), features=probe.features,
+            family_overridden=bool(override), features=probe.features - {"pipeline_statistics"},
             dot4x8_signed_accelerated=props["dot4x8_signed_accelerated"],
             subgroup_size=props["subgroup_size"], limits=Limits(**probe.limits),
             timestamp_period=props["timestamp_period"],
@@ -306,7 +309,8 @@ class Device:
             pipeline_cache_uuid=props["pipeline_cache_uuid"],
             held_back=tuple(sorted(probe.held_back.items())),
             cooperative_matrices=probe.coop_shapes,
-            subgroup_size_range=props["subgroup_size_range"])
+            subgroup_size_range=props["subgroup_size_range"],
+            pipeline_statistics="pipeline_statistics" in probe.features)
         self.timestamp_valid_bits = probe.timestamp_valid_bits
         self.fence_spin = fence_spin_seconds(os.environ.get("ETVK_FENCE_SPIN_US"),
                                              self.caps.device_type)

@@ -47,7 +47,7 @@ FEATURE_STRUCTS = (
      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_COOPERATIVE_MATRIX_FEATURES_KHR", None,
      "VK_KHR_cooperative_matrix", {"cooperative_matrix": "cooperativeMatrix"}),
     # the compiler's statistics of a pipeline (registers, shared memory): runtime/vulkan/statistics.py;
-    # a tool's feature, not one a shader may require (not in device.CAPABILITY_NAMES)
+    # a tool's feature, not one a shader may require (Capabilities.pipeline_statistics)
     ("VkPhysicalDevicePipelineExecutablePropertiesFeaturesKHR",
      "VK_STRUCTURE_TYPE_PHYSICAL_DEVICE_PIPELINE_EXECUTABLE_PROPERTIES_FEATURES_KHR", None,
      "VK_KHR_pipeline_executable_properties", {"pipeline_statistics": "pipelineExecutableInfo"}),

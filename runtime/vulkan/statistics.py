@@ -34,13 +34,14 @@ def pipeline_statistics(device, variant: Kernel, spec_constants: dict | None = N
     """The compiler's statistics of `variant` specialized with `spec_constants`.
 
     Raises:
-        UnsupportedVariant: the device cannot report them ("pipeline_statistics"
-            not among its features: VK_KHR_pipeline_executable_properties), or `spec_constants` names one the variant lacks.
+        UnsupportedVariant: the device cannot report them (caps.pipeline_statistics:
+            VK_KHR_pipeline_executable_properties), or `spec_constants` names one
+            the variant lacks.
         VulkanError: pipeline creation or a query failed.
     """
-    if "pipeline_statistics" not in device.caps.features:
-        why = device.caps.why_not("pipeline_statistics") or "the driver lacks VK_KHR_pipeline_executable_properties"
-        raise UnsupportedVariant(f"device {device.caps.name} cannot report pipeline statistics: {why}")
+    if not device.caps.pipeline_statistics:
+        raise UnsupportedVariant(f"device {device.caps.name} cannot report pipeline statistics: "
+                                 "the driver lacks VK_KHR_pipeline_executable_properties")
     vk, ffi, lib = raw.load()
     handle = device.handle
 

@@ -31,7 +31,7 @@ def test_info_report(tiny_library, monkeypatch, capsys):
     for needle in [f"device: {caps.name} ({caps.device_type})", f"family: {caps.family} (detected)",
                    f"shader_int8 {yes['shader_int8']}", f"cooperative_matrix {yes['cooperative_matrix']}",
                    "pipeline statistics (python -m runtime stats): "
-                   + ("yes" if "pipeline_statistics" in caps.features else "no"),
+                   + ("yes" if caps.pipeline_statistics else "no"),
                    f"max storage buffer range {caps.limits.max_storage_buffer_range}", "variants (3, from",
                    "  test.affine_buffer_float.default", "    affine_buffer_float: runnable",
                    f"    add_texture3d_int8: not runnable: {caps.name} lacks storage images of rgba8i"]:

@@ -39,7 +39,7 @@ def test_mistakes_print_one_line(argv, message, capsys):
 
 def test_a_device_that_cannot_report(monkeypatch, capsys):
     caps = get_device().caps
-    without = SimpleNamespace(caps=dataclasses.replace(caps, features=caps.features - {"pipeline_statistics"}))
+    without = SimpleNamespace(caps=dataclasses.replace(caps, pipeline_statistics=False))
     monkeypatch.setattr("runtime.tools.statistics_command.get_device", lambda: without)
     assert cli.main(["stats", VARIANT]) == 1
     assert capsys.readouterr().err == (f"device {caps.name} cannot report pipeline statistics: "
@@ -49,7 +49,7 @@ def test_a_device_that_cannot_report(monkeypatch, capsys):
 def test_a_variant_the_device_cannot_run(monkeypatch, capsys):
     caps = get_device().caps
     reporting = SimpleNamespace(caps=dataclasses.replace(
-        caps, features=(caps.features | {"pipeline_statistics"}) - {"integer_dot_product"}))
+        caps, pipeline_statistics=True, features=caps.features - {"integer_dot_product"}))
     monkeypatch.setattr("runtime.tools.statistics_command.get_device", lambda: reporting)
     assert cli.main(["stats", "q8ta_gemm_sdot"]) == 1
     assert capsys.readouterr().err == f"q8ta_gemm_sdot cannot run here: {caps.name} lacks integer_dot_product\n"
@@ -57,7 +57,7 @@ def test_a_variant_the_device_cannot_run(monkeypatch, capsys):
 
 def test_table(capsys):
     device = get_device()
-    if "pipeline_statistics" not in device.caps.features:
+    if not device.caps.pipeline_statistics:
         pytest.skip(f"{device.caps.name} cannot report pipeline statistics")
     assert cli.main(["stats", VARIANT, "--spec", "BLOCK_K=16"]) == 0
     lines = capsys.readouterr().out.splitlines()
