@@ -7,7 +7,8 @@ runtime.tools.program_commands), ``tune`` (measured conv choices for this
 device; runtime.tools.tune_command) and ``stats`` (the driver compiler's
 statistics of variants; runtime.tools.statistics_command). A user mistake or
 a missing Vulkan device prints one line to stderr and exits 1, never a
-traceback. This module parses arguments and calls the tool modules."""
+traceback. This module parses arguments and calls the tool modules.
+"""
 
 from __future__ import annotations
 

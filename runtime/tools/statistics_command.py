@@ -8,7 +8,8 @@ SM holds (runtime/vulkan/statistics.py). A table on stdout: variant,
 executable, statistic, value, the driver's description. Errors (an unknown
 variant, a bad --spec, a device without the extension or without what a
 variant requires) are raised as `CommandError`s for the CLI to print as one
-line. Called by runtime.tools.cli."""
+line. Called by runtime.tools.cli.
+"""
 
 from __future__ import annotations
 
