@@ -83,17 +83,9 @@ def query_shapes(instance, physical) -> tuple[CoopMatrixShape, ...]:
     if address == ffi.NULL:
         return ()
     query = ffi.cast("PFN_vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR", address)
-    count = ffi.new("uint32_t*")
-    raw.check(query(physical, count, ffi.NULL), "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
-    if count[0] == 0:
-        return ()
-    items = ffi.new("VkCooperativeMatrixPropertiesKHR[]", count[0])
-    for i in range(count[0]):
-        items[i].sType = vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR
-    result = query(physical, count, items)
-    if result not in (0, vk.VK_INCOMPLETE):
-        raw.check(result, "vkGetPhysicalDeviceCooperativeMatrixPropertiesKHR")
-    return tuple(sorted({_shape(items[i]) for i in range(count[0])}, key=str))
+    items = raw.enumerate_items("VkCooperativeMatrixPropertiesKHR", query, physical,
+                                stype=vk.VK_STRUCTURE_TYPE_COOPERATIVE_MATRIX_PROPERTIES_KHR)
+    return tuple(sorted({_shape(item) for item in items}, key=str))
 
 
 def _shape(p) -> CoopMatrixShape:

@@ -57,8 +57,9 @@ def new(ctype: str, **fields):
 
 def enumerate_items(ctype: str, fn, *args, stype: int | None = None) -> list:
     """Run a Vulkan two-call enumeration (`fn(*args, count*, items*)`) and return the items
-    (extensible structs get `stype` as their sType before the second call)."""
-    _, ffi, _ = load()
+    (extensible structs get `stype` as their sType before the second call; VK_INCOMPLETE
+    there returns the items written)."""
+    vk, ffi, _ = load()
     count = ffi.new("uint32_t*")
     for items in (ffi.NULL, None):
         if items is None:
@@ -66,8 +67,8 @@ def enumerate_items(ctype: str, fn, *args, stype: int | None = None) -> list:
             for i in range(count[0] if stype is not None else 0):
                 items[i].sType = stype
         result = fn(*args, count, items)
-        if result is not None:  # None: a void function
-            check(result, "enumerate " + ctype)
+        if result is not None and not (items != ffi.NULL and result == vk.VK_INCOMPLETE):
+            check(result, "enumerate " + ctype)  # None: a void function
     if ffi.typeof(ctype).kind == "struct":  # copies: items of `items` would dangle
         return [ffi.new(ctype + "*", items[i])[0] for i in range(count[0])]
     return [items[i] for i in range(count[0])]
