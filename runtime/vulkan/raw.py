@@ -67,8 +67,9 @@ def enumerate_items(ctype: str, fn, *args, stype: int | None = None) -> list:
             for i in range(count[0] if stype is not None else 0):
                 items[i].sType = stype
         result = fn(*args, count, items)
+        # None: a void function; VK_INCOMPLETE from the fill call: fewer items written
         if result is not None and not (items != ffi.NULL and result == vk.VK_INCOMPLETE):
-            check(result, "enumerate " + ctype)  # None: a void function
+            check(result, "enumerate " + ctype)
     if ffi.typeof(ctype).kind == "struct":  # copies: items of `items` would dangle
         return [ffi.new(ctype + "*", items[i])[0] for i in range(count[0])]
     return [items[i] for i in range(count[0])]
