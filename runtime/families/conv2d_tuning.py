@@ -8,8 +8,10 @@ algorithms valid for a geometry, `candidate_settings` the small fixed set of
 settings the tuner times per algorithm (every one valid for the shaders'
 constraints: runtime/families/conv2d_tiling.py, templates/q8ta_gemm.glsl.j2),
 and `choice_from_json` accepts only those, so a cache entry can never carry
-settings a shader was not measured with. `gemm_shared_bytes` is the shared
-memory a GEMM tiling needs, to filter by the device's limit.
+settings a shader was not measured with. A tiling over the device's shared
+memory is refused when its pipeline is built (runtime/vulkan/workgroup_memory.py
+reads the size from the SPIR-V), and the tuner lists it among those that
+cannot run.
 
 Pure Python: no Vulkan, no files (runtime/ops/tuning.py stores choices, the
 tuner in runtime/tools/tuner.py measures them). Called by those two, the
@@ -21,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from runtime.families.conv2d import Conv2dParams
-from runtime.families.conv2d_tiling import GEMM_WORKGROUP
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 
 ALGORITHMS = ("pw", "dw", "im2col", "general", "pw_coop", "im2col_coop")
@@ -124,20 +125,11 @@ def candidate_algorithms(p: Conv2dParams) -> list[str]:
     return [a for a in ALGORITHMS if valid[a]]
 
 
-def gemm_shared_bytes(values) -> int:
-    """Shared memory of a q8ta_gemm tiling (a `GEMM_CANDIDATES` tuple), as its template declares."""
-    tile_m, tile_n4, threads_n, split_k, block_k = values
-    rows = GEMM_WORKGROUP // split_k // threads_n
-    kc = split_k * block_k
-    staged = kc * (tile_m * rows // 4) * 16 + kc * tile_n4 * threads_n * 16
-    return staged + (GEMM_WORKGROUP // 2 * tile_m * tile_n4 * 16 if split_k > 1 else 16)
-
-
-def candidate_settings(algorithm: str, shared_limit: int) -> list[tuple[tuple[str, int], ...]]:
-    """The settings the tuner times for `algorithm`: the GEMM tilings that fit `shared_limit`
-    bytes of shared memory, or the OUT_W values of general and dw."""
+def candidate_settings(algorithm: str) -> list[tuple[tuple[str, int], ...]]:
+    """The settings the tuner times for `algorithm`: the GEMM tilings, or the OUT_W values of
+    general and dw."""
     if algorithm in GEMM_ALGORITHMS:
-        return [gemm_settings(c) for c in GEMM_CANDIDATES if gemm_shared_bytes(c) <= shared_limit]
+        return [gemm_settings(c) for c in GEMM_CANDIDATES]
     if algorithm in COOP_ALGORITHMS:
         return []
     return [(("out_w", w),) for w in OUT_W_CANDIDATES]

@@ -6,8 +6,9 @@ accepts it (runtime/families/conv2d_tuning.py) in two rounds:
 1. every algorithm x every packed input layout (4W4C, 4C, 4C1W), each with
    its rule settings (the GEMM tiling rule, OUT_W 4);
 2. every algorithm at its fastest layout with each of its candidate
-   settings (the GEMM tilings that fit the device's shared memory, or the
-   OUT_W values).
+   settings (the GEMM tilings, or the OUT_W values); a tiling over the
+   device's shared memory is refused when its pipeline is built, and listed
+   among the candidates that cannot run.
 
 Each candidate runs through its algorithm op under `tuning.forcing`, so it
 is exactly what a program with that choice cached would record. A stream of
@@ -177,8 +178,7 @@ def tune_shape(p: Conv2dParams, timing: Timing = Timing()) -> ShapeResult:
         if not first:
             continue
         layout = min(first, key=lambda c: c.seconds).layout
-        shared = caps.limits.max_compute_shared_memory_size
-        tried = measure(Conv2dChoice(algorithm, layout, s) for s in candidate_settings(algorithm, shared))
+        tried = measure(Conv2dChoice(algorithm, layout, s) for s in candidate_settings(algorithm))
         best[algorithm] = min(first + tried, key=lambda c: c.seconds)
     if not best:
         raise TuningError(f"{tuning.shape_key(p)}: no candidate runs on {caps.name}: {failed[0]}")

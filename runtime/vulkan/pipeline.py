@@ -3,7 +3,9 @@
 A `Pipeline` is a shader module, a descriptor-set layout (STORAGE_BUFFER for
 buffer bindings, STORAGE_IMAGE for image ones), a pipeline layout with the
 kernel's push-constant range, and the compute pipeline specialised with the
-workgroup size (ids 0, 1, 2) and the kernel's spec constants (ids 3+).
+workgroup size (ids 0, 1, 2) and the kernel's spec constants (ids 3+),
+refused before it reaches the driver when it is over a device limit
+(workgroup size, push constants, shared memory: workgroup_memory.py).
 `PipelineCache` keeps one per (kernel, spec constants) and a VkPipelineCache
 persisted under `<cache>/pipelines/` (`cache_dir()`), keyed by vendor,
 device, driver version and pipelineCacheUUID. It must not record commands,
@@ -21,6 +23,7 @@ from pathlib import Path
 from runtime.errors import UnsupportedVariant
 from runtime.vulkan import raw
 from runtime.vulkan.interface import IMAGE_STORAGES, Kernel
+from runtime.vulkan.workgroup_memory import SpirvError, workgroup_memory_bytes
 
 SPEC_FORMATS = {"int": "i", "uint": "I", "float": "f", "bool": "I"}
 
@@ -56,7 +59,7 @@ def spec_values(variant: Kernel, overrides: dict | None) -> tuple:
     return tuple(values)
 
 
-def _check_limits(variant: Kernel, limits) -> None:
+def _check_limits(variant: Kernel, limits, spirv: bytes, specs: tuple) -> None:
     workgroup = variant.interface.workgroup
     size = workgroup[0] * workgroup[1] * workgroup[2]
     if size > limits.max_compute_work_group_invocations or any(
@@ -69,6 +72,16 @@ def _check_limits(variant: Kernel, limits) -> None:
         raise UnsupportedVariant(
             f"variant {variant.name}: {variant.interface.push_constants_size} bytes of push "
             f"constants, over the device limit of {limits.max_push_constants_size}")
+    try:
+        shared = workgroup_memory_bytes(spirv, specs)
+    except SpirvError:  # a construct the reader does not evaluate: the driver's own check decides
+        return
+    if shared > limits.max_compute_shared_memory_size:
+        names = {s.id: s.name for s in variant.interface.spec_constants}
+        given = ", ".join(f"{names[i]}={value}" for i, _, value in specs if i in names)
+        raise UnsupportedVariant(
+            f"variant {variant.name}{f' with {given}' if given else ''}: {shared} bytes of shared "
+            f"memory, over the device limit of {limits.max_compute_shared_memory_size}")
 
 
 class Pipeline:
@@ -77,7 +90,7 @@ class Pipeline:
 
     def __init__(self, device, variant: Kernel, spirv: bytes, specs: tuple, vk_cache, flags: int = 0):
         _, ffi, _ = raw.load()
-        _check_limits(variant, device.caps.limits)
+        _check_limits(variant, device.caps.limits, spirv, specs)
         self.device, self.variant = device, variant
         self.module = self.set_layout = self.layout = self.handle = ffi.NULL
         try:

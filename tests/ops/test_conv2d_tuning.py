@@ -44,12 +44,11 @@ def runnable_algorithms(p) -> list[str]:
 
 
 def candidates(p) -> list[Conv2dChoice]:
-    shared = get_device().caps.limits.max_compute_shared_memory_size
     found = []
     for algorithm in runnable_algorithms(p):
         found += [Conv2dChoice(algorithm, layout) for layout in PACKED_LAYOUTS]
         found += [Conv2dChoice(algorithm, PACKED_LAYOUTS[i % len(PACKED_LAYOUTS)], settings)
-                  for i, settings in enumerate(candidate_settings(algorithm, shared))]
+                  for i, settings in enumerate(candidate_settings(algorithm))]
     return found
 
 

@@ -11,7 +11,9 @@ import pytest
 from runtime.errors import UnsupportedVariant
 from runtime.ops.library import catalog
 from runtime.vulkan.device import get_device
+from runtime.vulkan.pipeline import spec_values
 from runtime.vulkan.statistics import pipeline_statistics
+from runtime.vulkan.workgroup_memory import workgroup_memory_bytes
 
 
 def _reporting_device():
@@ -43,6 +45,25 @@ def test_shared_memory_follows_the_specialization():
         return sizes[0]
 
     assert shared(16) > shared(8)
+
+
+@pytest.mark.parametrize("name, specs", [
+    ("q8ta_gemm_fallback", {"BLOCK_K": 16}), ("q8ta_gemm_fallback", {"SPLIT_K": 4, "BLOCK_K": 4}),
+    ("linear_qta8a_qga4w_gemm_fallback_buffer_buffer", {}),
+    ("linear_qta8a_qga4w_coop_buffer", {"STEPS": 4}), ("q8ta_gemm_coop_k128", {})])
+def test_reported_shared_memory_within_the_spirv_figure(name, specs):
+    """What the driver reports never exceeds what runtime/vulkan/workgroup_memory.py reads from
+    the SPIR-V for the same specialization: the Vulkan spec bounds a device's use by that
+    layout, and the pipeline check relies on it (NVIDIA reports exactly that figure)."""
+    device = _reporting_device()
+    variant = catalog().variant(name)
+    runnable, why = variant.runnable(device.caps)
+    if not runnable:
+        pytest.skip(why)
+    reported = [s.value for s in pipeline_statistics(device, variant, specs) if "shared memory" in s.name.lower()]
+    if not reported:
+        pytest.skip(f"{device.caps.name} reports no shared-memory statistic")
+    assert 0 < reported[0] <= workgroup_memory_bytes(variant.spirv(), spec_values(variant, specs))
 
 
 def test_unknown_spec_constant(tiny_library):
