@@ -86,6 +86,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "`kernel` (`\"pw\"`: q8ta_gemm_coop, `\"im2col\"`: q8ta_gemm_coop_im2col) for `m` pixels, "
         "`k` K bytes and `c_out` channels (runtime/families/conv2d_tiling.py)",
     ),
+    "coop_k_splits": (
+        "kernel, m, k, c_out, choice=None",
+        "K_SPLITS of cooperative-matrix GEMM `kernel` (`\"pw\"` or `\"im2col\"`) for `m` pixels, "
+        "`k` K bytes and `c_out` channels: a `tuned` choice's `k_splits`, else the rule "
+        "(runtime/families/conv2d_tiling.py)",
+    ),
     "conv2d_out_w": (
         "choice",
         "OUT_W of the direct and depthwise shaders: a `tuned` choice's, else 4",

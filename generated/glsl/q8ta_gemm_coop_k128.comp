@@ -9,6 +9,7 @@
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int IN_LAYOUT = 0;
 layout(constant_id = 4) const int OUT_LAYOUT = 1;
+layout(constant_id = 5) const int K_SPLITS = 1;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 in_sizes;
   layout(offset = 16) ivec4 out_sizes;
@@ -82,6 +83,10 @@ layout(set = 0, binding = 5, std430) readonly buffer t_bias_block {
   float data[];
 } t_bias;
 float t_bias_load(uint i) { return t_bias.data[i]; }
+layout(set = 0, binding = 6, std430) writeonly buffer t_partials_block {
+  int data[];
+} t_partials;
+void t_partials_store(uint i, int v) { t_partials.data[i] = v; }
 
 // Shared numerics for the quantize family (OPS.md "Shared numeric conventions").
 // Plain GLSL, included by templates through Jinja; needs no bindings.
@@ -344,8 +349,8 @@ ivec2 a_slot(int t, int r) {
 uint a_addr[A_SLOTS];  // word address of each slot's K word 0 (~0u: a pixel outside the output)
 uint in_step;          // words between consecutive K words of a pixel
 
-// Sets the slots up for the tile's first pixel m0.
-void init_slots(int t, int m0, int wp, int rows) {
+// Sets the slots up for the tile's first pixel m0 (load_a takes the chunk).
+void init_slots(int t, int m0, int wp, int rows, int c0) {
   const int W = pc.out_sizes.x;
   const int in_c4 = (pc.in_sizes.z + 3) >> 2;
   in_step = IN_LAYOUT == ETVK_4W4C ? 4u : (IN_LAYOUT == ETVK_4C ? 1u : uint(W));
@@ -398,8 +403,14 @@ void main() {
   const int chunks = (kg4 + BKW - 1) / BKW;
   const int m0 = int(gl_WorkGroupID.x) * BM;
   const int n0 = int(gl_WorkGroupID.y) * BN;
+  // This workgroup's K range: chunks [c_begin, c_end). With one range these fold to the
+  // unsplit loop's constants (the general form ran 8-18 % slower on the H200: the driver
+  // scheduled it differently).
+  const int kz = K_SPLITS > 1 ? int(gl_WorkGroupID.z) : 0;
+  const int c_begin = kz * chunks / K_SPLITS;
+  const int c_end = (kz + 1) * chunks / K_SPLITS;
 
-  init_slots(t, m0, wp, rows);
+  init_slots(t, m0, wp, rows, c_begin);
   // Weight slot r stages ivec4 b_q of channel b_n + r * B_ROWS.
   const int b_n = t / (BKW / 4);
   const int b_q = t % (BKW / 4);
@@ -413,8 +424,10 @@ void main() {
     }
   }
 
-  load_chunk(0, t, kg4);
-  for (int c = 0; c < chunks; ++c) {
+  if (K_SPLITS == 1 || c_begin < c_end) {
+    load_chunk(c_begin, t, kg4);
+  }
+  for (int c = c_begin; c < c_end; ++c) {
     barrier();
     [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
       const ivec2 mk = a_slot(t, r);
@@ -426,7 +439,7 @@ void main() {
       }
     }
     barrier();
-    if (c + 1 < chunks) {
+    if (c + 1 < c_end) {
       load_chunk(c + 1, t, kg4);
     }
     [[unroll]] for (int kk = 0; kk < BKW; kk += 8) {
@@ -446,6 +459,18 @@ void main() {
         }
       }
     }
+  }
+
+  if (K_SPLITS > 1) {  // the range's exact sums, for q8ta_gemm_coop_reduce
+    const uint mp = gl_NumWorkGroups.x * BM;
+    const uint np = gl_NumWorkGroups.y * BN;
+    [[unroll]] for (int i = 0; i < 2; ++i) {
+      [[unroll]] for (int j = 0; j < 2; ++j) {
+        coopMatStore(acc[i][j], t_partials.data, (uint(kz) * mp + uint(m0 + sm + i * 16)) * np + uint(n0 + sn + j * 16),
+                     np, gl_CooperativeMatrixLayoutRowMajor);
+      }
+    }
+    return;
   }
 
   // Epilogue, one M half at a time: the half's two subgroups store their

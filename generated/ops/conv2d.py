@@ -196,7 +196,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:407",
+    spec="op_specs/conv2d.yaml:438",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -251,7 +251,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:430",
+    spec="op_specs/conv2d.yaml:461",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -344,7 +344,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:454",
+    spec="op_specs/conv2d.yaml:485",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -429,7 +429,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:504",
+    spec="op_specs/conv2d.yaml:535",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -487,14 +487,18 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H_out * (rt.ceil_div(p.W_out, 4) * 4 if layout == '4W4C' else p.W_out)
-    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.Kg, p.C_out))})
+    splits = rt.coop_k_splits('im2col', m, p.Kg, p.C_out, rt.tuned(p, 'im2col_coop'))
+    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.Kg, p.C_out))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), 1])
+    partials = stream.empty([splits, rt.ceil_div(m, 64) * 64, rt.ceil_div(p.C_out, 64) * 64] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
+    v = op.select(variant, storage, {}, step=1)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "partials": [splits, rt.ceil_div(m, 64) * 64, rt.ceil_div(p.C_out, 64) * 64, m // (p.N * p.H_out)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
@@ -507,12 +511,17 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col_coop.default",
     family="conv2d",
     schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
-    doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no scratch); needs groups == 1, C_in % 4 == 0, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:537",
+    doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, C_in % 4 == 0, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
+    spec="op_specs/conv2d.yaml:568",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_im2col_k64", {"CHUNK": "k64"}),
         ("q8ta_gemm_coop_im2col_k128", {"CHUNK": "k128"}),
+        ("q8ta_gemm_coop_reduce", {}),
+    ),
+    steps=(
+        ("q8ta_gemm_coop_im2col_k64", "q8ta_gemm_coop_im2col_k128"),
+        ("q8ta_gemm_coop_reduce",),
     ),
     record=q8ta_conv2d_im2col_coop,
     fake=_q8ta_conv2d_im2col_coop_fake,
@@ -565,14 +574,18 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W)
-    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.Kg, p.C_out))})
+    splits = rt.coop_k_splits('pw', m, p.Kg, p.C_out, rt.tuned(p, 'pw_coop'))
+    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.Kg, p.C_out))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), 1])
+    partials = stream.empty([splits, rt.ceil_div(m, 64) * 64, rt.ceil_div(p.C_out, 64) * 64] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
+    v = op.select(variant, storage, {}, step=1)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [splits, rt.ceil_div(m, 64) * 64, rt.ceil_div(p.C_out, 64) * 64, m // (p.N * p.H)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
@@ -586,11 +599,16 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:570",
+    spec="op_specs/conv2d.yaml:621",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64", {"CHUNK": "k64"}),
         ("q8ta_gemm_coop_k128", {"CHUNK": "k128"}),
+        ("q8ta_gemm_coop_reduce", {}),
+    ),
+    steps=(
+        ("q8ta_gemm_coop_k64", "q8ta_gemm_coop_k128"),
+        ("q8ta_gemm_coop_reduce",),
     ),
     record=q8ta_conv2d_pw_coop,
     fake=_q8ta_conv2d_pw_coop_fake,
@@ -662,7 +680,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:601",
+    spec="op_specs/conv2d.yaml:672",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -739,7 +757,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:633",
+    spec="op_specs/conv2d.yaml:704",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -809,11 +827,12 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it).",
-    spec="op_specs/conv2d.yaml:666",
+    spec="op_specs/conv2d.yaml:737",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64", {"CHUNK": "k64"}),
         ("q8ta_gemm_coop_k128", {"CHUNK": "k128"}),
+        ("q8ta_gemm_coop_reduce", {}),
         ("q8ta_gemm_coop_im2col_k64", {"CHUNK": "k64"}),
         ("q8ta_gemm_coop_im2col_k128", {"CHUNK": "k128"}),
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),

@@ -40,6 +40,19 @@ COOP_WIDE_CHUNK_MAX_TILES = 256
 # staging lost at K = 2304 (392 tiles, 1.31x).
 COOP_WIDE_CHUNK_MIN_K = 2048
 COOP_CHUNK_KERNELS = ("pw", "im2col")
+# K ranges of the coop GEMMs (K_SPLITS; a second dispatch adds their int32 sums). With few
+# tiles a workgroup's chain of chunks sets the time and most SMs idle; a split costs ~9-13 us
+# of its own on the H200 (the ranges' fixed work, the partial sums, the second dispatch), so it
+# pays only where the chain is long. H200, session 12 (benchmarks/NOTES.md), best against one
+# range: b1 3x3 512 7 (8 tiles, 36 chunks) 8 ranges 0.44x the time, b1 3x3 256 14 (16 tiles,
+# 18 chunks) 8 ranges 0.65x, b8 3x3 512 7 (56 tiles, 36 chunks) 4 ranges 0.68x, b1 1x1
+# 2048->512 7 (8 tiles, 16 chunks) 8 ranges 0.70x; no split gained at 100 tiles or more, nor
+# under 16 chunks but one (b1 3x3 128 28: 26 tiles, 9 chunks, 0.93x). The tuner measures 1, 2,
+# 4 and 8 (conv2d_tuning.py).
+COOP_SPLIT_MAX_TILES = 64
+COOP_SPLIT_MIN_CHUNKS = 16
+COOP_MAX_K_SPLITS = 8
+COOP_SPLIT_MAX_WORKGROUPS = 256
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -104,6 +117,24 @@ def coop_chunk(kernel: str, m: int, k: int, c_out: int) -> str:
     tiles = _ceil_div(m, COOP_TILE) * _ceil_div(c_out, COOP_TILE)
     wide = tiles <= COOP_WIDE_CHUNK_MAX_TILES or (kernel == "pw" and k >= COOP_WIDE_CHUNK_MIN_K)
     return "k128" if k > 64 and wide else "k64"
+
+
+def coop_k_splits(kernel: str, m: int, k: int, c_out: int, settings: Mapping | None = None) -> int:
+    """K_SPLITS of coop GEMM `kernel` for `m` output pixels, `k` K bytes and `c_out` channels:
+    a measured ``k_splits`` setting when given, else the rule: one range, except for at most
+    `COOP_SPLIT_MAX_TILES` tiles and at least `COOP_SPLIT_MIN_CHUNKS` chunks, which take the
+    most ranges (powers of two up to `COOP_MAX_K_SPLITS`) that keep 2 chunks per range and
+    `COOP_SPLIT_MAX_WORKGROUPS` workgroups."""
+    if settings and "k_splits" in settings:
+        return settings["k_splits"]
+    tiles = _ceil_div(m, COOP_TILE) * _ceil_div(c_out, COOP_TILE)
+    chunks = _ceil_div(k, 128 if coop_chunk(kernel, m, k, c_out) == "k128" else 64)
+    splits = 1
+    if tiles <= COOP_SPLIT_MAX_TILES and chunks >= COOP_SPLIT_MIN_CHUNKS:
+        while (2 * splits <= COOP_MAX_K_SPLITS and 2 * splits * tiles <= COOP_SPLIT_MAX_WORKGROUPS
+               and chunks >= 4 * splits):
+            splits *= 2
+    return splits
 
 
 def prefers_coop_gemm(m: int, k: int, c_out: int, groups: int) -> bool:

@@ -157,6 +157,12 @@ def gemm_tiling(m: int, k4: int, c_out: int, choice=None):
     return conv2d_tiling.gemm_tiling(m, k4, c_out, dict(choice.settings) if choice else None)
 
 
+def coop_k_splits(kernel: str, m: int, k: int, c_out: int, choice=None) -> int:
+    """K_SPLITS of coop GEMM `kernel` ("pw" or "im2col") for `m` pixels, `k` K bytes and `c_out`
+    channels: a `tuned` choice's, else the rule (`conv2d_tiling.coop_k_splits`)."""
+    return conv2d_tiling.coop_k_splits(kernel, m, k, c_out, dict(choice.settings) if choice else None)
+
+
 def coop_chunk(kernel: str, m: int, k: int, c_out: int) -> str:
     """The CHUNK of coop GEMM `kernel` ("pw" or "im2col") for `m` pixels, `k` K bytes and
     `c_out` channels (`conv2d_tiling.coop_chunk`)."""
@@ -245,6 +251,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         tuned,
         gemm_tiling,
         coop_chunk,
+        coop_k_splits,
         conv2d_out_w,
         linear_uses_coop,
         pool2d_params,

@@ -5,9 +5,11 @@ On the CPU: the weight prepack, and the gating of the variant on what a device
 reports (fake capabilities: only the exact shape, types, scope and subgroup
 size run it). On a device that runs it: both coop ops, bit-exact against the
 OPS.md reference over shapes with ragged M, K and C_out, every activation and
-every input layout, and the dispatcher routing large GEMMs to it. On a device
-without it (lavapipe) the device tests are skipped with the reason, and the
-dispatcher is checked to fall back to the existing GEMM.
+every input layout, K split into ranges (K_SPLITS) in every layout, and the
+dispatcher routing large GEMMs to it. On a device without it (lavapipe) the
+device tests are skipped with the reason, and the dispatcher is checked to
+fall back to the existing GEMM. The split's second step, q8ta_gemm_coop_reduce,
+needs no cooperative matrices and is tested alone everywhere.
 """
 
 from __future__ import annotations
@@ -21,10 +23,13 @@ from conv_testlib import assert_bit_exact
 
 import runtime
 from runtime.families import conv2d as conv2d_module
-from runtime.families.conv2d_tiling import coop_chunk, prefers_coop_gemm
-from runtime.families.conv2d_tuning import candidate_algorithms
+from runtime.families.conv2d_tiling import coop_chunk, coop_k_splits, prefers_coop_gemm
+from runtime.families.conv2d_tuning import Conv2dChoice, candidate_algorithms
+from runtime.ops import tuning
 from runtime.ops.library import catalog
+from runtime.ops.stub_support import layout_code
 from runtime.reference import conv2d as ref
+from runtime.reference.quantize import fp32_recip
 from runtime.tools.examples_conv2d import Conv2dCase, make_inputs
 from runtime.vulkan.coopmat import COOPMAT_CAPABILITIES, CoopMatrixShape, coopmat_gap
 from runtime.vulkan.device import Capabilities, Limits, get_device
@@ -225,6 +230,84 @@ def test_coop_reads_and_writes_every_layout(op_name, case, layout):
         stream.run()
         assert out.layout == layout
         assert_bit_exact(out.to_torch(), ref.q8ta_conv2d(*inp.args()), f"{op_name} {layout}")
+
+
+SPLIT_CASES = ("pw_m1054_k40_n72", "pw_tiny_k6_n7", "pw_k200_n130_hardswish", "im2col_3x3_k180_n68",
+               "im2col_5x5s21_k300_n64", "im2col_3x3_b2_k1152_n96")
+
+
+@pytest.mark.parametrize("k_splits", [2, 4, 8])
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+@pytest.mark.parametrize(("op_name", "case"),
+                         [(PW, c) for c in PW_CASES if c.name in SPLIT_CASES]
+                         + [(IM2COL, c) for c in IM2COL_CASES if c.name in SPLIT_CASES],
+                         ids=lambda v: v.name if isinstance(v, Conv2dCase) else v.split(".")[1])
+def test_coop_split_along_k(op_name, case, layout, k_splits, dispatch_trace_path):
+    """K in ranges (dispatch z; more ranges than chunks leaves some empty), their int32 sums
+    added by q8ta_gemm_coop_reduce: the same bits as one range, in every layout."""
+    _require_coop()
+    inp = make_inputs(case)
+    algorithm = "pw_coop" if op_name == PW else "im2col_coop"
+    before = _trace_length(dispatch_trace_path)
+    with Stream() as stream, tuning.forcing(Conv2dChoice(algorithm, layout, (("k_splits", k_splits),))):
+        out = runtime.get_op(op_name).record(stream, Tensor.from_torch(inp.x, layout=layout),
+                                             *inp.args()[1:])
+        stream.run()
+        got = out.to_torch()
+    assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"{op_name} {layout} K_SPLITS={k_splits}")
+    assert _dispatched(dispatch_trace_path, before) == [_coop_variant(op_name, case), "q8ta_gemm_coop_reduce"]
+
+
+@pytest.mark.parametrize("k_splits", [1, 3])
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+@pytest.mark.parametrize("case", [c for c in PW_CASES if c.name in SPLIT_CASES], ids=lambda c: c.name)
+def test_reduce_adds_the_ranges_and_requantizes(case, layout, k_splits):
+    """q8ta_gemm_coop_reduce alone (it needs no cooperative matrices, so it runs everywhere):
+    the exact int32 GEMM sums cut into random ranges, junk in the tile padding, give the
+    reference conv's bytes in the output layout."""
+    inp = make_inputs(case)
+    p = case.params
+    x, w = inp.x.permute(0, 2, 3, 1).to(torch.int64), inp.weights.flatten(1).to(torch.int64)
+    wp = -(-p.W // 4) * 4 if layout == "4W4C" else p.W
+    sums = torch.zeros(p.N, p.H, wp, p.C_out, dtype=torch.int64)
+    sums[:, :, :p.W] = x @ w.T  # GEMM row m = (n * H + h) * wp + w
+    m = p.N * p.H * wp
+    mp, np_ = -(-m // 64) * 64, -(-p.C_out // 64) * 64
+    gen = torch.Generator().manual_seed(k_splits)
+    partials = torch.randint(-(1 << 20), 1 << 20, (k_splits, mp, np_), dtype=torch.int64, generator=gen)
+    partials[-1, :m, :p.C_out] = sums.reshape(m, p.C_out) - partials[:-1, :m, :p.C_out].sum(0)
+    variant = catalog().variant("q8ta_gemm_coop_reduce")
+    lo, hi = conv2d_module.conv2d_output_bounds(inp.activation, inp.activation_min, inp.activation_max,
+                                                inp.output_scale, inp.output_zero_point)
+    with Stream() as stream:
+        out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, variant.binding("t_out"), layout=layout)
+        stream.dispatch(variant, "test.reduce", bindings={
+            "t_out": out, "t_partials": stream.upload(partials.to(torch.int32), variant.binding("t_partials")),
+            "t_weight_sums": stream.upload(inp.weight_sums, variant.binding("t_weight_sums")),
+            "t_weight_scales": stream.upload(inp.weight_scales, variant.binding("t_weight_scales")),
+            "t_bias": stream.upload(inp.bias, variant.binding("t_bias"))},
+            push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [k_splits, mp, np_, wp],
+                  "hardswish": int(inp.activation == "hardswish"), "input_scale": inp.input_scale,
+                  "inv_output_scale": fp32_recip(inp.output_scale), "input_zero_point": inp.input_zero_point,
+                  "output_zero_point": inp.output_zero_point, "output_min": lo, "output_max": hi},
+            global_size=[m * -(-p.C_out // 4), 1, 1], spec_constants={"OUT_LAYOUT": layout_code(layout)})
+        stream.run()
+        assert_bit_exact(out.to_torch(), ref.q8ta_conv2d(*inp.args()), f"reduce {layout} {k_splits}")
+
+
+@pytest.mark.parametrize("kernel", ["pw", "im2col"])
+def test_coop_k_splits_rule(kernel):
+    """Up to 64 tiles and from 16 chunks, ranges double while each keeps 2 chunks and the
+    workgroups stay within 256; a measured setting wins."""
+    # Few tiles take 128-byte chunks: K = 4608 bytes is 36 of them.
+    assert coop_k_splits(kernel, 8 * 64, 4608, 64) == 8
+    assert coop_k_splits(kernel, 56 * 64, 4608, 64) == 4        # 8 ranges: 448 workgroups
+    assert coop_k_splits(kernel, 64 * 64, 4608, 64) == 4
+    assert coop_k_splits(kernel, 65 * 64, 4608, 64) == 1
+    assert coop_k_splits(kernel, 8 * 64, 16 * 128, 64) == 8     # 2 chunks per range
+    assert coop_k_splits(kernel, 8 * 64, 20 * 128, 64) == 8
+    assert coop_k_splits(kernel, 8 * 64, 15 * 128, 64) == 1     # under 16 chunks
+    assert coop_k_splits(kernel, 8 * 64, 4608, 64, {"k_splits": 8}) == 8
 
 
 # Shapes the rule sends to the cooperative-matrix GEMM: 1024 pixels, K of 64 bytes or more.
