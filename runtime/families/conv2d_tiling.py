@@ -42,8 +42,8 @@ COOP_WIDE_CHUNK_MIN_K = 2048
 COOP_CHUNK_KERNELS = ("pw", "im2col")
 # K ranges of the coop GEMMs (K_SPLITS; a second dispatch adds their int32 sums). With few
 # tiles a workgroup's chain of chunks sets the time and most SMs idle; a split costs ~9-13 us
-# of its own on the H200 (the ranges' fixed work, the partial sums, the second dispatch), so it
-# pays only where the chain is long. H200, session 12 (benchmarks/NOTES.md), best against one
+# of its own on the H200 (inferred from the times: the ranges' fixed work, the partial sums, the
+# second dispatch), so it pays only where the chain is long. H200, session 12 (benchmarks/NOTES.md), best against one
 # range: b1 3x3 512 7 (8 tiles, 36 chunks) 8 ranges 0.44x the time, b1 3x3 256 14 (16 tiles,
 # 18 chunks) 8 ranges 0.65x, b8 3x3 512 7 (56 tiles, 36 chunks) 4 ranges 0.68x, b1 1x1
 # 2048->512 7 (8 tiles, 16 chunks) 8 ranges 0.70x; no split gained at 100 tiles or more, nor
