@@ -488,6 +488,8 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H_out * (rt.ceil_div(p.W_out, 4) * 4 if layout == '4W4C' else p.W_out)
     splits = rt.coop_k_splits('im2col', m, p.Kg, p.C_out, rt.tuned(p, 'im2col_coop'))
+    m_padded = rt.ceil_div(m, 64) * 64
+    n_padded = rt.ceil_div(p.C_out, 64) * 64
     v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.Kg, p.C_out))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
@@ -495,10 +497,10 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    partials = stream.empty([splits, rt.ceil_div(m, 64) * 64, rt.ceil_div(p.C_out, 64) * 64] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
+    partials = stream.empty([splits, m_padded, n_padded] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
     v = op.select(variant, storage, {}, step=1)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "partials": [splits, rt.ceil_div(m, 64) * 64, rt.ceil_div(p.C_out, 64) * 64, m // (p.N * p.H_out)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H_out)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
@@ -575,6 +577,8 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W)
     splits = rt.coop_k_splits('pw', m, p.Kg, p.C_out, rt.tuned(p, 'pw_coop'))
+    m_padded = rt.ceil_div(m, 64) * 64
+    n_padded = rt.ceil_div(p.C_out, 64) * 64
     v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.Kg, p.C_out))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
@@ -582,10 +586,10 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    partials = stream.empty([splits, rt.ceil_div(m, 64) * 64, rt.ceil_div(p.C_out, 64) * 64] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
+    partials = stream.empty([splits, m_padded, n_padded] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
     v = op.select(variant, storage, {}, step=1)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [splits, rt.ceil_div(m, 64) * 64, rt.ceil_div(p.C_out, 64) * 64, m // (p.N * p.H)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
@@ -598,8 +602,8 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_pw_coop.default",
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
-    doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:621",
+    doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
+    spec="op_specs/conv2d.yaml:624",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64", {"CHUNK": "k64"}),
@@ -680,7 +684,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:672",
+    spec="op_specs/conv2d.yaml:678",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -757,7 +761,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:704",
+    spec="op_specs/conv2d.yaml:710",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -827,7 +831,7 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it).",
-    spec="op_specs/conv2d.yaml:737",
+    spec="op_specs/conv2d.yaml:743",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64", {"CHUNK": "k64"}),
