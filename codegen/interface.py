@@ -61,6 +61,16 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
                 )
             )
             continue
+        if b.wide and (dtype not in ("int8", "uint8") or storage != "buffer" or b.access != "read"):
+            errors.append(
+                SpecError(
+                    b.loc,
+                    f"{where}: wide needs an int8 or uint8 buffer that is only read, got {dtype} "
+                    f"in {storage} with access {b.access}; split the binding with `when` so that "
+                    "only its buffer variants are wide",
+                )
+            )
+            continue
         if b.name in seen:
             errors.append(
                 SpecError(
@@ -82,6 +92,7 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
                 b.access,
                 "storage_image" if image else "storage_buffer",
                 glsl.image_format(dtype) if image else None,
+                b.wide,
             )
         )
     fields: list[PushField] = []
@@ -146,7 +157,7 @@ def glsl_header(interface: Interface, template: str, spec: str) -> str:
             dims = 2 if b.storage == "texture2d" else 3
             text += glsl.image_binding(b.name, b.binding, b.dtype, b.access, dims)
         else:
-            text += glsl.buffer_binding(b.name, b.binding, b.dtype, b.vec, b.access)
+            text += glsl.buffer_binding(b.name, b.binding, b.dtype, b.vec, b.access, b.wide)
     return text
 
 

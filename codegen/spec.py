@@ -216,6 +216,7 @@ class _Parser(NodeChecker):
             self.choice(f.get("storage"), "binding storage", STORAGES, "buffer", axis_ok=True),
             vec,
             self.choice(f.get("access"), "binding access", ACCESS, "read"),
+            self.boolean(f.get("wide"), f"'wide' of a binding of {what}"),
             self.axis_matches(f.get("when"), f"'when' of binding {f['name'].value}"),
             node.loc,
         )

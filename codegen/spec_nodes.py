@@ -86,6 +86,14 @@ class NodeChecker:
             return default
         return node.value if self.want(node, "str", what, "a string") else default
 
+    def boolean(self, node: Node | None, what: str, default: bool = False) -> bool:
+        if node is None:
+            return default
+        if node.kind != "scalar" or type(node.value) is not bool:
+            self.err(node.loc, f"{what} must be true or false, got {kind_name(node)}")
+            return default
+        return node.value
+
     def ident(self, node: Node, what: str, pattern=IDENT_RE, expected="an identifier") -> str:
         if node.kind != "scalar" or not isinstance(node.value, str):
             self.err(node.loc, f"{what} must be {expected}, got {kind_name(node)}")

@@ -57,6 +57,7 @@ BINDING = (
     F("storage", "storage", "buffer", "buffer, texture3d or texture2d, or ${AXIS}."),
     F("vec", "integer", 4, "Values per unit: 4, or 1 (32-bit dtypes in buffers only)."),
     F("access", "access", "read", "read, write or read_write."),
+    F("wide", "boolean", False, "int8/uint8 buffers read: also NAME_load_word4(i), words 4i..4i+3."),
     F("when", "axis mapping", {}, "Only in variants whose axes match."),
 )
 PUSH_CONSTANT = (

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from codegen.interface import build_interface, interface_dict
+from codegen.interface import build_interface, glsl_header, interface_dict
 from codegen.spec import parse_family
 from codegen.variants import expand_variants
 from codegen.yaml_loader import load_yaml
@@ -99,3 +99,57 @@ def test_vec1_needs_32_bit_buffer():
     iface, errors = build_interface(variants[0])
     assert iface is None
     assert "vec: 1 needs a 32-bit dtype" in errors[0].message
+
+
+WIDE_SPEC = """
+family: f
+shaders:
+  s:
+    template: t.glsl.j2
+    axes:
+      STORAGE: [buffer, texture3d]
+    bindings:
+      - {name: t_out, dtype: int8, storage: "${STORAGE}", access: write}
+      - {name: t_in, dtype: int8, wide: true, when: {STORAGE: buffer}}
+"""
+
+
+def _wide_variants(text: str):
+    root, _ = load_yaml(text, "f.yaml")
+    family, errors = parse_family(root, "f.yaml")
+    assert not errors, [e.message for e in errors]
+    variants, errors = expand_variants(family.shaders[0])
+    assert not errors
+    return {v.name: v for v in variants}
+
+
+def test_wide_buffer_gets_a_16_byte_view_of_the_same_binding():
+    variants = _wide_variants(WIDE_SPEC)
+    iface, errors = build_interface(variants["s_buffer"])
+    assert not errors
+    header = glsl_header(iface, "t.glsl.j2", "f.yaml:1")
+    assert "layout(set = 0, binding = 1, std430) readonly buffer t_in_block {\n  uint data[];" in header
+    assert "layout(set = 0, binding = 1, std430) readonly buffer t_in_wide_block {\n  uvec4 data[];" in header
+    assert "uvec4 t_in_load_word4(uint i) { return t_in_wide.data[i]; }" in header
+    assert "wide" not in glsl_header(build_interface(variants["s_texture3d"])[0], "t.glsl.j2", "f.yaml:1")
+    # One descriptor: the manifest lists the binding once.
+    assert [b["name"] for b in interface_dict(iface)["bindings"]] == ["t_out", "t_in"]
+
+
+@pytest.mark.parametrize("fields, fault", [
+    ("dtype: int32, wide: true", "got int32 in buffer with access read"),
+    ("dtype: int8, wide: true, access: read_write", "got int8 in buffer with access read_write"),
+    ("dtype: int8, storage: texture3d, wide: true", "got int8 in texture3d with access read"),
+])
+def test_wide_needs_an_int8_buffer_only_read(fields, fault):
+    text = WIDE_SPEC.replace("dtype: int8, wide: true", fields)
+    iface, errors = build_interface(_wide_variants(text)["s_buffer"])
+    assert iface is None
+    assert "wide needs an int8 or uint8 buffer that is only read" in errors[0].message
+    assert fault in errors[0].message
+
+
+def test_wide_must_be_a_boolean():
+    root, _ = load_yaml(WIDE_SPEC.replace("wide: true", "wide: 1"), "f.yaml")
+    _, errors = parse_family(root, "f.yaml")
+    assert [e.message for e in errors] == ["'wide' of a binding of shader 's' must be true or false, got an integer"]
