@@ -31,8 +31,9 @@ work first (an idle H100 drops its clock), then a median over timestamped
 calls.
 
 Usage: ``python benchmarks/linear_bench.py [--quick] [--repeats R] [--sweep] [--tokens 1,8]
-[--n 512,4096] [--copies C]`` (``--copies 1``: the weights stay in the L2, which separates
-the DRAM stream from the rest of a kernel's time)
+[--n 512,4096] [--copies C] [--storage texture3d]`` (``--copies 1``: the weights stay in the
+L2, which separates the DRAM stream from the rest of a kernel's time; ``--storage``: the
+activations' and output's storage, buffer by default)
 (``--quick``: K = 512, N = 256 and 512, 2 weight copies, short warm-up; runs on lavapipe.)
 """
 
@@ -85,27 +86,32 @@ def activations(m: int, k: int, gen: torch.Generator) -> tuple:
     return x, scale, zero_point
 
 
-def time_ours(op, m: int, k: int, weights: list, gen, repeats: int, warmup: float):
-    """Median GPU seconds of one op call and the variant that ran; None without timestamps."""
+def time_ours(op, m: int, k: int, weights: list, gen, repeats: int, warmup: float,
+              storage: str = "buffer"):
+    """Median GPU seconds of one op call (activations and output in `storage`) and the variant
+    that ran; None without timestamps."""
     x, scale, zero_point = activations(m, k, gen)
     with Stream() as stream:
         for i in range(CALLS):
             weight, weight_scales, weight_zeros = weights[i % len(weights)]
-            op.record(stream, x, scale, zero_point, weight, GROUP_SIZE, weight_scales, weight_zeros)
+            op.record(stream, x, scale, zero_point, weight, GROUP_SIZE, weight_scales, weight_zeros,
+                      storage=storage)
         return time_stream(stream, repeats, warmup)
 
 
-def time_split(kernel: str, m: int, k: int, n: int, packed: list, gen, split, repeats, warmup):
-    """Median GPU seconds of one dispatch of the KERNEL `kernel` (sdot, buffers) with the work
-    split `split` = (C, GL), recorded directly with the op's bindings and push constants."""
-    variant = catalog().variant(f"linear_qta8a_qga4w_{kernel}_sdot_buffer_buffer")
+def time_split(kernel: str, m: int, k: int, n: int, packed: list, gen, split, repeats, warmup,
+               storage: str = "buffer"):
+    """Median GPU seconds of one dispatch of the KERNEL `kernel` (sdot, weights in a buffer,
+    activations and output in `storage`) with the work split `split` = (C, GL), recorded
+    directly with the op's bindings and push constants."""
+    variant = catalog().variant(f"linear_qta8a_qga4w_{kernel}_sdot_{storage}_buffer")
     x, scale, zero_point = activations(m, k, gen)
     c, gl = split
     blocks = -(-n // 4)
     groups = [-(-blocks // (64 // c)), 1 if kernel != "gemm" else -(-m // 4), 1]
     with Stream() as stream:
-        bindings = {"t_out": Tensor.empty((m, n), torch.float32, "buffer"),
-                    "t_x": Tensor.from_torch(x), "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
+        bindings = {"t_out": Tensor.empty((m, n), torch.float32, storage),
+                    "t_x": Tensor.from_torch(x, storage), "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
                     "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
         for i in range(CALLS):
             stream.dispatch(variant, OP, bindings={**bindings, "t_w": packed[i % len(packed)]},
@@ -113,16 +119,17 @@ def time_split(kernel: str, m: int, k: int, n: int, packed: list, gen, split, re
         return time_stream(stream, repeats, warmup)
 
 
-def time_coop(m: int, k: int, n: int, weights: list, gen, steps: int, repeats, warmup):
-    """Median GPU seconds of one dispatch of the cooperative-matrix kernel (buffers) staging
-    `steps` K steps of 32 at a time (its spec constant STEPS)."""
-    variant = catalog().variant("linear_qta8a_qga4w_coop_buffer")
+def time_coop(m: int, k: int, n: int, weights: list, gen, steps: int, repeats, warmup,
+              storage: str = "buffer"):
+    """Median GPU seconds of one dispatch of the cooperative-matrix kernel (activations and
+    output in `storage`) staging `steps` K steps of 32 at a time (its spec constant STEPS)."""
+    variant = catalog().variant(f"linear_qta8a_qga4w_coop_{storage}")
     x, scale, zero_point = activations(m, k, gen)
     packed = [(Tensor.from_torch(pack_linear_weights_coop(w)),
                Tensor.from_torch(pack_linear_meta_coop(w, ws, wz, GROUP_SIZE))) for w, ws, wz in weights]
     with Stream() as stream:
-        bindings = {"t_out": Tensor.empty((m, n), torch.float32, "buffer"),
-                    "t_x": Tensor.from_torch(x), "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
+        bindings = {"t_out": Tensor.empty((m, n), torch.float32, storage),
+                    "t_x": Tensor.from_torch(x, storage), "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
                     "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
         for i in range(CALLS):
             w, meta = packed[i % len(packed)]
@@ -241,6 +248,8 @@ def main() -> int:
     parser.add_argument("--copies", type=int, default=None,
                         help="weight copies rotated per N (default: at least 67 MB per rotation, "
                              "beyond the L2; 1 keeps the weights in the L2 after the first call)")
+    parser.add_argument("--storage", choices=("buffer", "texture3d"), default="buffer",
+                        help="storage of the activations and the output (default buffer)")
     parser.add_argument("--warmup", type=float, default=None,
                         help="seconds of continuous work before timing each row (default 1; quick 0.05)")
     options = parser.parse_args()
@@ -286,7 +295,7 @@ def main() -> int:
         packed = [Tensor.from_torch(pack_linear_weights(w, ws, wz, GROUP_SIZE)) for w, ws, wz in weights]
         for m in options.tokens:
             target_row = (m, n, k) == (1, 14336, 4096)  # the row TARGET names
-            measured = time_ours(op, m, k, weights, gen, repeats, warmup)
+            measured = time_ours(op, m, k, weights, gen, repeats, warmup, options.storage)
             if measured is None:
                 print("device has no timestamp queries: nothing to time")
                 return 1
@@ -296,14 +305,16 @@ def main() -> int:
                 if variant in {info.name for info in runtime.get_op(leaf).variants}:
                     continue
                 try:
-                    seconds, other = time_ours(runtime.get_op(leaf), m, k, weights, gen, repeats, warmup)
+                    seconds, other = time_ours(runtime.get_op(leaf), m, k, weights, gen, repeats, warmup,
+                                               options.storage)
                 except runtime.UnsupportedVariant as error:
                     emit(m, n, f"  {leaf}", None, 0, ours, str(error).split(": ")[-1][:60])
                     continue
                 emit(m, n, f"  {other}", seconds, our_bytes, ours)
             if options.sweep and m > 1 and coop_runs:
                 for steps in COOP_STEPS:
-                    seconds, _ = time_coop(m, k, n, weights, gen, steps, repeats, min(warmup, 0.3))
+                    seconds, _ = time_coop(m, k, n, weights, gen, steps, repeats, min(warmup, 0.3),
+                                           options.storage)
                     emit(m, n, f"  sweep coop STEPS={steps}", seconds, our_bytes, ours)
             if target_row:
                 target_ours = ours
@@ -311,7 +322,7 @@ def main() -> int:
                 kernel = variant.split("_")[3]  # linear_qta8a_qga4w_<KERNEL>_...
                 for split in sweep_splits(kernel, k):
                     seconds, _ = time_split(kernel, m, k, n, packed, gen, split, repeats,
-                                            min(warmup, 0.3))
+                                            min(warmup, 0.3), options.storage)
                     emit(m, n, f"  sweep {kernel} C={split[0]} GL={split[1]}", seconds, our_bytes, ours)
             fn, info = tinygemm_setup(m, k, n, copies)
             if fn is None:
