@@ -235,19 +235,34 @@ const uint LIN_TM = 4u;
 //
 // Within a tile, the C invocations are GL = pc.coop.y group lanes (a power of
 // two <= C) times S = C / GL sub-lanes. Each round takes GL consecutive
-// groups: invocation c takes group g = base + c % GL and its weight texels
-// j = c / GL, c / GL + S, ..., so consecutive invocations read consecutive
-// texels (t = j * G + g), in batches of LIN_INFLIGHT widths (8, then 4)
-// issued before any is used; the lane that adds the group's sums loads its
-// metadata before its weights (H200, 4096 -> 14336: one token 15.6 against
-// 16.1 us, 8 tokens 43.5 against 48.2, with 4 in flight and the metadata
-// loaded after the barrier). Per texel
-// and token: 2 activation words and 8 + 2 dot4. The S partial sums of a
-// group are added in shared memory as integers (exact: the split cannot
-// change them), the group's product weight_scale * float(isum) is rounded
-// once, and invocation i % C of the tile adds token i's products in group
-// order, so every (C, GL) gives a result bit-identical to
-// runtime.reference.linear.linear_qta8a_qga4w.
+// groups: invocation c takes group g = base + c % GL and sub-lane c / GL.
+// Where group_size % 16 == 0 the sub-lane takes pairs of texel rows
+// (2p, 2p + 1) for p = c / GL, c / GL + S, ..., and the pair's 16 activation
+// bytes are one 16-byte load (buffers); else single texel rows j = c / GL,
+// c / GL + S, ... with two 4-byte activation loads each. Either way
+// consecutive invocations read consecutive weight texels (t = j * G + g), in
+// batches of LIN_INFLIGHT widths (8, then 4) issued before any is used. The
+// pairs matter because the group lanes of a warp read activations from GL
+// different 128-byte lines (group 128): per load that is GL L1 wavefronts,
+// and with 4-byte loads the rounds of many groups lost to the loads (H200,
+// one token, 4096 -> 14336, C = 32: GL = 32 22.0 us with 4-byte loads, 13.5
+// with pairs; benchmarks/NOTES.md session 14). The lane that adds the group's
+// sums loads its metadata before its weights (H200, 4096 -> 14336: one token
+// 15.6 against 16.1 us, 8 tokens 43.5 against 48.2, with 4 in flight and the
+// metadata loaded after the barrier). Per texel and token: 8 activation bytes
+// and 8 + 2 dot4. The S partial sums of a group are added in shared memory as
+// integers (exact: the split cannot change them), the group's product
+// weight_scale * float(isum) is rounded once, and invocation i % C of the
+// tile adds token i's products in group order, so every (C, GL) gives a
+// result bit-identical to runtime.reference.linear.linear_qta8a_qga4w.
+
+// The activation words x[m, 16 * kq .. 16 * kq + 15] (K % 16 == 0): one 16-byte load from a
+// buffer, 4 texel reads from an image.
+uvec4 lin_x_quad(uint m, uint kq) {
+  const uint kw = 4u * kq;
+  return uvec4(lin_x_word(m, kw), lin_x_word(m, kw + 1u), lin_x_word(m, kw + 2u), lin_x_word(m, kw + 3u));
+}
+
 shared ivec4 s_xq[LIN_TM * gl_WorkGroupSize.x];   // [token][invocation]: Σ x*q of 4 rows
 shared ivec4 s_xs[gl_WorkGroupSize.x];             // [invocation]: Σ x of each token
 shared vec4 s_prod[LIN_TM * gl_WorkGroupSize.x];  // [token][tile slot]: products of 4 rows
@@ -270,6 +285,8 @@ void main() {
   const uint G = lin_G();
   const uint J = lin_J();
   const uint gs_words = lin_gs() >> 2;
+  const uint gs_quads = lin_gs() >> 4;
+  const bool paired = (lin_gs() & 15u) == 0u;  // uniform: texel rows in pairs
   const uint tok0 = min(tile_m + 0u, M - 1u);  // tokens past M repeat the last; not stored
   vec4 acc0 = vec4(0.0);
   const uint tok1 = min(tile_m + 1u, M - 1u);  // tokens past M repeat the last; not stored
@@ -294,7 +311,191 @@ void main() {
     if (has_group && sub == 0u) {
       lin_group_meta(b, g, scale, corr);
     }
-    if (has_group) {
+    if (has_group && paired) {
+      const uint P = J >> 1;
+      uint p = sub;
+      for (; p + 3u * S < P; p += 4u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (2u * (p + 2u * S)) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (2u * (p + 2u * S) + 1u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (2u * (p + 3u * S)) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (2u * (p + 3u * S) + 1u) * G + g);
+        {
+          const uint kq = g * gs_quads + (p + 0u * S);
+          {
+            const uvec4 xv = lin_x_quad(tok0, kq);
+            xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok1, kq);
+            xq1 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[1] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok2, kq);
+            xq2 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[2] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok3, kq);
+            xq3 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[3] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+        }
+        {
+          const uint kq = g * gs_quads + (p + 1u * S);
+          {
+            const uvec4 xv = lin_x_quad(tok0, kq);
+            xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
+            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok1, kq);
+            xq1 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
+            xs[1] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok2, kq);
+            xq2 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
+            xs[2] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok3, kq);
+            xq3 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
+            xs[3] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+        }
+        {
+          const uint kq = g * gs_quads + (p + 2u * S);
+          {
+            const uvec4 xv = lin_x_quad(tok0, kq);
+            xq0 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
+            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok1, kq);
+            xq1 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
+            xs[1] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok2, kq);
+            xq2 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
+            xs[2] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok3, kq);
+            xq3 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
+            xs[3] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+        }
+        {
+          const uint kq = g * gs_quads + (p + 3u * S);
+          {
+            const uvec4 xv = lin_x_quad(tok0, kq);
+            xq0 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
+            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok1, kq);
+            xq1 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
+            xs[1] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok2, kq);
+            xq2 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
+            xs[2] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok3, kq);
+            xq3 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
+            xs[3] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+        }
+      }
+      for (; p + 1u * S < P; p += 2u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
+        {
+          const uint kq = g * gs_quads + (p + 0u * S);
+          {
+            const uvec4 xv = lin_x_quad(tok0, kq);
+            xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok1, kq);
+            xq1 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[1] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok2, kq);
+            xq2 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[2] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok3, kq);
+            xq3 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[3] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+        }
+        {
+          const uint kq = g * gs_quads + (p + 1u * S);
+          {
+            const uvec4 xv = lin_x_quad(tok0, kq);
+            xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
+            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok1, kq);
+            xq1 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
+            xs[1] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok2, kq);
+            xq2 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
+            xs[2] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok3, kq);
+            xq3 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
+            xs[3] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+        }
+      }
+      for (; p < P; p += S) {
+        const ivec4 w0 = lin_w_texel(b, (2u * p) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * p + 1u) * G + g);
+        {
+          const uint kq = g * gs_quads + (p);
+          {
+            const uvec4 xv = lin_x_quad(tok0, kq);
+            xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok1, kq);
+            xq1 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[1] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok2, kq);
+            xq2 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[2] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+          {
+            const uvec4 xv = lin_x_quad(tok3, kq);
+            xq3 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
+            xs[3] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
+          }
+        }
+      }
+    } else if (has_group) {
       uint j = sub;
       for (; j + 7u * S < J; j += 8u * S) {  // 8 independent loads in flight
         const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);

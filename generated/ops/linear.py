@@ -144,7 +144,7 @@ LINEAR_QTA8A_QGA4W_COOP = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_coop(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on cooperative matrices (shader linear_qta8a_qga4w_coop), for many tokens; needs group_size % 32 == 0 and a device with coopmat_s8_16x16x32_sg32.",
-    spec="op_specs/linear.yaml:180",
+    spec="op_specs/linear.yaml:181",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),
@@ -184,7 +184,7 @@ def linear_qta8a_qga4w_tiled(stream, x, input_scale, input_zero_point, weight, g
     n_out = int(weight.shape[0])
     tiles = rt.ceil_div(n_out, 4) * (1 if rt.tokens(x) == 1 else rt.ceil_div(rt.tokens(x), 4))
     coop_lanes = min(2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // 8))), (64 if tiles < 2048 else 32) if rt.tokens(x) == 1 else max(4, min(64, 2 ** int(math.log2(max(1, 32768 // max(1, tiles)))))))
-    group_lanes = 2 ** int(math.log2(min(coop_lanes, 32, 2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // group_size))), max(1, coop_lanes // max(1, group_size // 32)) if rt.tokens(x) == 1 else 8)))
+    group_lanes = 2 ** int(math.log2(min(coop_lanes, 32, 2 ** math.ceil(math.log2(max(1, rt.last_dim(x) // group_size))), (32 if rt.tokens(x) == 1 else 16) if group_size % 16 == 0 else max(1, coop_lanes // max(1, group_size // 32)) if rt.tokens(x) == 1 else 8)))
     w_packed = rt.prepacked('runtime.families.linear_weights:pack_linear_weights', weight, weight_scales, weight_zeros, group_size)
     v = op.select(variant, storage, {"KERNEL": ("x", 'gemv' if rt.tokens(x) == 1 else 'gemm'), "DOT": (None, None), "ACT_STORAGE": (None, storage), "W_STORAGE": (None, None)})
     x = stream.upload(x, v.binding("t_x"), op.label("x"))
@@ -206,7 +206,7 @@ LINEAR_QTA8A_QGA4W_TILED = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_tiled(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on the tiled kernels of shader linear_qta8a_qga4w: gemv for one token, gemm for more.",
-    spec="op_specs/linear.yaml:227",
+    spec="op_specs/linear.yaml:228",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
@@ -273,7 +273,7 @@ LINEAR_QTA8A_QGA4W = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="out[m, n] = input_scale[m] * \u03a3_g weight_scales[n, g] * \u03a3_{k in g} (x[m, k] - input_zero_point[m]) * (w[n, k] - weight_zeros[n, g]). Hands the call to linear_qta8a_qga4w_coop where the device has int8 cooperative matrices and the call suits them (linear_uses_coop), else to linear_qta8a_qga4w_tiled (gemv for one token, gemm for more).",
-    spec="op_specs/linear.yaml:148",
+    spec="op_specs/linear.yaml:149",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),

@@ -51,6 +51,11 @@ CASES = [
     ((2, 17), 256, 21, 32),
     ((3, 1), 128, 4, 128),
     ((1, 17), 4096, 6, 64),
+    # Texel rows in pairs with an odd pair count (group 48), and single rows (group 24).
+    ((1,), 144, 9, 48),
+    ((5,), 96, 11, 48),
+    ((1,), 72, 6, 24),
+    ((6,), 120, 7, 24),
     # Several tiles of the cooperative-matrix kernel (32 tokens x 64 rows), K not a
     # whole number of its 128-value stages, a group spanning two stages.
     ((33,), 96, 65, 32),
