@@ -86,8 +86,16 @@ def activations(m: int, k: int, gen: torch.Generator) -> tuple:
     return x, scale, zero_point
 
 
-def time_ours(op, m: int, k: int, weights: list, gen, repeats: int, warmup: float,
-              storage: str = "buffer"):
+def kernel_bindings(m: int, k: int, n: int, gen: torch.Generator, storage: str) -> dict:
+    """The bindings a direct dispatch shares across its calls: the output and fresh activations
+    (their scales and zero points), output and activations in `storage`."""
+    x, scale, zero_point = activations(m, k, gen)
+    return {"t_out": Tensor.empty((m, n), torch.float32, storage), "t_x": Tensor.from_torch(x, storage),
+            "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
+            "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
+
+
+def time_ours(op, m: int, k: int, weights: list, gen, repeats: int, warmup: float, storage: str):
     """Median GPU seconds of one op call (activations and output in `storage`) and the variant
     that ran; None without timestamps."""
     x, scale, zero_point = activations(m, k, gen)
@@ -100,19 +108,16 @@ def time_ours(op, m: int, k: int, weights: list, gen, repeats: int, warmup: floa
 
 
 def time_split(kernel: str, m: int, k: int, n: int, packed: list, gen, split, repeats, warmup,
-               storage: str = "buffer"):
+               storage: str):
     """Median GPU seconds of one dispatch of the KERNEL `kernel` (sdot, weights in a buffer,
     activations and output in `storage`) with the work split `split` = (C, GL), recorded
     directly with the op's bindings and push constants."""
     variant = catalog().variant(f"linear_qta8a_qga4w_{kernel}_sdot_{storage}_buffer")
-    x, scale, zero_point = activations(m, k, gen)
     c, gl = split
     blocks = -(-n // 4)
     groups = [-(-blocks // (64 // c)), 1 if kernel != "gemm" else -(-m // 4), 1]
     with Stream() as stream:
-        bindings = {"t_out": Tensor.empty((m, n), torch.float32, storage),
-                    "t_x": Tensor.from_torch(x, storage), "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
-                    "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
+        bindings = kernel_bindings(m, k, n, gen, storage)
         for i in range(CALLS):
             stream.dispatch(variant, OP, bindings={**bindings, "t_w": packed[i % len(packed)]},
                             push={"sizes": [k, n, m, GROUP_SIZE], "coop": [c, gl, 0, 0]}, groups=groups)
@@ -120,17 +125,14 @@ def time_split(kernel: str, m: int, k: int, n: int, packed: list, gen, split, re
 
 
 def time_coop(m: int, k: int, n: int, weights: list, gen, steps: int, repeats, warmup,
-              storage: str = "buffer"):
+              storage: str):
     """Median GPU seconds of one dispatch of the cooperative-matrix kernel (activations and
     output in `storage`) staging `steps` K steps of 32 at a time (its spec constant STEPS)."""
     variant = catalog().variant(f"linear_qta8a_qga4w_coop_{storage}")
-    x, scale, zero_point = activations(m, k, gen)
     packed = [(Tensor.from_torch(pack_linear_weights_coop(w)),
                Tensor.from_torch(pack_linear_meta_coop(w, ws, wz, GROUP_SIZE))) for w, ws, wz in weights]
     with Stream() as stream:
-        bindings = {"t_out": Tensor.empty((m, n), torch.float32, storage),
-                    "t_x": Tensor.from_torch(x, storage), "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
-                    "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
+        bindings = kernel_bindings(m, k, n, gen, storage)
         for i in range(CALLS):
             w, meta = packed[i % len(packed)]
             stream.dispatch(variant, OP, bindings={**bindings, "t_w": w, "t_meta": meta},
