@@ -316,19 +316,19 @@ void main() {
       lin_group_meta(b, g, scale, corr);
     }
     if (has_group && paired) {
-      const uint P = J >> 1;
-      uint p = sub;
-      for (; p + 3u * S < P; p += 4u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (2u * (p + 2u * S)) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (2u * (p + 2u * S) + 1u) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (2u * (p + 3u * S)) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (2u * (p + 3u * S) + 1u) * G + g);
+      const uint steps = J / 2u;
+      uint st = sub;
+      for (; st + 3u * S < steps; st += 4u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (2u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (2u * (st + 2u * S) + 1u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (2u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (2u * (st + 3u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -351,7 +351,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -374,7 +374,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 2u * S);
+          const uint kq = g * gs_quads + (st + 2u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
@@ -397,7 +397,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 3u * S);
+          const uint kq = g * gs_quads + (st + 3u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
@@ -420,13 +420,13 @@ void main() {
           }
         }
       }
-      for (; p + 1u * S < P; p += 2u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
+      for (; st + 1u * S < steps; st += 2u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -449,7 +449,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -472,11 +472,11 @@ void main() {
           }
         }
       }
-      for (; p < P; p += S) {
-        const ivec4 w0 = lin_w_texel(b, (2u * p) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * p + 1u) * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (2u * st + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * st + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p);
+          const uint kq = g * gs_quads + (st);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -500,18 +500,19 @@ void main() {
         }
       }
     } else if (has_group) {
-      uint j = sub;
-      for (; j + 7u * S < J; j += 8u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (j + 4u * S) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (j + 5u * S) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (j + 6u * S) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (j + 7u * S) * G + g);
+      const uint steps = J / 1u;
+      uint st = sub;
+      for (; st + 7u * S < steps; st += 8u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (1u * (st + 4u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (1u * (st + 5u * S) + 0u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (1u * (st + 6u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (1u * (st + 7u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -538,7 +539,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -565,7 +566,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -592,7 +593,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -619,7 +620,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 4u * S);
+          const uint kw = g * gs_words + 2u * (st + 4u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -646,7 +647,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 5u * S);
+          const uint kw = g * gs_words + 2u * (st + 5u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -673,7 +674,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 6u * S);
+          const uint kw = g * gs_words + 2u * (st + 6u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -700,7 +701,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 7u * S);
+          const uint kw = g * gs_words + 2u * (st + 7u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -727,13 +728,13 @@ void main() {
           }
         }
       }
-      for (; j + 3u * S < J; j += 4u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
+      for (; st + 3u * S < steps; st += 4u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -760,7 +761,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -787,7 +788,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -814,7 +815,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -841,10 +842,10 @@ void main() {
           }
         }
       }
-      for (; j < J; j += S) {
-        const ivec4 w0 = lin_w_texel(b, j * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (1u * st + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j);
+          const uint kw = g * gs_words + 2u * (st);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);

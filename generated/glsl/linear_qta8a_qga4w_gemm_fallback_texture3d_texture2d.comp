@@ -306,19 +306,19 @@ void main() {
       lin_group_meta(b, g, scale, corr);
     }
     if (has_group && paired) {
-      const uint P = J >> 1;
-      uint p = sub;
-      for (; p + 3u * S < P; p += 4u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (2u * (p + 2u * S)) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (2u * (p + 2u * S) + 1u) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (2u * (p + 3u * S)) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (2u * (p + 3u * S) + 1u) * G + g);
+      const uint steps = J / 2u;
+      uint st = sub;
+      for (; st + 3u * S < steps; st += 4u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (2u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (2u * (st + 2u * S) + 1u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (2u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (2u * (st + 3u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -341,7 +341,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -364,7 +364,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 2u * S);
+          const uint kq = g * gs_quads + (st + 2u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
@@ -387,7 +387,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 3u * S);
+          const uint kq = g * gs_quads + (st + 3u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
@@ -410,13 +410,13 @@ void main() {
           }
         }
       }
-      for (; p + 1u * S < P; p += 2u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
+      for (; st + 1u * S < steps; st += 2u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -439,7 +439,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -462,11 +462,11 @@ void main() {
           }
         }
       }
-      for (; p < P; p += S) {
-        const ivec4 w0 = lin_w_texel(b, (2u * p) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * p + 1u) * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (2u * st + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * st + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p);
+          const uint kq = g * gs_quads + (st);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -490,18 +490,19 @@ void main() {
         }
       }
     } else if (has_group) {
-      uint j = sub;
-      for (; j + 7u * S < J; j += 8u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (j + 4u * S) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (j + 5u * S) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (j + 6u * S) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (j + 7u * S) * G + g);
+      const uint steps = J / 1u;
+      uint st = sub;
+      for (; st + 7u * S < steps; st += 8u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (1u * (st + 4u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (1u * (st + 5u * S) + 0u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (1u * (st + 6u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (1u * (st + 7u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -528,7 +529,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -555,7 +556,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -582,7 +583,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -609,7 +610,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 4u * S);
+          const uint kw = g * gs_words + 2u * (st + 4u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -636,7 +637,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 5u * S);
+          const uint kw = g * gs_words + 2u * (st + 5u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -663,7 +664,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 6u * S);
+          const uint kw = g * gs_words + 2u * (st + 6u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -690,7 +691,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 7u * S);
+          const uint kw = g * gs_words + 2u * (st + 7u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -717,13 +718,13 @@ void main() {
           }
         }
       }
-      for (; j + 3u * S < J; j += 4u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
+      for (; st + 3u * S < steps; st += 4u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -750,7 +751,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -777,7 +778,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -804,7 +805,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -831,10 +832,10 @@ void main() {
           }
         }
       }
-      for (; j < J; j += S) {
-        const ivec4 w0 = lin_w_texel(b, j * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (1u * st + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j);
+          const uint kw = g * gs_words + 2u * (st);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);

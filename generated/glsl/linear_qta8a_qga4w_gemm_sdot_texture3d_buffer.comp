@@ -312,19 +312,19 @@ void main() {
       lin_group_meta(b, g, scale, corr);
     }
     if (has_group && paired) {
-      const uint P = J >> 1;
-      uint p = sub;
-      for (; p + 3u * S < P; p += 4u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (2u * (p + 2u * S)) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (2u * (p + 2u * S) + 1u) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (2u * (p + 3u * S)) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (2u * (p + 3u * S) + 1u) * G + g);
+      const uint steps = J / 2u;
+      uint st = sub;
+      for (; st + 3u * S < steps; st += 4u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (2u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (2u * (st + 2u * S) + 1u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (2u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (2u * (st + 3u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -347,7 +347,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -370,7 +370,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 2u * S);
+          const uint kq = g * gs_quads + (st + 2u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
@@ -393,7 +393,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 3u * S);
+          const uint kq = g * gs_quads + (st + 3u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
@@ -416,13 +416,13 @@ void main() {
           }
         }
       }
-      for (; p + 1u * S < P; p += 2u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
+      for (; st + 1u * S < steps; st += 2u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -445,7 +445,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -468,11 +468,11 @@ void main() {
           }
         }
       }
-      for (; p < P; p += S) {
-        const ivec4 w0 = lin_w_texel(b, (2u * p) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * p + 1u) * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (2u * st + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * st + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p);
+          const uint kq = g * gs_quads + (st);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -496,18 +496,19 @@ void main() {
         }
       }
     } else if (has_group) {
-      uint j = sub;
-      for (; j + 7u * S < J; j += 8u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (j + 4u * S) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (j + 5u * S) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (j + 6u * S) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (j + 7u * S) * G + g);
+      const uint steps = J / 1u;
+      uint st = sub;
+      for (; st + 7u * S < steps; st += 8u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (1u * (st + 4u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (1u * (st + 5u * S) + 0u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (1u * (st + 6u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (1u * (st + 7u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -534,7 +535,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -561,7 +562,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -588,7 +589,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -615,7 +616,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 4u * S);
+          const uint kw = g * gs_words + 2u * (st + 4u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -642,7 +643,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 5u * S);
+          const uint kw = g * gs_words + 2u * (st + 5u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -669,7 +670,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 6u * S);
+          const uint kw = g * gs_words + 2u * (st + 6u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -696,7 +697,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 7u * S);
+          const uint kw = g * gs_words + 2u * (st + 7u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -723,13 +724,13 @@ void main() {
           }
         }
       }
-      for (; j + 3u * S < J; j += 4u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
+      for (; st + 3u * S < steps; st += 4u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -756,7 +757,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -783,7 +784,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -810,7 +811,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -837,10 +838,10 @@ void main() {
           }
         }
       }
-      for (; j < J; j += S) {
-        const ivec4 w0 = lin_w_texel(b, j * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (1u * st + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j);
+          const uint kw = g * gs_words + 2u * (st);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);

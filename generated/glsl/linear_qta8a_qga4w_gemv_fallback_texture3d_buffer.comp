@@ -300,19 +300,19 @@ void main() {
       lin_group_meta(b, g, scale, corr);
     }
     if (has_group && paired) {
-      const uint P = J >> 1;
-      uint p = sub;
-      for (; p + 3u * S < P; p += 4u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (2u * (p + 2u * S)) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (2u * (p + 2u * S) + 1u) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (2u * (p + 3u * S)) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (2u * (p + 3u * S) + 1u) * G + g);
+      const uint steps = J / 2u;
+      uint st = sub;
+      for (; st + 3u * S < steps; st += 4u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (2u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (2u * (st + 2u * S) + 1u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (2u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (2u * (st + 3u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -320,7 +320,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -328,7 +328,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 2u * S);
+          const uint kq = g * gs_quads + (st + 2u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
@@ -336,7 +336,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 3u * S);
+          const uint kq = g * gs_quads + (st + 3u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
@@ -344,13 +344,13 @@ void main() {
           }
         }
       }
-      for (; p + 1u * S < P; p += 2u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
+      for (; st + 1u * S < steps; st += 2u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -358,7 +358,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -366,11 +366,11 @@ void main() {
           }
         }
       }
-      for (; p < P; p += S) {
-        const ivec4 w0 = lin_w_texel(b, (2u * p) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * p + 1u) * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (2u * st + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * st + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p);
+          const uint kq = g * gs_quads + (st);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -379,18 +379,19 @@ void main() {
         }
       }
     } else if (has_group) {
-      uint j = sub;
-      for (; j + 7u * S < J; j += 8u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (j + 4u * S) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (j + 5u * S) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (j + 6u * S) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (j + 7u * S) * G + g);
+      const uint steps = J / 1u;
+      uint st = sub;
+      for (; st + 7u * S < steps; st += 8u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (1u * (st + 4u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (1u * (st + 5u * S) + 0u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (1u * (st + 6u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (1u * (st + 7u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -399,7 +400,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -408,7 +409,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -417,7 +418,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -426,7 +427,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 4u * S);
+          const uint kw = g * gs_words + 2u * (st + 4u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -435,7 +436,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 5u * S);
+          const uint kw = g * gs_words + 2u * (st + 5u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -444,7 +445,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 6u * S);
+          const uint kw = g * gs_words + 2u * (st + 6u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -453,7 +454,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 7u * S);
+          const uint kw = g * gs_words + 2u * (st + 7u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -462,13 +463,13 @@ void main() {
           }
         }
       }
-      for (; j + 3u * S < J; j += 4u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
+      for (; st + 3u * S < steps; st += 4u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -477,7 +478,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -486,7 +487,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -495,7 +496,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -504,10 +505,10 @@ void main() {
           }
         }
       }
-      for (; j < J; j += S) {
-        const ivec4 w0 = lin_w_texel(b, j * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (1u * st + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j);
+          const uint kw = g * gs_words + 2u * (st);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);

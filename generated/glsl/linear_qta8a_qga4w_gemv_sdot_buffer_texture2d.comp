@@ -310,19 +310,19 @@ void main() {
       lin_group_meta(b, g, scale, corr);
     }
     if (has_group && paired) {
-      const uint P = J >> 1;
-      uint p = sub;
-      for (; p + 3u * S < P; p += 4u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (2u * (p + 2u * S)) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (2u * (p + 2u * S) + 1u) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (2u * (p + 3u * S)) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (2u * (p + 3u * S) + 1u) * G + g);
+      const uint steps = J / 2u;
+      uint st = sub;
+      for (; st + 3u * S < steps; st += 4u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (2u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (2u * (st + 2u * S) + 1u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (2u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (2u * (st + 3u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -330,7 +330,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -338,7 +338,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 2u * S);
+          const uint kq = g * gs_quads + (st + 2u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
@@ -346,7 +346,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 3u * S);
+          const uint kq = g * gs_quads + (st + 3u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
@@ -354,13 +354,13 @@ void main() {
           }
         }
       }
-      for (; p + 1u * S < P; p += 2u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (p + 0u * S)) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (p + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (p + 1u * S)) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (p + 1u * S) + 1u) * G + g);
+      for (; st + 1u * S < steps; st += 2u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p + 0u * S);
+          const uint kq = g * gs_quads + (st + 0u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -368,7 +368,7 @@ void main() {
           }
         }
         {
-          const uint kq = g * gs_quads + (p + 1u * S);
+          const uint kq = g * gs_quads + (st + 1u * S);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
@@ -376,11 +376,11 @@ void main() {
           }
         }
       }
-      for (; p < P; p += S) {
-        const ivec4 w0 = lin_w_texel(b, (2u * p) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * p + 1u) * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (2u * st + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (2u * st + 1u) * G + g);
         {
-          const uint kq = g * gs_quads + (p);
+          const uint kq = g * gs_quads + (st);
           {
             const uvec4 xv = lin_x_quad(tok0, kq);
             xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
@@ -389,18 +389,19 @@ void main() {
         }
       }
     } else if (has_group) {
-      uint j = sub;
-      for (; j + 7u * S < J; j += 8u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (j + 4u * S) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (j + 5u * S) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (j + 6u * S) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (j + 7u * S) * G + g);
+      const uint steps = J / 1u;
+      uint st = sub;
+      for (; st + 7u * S < steps; st += 8u * S) {  // 8 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
+        const ivec4 w4 = lin_w_texel(b, (1u * (st + 4u * S) + 0u) * G + g);
+        const ivec4 w5 = lin_w_texel(b, (1u * (st + 5u * S) + 0u) * G + g);
+        const ivec4 w6 = lin_w_texel(b, (1u * (st + 6u * S) + 0u) * G + g);
+        const ivec4 w7 = lin_w_texel(b, (1u * (st + 7u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -409,7 +410,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -418,7 +419,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -427,7 +428,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -436,7 +437,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 4u * S);
+          const uint kw = g * gs_words + 2u * (st + 4u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -445,7 +446,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 5u * S);
+          const uint kw = g * gs_words + 2u * (st + 5u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -454,7 +455,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 6u * S);
+          const uint kw = g * gs_words + 2u * (st + 6u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -463,7 +464,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 7u * S);
+          const uint kw = g * gs_words + 2u * (st + 7u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -472,13 +473,13 @@ void main() {
           }
         }
       }
-      for (; j + 3u * S < J; j += 4u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (j + 0u * S) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (j + 1u * S) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (j + 2u * S) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (j + 3u * S) * G + g);
+      for (; st + 3u * S < steps; st += 4u * S) {  // 4 independent loads in flight
+        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
+        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
+        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
+        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j + 0u * S);
+          const uint kw = g * gs_words + 2u * (st + 0u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -487,7 +488,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 1u * S);
+          const uint kw = g * gs_words + 2u * (st + 1u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -496,7 +497,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 2u * S);
+          const uint kw = g * gs_words + 2u * (st + 2u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -505,7 +506,7 @@ void main() {
           }
         }
         {
-          const uint kw = g * gs_words + 2u * (j + 3u * S);
+          const uint kw = g * gs_words + 2u * (st + 3u * S);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
@@ -514,10 +515,10 @@ void main() {
           }
         }
       }
-      for (; j < J; j += S) {
-        const ivec4 w0 = lin_w_texel(b, j * G + g);
+      for (; st < steps; st += S) {
+        const ivec4 w0 = lin_w_texel(b, (1u * st + 0u) * G + g);
         {
-          const uint kw = g * gs_words + 2u * (j);
+          const uint kw = g * gs_words + 2u * (st);
           {
             const uint x0 = lin_x_word(tok0, kw);
             const uint x1 = lin_x_word(tok0, kw + 1u);
