@@ -86,6 +86,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "`kernel` (`\"pw\"`: q8ta_gemm_coop, `\"im2col\"`: q8ta_gemm_coop_im2col) for `m` pixels, "
         "`k` K bytes and `c_out` channels (runtime/families/conv2d_tiling.py)",
     ),
+    "coop_a_load": (
+        "layout, c_in",
+        "the input loads (`\"w16\"` or `\"w4\"`, the A_LOAD axis) of the cooperative-matrix "
+        "GEMMs: 16 bytes at a time where the input `layout` is 4C and `c_in % 16 == 0`, else 4 "
+        "(runtime/families/conv2d_tiling.py)",
+    ),
     "coop_k_splits": (
         "kernel, m, k, c_out, choice=None",
         "K_SPLITS of cooperative-matrix GEMM `kernel` (`\"pw\"` or `\"im2col\"`) for `m` pixels, "

@@ -196,7 +196,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:438",
+    spec="op_specs/conv2d.yaml:442",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -251,7 +251,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:461",
+    spec="op_specs/conv2d.yaml:465",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -344,7 +344,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:485",
+    spec="op_specs/conv2d.yaml:489",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -429,7 +429,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:535",
+    spec="op_specs/conv2d.yaml:539",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -490,7 +490,7 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     splits = rt.coop_k_splits('im2col', m, p.Kg, p.C_out, rt.tuned(p, 'im2col_coop'))
     m_padded = rt.ceil_div(m, 64) * 64
     n_padded = rt.ceil_div(p.C_out, 64) * 64
-    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.Kg, p.C_out))}, step=0)
+    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.Kg, p.C_out)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
@@ -514,15 +514,17 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, C_in % 4 == 0, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:568",
+    spec="op_specs/conv2d.yaml:572",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
-        ("q8ta_gemm_coop_im2col_k64", {"CHUNK": "k64"}),
-        ("q8ta_gemm_coop_im2col_k128", {"CHUNK": "k128"}),
+        ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
+        ("q8ta_gemm_coop_im2col_k64_w16", {"CHUNK": "k64", "A_LOAD": "w16"}),
+        ("q8ta_gemm_coop_im2col_k128_w4", {"CHUNK": "k128", "A_LOAD": "w4"}),
+        ("q8ta_gemm_coop_im2col_k128_w16", {"CHUNK": "k128", "A_LOAD": "w16"}),
         ("q8ta_gemm_coop_reduce", {}),
     ),
     steps=(
-        ("q8ta_gemm_coop_im2col_k64", "q8ta_gemm_coop_im2col_k128"),
+        ("q8ta_gemm_coop_im2col_k64_w4", "q8ta_gemm_coop_im2col_k64_w16", "q8ta_gemm_coop_im2col_k128_w4", "q8ta_gemm_coop_im2col_k128_w16"),
         ("q8ta_gemm_coop_reduce",),
     ),
     record=q8ta_conv2d_im2col_coop,
@@ -579,7 +581,7 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     splits = rt.coop_k_splits('pw', m, p.Kg, p.C_out, rt.tuned(p, 'pw_coop'))
     m_padded = rt.ceil_div(m, 64) * 64
     n_padded = rt.ceil_div(p.C_out, 64) * 64
-    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.Kg, p.C_out))}, step=0)
+    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.Kg, p.C_out)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
@@ -603,15 +605,17 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:624",
+    spec="op_specs/conv2d.yaml:628",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
-        ("q8ta_gemm_coop_k64", {"CHUNK": "k64"}),
-        ("q8ta_gemm_coop_k128", {"CHUNK": "k128"}),
+        ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
+        ("q8ta_gemm_coop_k64_w16", {"CHUNK": "k64", "A_LOAD": "w16"}),
+        ("q8ta_gemm_coop_k128_w4", {"CHUNK": "k128", "A_LOAD": "w4"}),
+        ("q8ta_gemm_coop_k128_w16", {"CHUNK": "k128", "A_LOAD": "w16"}),
         ("q8ta_gemm_coop_reduce", {}),
     ),
     steps=(
-        ("q8ta_gemm_coop_k64", "q8ta_gemm_coop_k128"),
+        ("q8ta_gemm_coop_k64_w4", "q8ta_gemm_coop_k64_w16", "q8ta_gemm_coop_k128_w4", "q8ta_gemm_coop_k128_w16"),
         ("q8ta_gemm_coop_reduce",),
     ),
     record=q8ta_conv2d_pw_coop,
@@ -684,7 +688,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:678",
+    spec="op_specs/conv2d.yaml:682",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -761,7 +765,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:710",
+    spec="op_specs/conv2d.yaml:714",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -831,14 +835,18 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it).",
-    spec="op_specs/conv2d.yaml:743",
+    spec="op_specs/conv2d.yaml:747",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
-        ("q8ta_gemm_coop_k64", {"CHUNK": "k64"}),
-        ("q8ta_gemm_coop_k128", {"CHUNK": "k128"}),
+        ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
+        ("q8ta_gemm_coop_k64_w16", {"CHUNK": "k64", "A_LOAD": "w16"}),
+        ("q8ta_gemm_coop_k128_w4", {"CHUNK": "k128", "A_LOAD": "w4"}),
+        ("q8ta_gemm_coop_k128_w16", {"CHUNK": "k128", "A_LOAD": "w16"}),
         ("q8ta_gemm_coop_reduce", {}),
-        ("q8ta_gemm_coop_im2col_k64", {"CHUNK": "k64"}),
-        ("q8ta_gemm_coop_im2col_k128", {"CHUNK": "k128"}),
+        ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
+        ("q8ta_gemm_coop_im2col_k64_w16", {"CHUNK": "k64", "A_LOAD": "w16"}),
+        ("q8ta_gemm_coop_im2col_k128_w4", {"CHUNK": "k128", "A_LOAD": "w4"}),
+        ("q8ta_gemm_coop_im2col_k128_w16", {"CHUNK": "k128", "A_LOAD": "w16"}),
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
         ("q8ta_gemm_fallback", {"DOT": "fallback"}),
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),

@@ -119,6 +119,13 @@ def coop_chunk(kernel: str, m: int, k: int, c_out: int) -> str:
     return "k128" if k > 64 and wide else "k64"
 
 
+def coop_a_load(layout: str, c_in: int) -> str:
+    """The A_LOAD axis of the coop GEMMs: "w16" (the staging reads its input 16 bytes at a time)
+    where the input is 4C and `c_in` % 16 == 0, so that each pixel's K words come in aligned
+    runs of 4; else "w4" (4 bytes at a time)."""
+    return "w16" if layout == "4C" and c_in % 16 == 0 else "w4"
+
+
 def coop_k_splits(kernel: str, m: int, k: int, c_out: int, settings: Mapping | None = None) -> int:
     """K_SPLITS of coop GEMM `kernel` for `m` output pixels, `k` K bytes and `c_out` channels:
     a measured ``k_splits`` setting when given, else the rule: one range, except for at most

@@ -30,7 +30,7 @@ from runtime.vulkan.tensor import Tensor, texture_extent
 # ---------------------------------------------------------------- helpers
 
 # the variants `_gemm_coop` checks the device against, by the rule's algorithm
-COOP_GEMM_VARIANTS = {"pw": "q8ta_gemm_coop_k64", "im2col": "q8ta_gemm_coop_im2col_k64"}
+COOP_GEMM_VARIANTS = {"pw": "q8ta_gemm_coop_k64_w4", "im2col": "q8ta_gemm_coop_im2col_k64_w4"}
 LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # Tokens x output rows from which linear_qta8a_qga4w runs on cooperative matrices: on the
 # H100 the kernel takes 70-80 us up to 32 x 14336 and beats the tiled gemm from 16 x 14336
@@ -169,6 +169,9 @@ def coop_chunk(kernel: str, m: int, k: int, c_out: int) -> str:
     return conv2d_tiling.coop_chunk(kernel, m, k, c_out)
 
 
+coop_a_load = conv2d_tiling.coop_a_load
+
+
 def conv2d_out_w(choice) -> int:
     """OUT_W of the direct and depthwise shaders: a measured choice's, else the default."""
     out_w = choice.setting("out_w") if choice else None
@@ -251,6 +254,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         tuned,
         gemm_tiling,
         coop_chunk,
+        coop_a_load,
         coop_k_splits,
         conv2d_out_w,
         linear_uses_coop,

@@ -97,5 +97,5 @@ def test_coop_gemm_bench_runs_to_the_end(tmp_path):
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = [line for line in result.stdout.splitlines() if line.startswith(("resnet50", "int8 GEMM"))]
     assert len(rows) == 3 and all("q8ta_gemm_" in row for row in rows), result.stdout
-    runnable = catalog().variant("q8ta_gemm_coop_k64").runnable(get_device().caps)[0]
+    runnable = catalog().variant("q8ta_gemm_coop_k64_w4").runnable(get_device().caps)[0]
     assert ("coop: not run here" in result.stdout) != runnable

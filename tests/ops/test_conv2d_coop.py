@@ -23,7 +23,7 @@ from conv_testlib import assert_bit_exact
 
 import runtime
 from runtime.families import conv2d as conv2d_module
-from runtime.families.conv2d_tiling import coop_chunk, coop_k_splits, prefers_coop_gemm
+from runtime.families.conv2d_tiling import coop_a_load, coop_chunk, coop_k_splits, prefers_coop_gemm
 from runtime.families.conv2d_tuning import Conv2dChoice, candidate_algorithms
 from runtime.ops import tuning
 from runtime.ops.library import catalog
@@ -37,7 +37,7 @@ from runtime.vulkan.layouts import PACKED_LAYOUTS
 from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
 
-VARIANT = "q8ta_gemm_coop_k64"
+VARIANT = "q8ta_gemm_coop_k64_w4"
 COOP_GEMMS = "q8ta_gemm_coop"  # the prefix of every coop GEMM variant
 CAPABILITY = "coopmat_s8_16x16x32_sg32"
 EXACT = CoopMatrixShape(16, 16, 32, "s8", "s8", "s32", "s32", "subgroup")
@@ -46,13 +46,15 @@ IM2COL = "etvk.q8ta_conv2d_im2col_coop.default"
 
 C = Conv2dCase
 # M = N * H_out * W_out pixels (tiles of 64), K = C_in * KH * KW bytes (chunks of 64), C_out
-# (tiles of 64): each is ragged somewhere.
+# (tiles of 64): each is ragged somewhere. C_in % 16 == 0 stages the (4C) input 16 bytes at a
+# time (A_LOAD w16), other C_in 4 bytes (w4); the cases cover both with either K chunk.
 PW_CASES = [
     C("pw_m1054_k40_n72", 2, 40, 17, 31, 72, (1, 1), activation="relu"),
     C("pw_tiny_k6_n7", 1, 6, 5, 9, 7, (1, 1), bias=False),
     C("pw_k200_n130_hardswish", 1, 200, 9, 13, 130, (1, 1), activation="hardswish"),
     C("pw_m64_k64_n64", 1, 64, 8, 8, 64, (1, 1), activation="hardtanh", activation_min=-1.0,
       activation_max=2.5),
+    C("pw_k96_n80_relu", 1, 96, 9, 11, 80, (1, 1), activation="relu"),
 ]
 IM2COL_CASES = [
     C("im2col_3x3_k180_n68", 2, 20, 20, 31, 68, (3, 3), padding=(1, 1), activation="hardtanh"),
@@ -67,6 +69,7 @@ IM2COL_CASES = [
     C("im2col_3x3_b2_k1152_n96", 2, 128, 9, 10, 96, (3, 3), padding=(1, 1)),
     # 18432 pixels x 64 channels: 288 tiles, so 64-byte K chunks (the others stage 128 bytes).
     C("im2col_3x3_m18432_k144_n64", 2, 16, 96, 96, 64, (3, 3), padding=(1, 1), activation="relu"),
+    C("im2col_3x3_m18432_k108_n40", 2, 12, 96, 96, 40, (3, 3), padding=(1, 1)),
 ]
 # One case per kernel and K chunk for the layout test.
 LAYOUT_CASES = ("pw_m1054_k40_n72", "pw_k200_n130_hardswish", "im2col_3x3_k180_n68",
@@ -196,11 +199,29 @@ def _trace_length(trace_path) -> int:
     return len(trace_path.read_text().splitlines()) if trace_path.exists() else 0
 
 
-def _coop_variant(op_name: str, case: Conv2dCase) -> str:
-    """The variant the coop op runs for the case: the rule's K chunk."""
+def _coop_variant(op_name: str, case: Conv2dCase, layout: str = "4C") -> str:
+    """The variant the coop op runs for the case with its input in `layout`: the rule's K chunk
+    and input loads."""
     p = case.params
     kernel, shader = ("pw", "q8ta_gemm_coop") if op_name == PW else ("im2col", "q8ta_gemm_coop_im2col")
-    return f"{shader}_{coop_chunk(kernel, p.N * p.H_out * p.W_out, p.Kg, p.C_out)}"
+    chunk = coop_chunk(kernel, p.N * p.H_out * p.W_out, p.Kg, p.C_out)
+    return f"{shader}_{chunk}_{coop_a_load(layout, p.C_in)}"
+
+
+def test_the_cases_dispatch_every_coop_gemm_variant():
+    cases = [(PW, c) for c in PW_CASES] + [(IM2COL, c) for c in IM2COL_CASES]
+    covered = {_coop_variant(op_name, case) for op_name, case in cases}
+    variants = {v.name for v in catalog().variants()
+                if v.name.startswith(COOP_GEMMS) and v.name != "q8ta_gemm_coop_reduce"}
+    assert len(variants) == 8 and covered == variants
+
+
+@pytest.mark.parametrize(("layout", "c_in", "expected"), [
+    ("4C", 16, "w16"), ("4C", 1024, "w16"), ("4C", 24, "w4"), ("4C", 4, "w4"),
+    ("4W4C", 64, "w4"), ("4C1W", 64, "w4")])
+def test_coop_a_load_rule(layout, c_in, expected):
+    """16-byte staging loads only where a 4C pixel's K words come in aligned runs of 4."""
+    assert coop_a_load(layout, c_in) == expected
 
 
 @pytest.mark.parametrize(("op_name", "case"),
@@ -221,15 +242,17 @@ def test_coop_matches_the_reference(op_name, case, dispatch_trace_path):
                          [(PW, c) for c in PW_CASES if c.name in LAYOUT_CASES]
                          + [(IM2COL, c) for c in IM2COL_CASES if c.name in LAYOUT_CASES],
                          ids=lambda v: v.name if isinstance(v, Conv2dCase) else v.split(".")[1])
-def test_coop_reads_and_writes_every_layout(op_name, case, layout):
+def test_coop_reads_and_writes_every_layout(op_name, case, layout, dispatch_trace_path):
     _require_coop()
     inp = make_inputs(case)
+    before = _trace_length(dispatch_trace_path)
     with Stream() as stream:
         out = runtime.get_op(op_name).record(stream, Tensor.from_torch(inp.x, layout=layout),
                                              *inp.args()[1:])
         stream.run()
         assert out.layout == layout
         assert_bit_exact(out.to_torch(), ref.q8ta_conv2d(*inp.args()), f"{op_name} {layout}")
+    assert _dispatched(dispatch_trace_path, before) == [_coop_variant(op_name, case, layout)]
 
 
 SPLIT_CASES = ("pw_m1054_k40_n72", "pw_tiny_k6_n7", "pw_k200_n130_hardswish", "im2col_3x3_k180_n68",
@@ -255,7 +278,8 @@ def test_coop_split_along_k(op_name, case, layout, k_splits, dispatch_trace_path
         stream.run()
         got = out.to_torch()
     assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"{op_name} {layout} K_SPLITS={k_splits}")
-    assert _dispatched(dispatch_trace_path, before) == [_coop_variant(op_name, case), "q8ta_gemm_coop_reduce"]
+    assert _dispatched(dispatch_trace_path, before) == [_coop_variant(op_name, case, layout),
+                                                      "q8ta_gemm_coop_reduce"]
 
 
 @pytest.mark.parametrize("k_splits", [1, 3])

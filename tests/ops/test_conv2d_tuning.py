@@ -39,7 +39,7 @@ SHAPES = {
 
 def runnable_algorithms(p) -> list[str]:
     """The candidate algorithms this device runs (the coop ones need cooperative matrices)."""
-    coop = catalog().variant("q8ta_gemm_coop_k64").runnable(get_device().caps)[0]
+    coop = catalog().variant("q8ta_gemm_coop_k64_w4").runnable(get_device().caps)[0]
     return [a for a in candidate_algorithms(p) if coop or a not in COOP_ALGORITHMS]
 
 

@@ -39,7 +39,7 @@ def _spirv(variant: str) -> bytes:
 
 
 def test_declares_cooperative_matrix():
-    assert declares_cooperative_matrix(_spirv("q8ta_gemm_coop_k64"))
+    assert declares_cooperative_matrix(_spirv("q8ta_gemm_coop_k64_w4"))
     assert not declares_cooperative_matrix(_spirv("q8ta_gemm_fallback"))
     assert not declares_cooperative_matrix(struct.pack("<5I", 0x07230203, 0x10000, 0, 1, 0))
 
@@ -63,7 +63,7 @@ def test_unknown_feature_struct_is_dropped_for_any_layer():
 def test_shader_messages_are_dropped_only_inside_a_coop_module(layer, coop, dropped):
     gaps = LayerGaps()
     gaps.layer_version = layer
-    spirv = _spirv("q8ta_gemm_coop_k64" if coop else "q8ta_gemm_fallback")
+    spirv = _spirv("q8ta_gemm_coop_k64_w4" if coop else "q8ta_gemm_fallback")
     with gaps.coop_module(spirv):
         assert gaps.tolerated(MODULE) == dropped
         assert gaps.tolerated(INVALID) == dropped

@@ -65,6 +65,10 @@ ivec4 t_in_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_in_load_word(uint unit) { return t_in.data[unit]; }
+layout(set = 0, binding = 1, std430) readonly buffer t_in_wide_block {
+  uvec4 data[];
+} t_in_wide;
+uvec4 t_in_load_word4(uint i) { return t_in_wide.data[i]; }
 layout(set = 0, binding = 2, std430) readonly buffer t_weights_block {
   ivec4 data[];
 } t_weights;
@@ -306,7 +310,7 @@ const int WG = int(gl_WorkGroupSize.x);   // 4 subgroups of 32 (the capability's
 const int BM = 64;                        // pixels of a tile
 const int BN = 64;                        // output channels of a tile
 const int BN4 = BN / 4;
-const int BKW = 16;  // K words (4 bytes) per staged chunk
+const int BKW = 32;  // K words (4 bytes) per staged chunk
 const int KP_WORDS = 32;                  // the packed weight rows are padded to 128 bytes
 const int STRIDE = BKW + 4;               // words per staged row (16-byte aligned, padded)
 const int B_BASE = BM * STRIDE;           // first word of the staged weights
@@ -316,45 +320,50 @@ const int SMEM_WORDS = (BM + BN) * STRIDE > HALF * CSTRIDE ? (BM + BN) * STRIDE 
 const int A_SLOTS = BM * BKW / WG;        // input words an invocation stages
 const int B_SLOTS = BN * BKW / 4 / WG;    // weight ivec4 an invocation stages
 const int OUT_ROWS = WG / BN4;            // pixels the epilogue covers per pass
-const int B_ROWS = WG / (BKW / 4);        // channels between an invocation's weight slots
+const int QUADS = BKW / 4;                // 16-byte K quads of a staged row
+const int B_ROWS = WG / QUADS;            // channels between an invocation's weight slots
 const bool PAD_ROWS = IN_LAYOUT == ETVK_4W4C || OUT_LAYOUT == ETVK_4W4C;
 
 #define A_MAT coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
+// (row, quad) of the 16-byte K quad invocation t stages in each block of B_ROWS staged rows.
+// A quarter warp's 8 quads go to 8 different bank groups: with 64-byte chunks (STRIDE 20) the
+// rows j and j + 4 (row j's words start in bank 20 j % 32), with 128-byte ones (STRIDE 36)
+// one whole row.
+ivec2 quad_slot(int t) {
+  return ivec2(t / QUADS, t % QUADS);
+}
+
 // During the K loop: A [pixel][K word] at 0, B [channel][K word] at B_BASE.
 // In the epilogue: the accumulators [pixel of the half][channel] at 0.
 shared uint s_mem[SMEM_WORDS];
 
 // The staging registers: the next chunk on its way from memory to shared memory.
-uint a_reg[A_SLOTS];
+const int PIXELS = BM * QUADS / WG;       // pixels an invocation stages, one quad each
+const int A_REGS = PIXELS;                // one uvec4 per pixel
+uvec4 a_reg[A_REGS];
 uvec4 b_reg[B_SLOTS];
 uint b_addr;   // ivec4 of this invocation's first weight slot in chunk 0
 int row_vecs;  // ivec4 per packed weight row
 
-// (pixel of the tile, K word of the chunk) of staging slot r of invocation t: slot
-// idx = t + r * WG, so that consecutive invocations read consecutive words of the layout.
-ivec2 a_slot(int t, int r) {
-  const int idx = t + r * WG;
-  if (IN_LAYOUT == ETVK_4W4C) {
-    return ivec2(((idx >> 2) / BKW) * 4 + (idx & 3), (idx >> 2) % BKW);
-  }
-  if (IN_LAYOUT == ETVK_4C) {
-    return ivec2(idx / BKW, idx % BKW);
-  }
-  return ivec2(idx % BM, idx / BM);
+// (pixel of the tile, first K word of the chunk) of staging slot p of invocation t (4C input:
+// a pixel's K words are contiguous).
+ivec2 a_slot(int t, int p) {
+  const ivec2 rq = quad_slot(t);
+  return ivec2(rq.x + B_ROWS * p, 4 * rq.y);
 }
 
-uint a_addr[A_SLOTS];  // word address of each slot's K word 0 (~0u: a pixel outside the output)
-uint in_step;          // words between consecutive K words of a pixel
+uint a_addr[A_REGS];  // word address of each slot's K word 0 (~0u: a pixel outside the output)
+uint in_step;         // words between consecutive K words of a pixel
 
 // Sets the slots up for the tile's first pixel m0 (load_a takes the chunk).
 void init_slots(int t, int m0, int wp, int rows, int c0) {
   const int W = pc.out_sizes.x;
   const int in_c4 = (pc.in_sizes.z + 3) >> 2;
   in_step = IN_LAYOUT == ETVK_4W4C ? 4u : (IN_LAYOUT == ETVK_4C ? 1u : uint(W));
-  [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
+  [[unroll]] for (int r = 0; r < A_REGS; ++r) {
     const ivec2 mk = a_slot(t, r);
     const int m = m0 + mk.x;
     const int row = m / wp;
@@ -376,9 +385,9 @@ void init_slots(int t, int m0, int wp, int rows, int c0) {
 // Loads chunk c's A slots (K words past kg4 and pixels outside read 0).
 void load_a(int c, int t, int kg4) {
   const int k0 = c * BKW;
-  [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
+  [[unroll]] for (int r = 0; r < A_REGS; ++r) {
     const bool ok = a_addr[r] != ~0u && k0 + a_slot(t, r).y < kg4;
-    a_reg[r] = ok ? t_in_load_word(a_addr[r] + uint(k0) * in_step) : 0u;
+    a_reg[r] = ok ? t_in_load_word4((a_addr[r] + uint(k0)) >> 2) : uvec4(0u);
   }
 }
 
@@ -412,8 +421,8 @@ void main() {
 
   init_slots(t, m0, wp, rows, c_begin);
   // Weight slot r stages ivec4 b_q of channel b_n + r * B_ROWS.
-  const int b_n = t / (BKW / 4);
-  const int b_q = t % (BKW / 4);
+  const int b_n = quad_slot(t).x;
+  const int b_q = quad_slot(t).y;
   row_vecs = ((kg4 + KP_WORDS - 1) / KP_WORDS) * (KP_WORDS / 4);
   b_addr = uint((n0 + b_n) * row_vecs + b_q);
 
@@ -429,9 +438,11 @@ void main() {
   }
   for (int c = c_begin; c < c_end; ++c) {
     barrier();
-    [[unroll]] for (int r = 0; r < A_SLOTS; ++r) {
+    [[unroll]] for (int r = 0; r < A_REGS; ++r) {
       const ivec2 mk = a_slot(t, r);
-      s_mem[mk.x * STRIDE + mk.y] = a_reg[r];
+      [[unroll]] for (int e = 0; e < 4; ++e) {
+        s_mem[mk.x * STRIDE + mk.y + e] = a_reg[r][e];
+      }
     }
     [[unroll]] for (int r = 0; r < B_SLOTS; ++r) {
       [[unroll]] for (int e = 0; e < 4; ++e) {
