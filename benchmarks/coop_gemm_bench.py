@@ -16,8 +16,10 @@ dispatches' timestamps (im2col included). TOPS = 2 * MACs / seconds; ratios are 
 ratios (< 1: coop faster). Where the device lacks the coop variant its column says why and the
 rest still runs; without CUDA the baselines print "n/a". About a minute on an H100.
 
-Usage: ``python benchmarks/coop_gemm_bench.py [--quick] [--only REGEX]`` (``--quick``: tiny
-sizes, batch 2, short warm-up; runs on lavapipe.)
+Usage: ``python benchmarks/coop_gemm_bench.py [--quick] [--only REGEX] [--layout 4C]``
+(``--quick``: tiny sizes, batch 2, short warm-up; runs on lavapipe. ``--layout``: the packed
+layout x goes up in, 4C by default; the coop GEMMs stage a 4C input with C_in % 16 == 0 16
+bytes at a time, any other 4 bytes at a time.)
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from timing import drop_validation, open_device, time_cuda  # noqa: E402
 import runtime  # noqa: E402
 from runtime.ops.library import catalog  # noqa: E402
 from runtime.tools.examples_conv2d import Conv2dCase, make_inputs  # noqa: E402
+from runtime.vulkan.layouts import PACKED_LAYOUTS  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
 
 drop_validation()
@@ -58,8 +61,9 @@ LAYERS = [
     C("resnet50 l4 1x1 512->2048 7", BATCH, 512, 7, 7, 2048, (1, 1)),
 ]
 GEMM = C("int8 GEMM 4096x4096x4096", 1, 4096, 64, 64, 4096, (1, 1), bias=False)
-COOP_VARIANT = "q8ta_gemm_coop_k64"  # runs wherever every coop GEMM variant runs
-# kind -> (coop op, existing op); x goes up in 4C, the layout both read best
+COOP_VARIANT = "q8ta_gemm_coop_k64_w4"  # runs wherever every coop GEMM variant runs
+# kind -> (coop op, existing op); x goes up in 4C unless --layout says otherwise, the layout
+# both read best
 OPS = {"im2col": ("etvk.q8ta_conv2d_im2col_coop.default", "etvk.q8ta_conv2d_im2col.default"),
        "pw": ("etvk.q8ta_conv2d_pw_coop.default", "etvk.q8ta_conv2d_pw.default")}
 
@@ -72,12 +76,12 @@ def quick_case(case: Conv2dCase) -> Conv2dCase:
     return dataclasses.replace(case, name=f"{case.name} @{h}", N=2, H=h, W=w, C_in=c_in, C_out=c_out)
 
 
-def time_op(name: str, case: Conv2dCase, s: Settings):
-    """(GPU seconds per call, GEMM variant) of op `name` on the case, x uploaded in 4C."""
+def time_op(name: str, case: Conv2dCase, s: Settings, layout: str):
+    """(GPU seconds per call, GEMM variant) of op `name` on the case, x uploaded in `layout`."""
     p = case.params
     inputs = make_inputs(case)
     args = list(inputs.args())
-    args[0] = Tensor.from_torch(inputs.x, layout="4C", label=f"{case.name} x")
+    args[0] = Tensor.from_torch(inputs.x, layout=layout, label=f"{case.name} x")
     call_bytes = p.N * p.C_out * p.H_out * p.W_out + p.N * p.Kg * p.H_out * p.W_out
     measured = time_ours(runtime.get_op(name), tuple(args), call_bytes, s)
     if measured is None:
@@ -97,8 +101,9 @@ def time_int_mm(case: Conv2dCase, s: Settings) -> float | None:
     return time_cuda(lambda _: torch._int_mm(a, b), 1, s.repeats * s.max_calls, s.warmup)
 
 
-def bench(case: Conv2dCase, kind: str, s: Settings, coop_reason: str, gemm: bool) -> None:
-    """Times one row: coop, sdot, and cuDNN (or torch._int_mm where `gemm`); prints it."""
+def bench(case: Conv2dCase, kind: str, s: Settings, coop_reason: str, gemm: bool, layout: str) -> None:
+    """Times one row, x in `layout`: coop, sdot, and cuDNN (or torch._int_mm where `gemm`);
+    prints it."""
     coop_op, dot_op = OPS[kind]
     macs = case.macs
     rows = {}
@@ -106,7 +111,7 @@ def bench(case: Conv2dCase, kind: str, s: Settings, coop_reason: str, gemm: bool
         if label == "coop" and coop_reason:
             continue
         try:
-            rows[label] = time_op(name, case, s)
+            rows[label] = time_op(name, case, s, layout)
         except runtime.EtvkError as error:
             print(f"{case.name:<32} {label}: failed: {error}")
     try:
@@ -128,6 +133,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, short warm-up (CPU drivers)")
     parser.add_argument("--only", default="", help="regular expression on the row's name")
+    parser.add_argument("--layout", default="4C", choices=PACKED_LAYOUTS,
+                        help="the packed layout x is uploaded in (default 4C)")
     options = parser.parse_args()
     started = time.perf_counter()
     caps = open_device()
@@ -138,7 +145,7 @@ def main() -> int:
     s = Settings(repeats=3, warmup=0.05, max_calls=2) if options.quick else \
         Settings(repeats=10, warmup=0.3, max_calls=4)
     print("\n== int8 GEMM on cooperative matrices (q8ta_gemm_coop*) vs the int8 dot-product GEMM "
-          "vs cuDNN fp16 / torch._int_mm; median GPU time per call ==")
+          f"vs cuDNN fp16 / torch._int_mm; x in {options.layout}; median GPU time per call ==")
     if coop_reason:
         print(f"coop: not run here: {coop_reason}")
     print(f"{'layer':<32} {'via':<6} {'coop us':>9} {'TOPS':>6} {'sdot us':>9} {'TOPS':>6} "
@@ -148,7 +155,8 @@ def main() -> int:
         if not only.search(case.name):
             continue
         kind = "pw" if case.params.is_pointwise else "im2col"
-        bench(quick_case(case) if options.quick else case, kind, s, coop_reason, case is GEMM)
+        bench(quick_case(case) if options.quick else case, kind, s, coop_reason, case is GEMM,
+              options.layout)
     print("base: cuDNN fp16 channels_last for the layers, torch._int_mm for the GEMM")
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0
