@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from runtime.tools.quantize_tunables import CHOOSE_CANDIDATES, DYNAMIC_CANDIDATES
 from runtime.vulkan.device import GPU_FAMILIES
@@ -33,7 +34,10 @@ def test_runtime_bench_runs_on_every_family(family, tmp_path):
     assert f"(family {family})" in result.stdout and "quantize_per_tensor_buffer_float_int8" in result.stdout
     records = [json.loads(line) for line in (tmp_path / "runtime.jsonl").read_text().splitlines()]
     kinds = [r["kind"] for r in records]
-    assert kinds[0] == "device" and kinds.count("overhead") == 13 and kinds.count("copy") == 1
+    assert kinds[0] == "device" and kinds.count("overhead") == 13
+    # where CUDA runs too (the GPU machine), its copy kernel is a second copy record
+    cuda_copy = ["torch CUDA copy_"] if torch.cuda.is_available() else []
+    assert [r["how"] for r in records if r["kind"] == "copy"] == ["vkCmdCopyBuffer", *cuda_copy]
     assert [r["case"] for r in records if r["kind"] == "kernel"] == ["quantize_per_tensor_buffer_float_int8"]
     assert "100 small dispatches recorded, replayed" in result.stdout
     assert result.stdout.count("the same, recorded afresh (ETVK_REUSE_RECORDINGS=0)") == 2
