@@ -81,10 +81,11 @@ HELPERS: dict[str, tuple[str, str]] = {
         "constants) and `.groups` (workgroup counts)",
     ),
     "coop_chunk": (
-        "kernel, m, k, c_out",
+        "kernel, m, k, c_out, choice=None",
         "the K chunk (`\"k64\"` or `\"k128\"`, the CHUNK axis) of cooperative-matrix GEMM "
         "`kernel` (`\"pw\"`: q8ta_gemm_coop, `\"im2col\"`: q8ta_gemm_coop_im2col) for `m` pixels, "
-        "`k` K bytes and `c_out` channels (runtime/families/conv2d_tiling.py)",
+        "`k` K bytes and `c_out` channels: a `tuned` choice's `chunk`, else the rule "
+        "(runtime/families/conv2d_tiling.py)",
     ),
     "coop_a_load": (
         "layout, c_in",

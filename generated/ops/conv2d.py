@@ -487,10 +487,11 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H_out * (rt.ceil_div(p.W_out, 4) * 4 if layout == '4W4C' else p.W_out)
-    splits = rt.coop_k_splits('im2col', m, p.Kg, p.C_out, rt.tuned(p, 'im2col_coop'))
+    measured = rt.tuned(p, 'im2col_coop')
+    splits = rt.coop_k_splits('im2col', m, p.Kg, p.C_out, measured)
     m_padded = rt.ceil_div(m, 64) * 64
     n_padded = rt.ceil_div(p.C_out, 64) * 64
-    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.Kg, p.C_out)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
+    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.Kg, p.C_out, measured)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
@@ -578,10 +579,11 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W)
-    splits = rt.coop_k_splits('pw', m, p.Kg, p.C_out, rt.tuned(p, 'pw_coop'))
+    measured = rt.tuned(p, 'pw_coop')
+    splits = rt.coop_k_splits('pw', m, p.Kg, p.C_out, measured)
     m_padded = rt.ceil_div(m, 64) * 64
     n_padded = rt.ceil_div(p.C_out, 64) * 64
-    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.Kg, p.C_out)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
+    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.Kg, p.C_out, measured)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
@@ -605,7 +607,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:628",
+    spec="op_specs/conv2d.yaml:629",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -688,7 +690,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:682",
+    spec="op_specs/conv2d.yaml:684",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -765,7 +767,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:714",
+    spec="op_specs/conv2d.yaml:716",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -835,7 +837,7 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it).",
-    spec="op_specs/conv2d.yaml:747",
+    spec="op_specs/conv2d.yaml:749",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),

@@ -107,13 +107,16 @@ def gemm_tiling(m: int, k4: int, c_out: int, settings: Mapping[str, int] | None 
     return GemmTiling(4, 1, threads, split_k, block_k, m, n4)
 
 
-def coop_chunk(kernel: str, m: int, k: int, c_out: int) -> str:
+def coop_chunk(kernel: str, m: int, k: int, c_out: int, settings: Mapping | None = None) -> str:
     """The K chunk (the CHUNK axis) of coop GEMM `kernel` ("pw": q8ta_gemm_coop, "im2col":
-    q8ta_gemm_coop_im2col) for `m` output pixels, `k` K bytes and `c_out` channels: "k128" where
-    K is longer than one 64-byte chunk and either there are at most `COOP_WIDE_CHUNK_MAX_TILES`
-    output tiles or, pointwise, K is at least `COOP_WIDE_CHUNK_MIN_K` bytes; else "k64"."""
+    q8ta_gemm_coop_im2col) for `m` output pixels, `k` K bytes and `c_out` channels: a measured
+    ``chunk`` setting (64 or 128 bytes) when given, else the rule: "k128" where K is longer than
+    one 64-byte chunk and either there are at most `COOP_WIDE_CHUNK_MAX_TILES` output tiles or,
+    pointwise, K is at least `COOP_WIDE_CHUNK_MIN_K` bytes; else "k64"."""
     if kernel not in COOP_CHUNK_KERNELS:
         raise ValueError(f"coop_chunk: kernel must be one of {COOP_CHUNK_KERNELS}, got {kernel!r}")
+    if settings and "chunk" in settings:
+        return f"k{settings['chunk']}"
     tiles = _ceil_div(m, COOP_TILE) * _ceil_div(c_out, COOP_TILE)
     wide = tiles <= COOP_WIDE_CHUNK_MAX_TILES or (kernel == "pw" and k >= COOP_WIDE_CHUNK_MIN_K)
     return "k128" if k > 64 and wide else "k64"
@@ -135,7 +138,7 @@ def coop_k_splits(kernel: str, m: int, k: int, c_out: int, settings: Mapping | N
     if settings and "k_splits" in settings:
         return settings["k_splits"]
     tiles = _ceil_div(m, COOP_TILE) * _ceil_div(c_out, COOP_TILE)
-    chunks = _ceil_div(k, 128 if coop_chunk(kernel, m, k, c_out) == "k128" else 64)
+    chunks = _ceil_div(k, 128 if coop_chunk(kernel, m, k, c_out, settings) == "k128" else 64)
     splits = 1
     if tiles <= COOP_SPLIT_MAX_TILES and chunks >= COOP_SPLIT_MIN_CHUNKS:
         while (2 * splits <= COOP_MAX_K_SPLITS and 2 * splits * tiles <= COOP_SPLIT_MAX_WORKGROUPS

@@ -27,7 +27,7 @@ from runtime.vulkan.layouts import PACKED_LAYOUTS
 
 ALGORITHMS = ("pw", "dw", "im2col", "general", "pw_coop", "im2col_coop")
 GEMM_ALGORITHMS = ("pw", "im2col")
-COOP_ALGORITHMS = ("pw_coop", "im2col_coop")  # the cooperative-matrix GEMM: K_SPLITS to tune
+COOP_ALGORITHMS = ("pw_coop", "im2col_coop")  # the cooperative-matrix GEMM: K_SPLITS and CHUNK to tune
 GEMM_SETTINGS = ("tile_m", "tile_n4", "threads_n", "split_k", "block_k")
 DIRECT_OUT_W = 4  # OUT_W of general and dw when nothing was measured
 # (tile_m, tile_n4, threads_n, split_k, block_k): one slice with 8 or 16 invocations along
@@ -38,6 +38,11 @@ GEMM_CANDIDATES = (
 )
 OUT_W_CANDIDATES = (1, 2, 4, 8)
 COOP_K_SPLITS_CANDIDATES = (1, 2, 4, 8)
+# K bytes a coop GEMM stages per chunk (its CHUNK axis, k64 or k128). The rule picks by tile count
+# (conv2d_tiling.coop_chunk), but no such rule fits every layer: on the H200, 128-byte chunks
+# took 0.97x the time of the rule's 64-byte ones on ResNet-50 b32 l2 3x3 and 1.25x on l3 3x3
+# (benchmarks/NOTES.md, session 15).
+COOP_CHUNK_CANDIDATES = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -48,7 +53,9 @@ class Conv2dChoice:
         algorithm: one of `ALGORITHMS`.
         layout: the packed input layout (one of `PACKED_LAYOUTS`).
         settings: (name, value) pairs: the `GEMM_SETTINGS` of pw and im2col,
-            ``k_splits`` of the coop GEMMs or ``out_w`` of general and dw;
+            ``k_splits`` and ``chunk`` of the coop GEMMs (``k_splits`` alone in caches
+            written before chunks were measured: the rule's chunk) or ``out_w`` of general
+            and dw;
             empty for the op's own rule.
         seconds: the measured median GPU time of one call, or None.
     """
@@ -65,12 +72,13 @@ class Conv2dChoice:
     @property
     def settings_label(self) -> str:
         """The settings as short text: ``t4x1 n16 k2x8`` (TILE_M x TILE_N4, THREADS_N,
-        SPLIT_K x BLOCK_K), ``ks4`` (K_SPLITS), ``w8`` (OUT_W), or ``(rule)``."""
+        SPLIT_K x BLOCK_K), ``ks4 c128`` (K_SPLITS, K bytes per chunk), ``w8`` (OUT_W), or
+        ``(rule)``."""
         s = dict(self.settings)
         if self.algorithm in GEMM_ALGORITHMS and s:
             return f"t{s['tile_m']}x{s['tile_n4']} n{s['threads_n']} k{s['split_k']}x{s['block_k']}"
         if "k_splits" in s:
-            return f"ks{s['k_splits']}"
+            return f"ks{s['k_splits']}" + (f" c{s['chunk']}" if "chunk" in s else "")
         return f"w{s['out_w']}" if "out_w" in s else "(rule)"
 
     @property
@@ -110,7 +118,8 @@ def choice_from_json(data) -> Conv2dChoice:
         known = [dict(gemm_settings(c)) for c in GEMM_CANDIDATES]
         ordered = gemm_settings(settings.get(k) for k in GEMM_SETTINGS) if settings else ()
     elif algorithm in COOP_ALGORITHMS:
-        known = [{"k_splits": k} for k in COOP_K_SPLITS_CANDIDATES]
+        known = [dict(c) for c in candidate_settings(algorithm)]
+        known += [{"k_splits": k} for k in COOP_K_SPLITS_CANDIDATES]  # written before chunks were measured
         ordered = tuple(settings.items())
     else:
         known = [{"out_w": w} for w in OUT_W_CANDIDATES]
@@ -131,10 +140,11 @@ def candidate_algorithms(p: Conv2dParams) -> list[str]:
 
 
 def candidate_settings(algorithm: str) -> list[tuple[tuple[str, int], ...]]:
-    """The settings the tuner times for `algorithm`: the GEMM tilings, the K splits of the coop
-    GEMMs, or the OUT_W values of general and dw."""
+    """The settings the tuner times for `algorithm`: the GEMM tilings, the K splits and chunks
+    of the coop GEMMs, or the OUT_W values of general and dw."""
     if algorithm in GEMM_ALGORITHMS:
         return [gemm_settings(c) for c in GEMM_CANDIDATES]
     if algorithm in COOP_ALGORITHMS:
-        return [(("k_splits", k),) for k in COOP_K_SPLITS_CANDIDATES]
+        return [(("k_splits", k), ("chunk", c)) for k in COOP_K_SPLITS_CANDIDATES
+                for c in COOP_CHUNK_CANDIDATES]
     return [(("out_w", w),) for w in OUT_W_CANDIDATES]

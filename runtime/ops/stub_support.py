@@ -163,10 +163,10 @@ def coop_k_splits(kernel: str, m: int, k: int, c_out: int, choice=None) -> int:
     return conv2d_tiling.coop_k_splits(kernel, m, k, c_out, dict(choice.settings) if choice else None)
 
 
-def coop_chunk(kernel: str, m: int, k: int, c_out: int) -> str:
+def coop_chunk(kernel: str, m: int, k: int, c_out: int, choice=None) -> str:
     """The CHUNK of coop GEMM `kernel` ("pw" or "im2col") for `m` pixels, `k` K bytes and
-    `c_out` channels (`conv2d_tiling.coop_chunk`)."""
-    return conv2d_tiling.coop_chunk(kernel, m, k, c_out)
+    `c_out` channels: a `tuned` choice's, else the rule (`conv2d_tiling.coop_chunk`)."""
+    return conv2d_tiling.coop_chunk(kernel, m, k, c_out, dict(choice.settings) if choice else None)
 
 
 coop_a_load = conv2d_tiling.coop_a_load

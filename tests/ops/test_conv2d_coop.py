@@ -175,6 +175,16 @@ def test_coop_chunk_by_tiles(kernel):
     assert coop_chunk(kernel, 128 * 64, 576, 129) == "k64"
 
 
+@pytest.mark.parametrize("kernel", ["pw", "im2col"])
+def test_a_measured_chunk_wins_and_sets_the_k_splits_rule_chunks(kernel):
+    assert coop_chunk(kernel, 4096 * 64, 576, 64, {"chunk": 128}) == "k128"  # the rule: k64
+    assert coop_chunk(kernel, 8 * 64, 4608, 64, {"chunk": 64}) == "k64"  # the rule: k128
+    assert coop_chunk(kernel, 8 * 64, 4608, 64, {"k_splits": 2}) == "k128"  # no chunk: the rule
+    # K = 1920 bytes: 30 chunks of 64 split 8 ways; 15 of 128 are under COOP_SPLIT_MIN_CHUNKS
+    assert coop_k_splits(kernel, 8 * 64, 15 * 128, 64, {"chunk": 64}) == 8
+    assert coop_k_splits(kernel, 8 * 64, 15 * 128, 64, {"chunk": 128}) == 1
+
+
 def test_coop_chunk_by_k_pointwise_only():
     """From 2048 K bytes the pointwise GEMM takes 128-byte chunks at any tile count."""
     assert coop_chunk("pw", 4096, 2048, 4096) == "k128"

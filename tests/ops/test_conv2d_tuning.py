@@ -52,17 +52,21 @@ def candidates(p) -> list[Conv2dChoice]:
     return found
 
 
-def last_dispatch(trace, start: int) -> dict:
+def dispatches_since(trace, start: int) -> list[dict]:
     with trace.open("rb") as f:
         f.seek(start)
-        return json.loads(f.read().decode().splitlines()[-1])
+        return [json.loads(line) for line in f.read().decode().splitlines()]
 
 
-def settings_reached(choice: Conv2dChoice, p, dispatch: dict) -> bool:
-    """Whether the last dispatch of `choice` ran with its settings (the rule's when it has none)."""
+def settings_reached(choice: Conv2dChoice, p, dispatches: list[dict]) -> bool:
+    """Whether the dispatches of `choice` ran with its settings (the rule's when it has none):
+    the coop GEMM's chunk (its variant) and K ranges (workgroups along z), or the last
+    dispatch's workgroups."""
     s = dict(choice.settings)
+    dispatch = dispatches[-1]
     if choice.algorithm in COOP_ALGORITHMS:
-        return True  # nothing to set
+        gemm = next(d for d in dispatches if d["variant"].startswith("q8ta_gemm_coop_"))
+        return not s or (f"_k{s['chunk']}_" in gemm["variant"] and gemm["groups"][2] == s["k_splits"])
     if choice.algorithm in ("pw", "im2col"):
         padded = choice.algorithm == "im2col" or choice.layout == "4W4C"
         w = -(-(p.W_out if choice.algorithm == "im2col" else p.W) // 4) * 4 if padded else p.W
@@ -84,7 +88,7 @@ def test_every_tuning_candidate_gives_the_reference(name, dispatch_trace_path):
         start = dispatch_trace_path.stat().st_size if dispatch_trace_path.exists() else 0
         if not torch.equal(run_choice(choice, args), want):
             wrong.append(choice.label)
-        if not settings_reached(choice, p, last_dispatch(dispatch_trace_path, start)):
+        if not settings_reached(choice, p, dispatches_since(dispatch_trace_path, start)):
             unset.append(choice.label)
     assert not wrong, f"{len(wrong)} of {len(choices)} candidates differ from the reference: {wrong}"
     assert not unset, f"these candidates ran without their settings: {unset}"

@@ -98,10 +98,22 @@ def test_a_bad_entry_is_ignored_and_the_others_kept(cache):
     {"algorithm": "pw", "layout": "4C", "settings": {"tile_m": 4}, "seconds": 1.0},
     {"algorithm": "dw", "layout": "4C", "settings": {"out_w": 4.0}, "seconds": 1.0},
     {"algorithm": "dw", "layout": "4C", "settings": {"out_w": 4}},
+    {"algorithm": "pw_coop", "layout": "4C", "settings": {"k_splits": 2, "chunk": 96}, "seconds": 1.0},
+    {"algorithm": "pw_coop", "layout": "4C", "settings": {"chunk": 64}, "seconds": 1.0},
+    {"algorithm": "im2col_coop", "layout": "4C", "settings": {"k_splits": 3}, "seconds": 1.0},
 ])
 def test_choice_from_json_rejects_what_the_tuner_never_measures(data):
     with pytest.raises(ValueError):
         choice_from_json(data)
+
+
+@pytest.mark.parametrize("settings", [{"k_splits": 2, "chunk": 128}, {"k_splits": 4}])
+def test_coop_choices_round_trip_with_or_without_their_chunk(settings):
+    """Caches written before chunks were measured hold k_splits alone (the rule's chunk)."""
+    data = {"algorithm": "im2col_coop", "layout": "4C", "settings": settings, "seconds": 1.5e-5}
+    choice = choice_from_json(data)
+    assert dict(choice.settings) == settings and choice.to_json() == data
+    assert choice.settings_label == ("ks2 c128" if "chunk" in settings else "ks4")
 
 
 def test_dispatcher_follows_a_planted_winner(cache, dispatch_trace_path):
