@@ -35,10 +35,12 @@ def test_runtime_bench_runs_on_every_family(family, tmp_path):
     records = [json.loads(line) for line in (tmp_path / "runtime.jsonl").read_text().splitlines()]
     kinds = [r["kind"] for r in records]
     assert kinds[0] == "device" and kinds.count("overhead") == 13
-    # where CUDA runs too (the GPU machine), its copy kernel is a second copy record
-    cuda_copy = ["torch CUDA copy_"] if torch.cuda.is_available() else []
-    assert [r["how"] for r in records if r["kind"] == "copy"] == ["vkCmdCopyBuffer", *cuda_copy]
-    assert [r["case"] for r in records if r["kind"] == "kernel"] == ["quantize_per_tensor_buffer_float_int8"]
+    # where CUDA runs too (the GPU machine), its copy kernel and quantize are records as well
+    cuda = torch.cuda.is_available()
+    assert [r["how"] for r in records if r["kind"] == "copy"] == \
+        ["vkCmdCopyBuffer"] + ["torch CUDA copy_"] * cuda
+    assert [r["impl"] for r in records if r["kind"] == "kernel"] == ["etvk"] + ["torch CUDA"] * cuda
+    assert {r["case"] for r in records if r["kind"] == "kernel"} == {"quantize_per_tensor_buffer_float_int8"}
     assert "100 small dispatches recorded, replayed" in result.stdout
     assert result.stdout.count("the same, recorded afresh (ETVK_REUSE_RECORDINGS=0)") == 2
 
