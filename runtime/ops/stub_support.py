@@ -136,12 +136,15 @@ def conv2d_output_bounds(activation, activation_min, activation_max, output_scal
 
 def conv2d_algorithm(params) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs: the measured winner on this device
-    (runtime/ops/tuning.py), else the rule for its GPU family (pw, dw, im2col, general),
-    pw and im2col on the cooperative-matrix GEMM (pw_coop, im2col_coop) where `_gemm_coop`
-    says so."""
+    (runtime/ops/tuning.py), else `rule_algorithm`."""
     winner = tuning.lookup(params)
-    if winner:
-        return winner.algorithm
+    return winner.algorithm if winner else rule_algorithm(params)
+
+
+def rule_algorithm(params) -> str:
+    """What ``etvk.q8ta_conv2d.default`` runs with nothing measured: the rule for this
+    device's GPU family (pw, dw, im2col, general), pw and im2col on the cooperative-matrix
+    GEMM (pw_coop, im2col_coop) where `_gemm_coop` says so."""
     rule = conv2d.choose_algorithm(params, get_device().caps.family)
     return f"{rule}_coop" if _gemm_coop(params, rule) else rule
 

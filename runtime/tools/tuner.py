@@ -16,8 +16,10 @@ up to 4 back-to-back calls is replayed for a short warm-up (10 ms; 0.2 s
 before a geometry's first candidate, since an idle GPU drops its clock:
 benchmarks/NOTES.md), then `repeats` times; a candidate's time is the median
 call (the sum of its dispatches' timestamps). Then the rule's choice (OPS.md,
-for this GPU family) and the fastest choice are timed again side by side for
-the report; `store` writes each algorithm's fastest choice to the tuning cache.
+for this GPU family, moved to the cooperative-matrix GEMM where the dispatcher
+moves it: what runs with nothing measured) and the fastest choice are timed
+again side by side for the report; `store` writes each algorithm's fastest
+choice to the tuning cache.
 
 Called by the ``tune`` command (tune_command.py) and the tests; inputs are
 random (timing does not depend on values).
@@ -32,11 +34,12 @@ import time
 from dataclasses import dataclass
 
 from runtime.errors import EtvkError, TensorTooLarge, UnsupportedVariant
-from runtime.families.conv2d import Conv2dParams, choose_algorithm
+from runtime.families.conv2d import Conv2dParams
 from runtime.families.conv2d_layouts import ALGORITHM_INPUT_LAYOUT
 from runtime.families.conv2d_tuning import Conv2dChoice, candidate_algorithms, candidate_settings
 from runtime.ops import tuning
 from runtime.ops.registry import get_op
+from runtime.ops.stub_support import rule_algorithm
 from runtime.tools.examples_conv2d import Conv2dCase, make_inputs
 from runtime.vulkan.device import get_device
 from runtime.vulkan.layouts import PACKED_LAYOUTS
@@ -182,9 +185,9 @@ def tune_shape(p: Conv2dParams, timing: Timing = Timing()) -> ShapeResult:
         best[algorithm] = min(first + tried, key=lambda c: c.seconds)
     if not best:
         raise TuningError(f"{tuning.shape_key(p)}: no candidate runs on {caps.name}: {failed[0]}")
-    rule_algorithm = choose_algorithm(p, caps.family)
-    rule = next((c for c in timed if c.algorithm == rule_algorithm and not c.settings
-                 and c.layout == ALGORITHM_INPUT_LAYOUT[rule_algorithm]), None)
+    route = rule_algorithm(p)  # the dispatcher's, the coop GEMM included where it moves there
+    rule = next((c for c in timed if c.algorithm == route and not c.settings
+                 and c.layout == ALGORITHM_INPUT_LAYOUT[route.removesuffix("_coop")]), None)
     tuned = min(best.values(), key=lambda c: c.seconds)
     if rule is not None and tuned != rule:
         rule, tuned = (dataclasses.replace(c, seconds=time_choice(

@@ -23,7 +23,9 @@ from runtime.families.conv2d_tuning import (
     candidate_algorithms,
     candidate_settings,
 )
+from runtime.ops import stub_support
 from runtime.ops.library import catalog
+from runtime.tools import tuner
 from runtime.tools.tuner import conv_inputs, run_choice
 from runtime.vulkan.device import get_device
 from runtime.vulkan.layouts import PACKED_LAYOUTS
@@ -92,3 +94,18 @@ def test_every_tuning_candidate_gives_the_reference(name, dispatch_trace_path):
             unset.append(choice.label)
     assert not wrong, f"{len(wrong)} of {len(choices)} candidates differ from the reference: {wrong}"
     assert not unset, f"these candidates ran without their settings: {unset}"
+
+
+@pytest.mark.parametrize("route", [None, "general"])
+def test_the_tuners_rule_is_what_the_dispatcher_runs_unmeasured(route, monkeypatch):
+    """The report's rule is the dispatcher's route with nothing measured (the coop GEMM where it
+    moves there, not the family rule alone): here that route as it is, and made to be general
+    for a 1x1 conv whose family rule is pw."""
+    x_shape, w_shape, stride, padding, dilation, groups = SHAPES["1x1_c16_w5_batch2"]
+    p = conv2d_params(x_shape, w_shape, [1, 1], [stride], [padding], [dilation], groups)
+    if route:
+        monkeypatch.setattr(tuner, "rule_algorithm", lambda params: route)
+    expected = route or stub_support.rule_algorithm(p)
+    result = tuner.tune_shape(p, tuner.Timing(repeats=1, warmup=0.001, shape_warmup=0.01))
+    layout = "4C1W" if expected == "general" else "4C"
+    assert (result.rule.algorithm, result.rule.layout, result.rule.settings) == (expected, layout, ())
