@@ -66,8 +66,10 @@ HELPERS: dict[str, tuple[str, str]] = {
     ),
     "conv2d_algorithm": (
         "params",
-        "`\"pw\"`, `\"dw\"`, `\"im2col\"` or `\"general\"`: the winner measured on this "
-        "device (`python -m runtime tune`), else OPS.md's choice for its GPU family",
+        "`\"pw\"`, `\"dw\"`, `\"im2col\"`, `\"general\"`, `\"pw_coop\"` or "
+        "`\"im2col_coop\"`: the winner measured on this device (`python -m runtime tune`), else "
+        "OPS.md's choice for its GPU family, pw and im2col moved to the cooperative-matrix GEMM "
+        "where the shape suits it and the device runs it",
     ),
     "tuned": (
         "params, algorithm",
