@@ -141,6 +141,7 @@ CAPABILITIES: tuple[str, ...] = (
     "subgroup_arithmetic",
     "subgroup_shuffle",
     "coopmat_s8_16x16x32_sg32",
+    "coopmat_s8_16x8x32_sg32",
 )
 
 BUILTINS: tuple[str, ...] = ("len", "tuple", "int", "float", "min", "max", "abs", "all", "any")

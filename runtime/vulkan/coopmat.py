@@ -45,6 +45,8 @@ class CoopMatrixShape:
 COOPMAT_CAPABILITIES = {
     "coopmat_s8_16x16x32_sg32": (
         CoopMatrixShape(16, 16, 32, "s8", "s8", "s32", "s32", "subgroup"), 32),
+    "coopmat_s8_16x8x32_sg32": (
+        CoopMatrixShape(16, 8, 32, "s8", "s8", "s32", "s32", "subgroup"), 32),
 }
 MIN_API = (1, 3)  # the shaders are SPIR-V 1.6 (glslangValidator --target-env vulkan1.3)
 
