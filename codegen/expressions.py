@@ -110,6 +110,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "whether linear_qta8a_qga4w runs on cooperative matrices: enough tokens x output rows, "
         "`group_size % 32 == 0` and a device that runs linear_qta8a_qga4w_coop",
     ),
+    "linear_uses_coop_few": (
+        "x, weight, group_size, storage",
+        "whether linear_qta8a_qga4w runs on the few-token cooperative-matrix kernel: 2 to 32 "
+        "tokens, `group_size % 64 == 0`, activations in a buffer and a device that runs "
+        "linear_qta8a_qga4w_coop_few",
+    ),
     "pool2d_params": (
         "x, kernel_size, stride, padding, dilation, ceil_mode",
         "a pooling's geometry, `runtime.families.pool2d.Pool2dParams` (`N C H W KH KW stride "

@@ -93,6 +93,11 @@ def _check_group_size_multiple_of_32(op, group_size):
         raise rt.ArgumentError(op, "group_size", f"must be a multiple of 32 for the cooperative-matrix kernel (K steps of 32), got {group_size}; use linear_qta8a_qga4w")
 
 
+def _check_group_size_multiple_of_64(op, group_size):
+    if not (group_size % 64 == 0):
+        raise rt.ArgumentError(op, "group_size", f"must be a multiple of 64 for the few-token cooperative-matrix kernel (K blocks of 64), got {group_size}; use linear_qta8a_qga4w")
+
+
 def linear_qta8a_qga4w_coop(stream, x, input_scale, input_zero_point, weight, group_size, weight_scales, weight_zeros, *, variant=None, storage=None):
     """Record etvk.linear_qta8a_qga4w_coop.default into `stream`; returns device tensors."""
     op = LINEAR_QTA8A_QGA4W_COOP
@@ -144,7 +149,7 @@ LINEAR_QTA8A_QGA4W_COOP = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_coop(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on cooperative matrices (shader linear_qta8a_qga4w_coop), for many tokens; needs group_size % 32 == 0 and a device with coopmat_s8_16x16x32_sg32.",
-    spec="op_specs/linear.yaml:181",
+    spec="op_specs/linear.yaml:220",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),
@@ -152,6 +157,67 @@ LINEAR_QTA8A_QGA4W_COOP = rt.OpDef(
     ),
     record=linear_qta8a_qga4w_coop,
     fake=_linear_qta8a_qga4w_coop_fake,
+)
+
+
+def linear_qta8a_qga4w_coop_few(stream, x, input_scale, input_zero_point, weight, group_size, weight_scales, weight_zeros, *, variant=None, storage=None):
+    """Record etvk.linear_qta8a_qga4w_coop_few.default into `stream`; returns device tensors."""
+    op = LINEAR_QTA8A_QGA4W_COOP_FEW
+    rt.check_arg(op, "x", x, "Tensor")
+    rt.check_arg(op, "input_scale", input_scale, "Tensor")
+    rt.check_arg(op, "input_zero_point", input_zero_point, "Tensor")
+    rt.check_arg(op, "weight", weight, "Tensor")
+    rt.check_arg(op, "group_size", group_size, "int")
+    rt.check_arg(op, "weight_scales", weight_scales, "Tensor")
+    rt.check_arg(op, "weight_zeros", weight_zeros, "Tensor")
+    _check_x_int8(op, x)
+    _check_x_not_scalar(op, x)
+    _check_x_even_k(op, x)
+    _check_weight_uint8(op, weight)
+    _check_weight_shape(op, weight, x)
+    _check_group_size_multiple_of_8(op, group_size)
+    _check_group_size_divides_k(op, group_size, x)
+    _check_weight_scales_fp32(op, weight_scales)
+    _check_weight_scales_shape(op, weight_scales, weight, x, group_size)
+    _check_weight_zeros_int32(op, weight_zeros)
+    _check_weight_zeros_shape(op, weight_zeros, weight, x, group_size)
+    _check_weight_zeros_range(op, weight_zeros)
+    _check_input_scale_fp32(op, input_scale)
+    _check_input_scale_per_token(op, input_scale, x)
+    _check_input_zero_point_int32(op, input_zero_point)
+    _check_input_zero_point_per_token(op, input_zero_point, x)
+    _check_group_size_multiple_of_64(op, group_size)
+    n_out = int(weight.shape[0])
+    w_packed = rt.prepacked('runtime.families.linear_weights:pack_linear_weights_few', weight)
+    w_meta = rt.prepacked('runtime.families.linear_weights:pack_linear_meta_few', weight, weight_scales, weight_zeros, group_size)
+    v = op.select(variant, storage, {})
+    x = stream.upload(x, v.binding("t_x"), op.label("x"))
+    w_packed = stream.upload(w_packed, v.binding("t_w"), op.label("w_packed", "value"))
+    w_meta = stream.upload(w_meta, v.binding("t_meta"), op.label("w_meta", "value"))
+    input_scale = stream.upload(input_scale, v.binding("t_input_scale"), op.label("input_scale"))
+    input_zero_point = stream.upload(input_zero_point, v.binding("t_input_zero_point"), op.label("input_zero_point"))
+    out = stream.empty(tuple(x.shape[:-1]) + (n_out,), torch.float32, v.binding("t_out"), op.label("out", "output"))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_w": w_packed, "t_meta": w_meta, "t_input_scale": input_scale, "t_input_zero_point": input_zero_point}, push={"sizes": [rt.last_dim(x), n_out, rt.tokens(x), group_size]}, spec_constants={"BLOCKS_PER_GROUP": group_size // 64}, groups=[rt.ceil_div(n_out, 16), rt.ceil_div(rt.tokens(x), 8), 1])
+    return out
+
+
+def _linear_qta8a_qga4w_coop_few_fake(x, input_scale, input_zero_point, weight, group_size, weight_scales, weight_zeros):
+    n_out = int(weight.shape[0])
+    return torch.empty(tuple(x.shape[:-1]) + (n_out,), dtype=torch.float32, device=x.device)
+
+
+LINEAR_QTA8A_QGA4W_COOP_FEW = rt.OpDef(
+    name="etvk.linear_qta8a_qga4w_coop_few.default",
+    family="linear",
+    schema="linear_qta8a_qga4w_coop_few(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
+    doc="linear_qta8a_qga4w on cooperative matrices for a few tokens (shader linear_qta8a_qga4w_coop_few), in tiles of 8 tokens; needs group_size % 64 == 0, activations in a buffer and a device with coopmat_s8_16x8x32_sg32.",
+    spec="op_specs/linear.yaml:267",
+    reference="runtime.reference.linear:linear_qta8a_qga4w",
+    variants=(
+        ("linear_qta8a_qga4w_coop_few", {}),
+    ),
+    record=linear_qta8a_qga4w_coop_few,
+    fake=_linear_qta8a_qga4w_coop_few_fake,
 )
 
 
@@ -206,7 +272,7 @@ LINEAR_QTA8A_QGA4W_TILED = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_tiled(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on the tiled kernels of shader linear_qta8a_qga4w: gemv for one token, gemm for more.",
-    spec="op_specs/linear.yaml:228",
+    spec="op_specs/linear.yaml:314",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
@@ -257,7 +323,9 @@ def linear_qta8a_qga4w(stream, x, input_scale, input_zero_point, weight, group_s
     _check_input_scale_per_token(op, input_scale, x)
     _check_input_zero_point_int32(op, input_zero_point)
     _check_input_zero_point_per_token(op, input_zero_point, x)
-    if rt.linear_uses_coop(x, weight, group_size):
+    if rt.linear_uses_coop_few(x, weight, group_size, storage):
+        target = LINEAR_QTA8A_QGA4W_COOP_FEW
+    elif rt.linear_uses_coop(x, weight, group_size):
         target = LINEAR_QTA8A_QGA4W_COOP
     else:
         target = LINEAR_QTA8A_QGA4W_TILED
@@ -272,10 +340,11 @@ LINEAR_QTA8A_QGA4W = rt.OpDef(
     name="etvk.linear_qta8a_qga4w.default",
     family="linear",
     schema="linear_qta8a_qga4w(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
-    doc="out[m, n] = input_scale[m] * \u03a3_g weight_scales[n, g] * \u03a3_{k in g} (x[m, k] - input_zero_point[m]) * (w[n, k] - weight_zeros[n, g]). Hands the call to linear_qta8a_qga4w_coop where the device has int8 cooperative matrices and the call suits them (linear_uses_coop), else to linear_qta8a_qga4w_tiled (gemv for one token, gemm for more).",
-    spec="op_specs/linear.yaml:149",
+    doc="out[m, n] = input_scale[m] * \u03a3_g weight_scales[n, g] * \u03a3_{k in g} (x[m, k] - input_zero_point[m]) * (w[n, k] - weight_zeros[n, g]). Hands the call to linear_qta8a_qga4w_coop_few for a few tokens and to linear_qta8a_qga4w_coop for many where the device has int8 cooperative matrices and the call suits them (linear_uses_coop_few, linear_uses_coop), else to linear_qta8a_qga4w_tiled (gemv for one token, gemm for more).",
+    spec="op_specs/linear.yaml:185",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
+        ("linear_qta8a_qga4w_coop_few", {}),
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),
         ("linear_qta8a_qga4w_coop_texture3d", {"ACT_STORAGE": "texture3d"}),
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
@@ -304,6 +373,7 @@ LINEAR_QTA8A_QGA4W = rt.OpDef(
 
 OPS = (
     LINEAR_QTA8A_QGA4W_COOP,
+    LINEAR_QTA8A_QGA4W_COOP_FEW,
     LINEAR_QTA8A_QGA4W_TILED,
     LINEAR_QTA8A_QGA4W,
 )

@@ -9,7 +9,9 @@ a buffer unit, or one texel of a 2-D ``rgba32i`` image). The op spec calls it
 through ``prepacked(...)``, so a weight is packed and uploaded once.
 The cooperative-matrix kernel reads its own two tensors instead
 (`pack_linear_weights_coop`, `pack_linear_meta_coop`): rows of nibbles in k
-order, and the per-group metadata in planes.
+order, and the per-group metadata in planes; the few-token kernel its own
+two (`pack_linear_weights_few`, `pack_linear_meta_few`): one 16-byte unit per
+lane of a subgroup and K block, and the metadata of the rows each lane sums.
 
 Layout. Output rows are taken in blocks of 4 (``N4 = ceil(N / 4)`` blocks;
 rows past N are padding), and every block is one row of ``R = (J + 2) * G``
@@ -158,6 +160,58 @@ def pack_linear_meta_coop(
     c = (q - zq[:, :, None]).sum(dim=-1, dtype=torch.int32)
     meta[1, :, :n] = ((c << 4) | zq).t()
     return meta
+
+
+# The few-token kernel (templates/linear_qta8a_qga4w_coop_few.glsl.j2) takes output rows in
+# tiles of FEW_ROWS and K in blocks of FEW_K_BLOCK (two 16x8x32 multiplies).
+FEW_ROWS = 16
+FEW_K_BLOCK = 64
+
+
+def pack_linear_weights_few(weight: torch.Tensor) -> torch.Tensor:
+    """The 4-bit weights laid out for the few-token kernel: one 16-byte unit per lane.
+
+    N is zero padded to a multiple of `FEW_ROWS` (padding rows hold ``q = 8``).
+    Unit ``(tile * K/64 + b) * 32 + lane`` is what lane ``lane = 4 g + t`` of the
+    subgroup computing rows ``16 tile .. 16 tile + 15`` reads for K block ``b``:
+    its word ``2 s + h`` (``s, h`` in {0, 1}) holds row ``16 tile + g + 8 h`` and
+    ``k = 64 b + 16 t + 8 s .. + 7`` as the word of `pack_linear_weights` (byte
+    ``i`` holds ``q[k + i]`` in its low nibble and ``q[k + 4 + i]`` in its high
+    one, ``q = w + 8``). So a subgroup reads 512 consecutive bytes per block,
+    and the lane's activations for the same k are 16 consecutive bytes.
+
+    Args:
+        weight: uint8 ``[N, K/2]`` (OPS.md family 3 nibbles), K a multiple of 64.
+
+    Returns:
+        int32 ``[tiles * K/64 * 32, 4]``.
+    """
+    n, k = weight.shape[0], 2 * weight.shape[1]
+    rows = -(-n // FEW_ROWS) * FEW_ROWS
+    q = torch.full((rows, k), 8, dtype=torch.int32)
+    q[:n] = unpack_int4(weight).to(torch.int32) + 8
+    # row = 16 tile + 8 h + g, k = 64 b + 16 t + 8 s + 4 half + i
+    q = q.reshape(rows // FEW_ROWS, 2, 8, k // FEW_K_BLOCK, 4, 2, 2, 4)
+    nibbles = q[..., 0, :] | (q[..., 1, :] << 4)  # [tile, h, g, b, t, s, i]
+    nibbles = nibbles.permute(0, 3, 2, 4, 5, 1, 6)  # [tile, b, g, t, s, h, i]
+    return _words(nibbles).reshape(-1, 4)
+
+
+def pack_linear_meta_few(
+    weight: torch.Tensor, weight_scales: torch.Tensor, weight_zeros: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """Per-group metadata of the few-token kernel: int32 ``[tiles * G * 8, 4]``.
+
+    Unit ``(tile * G + g_k) * 8 + g`` holds, for group ``g_k`` and the rows
+    ``r0 = 16 tile + g`` and ``r1 = r0 + 8`` that lanes ``4 g .. 4 g + 3`` sum:
+    the bits of ``weight_scales[r0, g_k]`` and ``weight_scales[r1, g_k]``, then
+    ``(c << 4) | zq`` of each row as in `pack_linear_meta_coop`. Padding rows
+    hold scale 0, ``zq = 8`` and ``c = 0``.
+    """
+    meta = pack_linear_meta_coop(weight, weight_scales, weight_zeros, group_size)
+    rows = -(-weight.shape[0] // FEW_ROWS) * FEW_ROWS
+    planes = meta[:, :, :rows].reshape(2, meta.shape[1], rows // FEW_ROWS, 2, 8)  # [p, G, tile, h, g]
+    return planes.permute(2, 1, 4, 0, 3).reshape(-1, 4).contiguous()
 
 
 def _words(nibbles: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,12 @@ LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # H100 the kernel takes 70-80 us up to 32 x 14336 and beats the tiled gemm from 16 x 14336
 # and 64 x 4096 on (benchmarks/linear_bench.py; NOTES.md).
 LINEAR_COOP_MIN_WORK = 16 * 14336
+LINEAR_FEW_VARIANT = "linear_qta8a_qga4w_coop_few"  # and `linear_uses_coop_few`
+# Token counts the few-token kernel takes (tiles of 8 tokens). On the H200, K = 4096, group
+# 128, it beats the tiled gemm from 2 tokens on (2 x 14336 25.8 against 32.2 us, 8 x 14336 26.7
+# against 43.1) and the many-token kernel up to 32 (32 x 4096 26.9 against 71.5 and the gemm's
+# 41.1; 32 x 14336 76.9 against 78.4): benchmarks/NOTES.md, session 16.
+LINEAR_FEW_TOKENS = range(2, 33)
 
 
 def numel(t) -> int:
@@ -204,6 +210,17 @@ def linear_uses_coop(x, weight, group_size: int) -> bool:
     return catalog().variant(LINEAR_COOP_VARIANT).runnable(get_device().caps)[0]
 
 
+def linear_uses_coop_few(x, weight, group_size: int, storage) -> bool:
+    """Whether linear_qta8a_qga4w runs on the few-token cooperative-matrix kernel:
+    `LINEAR_FEW_TOKENS` tokens, whole 64-value K blocks per group, activations in a buffer
+    (neither preferred nor held in an image) and a device that runs the kernel."""
+    if tokens(x) not in LINEAR_FEW_TOKENS or group_size % 64 or storage == "texture3d":
+        return False
+    if not isinstance(x, torch.Tensor) and x.storage != "buffer":
+        return False
+    return catalog().variant(LINEAR_FEW_VARIANT).runnable(get_device().caps)[0]
+
+
 def pool2d_params(x, kernel_size, stride, padding, dilation, ceil_mode):
     """The `runtime.families.pool2d.Pool2dParams` of a pooling (its list arguments already checked)."""
     return pool2d.pool2d_params(x.shape, kernel_size, stride, padding, dilation, ceil_mode)
@@ -261,6 +278,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         coop_k_splits,
         conv2d_out_w,
         linear_uses_coop,
+        linear_uses_coop_few,
         pool2d_params,
         global_pool_tiling,
         layout_of,

@@ -133,16 +133,16 @@ def linear_args(lead, k, n, group_size, gen):
 
 def build_linear_qta8a_qga4w(axes, shape, gen):
     """K is the last size rounded up to a multiple of 64 (at least 64), N = 20,
-    group size 32; gemv variants get one token, the others (gemm, the
-    cooperative-matrix kernel, the dispatcher) at least two (or none, for an
-    empty shape)."""
+    group size 64 (every linear kernel takes it); gemv variants get one token, the
+    others (gemm, the cooperative-matrix kernels, the dispatcher) at least two (or
+    none, for an empty shape)."""
     k = max(64, -(-(shape[-1] if shape else 0) // 64) * 64)
     lead = tuple(shape[:-1])
     if axes.get("KERNEL") == "gemv":
         lead = (1,) * len(lead)
     elif math.prod(lead) == 1:
         lead = (2,) + lead[1:]
-    return linear_args(lead, k, 20, 32, gen)
+    return linear_args(lead, k, 20, 64, gen)
 
 
 def build_conv2d(op_name):
@@ -223,12 +223,13 @@ LINEAR_OPS = (
     "etvk.linear_qta8a_qga4w.default",
     "etvk.linear_qta8a_qga4w_tiled.default",
     "etvk.linear_qta8a_qga4w_coop.default",
+    "etvk.linear_qta8a_qga4w_coop_few.default",
 )
 
 
 def tolerance(op_name: str, want) -> float:
     """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
-    every op but linear_qta8a_qga4w (and the two it routes to), whose output may be 1e-5 of
+    every op but linear_qta8a_qga4w (and the three it routes to), whose output may be 1e-5 of
     its largest magnitude away (fp32 sums of groups)."""
     if op_name in LINEAR_OPS:
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0

@@ -31,6 +31,7 @@ from runtime.vulkan.stream import Stream
 OP = "etvk.linear_qta8a_qga4w.default"  # the dispatcher: routes to one of the two below
 TILED = "etvk.linear_qta8a_qga4w_tiled.default"  # gemv and gemm kernels
 COOP = "etvk.linear_qta8a_qga4w_coop.default"  # cooperative matrices (group sizes % 32 == 0)
+FEW = "etvk.linear_qta8a_qga4w_coop_few.default"  # few tokens on them (group sizes % 64 == 0)
 
 # (leading shape of x, K, N, group size). Tokens 1, 2, 3, 17 and 3-D inputs;
 # N not a multiple of 4; one group, many groups, more groups than a gemv
@@ -70,12 +71,14 @@ RTOL = 1e-5
 def _variants():
     return [
         pytest.param(leaf, info.name, id=info.name)
-        for leaf in (TILED, COOP)
+        for leaf in (TILED, COOP, FEW)
         for info in runtime.get_op(leaf).variants
     ]
 
 
-def _serves(axes, lead, group_size) -> bool:
+def _serves(variant, axes, lead, group_size) -> bool:
+    if variant.startswith("linear_qta8a_qga4w_coop_few"):  # any tokens, K blocks of 64
+        return group_size % 64 == 0
     if "KERNEL" not in axes:  # the cooperative-matrix kernel: any tokens, K steps of 32
         return group_size % 32 == 0
     return (axes["KERNEL"] == "gemv") == (math.prod(lead) == 1)
@@ -109,7 +112,7 @@ def test_variant_matches_references(leaf, variant, dispatch_trace):
     gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
     ran = 0
     for lead, k, n, gs in CASES:
-        if not _serves(axes, lead, gs):
+        if not _serves(variant, axes, lead, gs):
             continue
         args, _ = linear_args(lead, k, n, gs, gen)
         got = op(*args, variant=variant)
@@ -152,6 +155,37 @@ def test_op_picks_coop_for_many_tokens_where_the_device_has_it(dispatch_trace_pa
         assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), f"{tokens} tokens group_size={gs}")
         line = dispatch_trace_path.read_text().splitlines()[before]
         assert f"linear_qta8a_qga4w_{kernel}_" in line, line
+
+
+def test_op_picks_the_few_token_kernel_where_the_device_has_it(dispatch_trace_path):
+    """2 to 16 tokens with group sizes % 64 == 0 and activations in a buffer go to the
+    few-token cooperative-matrix kernel where it runs; one token, more tokens, other group
+    sizes and image activations do not."""
+    from runtime.ops.stub_support import LINEAR_FEW_TOKENS, LINEAR_FEW_VARIANT
+
+    few = catalog().variant(LINEAR_FEW_VARIANT).runnable(get_device().caps)[0]
+    gen = torch.Generator().manual_seed(15)
+    rows = (
+        (LINEAR_FEW_TOKENS[0], 64, "buffer", "coop_few" if few else "gemm"),
+        (LINEAR_FEW_TOKENS[-1], 128, "buffer", "coop_few" if few else "gemm"),
+        (LINEAR_FEW_TOKENS[-1] + 1, 64, "buffer", "gemm"),
+        (1, 64, "buffer", "gemv"),
+        (8, 32, "buffer", "gemm"),
+        (8, 64, "texture3d", "gemm"),
+    )
+    for tokens, gs, storage, kernel in rows:
+        args, _ = linear_args((tokens,), 128, 24, gs, gen)
+        before = dispatch_trace_path.read_text().count("\n") if dispatch_trace_path.exists() else 0
+        got = runtime.get_op(OP)(*args, storage=storage)
+        assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), f"{tokens} tokens group_size={gs} {storage}")
+        line = dispatch_trace_path.read_text().splitlines()[before]
+        assert f"linear_qta8a_qga4w_{kernel}" in line, line
+
+
+def test_few_rejects_group_sizes_it_cannot_block():
+    args, _ = linear_args((4,), 64, 4, 32, torch.Generator().manual_seed(16))
+    with pytest.raises(runtime.ArgumentError, match="argument 'group_size': must be a multiple of 64"):
+        runtime.get_op(FEW)(*args)
 
 
 def test_coop_rejects_group_sizes_it_cannot_step():
@@ -324,14 +358,20 @@ def test_weights_are_packed_and_uploaded_once(monkeypatch):
     assert_bit_equal(got, ref.linear_qta8a_qga4w(*args), "after an in-place change")
 
 
+def _random_weights(n: int, k: int, group_size: int, seed: int):
+    """Unpacked int8 weights in [-8, 7] [n, k], fp32 scales and int32 zeros [n, k / group_size]."""
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
+    ws = torch.randn(n, k // group_size, generator=gen)
+    wz = torch.randint(-8, 8, (n, k // group_size), generator=gen, dtype=torch.int32)
+    return w, ws, wz
+
+
 def test_packed_layout_matches_its_description():
     """Texel t = j*G + g of block b, component r: 8 nibbles of row 4b+r (byte i: low
     nibble k+i, high nibble k+4+i), then the scale bits, then (c << 4) | zq."""
-    gen = torch.Generator().manual_seed(7)
     n, k, gs = 6, 64, 16
-    w = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
-    ws = torch.randn(n, k // gs, generator=gen)
-    wz = torch.randint(-8, 8, (n, k // gs), generator=gen, dtype=torch.int32)
+    w, ws, wz = _random_weights(n, k, gs, seed=7)
     packed = linear_weights.pack_linear_weights(pack_int4(w), ws, wz, gs)
     groups, j_count = k // gs, gs // 8
     row_texels = linear_weights.packed_row_texels(k, gs)
@@ -365,11 +405,8 @@ def test_packed_layout_matches_its_description():
 def test_coop_packed_layout_matches_its_description():
     """Row n: unit s (16 bytes) holds k = 32s .. 32s+31, word i byte b: low nibble k+8i+b,
     high nibble k+8i+4+b; metadata planes [scale bits, (c << 4) | zq] x [G, N_pad]."""
-    gen = torch.Generator().manual_seed(14)
     n, k, gs = 70, 96, 32
-    w = torch.randint(-8, 8, (n, k), generator=gen, dtype=torch.int8)
-    ws = torch.randn(n, k // gs, generator=gen)
-    wz = torch.randint(-8, 8, (n, k // gs), generator=gen, dtype=torch.int32)
+    w, ws, wz = _random_weights(n, k, gs, seed=14)
     packed = linear_weights.pack_linear_weights_coop(pack_int4(w))
     meta = linear_weights.pack_linear_meta_coop(pack_int4(w), ws, wz, gs)
     assert packed.shape == (128, k // 8) and packed.dtype == torch.int32
@@ -384,6 +421,45 @@ def test_coop_packed_layout_matches_its_description():
     c = (w.int() - wz.repeat_interleave(gs, dim=1)).reshape(n, k // gs, gs).sum(dim=-1)
     assert torch.equal(meta[1, :, :n] >> 4, c.t())
     assert (meta[0, :, n:] == 0).all() and (meta[1, :, n:] == 8).all()
+
+
+def test_few_packed_layout_matches_its_description():
+    """Unit (tile * K/64 + b) * 32 + 4 g + t, word 2 s + h: row 16 tile + g + 8 h, k = 64 b
+    + 16 t + 8 s + 0..7 (byte i: low nibble k + i, high k + 4 + i); metadata unit
+    (tile * G + group) * 8 + g: scale bits of rows g and g + 8, then their (c << 4) | zq."""
+    n, k, gs = 40, 256, 128
+    w, ws, wz = _random_weights(n, k, gs, seed=17)
+    packed = linear_weights.pack_linear_weights_few(pack_int4(w))
+    meta = linear_weights.pack_linear_meta_few(pack_int4(w), ws, wz, gs)
+    tiles, blocks, groups = 3, k // 64, k // gs
+    assert packed.shape == (tiles * blocks * 32, 4) and packed.dtype == torch.int32
+    assert meta.shape == (tiles * groups * 8, 4) and meta.dtype == torch.int32
+    q = torch.full((16 * tiles, k), -1, dtype=torch.int64)
+    words = packed.to(torch.int64) & 0xFFFFFFFF
+    for unit in range(packed.shape[0]):
+        tile, b, lane = unit // (blocks * 32), unit // 32 % blocks, unit % 32
+        g, t = lane // 4, lane % 4
+        for s in range(2):
+            for h in range(2):
+                word = int(words[unit, 2 * s + h])
+                k0 = 64 * b + 16 * t + 8 * s
+                for i in range(4):
+                    q[16 * tile + g + 8 * h, k0 + i] = (word >> (8 * i)) & 0xF
+                    q[16 * tile + g + 8 * h, k0 + 4 + i] = (word >> (8 * i + 4)) & 0xF
+    assert torch.equal(q[:n], w.to(torch.int64) + 8)
+    assert (q[n:] == 8).all()
+    c = (w.int() - wz.repeat_interleave(gs, dim=1)).reshape(n, groups, gs).sum(dim=-1)
+    for unit in range(meta.shape[0]):
+        tile, group, g = unit // (groups * 8), unit // 8 % groups, unit % 8
+        for h in range(2):
+            row = 16 * tile + g + 8 * h
+            scale = meta[unit, h : h + 1].view(torch.float32).item()
+            czq = int(meta[unit, 2 + h])
+            if row < n:
+                assert scale == ws[row, group].item() and czq & 0xF == wz[row, group] + 8
+                assert czq >> 4 == c[row, group]
+            else:
+                assert (scale, czq) == (0.0, 8)
 
 
 # ---------------------------------------------------------------- bad inputs
