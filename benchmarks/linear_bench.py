@@ -3,8 +3,9 @@
 Times ``etvk.linear_qta8a_qga4w.default`` (int8 per-token activations x 4-bit
 weights in groups of 128) at M = 1, 8, 16, 32 and 128 tokens (``--tokens``),
 K = 4096, N = 4096 and 14336 (``--n``): the op's default variant (gemv for
-one token, the tiled gemm or the cooperative-matrix kernel for more), and for
-more than one token the other of those two where the device runs it. GPU time per call and weight
+one token, the tiled gemm or one of the two cooperative-matrix kernels for more:
+few tokens or many), and for more than one token the others of those three where
+the device runs them. GPU time per call and weight
 GB/s (the bytes of the packed int4 weight with its scales and zeros, over
 the GPU time).
 
@@ -69,7 +70,8 @@ from runtime.vulkan.tensor import Tensor  # noqa: E402
 drop_validation()
 
 OP = "etvk.linear_qta8a_qga4w.default"
-LEAVES = ("etvk.linear_qta8a_qga4w_tiled.default", "etvk.linear_qta8a_qga4w_coop.default")
+LEAVES = ("etvk.linear_qta8a_qga4w_tiled.default", "etvk.linear_qta8a_qga4w_coop.default",
+          "etvk.linear_qta8a_qga4w_coop_few.default")
 GROUP_SIZE = 128
 CALLS = 16  # calls recorded back to back per stream, cycling through the weight copies
 ROTATED_BYTES = 67e6  # weights per rotation for an N of one's own (--n): beyond a 50-60 MB L2
