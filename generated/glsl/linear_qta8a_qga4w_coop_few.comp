@@ -98,6 +98,14 @@ uint few_minus_zero(uint q4, uint zq4) {
   return ((q4 + 0x80808080u) - zq4) ^ 0x80808080u;
 }
 
+// acc += p, element by element, each sum rounded (the reference's chain: no fma).
+void add_products(inout float acc[4], const vec4 p) {
+  [[unroll]] for (int e = 0; e < 4; ++e) {
+    precise float sum = acc[e] + p[e];
+    acc[e] = sum;
+  }
+}
+
 void subgroup_sync() {
   controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared, gl_SemanticsAcquireRelease);
 }
@@ -138,11 +146,13 @@ void main() {
     uvec4 x_reg[LOOKAHEAD];
     ivec4 m_reg[LOOKAHEAD];
     [[unroll]] for (int d = 0; d < LOOKAHEAD; ++d) {
-      const bool inside = uint(d) < b_count;
-      const uint b = b_first + uint(d);
-      w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
-      x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
-      m_reg[d] = inside ? t_meta_load(meta_unit + 8u * (b / blocks_per_group)) : ivec4(0);
+      {
+        const bool inside = uint(d) < b_count;
+        const uint b = b_first + uint(d);
+        w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
+        x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
+        m_reg[d] = inside ? t_meta_load(meta_unit + 8u * (b / blocks_per_group)) : ivec4(0);
+      }
     }
     for (uint j0 = 0u; j0 < b_count; j0 += uint(LOOKAHEAD)) {
       [[unroll]] for (int d = 0; d < LOOKAHEAD; ++d) {
@@ -186,33 +196,27 @@ void main() {
             p.w = scale1 * float(int(s_a[at + 8u * CSTRIDE + 1u]) - izp1 * c1);
             subgroup_sync();  // read before the next step stores to A buffer 0
             if (sg == 0u) {
-              [[unroll]] for (int e = 0; e < 4; ++e) {
-                precise float sum = acc[e] + p[e];
-                acc[e] = sum;
-              }
+              add_products(acc, p);
             } else {
               s_p[((sg - 1u) * uint(ROUND) + j / blocks_per_group) * 32u + lane] = p;
             }
           }
         }
         // Refill slot d with block j + LOOKAHEAD.
-        const uint jn = j + uint(LOOKAHEAD);
-        const bool inside = jn < b_count;
-        const uint b = b_first + jn;
-        w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
-        x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
-        m_reg[d] = inside ? t_meta_load(meta_unit + 8u * (b / blocks_per_group)) : ivec4(0);
+        {
+          const bool inside = j + uint(LOOKAHEAD) < b_count;
+          const uint b = b_first + j + uint(LOOKAHEAD);
+          w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
+          x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
+          m_reg[d] = inside ? t_meta_load(meta_unit + 8u * (b / blocks_per_group)) : ivec4(0);
+        }
       }
     }
     barrier();  // the round's products are in s_p
     if (sg == 0u) {
       const uint others = min(G, round0 + uint(SPLIT * ROUND)) - min(G, round0 + uint(ROUND));
       for (uint i = 0u; i < others; ++i) {  // groups in order: subgroup 1's, then 2's, ...
-        const vec4 p = s_p[i * 32u + lane];
-        [[unroll]] for (int e = 0; e < 4; ++e) {
-          precise float sum = acc[e] + p[e];
-          acc[e] = sum;
-        }
+        add_products(acc, s_p[i * 32u + lane]);
       }
     }
     barrier();  // s_p is free for the next round
