@@ -278,7 +278,7 @@ class _Parser(NodeChecker):
         if ref and not REFERENCE_RE.match(ref):
             self.err(f["reference"].loc, f"reference must be 'module:function', got {ref!r}")
         op_checks = []
-        for c in self.seq(f.get("checks"), f"checks of {what}"):
+        for c in _flatten(self.seq(f.get("checks"), f"checks of {what}")):
             if c.kind == "scalar" and isinstance(c.value, str):
                 if c.value not in checks:
                     self.err(
@@ -295,7 +295,8 @@ class _Parser(NodeChecker):
             else:
                 self.err(
                     c.loc,
-                    f"a check of {what} must be a check name or a mapping with arg, expr, error",
+                    f"a check of {what} must be a check name, a mapping with arg, expr, error, "
+                    "or a list of those",
                 )
         outputs = [
             Output(n, shape, dtype, loc)
@@ -413,3 +414,12 @@ def parse_family(root: Node, path: str) -> tuple[FamilySpec | None, list[SpecErr
     parser = _Parser(path)
     family = parser.family(root)
     return family, parser.errors
+
+
+def _flatten(nodes: list[Node]) -> list[Node]:
+    """`nodes` with every sequence node replaced by its items, recursively: so an op's checks
+    may hold a YAML alias of another op's list (``checks: [*common, extra]``)."""
+    flat = []
+    for node in nodes:
+        flat.extend(_flatten(node.value) if node.kind == "seq" else [node])
+    return flat

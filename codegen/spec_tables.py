@@ -82,7 +82,9 @@ OP = (
     F("schema", "schema", REQUIRED, "PyTorch schema; its name must equal the op key.", True),
     F("reference", "module:function", REQUIRED, "PyTorch reference implementation.", True),
     F("let", "mapping of name to expression", {}, "Derived values, evaluated in order."),
-    F("checks", "list of check names or checks", [], "Argument checks, in order."),
+    F("checks", "list of check names or checks", [],
+      "Argument checks, in order; a nested list, e.g. the YAML alias of another op's "
+      "(`[*common, extra]`), counts as its items in place."),
     F("outputs", "list of output", [], "Output tensors, in return order."),
     F("scratch", "list of scratch", [], "Device temporaries that steps pass to each other."),
     F("layouts", "mapping of name to expression", {}, "Tensor <- packed int8 layout it has."),
