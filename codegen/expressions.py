@@ -116,6 +116,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "tokens, `group_size % 64 == 0`, activations in a buffer and a device that runs "
         "linear_qta8a_qga4w_coop_few",
     ),
+    "linear_few_tiling": (
+        "n, tokens, group_size",
+        "the tiling of linear_qta8a_qga4w_coop_few for `tokens` x `n` outputs: `.split` and "
+        "`.round` (spec constants SPLIT, ROUND) and `.groups` (workgroup counts; "
+        "runtime/families/linear_tiling.py)",
+    ),
     "pool2d_params": (
         "x, kernel_size, stride, padding, dilation, ceil_mode",
         "a pooling's geometry, `runtime.families.pool2d.Pool2dParams` (`N C H W KH KW stride "

@@ -8,6 +8,8 @@
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int BLOCKS_PER_GROUP = 2;
+layout(constant_id = 4) const int SPLIT = 4;
+layout(constant_id = 5) const int ROUND = 2;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
 } pc;
@@ -76,20 +78,20 @@ layout(set = 0, binding = 5, std430) readonly buffer t_input_zero_point_block {
 } t_input_zero_point;
 int t_input_zero_point_load(uint i) { return t_input_zero_point.data[i]; }
 
-const int SPLIT = 4;       // subgroups per workgroup, splitting K (the spec's workgroup / 32)
-const int ROUND = 2;       // consecutive groups per subgroup and round
-const int LOOKAHEAD = 4;   // K blocks of 64 loaded ahead
-const uint ASTRIDE = 12u;  // words per staged A row (8 + 4: conflict-free lane stores)
-const uint BSTRIDE = 8u;   // words per staged B column
-const uint CSTRIDE = 8u;   // ints per row of a subgroup's sums (staged in A buffer 0)
+const int TILES = 4 / SPLIT;  // tiles per workgroup
+const int LOOKAHEAD = 4;      // K blocks of 64 loaded ahead
+const uint ASTRIDE = 12u;     // words per staged A row (8 + 4: conflict-free lane stores)
+const uint BSTRIDE = 8u;      // words per staged B column
+const uint CSTRIDE = 8u;      // ints per row of a subgroup's sums (staged in A buffer 0)
 
 #define A_MAT coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 8, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 8, gl_MatrixUseAccumulator>
 
-shared uint s_a[SPLIT * 2 * 16 * ASTRIDE];    // [subgroup][buffer][row][k word]: int8 q - zq
-shared uint s_b[SPLIT * 2 * 8 * BSTRIDE];     // [subgroup][buffer][token][k word]: int8 x
-shared vec4 s_p[(SPLIT - 1) * ROUND * 32];    // [subgroup - 1][group of the round][lane]: products
+shared uint s_a[4 * 2 * 16 * ASTRIDE];  // [subgroup][buffer][row][k word]: int8 q - zq
+shared uint s_b[4 * 2 * 8 * BSTRIDE];   // [subgroup][buffer][token][k word]: int8 x
+// [tile][its subgroup - 1][group of the round][lane]: products
+shared vec4 s_p[TILES * (SPLIT - 1) * ROUND * 32];
 
 // Four int8 q - zq from the nibbles q in the low 4 bits of each byte of `q4`:
 // per byte q + 128 - zq lies in [113, 143] (no borrow between bytes), and
@@ -118,10 +120,12 @@ void main() {
   const uint blocks = K / 64u;
   const uint G = K / uint(pc.sizes.w);
   const uint sg = gl_SubgroupID;
+  const uint part = sg % uint(SPLIT);  // the subgroup's share of its tile's K
   const uint lane = gl_SubgroupInvocationID;
   const uint g = lane >> 2u;
   const uint t = lane & 3u;
-  const uint tile = gl_WorkGroupID.x;
+  const uint tile = gl_WorkGroupID.x * uint(TILES) + sg / uint(SPLIT);
+  const bool live = tile * 16u < N;  // the last workgroup may hold a tile past N
   const uint m0 = gl_WorkGroupID.y * 8u;
 
   const bool x_in = m0 + g < M;
@@ -133,27 +137,35 @@ void main() {
   const int izp1 = tok + 1u < M ? t_input_zero_point_load(tok + 1u) : 0;
   const uint a_at = sg * 2u * 16u * ASTRIDE;
   const uint b_at = sg * 2u * 8u * BSTRIDE;
+  const uint p_at = (sg / uint(SPLIT)) * uint((SPLIT - 1) * ROUND) * 32u;  // the tile's products
   float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
   C_MAT sums = C_MAT(0);
 
-  for (uint round0 = 0u; round0 < G; round0 += uint(SPLIT * ROUND)) {
-    const uint first = min(round0 + sg * uint(ROUND), G);  // this subgroup's groups: [first, last)
-    const uint last = min(first + uint(ROUND), G);
-    const uint b_first = first * blocks_per_group;
-    const uint b_count = (last - first) * blocks_per_group;
-    // Registers for K blocks b_first + j: slot j % LOOKAHEAD.
-    uvec4 w_reg[LOOKAHEAD];
-    uvec4 x_reg[LOOKAHEAD];
-    ivec4 m_reg[LOOKAHEAD];
+  // Registers for the subgroup's K blocks in order, round after round: in a round whose
+  // groups start at block b_first, block b_first + j sits in slot j % LOOKAHEAD (every
+  // round but the last has ROUND * BLOCKS_PER_GROUP blocks, a multiple of LOOKAHEAD).
+  uvec4 w_reg[LOOKAHEAD];
+  uvec4 x_reg[LOOKAHEAD];
+  ivec4 m_reg[LOOKAHEAD];
+  {
+    const uint first = min(part * uint(ROUND), G);
+    const uint b_count = (min(first + uint(ROUND), G) - first) * blocks_per_group;
     [[unroll]] for (int d = 0; d < LOOKAHEAD; ++d) {
       {
-        const bool inside = uint(d) < b_count;
-        const uint b = b_first + uint(d);
-        w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
-        x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
-        m_reg[d] = inside ? t_meta_load(meta_unit + 8u * (b / blocks_per_group)) : ivec4(0);
-      }
+          const bool inside = live && uint(d) < b_count;
+          const uint b = first * blocks_per_group + uint(d);
+          w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
+          x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
+          m_reg[d] = inside ? t_meta_load(meta_unit + 8u * (b / blocks_per_group)) : ivec4(0);
+        }
     }
+  }
+  for (uint round0 = 0u; round0 < G; round0 += uint(SPLIT * ROUND)) {
+    const uint first = min(round0 + part * uint(ROUND), G);  // this subgroup's groups: [first, last)
+    const uint b_first = first * blocks_per_group;
+    const uint b_count = (min(first + uint(ROUND), G) - first) * blocks_per_group;
+    const uint next = min(first + uint(SPLIT * ROUND), G);  // its groups in the next round
+    const uint next_count = (min(next + uint(ROUND), G) - next) * blocks_per_group;
     for (uint j0 = 0u; j0 < b_count; j0 += uint(LOOKAHEAD)) {
       [[unroll]] for (int d = 0; d < LOOKAHEAD; ++d) {
         const uint j = j0 + uint(d);
@@ -170,8 +182,8 @@ void main() {
             s_a[a_buf + g * ASTRIDE + t + 4u] = few_minus_zero((w0 >> 4u) & 0x0F0F0F0Fu, zq0);
             s_a[a_buf + (g + 8u) * ASTRIDE + t] = few_minus_zero(w1 & 0x0F0F0F0Fu, zq1);
             s_a[a_buf + (g + 8u) * ASTRIDE + t + 4u] = few_minus_zero((w1 >> 4u) & 0x0F0F0F0Fu, zq1);
-            s_b[b_buf + g * BSTRIDE + t] = x_reg[d][2 * s];
-            s_b[b_buf + g * BSTRIDE + t + 4u] = x_reg[d][2 * s + 1];
+            s_b[b_buf + g * BSTRIDE + 2u * t] = x_reg[d][2 * s];
+            s_b[b_buf + g * BSTRIDE + 2u * t + 1u] = x_reg[d][2 * s + 1];
             subgroup_sync();
             A_MAT a;
             B_MAT bm;
@@ -195,34 +207,38 @@ void main() {
             p.z = scale1 * float(int(s_a[at + 8u * CSTRIDE]) - izp0 * c1);
             p.w = scale1 * float(int(s_a[at + 8u * CSTRIDE + 1u]) - izp1 * c1);
             subgroup_sync();  // read before the next step stores to A buffer 0
-            if (sg == 0u) {
+            if (part == 0u) {
               add_products(acc, p);
             } else {
-              s_p[((sg - 1u) * uint(ROUND) + j / blocks_per_group) * 32u + lane] = p;
+              s_p[p_at + ((part - 1u) * uint(ROUND) + j / blocks_per_group) * 32u + lane] = p;
             }
           }
         }
-        // Refill slot d with block j + LOOKAHEAD.
+        // Refill slot d with block j + LOOKAHEAD: of this round, or else of the next.
         {
-          const bool inside = j + uint(LOOKAHEAD) < b_count;
-          const uint b = b_first + j + uint(LOOKAHEAD);
-          w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
-          x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
-          m_reg[d] = inside ? t_meta_load(meta_unit + 8u * (b / blocks_per_group)) : ivec4(0);
+          const uint ahead = j + uint(LOOKAHEAD);
+          const bool here = ahead < b_count;
+          {
+            const bool inside = live && (here || ahead - b_count < next_count);
+            const uint b = here ? b_first + ahead : next * blocks_per_group + (ahead - b_count);
+            w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
+            x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
+            m_reg[d] = inside ? t_meta_load(meta_unit + 8u * (b / blocks_per_group)) : ivec4(0);
+          }
         }
       }
     }
     barrier();  // the round's products are in s_p
-    if (sg == 0u) {
+    if (part == 0u) {
       const uint others = min(G, round0 + uint(SPLIT * ROUND)) - min(G, round0 + uint(ROUND));
       for (uint i = 0u; i < others; ++i) {  // groups in order: subgroup 1's, then 2's, ...
-        add_products(acc, s_p[i * 32u + lane]);
+        add_products(acc, s_p[p_at + i * 32u + lane]);
       }
     }
     barrier();  // s_p is free for the next round
   }
 
-  if (sg == 0u) {
+  if (part == 0u) {
     const uint row0 = tile * 16u + g;
     [[unroll]] for (int e = 0; e < 4; ++e) {
       const uint m = tok + uint(e & 1);

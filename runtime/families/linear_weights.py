@@ -174,11 +174,14 @@ def pack_linear_weights_few(weight: torch.Tensor) -> torch.Tensor:
     N is zero padded to a multiple of `FEW_ROWS` (padding rows hold ``q = 8``).
     Unit ``(tile * K/64 + b) * 32 + lane`` is what lane ``lane = 4 g + t`` of the
     subgroup computing rows ``16 tile .. 16 tile + 15`` reads for K block ``b``:
-    its word ``2 s + h`` (``s, h`` in {0, 1}) holds row ``16 tile + g + 8 h`` and
-    ``k = 64 b + 16 t + 8 s .. + 7`` as the word of `pack_linear_weights` (byte
-    ``i`` holds ``q[k + i]`` in its low nibble and ``q[k + 4 + i]`` in its high
-    one, ``q = w + 8``). So a subgroup reads 512 consecutive bytes per block,
-    and the lane's activations for the same k are 16 consecutive bytes.
+    its word ``2 s + h`` (``s, h`` in {0, 1}) holds row ``16 tile + g + 8 h``,
+    byte ``i`` with ``q[k + i]`` in its low nibble and ``q[k + 32 + i]`` in its
+    high one, ``k = 64 b + 16 (t >> 1) + 8 s + 4 (t & 1)`` and ``q = w + 8``.
+    So a subgroup reads 512 consecutive bytes per block; the kernel stages the
+    low nibbles of the lane's word at matrix k ``4 t .. 4 t + 3`` of its K step
+    ``s`` and the high ones at ``4 t + 16 ..``, which is where the activations of
+    ``k`` and ``k + 32`` go when lane ``4 g + t`` stores its 16 consecutive bytes
+    (``k = 64 b + 16 t ..``) as two words per step.
 
     Args:
         weight: uint8 ``[N, K/2]`` (OPS.md family 3 nibbles), K a multiple of 64.
@@ -190,10 +193,10 @@ def pack_linear_weights_few(weight: torch.Tensor) -> torch.Tensor:
     rows = -(-n // FEW_ROWS) * FEW_ROWS
     q = torch.full((rows, k), 8, dtype=torch.int32)
     q[:n] = unpack_int4(weight).to(torch.int32) + 8
-    # row = 16 tile + 8 h + g, k = 64 b + 16 t + 8 s + 4 half + i
-    q = q.reshape(rows // FEW_ROWS, 2, 8, k // FEW_K_BLOCK, 4, 2, 2, 4)
-    nibbles = q[..., 0, :] | (q[..., 1, :] << 4)  # [tile, h, g, b, t, s, i]
-    nibbles = nibbles.permute(0, 3, 2, 4, 5, 1, 6)  # [tile, b, g, t, s, h, i]
+    # row = 16 tile + 8 h + g, k = 64 b + 32 half + 16 t1 + 8 s + 4 t0 + i (t = 2 t1 + t0)
+    q = q.reshape(rows // FEW_ROWS, 2, 8, k // FEW_K_BLOCK, 2, 2, 2, 2, 4)
+    nibbles = q[:, :, :, :, 0] | (q[:, :, :, :, 1] << 4)  # [tile, h, g, b, t1, s, t0, i]
+    nibbles = nibbles.permute(0, 3, 2, 4, 6, 5, 1, 7)  # [tile, b, g, t1, t0, s, h, i]
     return _words(nibbles).reshape(-1, 4)
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
-from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, pool2d
+from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, pool2d
 from runtime.ops import tuning
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
@@ -221,6 +221,12 @@ def linear_uses_coop_few(x, weight, group_size: int, storage) -> bool:
     return catalog().variant(LINEAR_FEW_VARIANT).runnable(get_device().caps)[0]
 
 
+def linear_few_tiling(n: int, tokens_: int, group_size: int):
+    """SPLIT, ROUND and workgroup counts of the few-token kernel
+    (`runtime.families.linear_tiling.few_tiling`)."""
+    return linear_tiling.few_tiling(n, tokens_, group_size)
+
+
 def pool2d_params(x, kernel_size, stride, padding, dilation, ceil_mode):
     """The `runtime.families.pool2d.Pool2dParams` of a pooling (its list arguments already checked)."""
     return pool2d.pool2d_params(x.shape, kernel_size, stride, padding, dilation, ceil_mode)
@@ -279,6 +285,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         conv2d_out_w,
         linear_uses_coop,
         linear_uses_coop_few,
+        linear_few_tiling,
         pool2d_params,
         global_pool_tiling,
         layout_of,

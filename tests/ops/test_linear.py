@@ -274,6 +274,47 @@ def test_every_coop_staging_gives_the_same_bits(gs):
             assert_bit_equal(out.to_torch(), want, f"STEPS={steps} group_size={gs}")
 
 
+@pytest.mark.parametrize("gs", [64, 128, 192, 256])
+def test_every_few_tiling_gives_the_same_bits(gs):
+    """The few-token kernel's tile of 16 rows x 8 tokens goes to 4 or 2 subgroups (one or two
+    tiles per workgroup, SPLIT) in rounds of ROUND groups each; every pair whose rounds hold
+    whole lookaheads gives the reference's bits: 3 row tiles (the second workgroup of two
+    tiles holds one past N), 11 tokens (a partial token tile), K of several rounds with a
+    partial last one, group sizes of 1 to 4 blocks of 64."""
+    from runtime.families.linear_tiling import few_round_fits, few_tiling
+    from runtime.vulkan.tensor import Tensor
+
+    _skip_unless_runnable("linear_qta8a_qga4w_coop_few")
+    variant = catalog().variant("linear_qta8a_qga4w_coop_few")
+    k, n, tokens = 1536, 40, 11
+    x, s, z, w, _, ws, wz = linear_args((tokens,), k, n, gs, torch.Generator().manual_seed(16))[0]
+    want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz)
+    bindings = {
+        "t_x": Tensor.from_torch(x),
+        "t_w": Tensor.from_torch(linear_weights.pack_linear_weights_few(w)),
+        "t_meta": Tensor.from_torch(linear_weights.pack_linear_meta_few(w, ws, wz, gs)),
+        "t_input_scale": Tensor.from_torch(s.reshape(-1)),
+        "t_input_zero_point": Tensor.from_torch(z.reshape(-1)),
+    }
+    ran = 0
+    for split in (2, 4):
+        for round_ in (2, 4, 8):
+            if not few_round_fits(round_, gs):
+                continue
+            tiling = few_tiling(n, tokens, gs, split, round_)
+            with Stream() as stream:
+                out = Tensor.empty((tokens, n), torch.float32, "buffer")
+                stream.dispatch(variant, FEW, bindings={**bindings, "t_out": out},
+                                push={"sizes": [k, n, tokens, gs]},
+                                spec_constants={"BLOCKS_PER_GROUP": gs // 64, "SPLIT": split,
+                                                "ROUND": round_},
+                                groups=tiling.groups)
+                stream.run()
+                assert_bit_equal(out.to_torch(), want, f"SPLIT={split} ROUND={round_} group_size={gs}")
+            ran += 1
+    assert ran >= 4
+
+
 # ---------------------------------------------------------------- dynamic activations in one stream
 
 
@@ -424,8 +465,8 @@ def test_coop_packed_layout_matches_its_description():
 
 
 def test_few_packed_layout_matches_its_description():
-    """Unit (tile * K/64 + b) * 32 + 4 g + t, word 2 s + h: row 16 tile + g + 8 h, k = 64 b
-    + 16 t + 8 s + 0..7 (byte i: low nibble k + i, high k + 4 + i); metadata unit
+    """Unit (tile * K/64 + b) * 32 + 4 g + t, word 2 s + h: row 16 tile + g + 8 h, byte i:
+    low nibble k + i, high k + 32 + i, k = 64 b + 16 (t >> 1) + 8 s + 4 (t & 1); metadata unit
     (tile * G + group) * 8 + g: scale bits of rows g and g + 8, then their (c << 4) | zq."""
     n, k, gs = 40, 256, 128
     w, ws, wz = _random_weights(n, k, gs, seed=17)
@@ -442,10 +483,10 @@ def test_few_packed_layout_matches_its_description():
         for s in range(2):
             for h in range(2):
                 word = int(words[unit, 2 * s + h])
-                k0 = 64 * b + 16 * t + 8 * s
+                k0 = 64 * b + 16 * (t >> 1) + 8 * s + 4 * (t & 1)
                 for i in range(4):
                     q[16 * tile + g + 8 * h, k0 + i] = (word >> (8 * i)) & 0xF
-                    q[16 * tile + g + 8 * h, k0 + 4 + i] = (word >> (8 * i + 4)) & 0xF
+                    q[16 * tile + g + 8 * h, k0 + 32 + i] = (word >> (8 * i + 4)) & 0xF
     assert torch.equal(q[:n], w.to(torch.int64) + 8)
     assert (q[n:] == 8).all()
     c = (w.int() - wz.repeat_interleave(gs, dim=1)).reshape(n, groups, gs).sum(dim=-1)
