@@ -24,7 +24,7 @@ the L2; benchmarks/NOTES.md, session 17), by the tiles a call computes:
 The kernel loads `FEW_LOOKAHEAD` K blocks of 64 ahead, across its rounds, so a
 round's blocks (ROUND x group_size / 64) must be a multiple of it: groups of an
 odd number of blocks take rounds of 4. Pure arithmetic; called by the op stub
-(through runtime/ops/stub_support.py), the benchmark and the tests.
+(through runtime/ops/stub_support.py) and the tests.
 """
 
 from __future__ import annotations
