@@ -78,7 +78,8 @@ layout(set = 0, binding = 5, std430) readonly buffer t_input_zero_point_block {
 } t_input_zero_point;
 int t_input_zero_point_load(uint i) { return t_input_zero_point.data[i]; }
 
-const int TILES = 4 / SPLIT;  // tiles per workgroup
+const int SUBGROUPS = 4;      // per workgroup: the spec's workgroup / 32
+const int TILES = SUBGROUPS / SPLIT;  // tiles per workgroup
 const int LOOKAHEAD = 4;      // K blocks of 64 loaded ahead
 const uint ASTRIDE = 12u;     // words per staged A row (8 + 4: conflict-free lane stores)
 const uint BSTRIDE = 8u;      // words per staged B column
@@ -88,8 +89,8 @@ const uint CSTRIDE = 8u;      // ints per row of a subgroup's sums (staged in A 
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 8, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 8, gl_MatrixUseAccumulator>
 
-shared uint s_a[4 * 2 * 16 * ASTRIDE];  // [subgroup][buffer][row][k word]: int8 q - zq
-shared uint s_b[4 * 2 * 8 * BSTRIDE];   // [subgroup][buffer][token][k word]: int8 x
+shared uint s_a[SUBGROUPS * 2 * 16 * ASTRIDE];  // [subgroup][buffer][row][k word]: int8 q - zq
+shared uint s_b[SUBGROUPS * 2 * 8 * BSTRIDE];   // [subgroup][buffer][token][k word]: int8 x
 // [tile][its subgroup - 1][group of the round][lane]: products
 shared vec4 s_p[TILES * (SPLIT - 1) * ROUND * 32];
 
