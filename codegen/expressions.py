@@ -118,9 +118,9 @@ HELPERS: dict[str, tuple[str, str]] = {
     ),
     "linear_few_tiling": (
         "n, tokens, group_size",
-        "the tiling of linear_qta8a_qga4w_coop_few for `tokens` x `n` outputs: `.split` and "
-        "`.round` (spec constants SPLIT, ROUND) and `.groups` (workgroup counts; "
-        "runtime/families/linear_tiling.py)",
+        "the tiling of linear_qta8a_qga4w_coop_few for `tokens` x `n` outputs: `.axis` (its "
+        "axis SPLIT, from `.split`), `.round` (spec constant ROUND) and `.groups` (workgroup "
+        "counts; runtime/families/linear_tiling.py)",
     ),
     "pool2d_params": (
         "x, kernel_size, stride, padding, dilation, ceil_mode",

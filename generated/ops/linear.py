@@ -149,7 +149,7 @@ LINEAR_QTA8A_QGA4W_COOP = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_coop(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on cooperative matrices (shader linear_qta8a_qga4w_coop), for many tokens; needs group_size % 32 == 0 and a device with coopmat_s8_16x16x32_sg32.",
-    spec="op_specs/linear.yaml:227",
+    spec="op_specs/linear.yaml:232",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),
@@ -191,14 +191,14 @@ def linear_qta8a_qga4w_coop_few(stream, x, input_scale, input_zero_point, weight
     w_packed = rt.prepacked('runtime.families.linear_weights:pack_linear_weights_few', weight)
     w_meta = rt.prepacked('runtime.families.linear_weights:pack_linear_meta_few', weight, weight_scales, weight_zeros, group_size)
     tiling = rt.linear_few_tiling(n_out, rt.tokens(x), group_size)
-    v = op.select(variant, storage, {})
+    v = op.select(variant, storage, {"SPLIT": ("weight", tiling.axis)})
     x = stream.upload(x, v.binding("t_x"), op.label("x"))
     w_packed = stream.upload(w_packed, v.binding("t_w"), op.label("w_packed", "value"))
     w_meta = stream.upload(w_meta, v.binding("t_meta"), op.label("w_meta", "value"))
     input_scale = stream.upload(input_scale, v.binding("t_input_scale"), op.label("input_scale"))
     input_zero_point = stream.upload(input_zero_point, v.binding("t_input_zero_point"), op.label("input_zero_point"))
     out = stream.empty(tuple(x.shape[:-1]) + (n_out,), torch.float32, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_w": w_packed, "t_meta": w_meta, "t_input_scale": input_scale, "t_input_zero_point": input_zero_point}, push={"sizes": [rt.last_dim(x), n_out, rt.tokens(x), group_size]}, spec_constants={"BLOCKS_PER_GROUP": group_size // 64, "SPLIT": tiling.split, "ROUND": tiling.round}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_w": w_packed, "t_meta": w_meta, "t_input_scale": input_scale, "t_input_zero_point": input_zero_point}, push={"sizes": [rt.last_dim(x), n_out, rt.tokens(x), group_size]}, spec_constants={"BLOCKS_PER_GROUP": group_size // 64, "ROUND": tiling.round}, groups=tiling.groups)
     return out
 
 
@@ -212,10 +212,11 @@ LINEAR_QTA8A_QGA4W_COOP_FEW = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_coop_few(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on cooperative matrices for a few tokens (shader linear_qta8a_qga4w_coop_few), in tiles of 8 tokens; needs group_size % 64 == 0, activations in a buffer and a device with coopmat_s8_16x8x32_sg32.",
-    spec="op_specs/linear.yaml:257",
+    spec="op_specs/linear.yaml:262",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
-        ("linear_qta8a_qga4w_coop_few", {}),
+        ("linear_qta8a_qga4w_coop_few_s4", {"SPLIT": "s4"}),
+        ("linear_qta8a_qga4w_coop_few_s2", {"SPLIT": "s2"}),
     ),
     record=linear_qta8a_qga4w_coop_few,
     fake=_linear_qta8a_qga4w_coop_few_fake,
@@ -273,7 +274,7 @@ LINEAR_QTA8A_QGA4W_TILED = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_tiled(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on the tiled kernels of shader linear_qta8a_qga4w: gemv for one token, gemm for more.",
-    spec="op_specs/linear.yaml:287",
+    spec="op_specs/linear.yaml:294",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
@@ -342,10 +343,11 @@ LINEAR_QTA8A_QGA4W = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="out[m, n] = input_scale[m] * \u03a3_g weight_scales[n, g] * \u03a3_{k in g} (x[m, k] - input_zero_point[m]) * (w[n, k] - weight_zeros[n, g]). Hands the call to linear_qta8a_qga4w_coop_few for a few tokens and to linear_qta8a_qga4w_coop for many where the device has int8 cooperative matrices and the call suits them (linear_uses_coop_few, linear_uses_coop), else to linear_qta8a_qga4w_tiled (gemv for one token, gemm for more).",
-    spec="op_specs/linear.yaml:191",
+    spec="op_specs/linear.yaml:196",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
-        ("linear_qta8a_qga4w_coop_few", {}),
+        ("linear_qta8a_qga4w_coop_few_s4", {"SPLIT": "s4"}),
+        ("linear_qta8a_qga4w_coop_few_s2", {"SPLIT": "s2"}),
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),
         ("linear_qta8a_qga4w_coop_texture3d", {"ACT_STORAGE": "texture3d"}),
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),

@@ -276,16 +276,15 @@ def test_every_coop_staging_gives_the_same_bits(gs):
 
 @pytest.mark.parametrize("gs", [64, 128, 192, 256])
 def test_every_few_tiling_gives_the_same_bits(gs):
-    """The few-token kernel's tile of 16 rows x 8 tokens goes to 4 or 2 subgroups (one or two
-    tiles per workgroup, SPLIT) in rounds of ROUND groups each; every pair whose rounds hold
-    whole lookaheads gives the reference's bits: 3 row tiles (the second workgroup of two
-    tiles holds one past N), 11 tokens (a partial token tile), K of several rounds with a
-    partial last one, group sizes of 1 to 4 blocks of 64."""
+    """The few-token kernel's tile of 16 rows x 8 tokens goes to the 4 or 2 subgroups of its
+    workgroup (the variant's SPLIT) in rounds of ROUND groups each; every pair whose rounds
+    hold whole lookaheads gives the reference's bits: 3 row tiles (the last past N), 11 tokens
+    (a partial token tile), K of several rounds with a partial last one, group sizes of 1 to 4
+    blocks of 64."""
     from runtime.families.linear_tiling import few_round_fits, few_tiling
     from runtime.vulkan.tensor import Tensor
 
-    _skip_unless_runnable("linear_qta8a_qga4w_coop_few")
-    variant = catalog().variant("linear_qta8a_qga4w_coop_few")
+    _skip_unless_runnable("linear_qta8a_qga4w_coop_few_s4")
     k, n, tokens = 1536, 40, 11
     x, s, z, w, _, ws, wz = linear_args((tokens,), k, n, gs, torch.Generator().manual_seed(16))[0]
     want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz)
@@ -302,12 +301,12 @@ def test_every_few_tiling_gives_the_same_bits(gs):
             if not few_round_fits(round_, gs):
                 continue
             tiling = few_tiling(n, tokens, gs, split, round_)
+            variant = catalog().variant(f"linear_qta8a_qga4w_coop_few_{tiling.axis}")
             with Stream() as stream:
                 out = Tensor.empty((tokens, n), torch.float32, "buffer")
                 stream.dispatch(variant, FEW, bindings={**bindings, "t_out": out},
                                 push={"sizes": [k, n, tokens, gs]},
-                                spec_constants={"BLOCKS_PER_GROUP": gs // 64, "SPLIT": split,
-                                                "ROUND": round_},
+                                spec_constants={"BLOCKS_PER_GROUP": gs // 64, "ROUND": round_},
                                 groups=tiling.groups)
                 stream.run()
                 assert_bit_equal(out.to_torch(), want, f"SPLIT={split} ROUND={round_} group_size={gs}")

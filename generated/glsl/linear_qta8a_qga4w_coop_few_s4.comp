@@ -8,8 +8,7 @@
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int BLOCKS_PER_GROUP = 2;
-layout(constant_id = 4) const int SPLIT = 4;
-layout(constant_id = 5) const int ROUND = 2;
+layout(constant_id = 4) const int ROUND = 2;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
 } pc;
@@ -78,8 +77,7 @@ layout(set = 0, binding = 5, std430) readonly buffer t_input_zero_point_block {
 } t_input_zero_point;
 int t_input_zero_point_load(uint i) { return t_input_zero_point.data[i]; }
 
-const int SUBGROUPS = 4;      // per workgroup: the spec's workgroup / 32
-const int TILES = SUBGROUPS / SPLIT;  // tiles per workgroup
+const int SPLIT = 4;  // subgroups per workgroup, splitting the tile's K (the spec's workgroup / 32)
 const int LOOKAHEAD = 4;      // K blocks of 64 loaded ahead
 const uint ASTRIDE = 12u;     // words per staged A row (8 + 4: conflict-free lane stores)
 const uint BSTRIDE = 8u;      // words per staged B column
@@ -89,10 +87,10 @@ const uint CSTRIDE = 8u;      // ints per row of a subgroup's sums (staged in A 
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 8, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 8, gl_MatrixUseAccumulator>
 
-shared uint s_a[SUBGROUPS * 2 * 16 * ASTRIDE];  // [subgroup][buffer][row][k word]: int8 q - zq
-shared uint s_b[SUBGROUPS * 2 * 8 * BSTRIDE];   // [subgroup][buffer][token][k word]: int8 x
-// [tile][its subgroup - 1][group of the round][lane]: products
-shared vec4 s_p[TILES * (SPLIT - 1) * ROUND * 32];
+shared uint s_a[SPLIT * 2 * 16 * ASTRIDE];  // [subgroup][buffer][row][k word]: int8 q - zq
+shared uint s_b[SPLIT * 2 * 8 * BSTRIDE];   // [subgroup][buffer][token][k word]: int8 x
+// [subgroup - 1][group of the round][lane]: products
+shared vec4 s_p[(SPLIT - 1) * ROUND * 32];
 
 // Four int8 q - zq from the nibbles q in the low 4 bits of each byte of `q4`:
 // per byte q + 128 - zq lies in [113, 143] (no borrow between bytes), and
@@ -120,13 +118,11 @@ void main() {
   const uint blocks_per_group = uint(BLOCKS_PER_GROUP);  // gs / 64
   const uint blocks = K / 64u;
   const uint G = K / uint(pc.sizes.w);
-  const uint sg = gl_SubgroupID;
-  const uint part = sg % uint(SPLIT);  // the subgroup's share of its tile's K
+  const uint part = gl_SubgroupID;  // the subgroup's share of the tile's K
   const uint lane = gl_SubgroupInvocationID;
   const uint g = lane >> 2u;
   const uint t = lane & 3u;
-  const uint tile = gl_WorkGroupID.x * uint(TILES) + sg / uint(SPLIT);
-  const bool live = tile * 16u < N;  // the last workgroup may hold a tile past N
+  const uint tile = gl_WorkGroupID.x;
   const uint m0 = gl_WorkGroupID.y * 8u;
 
   const bool x_in = m0 + g < M;
@@ -136,9 +132,8 @@ void main() {
   const uint tok = m0 + 2u * t;                   // this lane's tokens: tok, tok + 1
   const int izp0 = tok < M ? t_input_zero_point_load(tok) : 0;
   const int izp1 = tok + 1u < M ? t_input_zero_point_load(tok + 1u) : 0;
-  const uint a_at = sg * 2u * 16u * ASTRIDE;
-  const uint b_at = sg * 2u * 8u * BSTRIDE;
-  const uint p_at = (sg / uint(SPLIT)) * uint((SPLIT - 1) * ROUND) * 32u;  // the tile's products
+  const uint a_at = part * 2u * 16u * ASTRIDE;
+  const uint b_at = part * 2u * 8u * BSTRIDE;
   float acc[4] = float[4](0.0, 0.0, 0.0, 0.0);
   C_MAT sums = C_MAT(0);
 
@@ -153,7 +148,7 @@ void main() {
     const uint b_count = (min(first + uint(ROUND), G) - first) * blocks_per_group;
     [[unroll]] for (int d = 0; d < LOOKAHEAD; ++d) {
       {
-          const bool inside = live && uint(d) < b_count;
+          const bool inside = uint(d) < b_count;
           const uint b = first * blocks_per_group + uint(d);
           w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
           x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
@@ -211,7 +206,7 @@ void main() {
             if (part == 0u) {
               add_products(acc, p);
             } else {
-              s_p[p_at + ((part - 1u) * uint(ROUND) + j / blocks_per_group) * 32u + lane] = p;
+              s_p[((part - 1u) * uint(ROUND) + j / blocks_per_group) * 32u + lane] = p;
             }
           }
         }
@@ -220,7 +215,7 @@ void main() {
           const uint ahead = j + uint(LOOKAHEAD);
           const bool here = ahead < b_count;
           {
-            const bool inside = live && (here || ahead - b_count < next_count);
+            const bool inside = here || ahead - b_count < next_count;
             const uint b = here ? b_first + ahead : next * blocks_per_group + (ahead - b_count);
             w_reg[d] = inside ? uvec4(t_w_load(w_unit + 32u * b)) : uvec4(0u);
             x_reg[d] = inside && x_in ? t_x_load_word4(x_unit + 4u * b) : uvec4(0u);
@@ -233,7 +228,7 @@ void main() {
     if (part == 0u) {
       const uint others = min(G, round0 + uint(SPLIT * ROUND)) - min(G, round0 + uint(ROUND));
       for (uint i = 0u; i < others; ++i) {  // groups in order: subgroup 1's, then 2's, ...
-        add_products(acc, s_p[p_at + i * 32u + lane]);
+        add_products(acc, s_p[i * 32u + lane]);
       }
     }
     barrier();  // s_p is free for the next round
