@@ -21,6 +21,7 @@ import torch
 import runtime
 import runtime.families.linear_weights as linear_weights
 from runtime.families.int4 import pack_int4, unpack_int4
+from runtime.families.linear_tiling import few_round_fits, few_tiling
 from runtime.ops.library import catalog
 from runtime.reference import linear as ref
 from runtime.reference import quantize as qref
@@ -63,6 +64,15 @@ CASES = [
     ((40,), 512, 130, 128),
     ((2, 35), 512, 70, 256),
 ]
+# Calls of at least FEW_SPLIT2_MIN_TILES tiles of 16 rows x 8 tokens, which the few-token
+# kernel's rule gives its SPLIT-2 variant (GPU only: only the few-token variants take them).
+FEW_SPLIT2_CASES = [
+    ((16,), 128, 5120, 64),
+    ((8,), 256, 10240, 128),
+    ((2, 12), 192, 5130, 64),  # a partial row tile
+    ((32,), 256, 3000, 256),
+    ((11,), 64, 8200, 64),  # a partial token tile
+]
 
 # The fp64 oracle: relative to the largest output magnitude of the case.
 RTOL = 1e-5
@@ -76,9 +86,13 @@ def _variants():
     ]
 
 
-def _serves(variant, axes, lead, group_size) -> bool:
-    if variant.startswith("linear_qta8a_qga4w_coop_few"):  # any tokens, K blocks of 64
-        return group_size % 64 == 0
+def _cases(variant) -> list:
+    return CASES + (FEW_SPLIT2_CASES if variant.startswith("linear_qta8a_qga4w_coop_few") else [])
+
+
+def _serves(variant, axes, lead, n, group_size) -> bool:
+    if variant.startswith("linear_qta8a_qga4w_coop_few"):  # K blocks of 64, the rule's SPLIT
+        return group_size % 64 == 0 and few_tiling(n, math.prod(lead), group_size).axis == axes["SPLIT"]
     if "KERNEL" not in axes:  # the cooperative-matrix kernel: any tokens, K steps of 32
         return group_size % 32 == 0
     return (axes["KERNEL"] == "gemv") == (math.prod(lead) == 1)
@@ -111,8 +125,8 @@ def test_variant_matches_references(leaf, variant, dispatch_trace):
     axes = catalog().variant(variant).axes
     gen = torch.Generator().manual_seed(zlib.crc32(variant.encode()))
     ran = 0
-    for lead, k, n, gs in CASES:
-        if not _serves(variant, axes, lead, gs):
+    for lead, k, n, gs in _cases(variant):
+        if not _serves(variant, axes, lead, n, gs):
             continue
         args, _ = linear_args(lead, k, n, gs, gen)
         got = op(*args, variant=variant)
@@ -281,7 +295,6 @@ def test_every_few_tiling_gives_the_same_bits(gs):
     hold whole lookaheads gives the reference's bits: 3 row tiles (the last past N), 11 tokens
     (a partial token tile), K of several rounds with a partial last one, group sizes of 1 to 4
     blocks of 64."""
-    from runtime.families.linear_tiling import few_round_fits, few_tiling
     from runtime.vulkan.tensor import Tensor
 
     _skip_unless_runnable("linear_qta8a_qga4w_coop_few_s4")
