@@ -36,7 +36,7 @@ LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # H100 the kernel takes 70-80 us up to 32 x 14336 and beats the tiled gemm from 16 x 14336
 # and 64 x 4096 on (benchmarks/linear_bench.py; NOTES.md).
 LINEAR_COOP_MIN_WORK = 16 * 14336
-LINEAR_FEW_VARIANT = "linear_qta8a_qga4w_coop_few_s4"  # and `linear_uses_coop_few` (both SPLITs need the same)
+LINEAR_FEW_VARIANT = "linear_qta8a_qga4w_coop_few_s4"  # and `linear_uses_coop_few` (both SPLIT variants require the same)
 # Token counts the few-token kernel takes (tiles of 8 tokens). On the H200, K = 4096, group
 # 128, it beats the tiled gemm from 2 tokens on (2 x 14336 25.8 against 32.2 us, 8 x 14336 26.7
 # against 43.1) and the many-token kernel up to 32 (32 x 4096 26.9 against 71.5 and the gemm's

@@ -292,7 +292,7 @@ def test_every_coop_staging_gives_the_same_bits(gs):
 def test_every_few_tiling_gives_the_same_bits(gs):
     """The few-token kernel's tile of 16 rows x 8 tokens goes to the 4 or 2 subgroups of its
     workgroup (the variant's SPLIT) in rounds of ROUND groups each; every pair whose rounds
-    hold whole lookaheads gives the reference's bits: 3 row tiles (the last past N), 11 tokens
+    hold whole lookaheads gives the reference's bits: 3 row tiles (the last partly past N), 11 tokens
     (a partial token tile), K of several rounds with a partial last one, group sizes of 1 to 4
     blocks of 64."""
     from runtime.vulkan.tensor import Tensor
