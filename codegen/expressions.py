@@ -116,6 +116,13 @@ HELPERS: dict[str, tuple[str, str]] = {
         "tokens, `group_size % 64 == 0`, activations in a buffer and a device that runs "
         "linear_qta8a_qga4w_coop_few",
     ),
+    "linear_few_sums": (
+        "",
+        "axis SUMS of linear_qta8a_qga4w_coop_few: `None` (free: `\"registers\"`, listed first, "
+        "unless `\"shared\"` is forced) where the device lays its 16x8 int32 accumulator out as "
+        "the registers variants read it (probed once per device: runtime/ops/matrix_layouts.py), "
+        "else `\"shared\"`",
+    ),
     "linear_few_tiling": (
         "n, tokens, group_size",
         "the tiling of linear_qta8a_qga4w_coop_few for `tokens` x `n` outputs: `.axis` (its "

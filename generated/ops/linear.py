@@ -149,7 +149,7 @@ LINEAR_QTA8A_QGA4W_COOP = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_coop(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on cooperative matrices (shader linear_qta8a_qga4w_coop), for many tokens; needs group_size % 32 == 0 and a device with coopmat_s8_16x16x32_sg32.",
-    spec="op_specs/linear.yaml:232",
+    spec="op_specs/linear.yaml:251",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),
@@ -191,7 +191,7 @@ def linear_qta8a_qga4w_coop_few(stream, x, input_scale, input_zero_point, weight
     w_packed = rt.prepacked('runtime.families.linear_weights:pack_linear_weights_few', weight)
     w_meta = rt.prepacked('runtime.families.linear_weights:pack_linear_meta_few', weight, weight_scales, weight_zeros, group_size)
     tiling = rt.linear_few_tiling(n_out, rt.tokens(x), group_size)
-    v = op.select(variant, storage, {"SPLIT": ("weight", tiling.axis)})
+    v = op.select(variant, storage, {"SPLIT": ("weight", tiling.axis), "SUMS": (None, rt.linear_few_sums())})
     x = stream.upload(x, v.binding("t_x"), op.label("x"))
     w_packed = stream.upload(w_packed, v.binding("t_w"), op.label("w_packed", "value"))
     w_meta = stream.upload(w_meta, v.binding("t_meta"), op.label("w_meta", "value"))
@@ -212,11 +212,13 @@ LINEAR_QTA8A_QGA4W_COOP_FEW = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_coop_few(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on cooperative matrices for a few tokens (shader linear_qta8a_qga4w_coop_few), in tiles of 8 tokens; needs group_size % 64 == 0, activations in a buffer and a device with coopmat_s8_16x8x32_sg32.",
-    spec="op_specs/linear.yaml:262",
+    spec="op_specs/linear.yaml:281",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
-        ("linear_qta8a_qga4w_coop_few_s4", {"SPLIT": "s4"}),
-        ("linear_qta8a_qga4w_coop_few_s2", {"SPLIT": "s2"}),
+        ("linear_qta8a_qga4w_coop_few_s4_registers", {"SPLIT": "s4", "SUMS": "registers"}),
+        ("linear_qta8a_qga4w_coop_few_s4_shared", {"SPLIT": "s4", "SUMS": "shared"}),
+        ("linear_qta8a_qga4w_coop_few_s2_registers", {"SPLIT": "s2", "SUMS": "registers"}),
+        ("linear_qta8a_qga4w_coop_few_s2_shared", {"SPLIT": "s2", "SUMS": "shared"}),
     ),
     record=linear_qta8a_qga4w_coop_few,
     fake=_linear_qta8a_qga4w_coop_few_fake,
@@ -274,7 +276,7 @@ LINEAR_QTA8A_QGA4W_TILED = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_tiled(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on the tiled kernels of shader linear_qta8a_qga4w: gemv for one token, gemm for more.",
-    spec="op_specs/linear.yaml:294",
+    spec="op_specs/linear.yaml:314",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
@@ -343,11 +345,13 @@ LINEAR_QTA8A_QGA4W = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="out[m, n] = input_scale[m] * \u03a3_g weight_scales[n, g] * \u03a3_{k in g} (x[m, k] - input_zero_point[m]) * (w[n, k] - weight_zeros[n, g]). Hands the call to linear_qta8a_qga4w_coop_few for a few tokens and to linear_qta8a_qga4w_coop for many where the device has int8 cooperative matrices and the call suits them (linear_uses_coop_few, linear_uses_coop), else to linear_qta8a_qga4w_tiled (gemv for one token, gemm for more).",
-    spec="op_specs/linear.yaml:196",
+    spec="op_specs/linear.yaml:215",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
-        ("linear_qta8a_qga4w_coop_few_s4", {"SPLIT": "s4"}),
-        ("linear_qta8a_qga4w_coop_few_s2", {"SPLIT": "s2"}),
+        ("linear_qta8a_qga4w_coop_few_s4_registers", {"SPLIT": "s4", "SUMS": "registers"}),
+        ("linear_qta8a_qga4w_coop_few_s4_shared", {"SPLIT": "s4", "SUMS": "shared"}),
+        ("linear_qta8a_qga4w_coop_few_s2_registers", {"SPLIT": "s2", "SUMS": "registers"}),
+        ("linear_qta8a_qga4w_coop_few_s2_shared", {"SPLIT": "s2", "SUMS": "shared"}),
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),
         ("linear_qta8a_qga4w_coop_texture3d", {"ACT_STORAGE": "texture3d"}),
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),

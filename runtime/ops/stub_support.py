@@ -18,7 +18,7 @@ import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, pool2d
-from runtime.ops import tuning
+from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
 from runtime.reference.quantize import fp32, fp32_recip
@@ -36,7 +36,7 @@ LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # H100 the kernel takes 70-80 us up to 32 x 14336 and beats the tiled gemm from 16 x 14336
 # and 64 x 4096 on (benchmarks/linear_bench.py; NOTES.md).
 LINEAR_COOP_MIN_WORK = 16 * 14336
-LINEAR_FEW_VARIANT = "linear_qta8a_qga4w_coop_few_s4"  # and `linear_uses_coop_few` (both SPLIT variants require the same)
+LINEAR_FEW_VARIANT = "linear_qta8a_qga4w_coop_few_s4_shared"  # and `linear_uses_coop_few` (all its variants require the same)
 # Token counts the few-token kernel takes (tiles of 8 tokens). On the H200, K = 4096, group
 # 128, it beats the tiled gemm from 2 tokens on (2 x 14336 25.8 against 32.2 us, 8 x 14336 26.7
 # against 43.1) and the many-token kernel up to 32 (32 x 4096 26.9 against 71.5 and the gemm's
@@ -221,6 +221,14 @@ def linear_uses_coop_few(x, weight, group_size: int, storage) -> bool:
     return catalog().variant(LINEAR_FEW_VARIANT).runnable(get_device().caps)[0]
 
 
+def linear_few_sums() -> str | None:
+    """Axis SUMS of linear_qta8a_qga4w_coop_few: free (None) where the device lays its
+    16x8 int32 accumulator out as the registers variants read it (`matrix_layouts.MMA_16X8`,
+    probed once per device), so that "registers", listed first, is chosen and "shared" may
+    be forced; else "shared"."""
+    return None if matrix_layouts.has_mma_16x8_accumulator() else "shared"
+
+
 def linear_few_tiling(n: int, tokens_: int, group_size: int):
     """SPLIT, ROUND and workgroup counts of the few-token kernel
     (`runtime.families.linear_tiling.few_tiling`)."""
@@ -285,6 +293,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         conv2d_out_w,
         linear_uses_coop,
         linear_uses_coop_few,
+        linear_few_sums,
         linear_few_tiling,
         pool2d_params,
         global_pool_tiling,
@@ -487,7 +496,8 @@ class OpDef:
         for axis, (arg, value) in wanted.items():
             name = _axis_value(value)
             if name is not None and axes[axis] != name:
-                source = f"argument '{arg}'" if arg else "the storage preference"
+                source = (f"argument '{arg}'" if arg else "the storage preference" if axis == "STORAGE"
+                          else "the device")
                 raise UnsupportedVariant(
                     f"{self.name}: variant {variant} cannot serve these inputs: {source} asks for "
                     f"{axis}={name}, the variant has {axis}={axes[axis]}"

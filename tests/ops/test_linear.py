@@ -22,6 +22,7 @@ import runtime
 import runtime.families.linear_weights as linear_weights
 from runtime.families.int4 import pack_int4, unpack_int4
 from runtime.families.linear_tiling import few_round_fits, few_tiling
+from runtime.ops import matrix_layouts
 from runtime.ops.library import catalog
 from runtime.reference import linear as ref
 from runtime.reference import quantize as qref
@@ -99,9 +100,12 @@ def _serves(variant, axes, lead, n, group_size) -> bool:
 
 
 def _skip_unless_runnable(variant):
-    ok, reason = catalog().variant(variant).runnable(get_device().caps)
+    info = catalog().variant(variant)
+    ok, reason = info.runnable(get_device().caps)
     if not ok:
         pytest.skip(f"{variant}: {reason}")
+    if info.axes.get("SUMS") == "registers" and not matrix_layouts.has_mma_16x8_accumulator():
+        pytest.skip(f"{variant}: the device's 16x8 int32 accumulator is not laid out as MMA_16X8")
 
 
 def assert_close_to_oracle(got, args, what):
@@ -173,15 +177,17 @@ def test_op_picks_coop_for_many_tokens_where_the_device_has_it(dispatch_trace_pa
 
 def test_op_picks_the_few_token_kernel_where_the_device_has_it(dispatch_trace_path):
     """2 to 16 tokens with group sizes % 64 == 0 and activations in a buffer go to the
-    few-token cooperative-matrix kernel where it runs; one token, more tokens, other group
-    sizes and image activations do not."""
+    few-token cooperative-matrix kernel where it runs (reading its sums from registers where
+    the probe found the layout it assumes); one token, more tokens, other group sizes and
+    image activations do not."""
     from runtime.ops.stub_support import LINEAR_FEW_TOKENS, LINEAR_FEW_VARIANT
 
     few = catalog().variant(LINEAR_FEW_VARIANT).runnable(get_device().caps)[0]
+    sums = "registers" if matrix_layouts.has_mma_16x8_accumulator() else "shared"
     gen = torch.Generator().manual_seed(15)
     rows = (
-        (LINEAR_FEW_TOKENS[0], 64, "buffer", "coop_few" if few else "gemm"),
-        (LINEAR_FEW_TOKENS[-1], 128, "buffer", "coop_few" if few else "gemm"),
+        (LINEAR_FEW_TOKENS[0], 64, "buffer", f"coop_few_s4_{sums}" if few else "gemm"),
+        (LINEAR_FEW_TOKENS[-1], 128, "buffer", f"coop_few_s4_{sums}" if few else "gemm"),
         (LINEAR_FEW_TOKENS[-1] + 1, 64, "buffer", "gemm"),
         (1, 64, "buffer", "gemv"),
         (8, 32, "buffer", "gemm"),
@@ -289,15 +295,16 @@ def test_every_coop_staging_gives_the_same_bits(gs):
 
 
 @pytest.mark.parametrize("gs", [64, 128, 192, 256])
-def test_every_few_tiling_gives_the_same_bits(gs):
+@pytest.mark.parametrize("sums", ["registers", "shared"])
+def test_every_few_tiling_gives_the_same_bits(sums, gs):
     """The few-token kernel's tile of 16 rows x 8 tokens goes to the 4 or 2 subgroups of its
     workgroup (the variant's SPLIT) in rounds of ROUND groups each; every pair whose rounds
-    hold whole lookaheads gives the reference's bits: 3 row tiles (the last partly past N), 11 tokens
-    (a partial token tile), K of several rounds with a partial last one, group sizes of 1 to 4
-    blocks of 64."""
+    hold whole lookaheads gives the reference's bits, with either way of reading the sums
+    (SUMS): 3 row tiles (the last partly past N), 11 tokens (a partial token tile), K of
+    several rounds with a partial last one, group sizes of 1 to 4 blocks of 64."""
     from runtime.vulkan.tensor import Tensor
 
-    _skip_unless_runnable("linear_qta8a_qga4w_coop_few_s4")
+    _skip_unless_runnable(f"linear_qta8a_qga4w_coop_few_s4_{sums}")
     k, n, tokens = 1536, 40, 11
     x, s, z, w, _, ws, wz = linear_args((tokens,), k, n, gs, torch.Generator().manual_seed(16))[0]
     want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz)
@@ -314,7 +321,7 @@ def test_every_few_tiling_gives_the_same_bits(gs):
             if not few_round_fits(round_, gs):
                 continue
             tiling = few_tiling(n, tokens, gs, split, round_)
-            variant = catalog().variant(f"linear_qta8a_qga4w_coop_few_{tiling.axis}")
+            variant = catalog().variant(f"linear_qta8a_qga4w_coop_few_{tiling.axis}_{sums}")
             with Stream() as stream:
                 out = Tensor.empty((tokens, n), torch.float32, "buffer")
                 stream.dispatch(variant, FEW, bindings={**bindings, "t_out": out},
@@ -322,7 +329,7 @@ def test_every_few_tiling_gives_the_same_bits(gs):
                                 spec_constants={"BLOCKS_PER_GROUP": gs // 64, "ROUND": round_},
                                 groups=tiling.groups)
                 stream.run()
-                assert_bit_equal(out.to_torch(), want, f"SPLIT={split} ROUND={round_} group_size={gs}")
+                assert_bit_equal(out.to_torch(), want, f"{variant.name} ROUND={round_} group_size={gs}")
             ran += 1
     assert ran >= 4
 

@@ -81,7 +81,6 @@ const int SPLIT = 4;  // subgroups per workgroup, splitting the tile's K (the sp
 const int LOOKAHEAD = 4;      // K blocks of 64 loaded ahead
 const uint ASTRIDE = 12u;     // words per staged A row (8 + 4: conflict-free lane stores)
 const uint BSTRIDE = 8u;      // words per staged B column
-const uint CSTRIDE = 8u;      // ints per row of a subgroup's sums (staged in A buffer 0)
 
 #define A_MAT coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 8, gl_MatrixUseB>
@@ -188,21 +187,18 @@ void main() {
             sums = coopMatMulAdd(a, bm, sums);
           }
           if ((j + 1u) % blocks_per_group == 0u) {  // the group's last block
-            // A buffer 0 is free: its last load came before this step's barrier.
-            coopMatStore(sums, s_a, a_at, CSTRIDE, gl_CooperativeMatrixLayoutRowMajor);
+            // The lane's elements (g, 2 t), (g, 2 t + 1), (g + 8, 2 t), (g + 8, 2 t + 1).
+            const ivec4 isums = ivec4(sums[0], sums[1], sums[2], sums[3]);
             sums = C_MAT(0);
-            subgroup_sync();
             const int c0 = m_reg[d].z >> 4;
             const int c1 = m_reg[d].w >> 4;
             const float scale0 = intBitsToFloat(m_reg[d].x);
             const float scale1 = intBitsToFloat(m_reg[d].y);
             precise vec4 p;
-            const uint at = a_at + g * CSTRIDE + 2u * t;
-            p.x = scale0 * float(int(s_a[at]) - izp0 * c0);
-            p.y = scale0 * float(int(s_a[at + 1u]) - izp1 * c0);
-            p.z = scale1 * float(int(s_a[at + 8u * CSTRIDE]) - izp0 * c1);
-            p.w = scale1 * float(int(s_a[at + 8u * CSTRIDE + 1u]) - izp1 * c1);
-            subgroup_sync();  // read before the next step stores to A buffer 0
+            p.x = scale0 * float(isums.x - izp0 * c0);
+            p.y = scale0 * float(isums.y - izp1 * c0);
+            p.z = scale1 * float(isums.z - izp0 * c1);
+            p.w = scale1 * float(isums.w - izp1 * c1);
             if (part == 0u) {
               add_products(acc, p);
             } else {

@@ -6,7 +6,7 @@
 #extension GL_EXT_shader_explicit_arithmetic_types_int8 : require
 #extension GL_EXT_shader_explicit_arithmetic_types_int32 : require
 #extension GL_EXT_control_flow_attributes : require
-layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
+layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int BLOCKS_PER_GROUP = 2;
 layout(constant_id = 4) const int ROUND = 2;
 layout(push_constant) uniform PushConstants {
@@ -77,7 +77,7 @@ layout(set = 0, binding = 5, std430) readonly buffer t_input_zero_point_block {
 } t_input_zero_point;
 int t_input_zero_point_load(uint i) { return t_input_zero_point.data[i]; }
 
-const int SPLIT = 2;  // subgroups per workgroup, splitting the tile's K (the spec's workgroup / 32)
+const int SPLIT = 4;  // subgroups per workgroup, splitting the tile's K (the spec's workgroup / 32)
 const int LOOKAHEAD = 4;      // K blocks of 64 loaded ahead
 const uint ASTRIDE = 12u;     // words per staged A row (8 + 4: conflict-free lane stores)
 const uint BSTRIDE = 8u;      // words per staged B column
@@ -190,19 +190,20 @@ void main() {
           if ((j + 1u) % blocks_per_group == 0u) {  // the group's last block
             // A buffer 0 is free: its last load came before this step's barrier.
             coopMatStore(sums, s_a, a_at, CSTRIDE, gl_CooperativeMatrixLayoutRowMajor);
-            sums = C_MAT(0);
             subgroup_sync();
+            const uint at = a_at + g * CSTRIDE + 2u * t;
+            const ivec4 isums = ivec4(s_a[at], s_a[at + 1u], s_a[at + 8u * CSTRIDE], s_a[at + 8u * CSTRIDE + 1u]);
+            subgroup_sync();  // read before the next step stores to A buffer 0
+            sums = C_MAT(0);
             const int c0 = m_reg[d].z >> 4;
             const int c1 = m_reg[d].w >> 4;
             const float scale0 = intBitsToFloat(m_reg[d].x);
             const float scale1 = intBitsToFloat(m_reg[d].y);
             precise vec4 p;
-            const uint at = a_at + g * CSTRIDE + 2u * t;
-            p.x = scale0 * float(int(s_a[at]) - izp0 * c0);
-            p.y = scale0 * float(int(s_a[at + 1u]) - izp1 * c0);
-            p.z = scale1 * float(int(s_a[at + 8u * CSTRIDE]) - izp0 * c1);
-            p.w = scale1 * float(int(s_a[at + 8u * CSTRIDE + 1u]) - izp1 * c1);
-            subgroup_sync();  // read before the next step stores to A buffer 0
+            p.x = scale0 * float(isums.x - izp0 * c0);
+            p.y = scale0 * float(isums.y - izp1 * c0);
+            p.z = scale1 * float(isums.z - izp0 * c1);
+            p.w = scale1 * float(isums.w - izp1 * c1);
             if (part == 0u) {
               add_products(acc, p);
             } else {
