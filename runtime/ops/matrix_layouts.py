@@ -57,11 +57,17 @@ def has_mma_16x8_accumulator() -> bool:
     """
     device = get_device()
     if device not in _ANSWERS:
-        _ANSWERS[device] = _probe() == MMA_16X8
+        _ANSWERS[device] = accumulator_layout() == MMA_16X8
     return _ANSWERS[device]
 
 
-def _probe() -> tuple[tuple[int, ...], ...] | None:
+def accumulator_layout() -> tuple[tuple[int, ...], ...] | None:
+    """The current device's 16x8 int32 accumulator layout as `layout_from_probe` reads it:
+    runs the probe (one dispatch) every call. None where the probe cannot run.
+
+    Raises:
+        VulkanError: the probe's dispatch failed.
+    """
     variant = catalog().variant(PROBE)
     if not variant.runnable(get_device().caps)[0]:
         return None

@@ -66,7 +66,7 @@ def _probe_runs() -> bool:
 def test_the_probe_finds_every_element_once_where_it_runs():
     if not _probe_runs():
         pytest.skip(f"{matrix_layouts.PROBE}: {catalog().variant(matrix_layouts.PROBE).runnable(get_device().caps)[1]}")
-    layout = matrix_layouts._probe()
+    layout = matrix_layouts.accumulator_layout()
     assert layout is not None, "the probe's output is not a 16x8 matrix spread over the subgroup"
     assert matrix_layouts.has_mma_16x8_accumulator() == (layout == matrix_layouts.MMA_16X8)
 
