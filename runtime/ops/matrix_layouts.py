@@ -37,7 +37,7 @@ def layout_from_probe(values: torch.Tensor) -> tuple[tuple[int, ...], ...] | Non
     (`SUBGROUP` x `SLOTS` slots, then the matrix's length), or None when the output does
     not describe a 16x8 matrix spread over the subgroup (a length over `SLOTS`, a slot
     out of range or written twice, an element held by no lane or by two)."""
-    values = [int(v) for v in values.reshape(-1).tolist()]
+    values = values.reshape(-1).tolist()
     length = values[SUBGROUP * SLOTS]
     if not 0 < length <= SLOTS:
         return None
