@@ -218,6 +218,12 @@ vec4 lin_group_product(vec4 scale, ivec4 corr, ivec4 xq, int xs, int izp) {
   return p;
 }
 
+// acc + p, each element rounded (the reference's chain of unfused adds).
+float lin_add(float acc, float p) {
+  precise float r = acc + p;
+  return r;
+}
+
 vec4 lin_add(vec4 acc, vec4 p) {
   precise vec4 r = acc + p;
   return r;

@@ -205,6 +205,12 @@ vec4 lin_group_product(vec4 scale, ivec4 corr, ivec4 xq, int xs, int izp) {
   return p;
 }
 
+// acc + p, each element rounded (the reference's chain of unfused adds).
+float lin_add(float acc, float p) {
+  precise float r = acc + p;
+  return r;
+}
+
 vec4 lin_add(vec4 acc, vec4 p) {
   precise vec4 r = acc + p;
   return r;
@@ -217,8 +223,9 @@ void lin_store(uint m, uint b, vec4 v) {
   const bvec4 inside = lessThan(uvec4(n0) + uvec4(0u, 1u, 2u, 3u), uvec4(lin_N()));
   t_out_store(ivec3(int(b), int(m % h), int(m / h)), mix(vec4(0.0), v, inside));
 }
-// Tokens per tile: gemv 1, gemm 4.
+// Tokens per tile: gemv 1, gemm 4; the tile's (token, row) sums.
 const uint LIN_TM = 4u;
+const uint LIN_NQ = 4u * LIN_TM;
 // The kernel of linear_qta8a_qga4w (both KERNEL values; LIN_TM tokens per tile:
 // gemv 1, gemm 4). A tile is one block b of 4 output rows times LIN_TM tokens;
 // C invocations cooperate on a tile (C = pc.coop.x, a power of two <= WG) and
@@ -246,9 +253,17 @@ const uint LIN_TM = 4u;
 // metadata loaded after the barrier). Per texel and token: 8 activation bytes
 // and 8 + 2 dot4. The S partial sums of a group are added in shared memory as
 // integers (exact: the split cannot change them), the group's product
-// weight_scale * float(isum) is rounded once, and invocation i % C of the
-// tile adds token i's products in group order, so every (C, GL) gives a
-// result bit-identical to runtime.reference.linear.linear_qta8a_qga4w.
+// weight_scale * float(isum) is rounded once, and the products of each
+// (token, row) are added in group order by one invocation: so every (C, GL)
+// gives a result bit-identical to runtime.reference.linear.linear_qta8a_qga4w.
+// Where a tile has at least 4 * LIN_TM invocations, the products go to shared
+// memory by row and invocation 4 * token + row adds that row's chain, four
+// products per shared load; else invocation i % C adds token i's 4 rows as a
+// vec4. Every invocation of a warp issues the chains' instructions, so chains
+// by row take a quarter of them (H200: one token 4096 -> 14336 12.9 against
+// 13.3 us, 8 tokens 4096 -> 4096 at C = 16 17.1 against 19.1; 4 chains per
+// invocation at C = 4 were 11-20 % slower than by token; benchmarks/NOTES.md
+// session 20).
 
 // The activation words x[m, 16 * kq .. 16 * kq + 15] (K % 16 == 0): one 16-byte load from a
 // buffer, 4 texel reads from an image.
@@ -259,7 +274,24 @@ uvec4 lin_x_quad(uint m, uint kq) {
 
 shared ivec4 s_xq[LIN_TM * gl_WorkGroupSize.x];   // [token][invocation]: Σ x*q of 4 rows
 shared ivec4 s_xs[gl_WorkGroupSize.x];             // [invocation]: Σ x of each token
-shared vec4 s_prod[LIN_TM * gl_WorkGroupSize.x];  // [token][tile slot]: products of 4 rows
+// A round's group products at the tile's slot + group lane: by token, vec4s [token][invocation];
+// by row, floats [token][row][invocation] (float f is s_prod[f >> 2][f & 3]), and for image
+// outputs, after the last round, the tile's sums.
+shared vec4 s_prod[LIN_TM * gl_WorkGroupSize.x];
+
+// acc plus the `count` products of a round at floats f, f + 1, .. of s_prod, in group order:
+// four per load, then one at a time (f % 4 == 0: by row, C >= 4 and the slot is a multiple of C).
+float lin_chain(float acc, uint f, uint count) {
+  uint k = 0u;
+  for (; k + 4u <= count; k += 4u) {
+    const vec4 p = s_prod[(f + k) >> 2u];
+    acc = lin_add(lin_add(lin_add(lin_add(acc, p.x), p.y), p.z), p.w);
+  }
+  for (; k < count; ++k) {
+    acc = lin_add(acc, s_prod[(f + k) >> 2u][(f + k) & 3u]);
+  }
+  return acc;
+}
 
 void main() {
   const uint WG = gl_WorkGroupSize.x;
@@ -282,12 +314,17 @@ void main() {
   const uint gs_quads = lin_gs() >> 4;
   const bool paired = (lin_gs() & 15u) == 0u;  // uniform: texel rows in pairs
   const uint tok0 = min(tile_m + 0u, M - 1u);  // tokens past M repeat the last; not stored
-  vec4 acc0 = vec4(0.0);
   const uint tok1 = min(tile_m + 1u, M - 1u);  // tokens past M repeat the last; not stored
-  vec4 acc1 = vec4(0.0);
   const uint tok2 = min(tile_m + 2u, M - 1u);  // tokens past M repeat the last; not stored
-  vec4 acc2 = vec4(0.0);
   const uint tok3 = min(tile_m + 3u, M - 1u);  // tokens past M repeat the last; not stored
+  // The tile's sums. By row (C >= LIN_NQ, uniform): invocation c < LIN_NQ adds the chain of
+  // token c / 4 and row c % 4 in acc_row. Else by token: invocation i % C adds token i's 4 rows
+  // in acc<i>.
+  const bool by_row = C >= LIN_NQ;
+  float acc_row = 0.0;
+  vec4 acc0 = vec4(0.0);
+  vec4 acc1 = vec4(0.0);
+  vec4 acc2 = vec4(0.0);
   vec4 acc3 = vec4(0.0);
 
   for (uint base = 0u; base < G; base += GL) {
@@ -878,41 +915,96 @@ void main() {
         xq3 += s_xq[3u * WG + other];
         xs += s_xs[other];
       }
-      s_prod[0u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq0, xs[0], t_input_zero_point_load(tok0));
-      s_prod[1u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq1, xs[1], t_input_zero_point_load(tok1));
-      s_prod[2u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq2, xs[2], t_input_zero_point_load(tok2));
-      s_prod[3u * WG + slot + group_lane] =
-          lin_group_product(scale, corr, xq3, xs[3], t_input_zero_point_load(tok3));
+      {
+        const vec4 p = lin_group_product(scale, corr, xq0, xs[0], t_input_zero_point_load(tok0));
+        if (by_row) {
+          s_prod[(0u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[0];
+          s_prod[(1u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[1];
+          s_prod[(2u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[2];
+          s_prod[(3u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[3];
+        } else {
+          s_prod[0u * WG + slot + group_lane] = p;
+        }
+      }
+      {
+        const vec4 p = lin_group_product(scale, corr, xq1, xs[1], t_input_zero_point_load(tok1));
+        if (by_row) {
+          s_prod[(4u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[0];
+          s_prod[(5u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[1];
+          s_prod[(6u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[2];
+          s_prod[(7u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[3];
+        } else {
+          s_prod[1u * WG + slot + group_lane] = p;
+        }
+      }
+      {
+        const vec4 p = lin_group_product(scale, corr, xq2, xs[2], t_input_zero_point_load(tok2));
+        if (by_row) {
+          s_prod[(8u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[0];
+          s_prod[(9u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[1];
+          s_prod[(10u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[2];
+          s_prod[(11u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[3];
+        } else {
+          s_prod[2u * WG + slot + group_lane] = p;
+        }
+      }
+      {
+        const vec4 p = lin_group_product(scale, corr, xq3, xs[3], t_input_zero_point_load(tok3));
+        if (by_row) {
+          s_prod[(12u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[0];
+          s_prod[(13u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[1];
+          s_prod[(14u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[2];
+          s_prod[(15u * WG + slot + group_lane) >> 2u][group_lane & 3u] = p[3];
+        } else {
+          s_prod[3u * WG + slot + group_lane] = p;
+        }
+      }
     }
     barrier();
     if (in_range) {
       const uint count = min(GL, G - base);
-      if (c == 0u % C) {
-        for (uint q = 0u; q < count; ++q) {
-          acc0 = lin_add(acc0, s_prod[0u * WG + slot + q]);
+      if (by_row) {
+        if (c < LIN_NQ) {
+          acc_row = lin_chain(acc_row, c * WG + slot, count);
         }
-      }
-      if (c == 1u % C) {
-        for (uint q = 0u; q < count; ++q) {
-          acc1 = lin_add(acc1, s_prod[1u * WG + slot + q]);
+      } else {
+        if (c == 0u % C) {
+          for (uint q = 0u; q < count; ++q) {
+            acc0 = lin_add(acc0, s_prod[0u * WG + slot + q]);
+          }
         }
-      }
-      if (c == 2u % C) {
-        for (uint q = 0u; q < count; ++q) {
-          acc2 = lin_add(acc2, s_prod[2u * WG + slot + q]);
+        if (c == 1u % C) {
+          for (uint q = 0u; q < count; ++q) {
+            acc1 = lin_add(acc1, s_prod[1u * WG + slot + q]);
+          }
         }
-      }
-      if (c == 3u % C) {
-        for (uint q = 0u; q < count; ++q) {
-          acc3 = lin_add(acc3, s_prod[3u * WG + slot + q]);
+        if (c == 2u % C) {
+          for (uint q = 0u; q < count; ++q) {
+            acc2 = lin_add(acc2, s_prod[2u * WG + slot + q]);
+          }
+        }
+        if (c == 3u % C) {
+          for (uint q = 0u; q < count; ++q) {
+            acc3 = lin_add(acc3, s_prod[3u * WG + slot + q]);
+          }
         }
       }
     }
     // The next round writes s_xq and s_xs before its first barrier, which
     // every invocation reaches only after its reads above, and s_prod after it.
+  }
+  if (by_row) {
+    // A texel holds a token's 4 rows: they meet in s_prod (token i of the tile at
+    // s_prod[i * WG + slot]) once every invocation has read the last round's products.
+    barrier();
+    if (c < LIN_NQ) {
+      s_prod[(c >> 2u) * WG + slot][c & 3u] = acc_row;
+    }
+    barrier();
+    acc0 = s_prod[0u * WG + slot];
+    acc1 = s_prod[1u * WG + slot];
+    acc2 = s_prod[2u * WG + slot];
+    acc3 = s_prod[3u * WG + slot];
   }
   if (in_range) {
     if (c == 0u % C && tile_m + 0u < M) {

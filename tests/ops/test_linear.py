@@ -234,14 +234,17 @@ def test_zero_tokens_and_flat_parameters():
     assert_bit_equal(op(*flat), ref.linear_qta8a_qga4w(*flat), "[tokens] scales and zero points")
 
 
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
 @pytest.mark.parametrize(("kernel", "lead"), [("gemv", (1,)), ("gemm", (5,))])
-def test_every_work_split_gives_the_same_bits(kernel, lead):
+def test_every_work_split_gives_the_same_bits(kernel, lead, storage):
     """The host picks C invocations per tile and GL groups per round; the shader's
-    contract allows any powers of two GL <= C <= 64, and all give the same bits."""
+    contract allows any powers of two GL <= C <= 64, and all give the same bits, with
+    rounds of fewer groups than GL, and outputs in buffers or in images (where a token's 4
+    rows share a texel)."""
     from runtime.vulkan.tensor import Tensor
 
-    variant = catalog().variant(f"linear_qta8a_qga4w_{kernel}_fallback_buffer_buffer")
-    k, n, gs = 256, 10, 32  # 8 groups of 4 weight texels per row block
+    variant = catalog().variant(f"linear_qta8a_qga4w_{kernel}_fallback_{storage}_buffer")
+    k, n, gs = 320, 10, 32  # 10 groups of 4 weight texels per row block
     x, s, z, w, _, ws, wz = linear_args(lead, k, n, gs, torch.Generator().manual_seed(10))[0]
     want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz).reshape(-1, n)
     tokens = want.shape[0]
@@ -250,10 +253,10 @@ def test_every_work_split_gives_the_same_bits(kernel, lead):
     splits = [(c, 2**e) for c in (1, 2, 4, 8, 16, 32, 64) for e in range(c.bit_length())]
     for c, gl in splits:
         with Stream() as stream:
-            out = Tensor.empty((tokens, n), torch.float32, "buffer")
+            out = Tensor.empty((tokens, n), torch.float32, storage)
             bindings = {
                 "t_out": out,
-                "t_x": Tensor.from_torch(x.reshape(tokens, k)),
+                "t_x": Tensor.from_torch(x.reshape(tokens, k), storage),
                 "t_w": Tensor.from_torch(packed),
                 "t_input_scale": Tensor.from_torch(s.reshape(-1)),
                 "t_input_zero_point": Tensor.from_torch(z.reshape(-1)),
