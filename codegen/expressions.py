@@ -112,8 +112,8 @@ HELPERS: dict[str, tuple[str, str]] = {
     ),
     "linear_uses_coop_few": (
         "x, weight, group_size, storage",
-        "whether linear_qta8a_qga4w runs on the few-token cooperative-matrix kernel: 2 to 32 "
-        "tokens, `group_size % 64 == 0`, activations in a buffer and a device that runs "
+        "whether linear_qta8a_qga4w runs on the few-token cooperative-matrix kernel: 2 tokens "
+        "or more, `group_size % 64 == 0`, activations in a buffer and a device that runs "
         "linear_qta8a_qga4w_coop_few",
     ),
     "linear_few_sums": (

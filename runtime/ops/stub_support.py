@@ -37,11 +37,14 @@ LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # and 64 x 4096 on (benchmarks/linear_bench.py; NOTES.md).
 LINEAR_COOP_MIN_WORK = 16 * 14336
 LINEAR_FEW_VARIANT = "linear_qta8a_qga4w_coop_few_s4_shared"  # and `linear_uses_coop_few` (all its variants require the same)
-# Token counts the few-token kernel takes (tiles of 8 tokens). On the H200, K = 4096, group
-# 128, it beats the tiled gemm from 2 tokens on (2 x 14336 25.8 against 32.2 us, 8 x 14336 26.7
-# against 43.1) and the many-token kernel up to 32 (32 x 4096 26.9 against 71.5 and the gemm's
-# 41.1; 32 x 14336 76.9 against 78.4): benchmarks/NOTES.md, session 16.
-LINEAR_FEW_TOKENS = range(2, 33)
+# Tokens from which the few-token kernel (tiles of 8 tokens) takes a call, with no upper bound.
+# It beats the tiled gemm from 2 tokens on (H200, K = 4096, group 128: 2 x 14336 25.8 against
+# 32.2 us, 8 x 14336 26.7 against 43.1; session 16), and since session 19 the many-token
+# kernel at every size measured (session 23, benchmarks/NOTES.md): 33 to 4096 tokens x N =
+# 4096, 11008, 14336 on the H100 (33 x 14336 77.0 against 138.0 us, 128 x 14336 222.0 against
+# 280.4, 1024 x 14336 1735.6 against 1812.2; 4096 x 4096 1896.1 against 1888.0, the one tie),
+# 33, 128 and 1024 tokens on the H200 (1024 x 14336 1661.8 against 1793.7).
+LINEAR_FEW_MIN_TOKENS = 2
 
 
 def numel(t) -> int:
@@ -211,10 +214,10 @@ def linear_uses_coop(x, weight, group_size: int) -> bool:
 
 
 def linear_uses_coop_few(x, weight, group_size: int, storage) -> bool:
-    """Whether linear_qta8a_qga4w runs on the few-token cooperative-matrix kernel:
-    `LINEAR_FEW_TOKENS` tokens, whole 64-value K blocks per group, activations in a buffer
+    """Whether linear_qta8a_qga4w runs on the few-token cooperative-matrix kernel: at least
+    `LINEAR_FEW_MIN_TOKENS` tokens, whole 64-value K blocks per group, activations in a buffer
     (neither preferred nor held in an image) and a device that runs the kernel."""
-    if tokens(x) not in LINEAR_FEW_TOKENS or group_size % 64 or storage == "texture3d":
+    if tokens(x) < LINEAR_FEW_MIN_TOKENS or group_size % 64 or storage == "texture3d":
         return False
     if not isinstance(x, torch.Tensor) and x.storage != "buffer":
         return False

@@ -176,19 +176,19 @@ def test_op_picks_coop_for_many_tokens_where_the_device_has_it(dispatch_trace_pa
 
 
 def test_op_picks_the_few_token_kernel_where_the_device_has_it(dispatch_trace_path):
-    """2 to 16 tokens with group sizes % 64 == 0 and activations in a buffer go to the
-    few-token cooperative-matrix kernel where it runs (reading its sums from registers where
-    the probe found the layout it assumes); one token, more tokens, other group sizes and
+    """From 2 tokens on, with no upper bound, group sizes % 64 == 0 and activations in a
+    buffer go to the few-token cooperative-matrix kernel where it runs (reading its sums from
+    registers where the probe found the layout it assumes); one token, other group sizes and
     image activations do not."""
-    from runtime.ops.stub_support import LINEAR_FEW_TOKENS, LINEAR_FEW_VARIANT
+    from runtime.ops.stub_support import LINEAR_FEW_MIN_TOKENS, LINEAR_FEW_VARIANT
 
     few = catalog().variant(LINEAR_FEW_VARIANT).runnable(get_device().caps)[0]
     sums = "registers" if matrix_layouts.has_mma_16x8_accumulator() else "shared"
     gen = torch.Generator().manual_seed(15)
     rows = (
-        (LINEAR_FEW_TOKENS[0], 64, "buffer", f"coop_few_s4_{sums}" if few else "gemm"),
-        (LINEAR_FEW_TOKENS[-1], 128, "buffer", f"coop_few_s4_{sums}" if few else "gemm"),
-        (LINEAR_FEW_TOKENS[-1] + 1, 64, "buffer", "gemm"),
+        (LINEAR_FEW_MIN_TOKENS, 64, "buffer", f"coop_few_s4_{sums}" if few else "gemm"),
+        (33, 128, "buffer", f"coop_few_s4_{sums}" if few else "gemm"),
+        (130, 64, "buffer", f"coop_few_s4_{sums}" if few else "gemm"),
         (1, 64, "buffer", "gemv"),
         (8, 32, "buffer", "gemm"),
         (8, 64, "texture3d", "gemm"),
