@@ -3,11 +3,12 @@
 Times ``etvk.linear_qta8a_qga4w.default`` (int8 per-token activations x 4-bit
 weights in groups of 128) at M = 1, 8, 16, 32 and 128 tokens (``--tokens``),
 K = 4096, N = 4096 and 14336 (``--n``): the op's default variant (gemv for
-one token, the tiled gemm or one of the two cooperative-matrix kernels for more:
-few tokens or many), and for more than one token the others of those three where
-the device runs them. GPU time per call and weight
-GB/s (the bytes of the packed int4 weight with its scales and zeros, over
-the GPU time).
+one token, the tiled gemm or one of the two cooperative-matrix kernels for more),
+and for more than one token the others of those three where the device runs
+them. GPU time per call and weight GB/s (the bytes of the packed int4 weight
+with its scales and zeros, over the GPU time). Next to each one-token row, the
+streaming floor: a dispatch that only reads as many bytes, rotated the same way
+(benchmarks/streaming_floor.py; "n/a" where its kernel cannot be built).
 
 ``--sweep`` also times every work split (C invocations per tile, GL group
 lanes: the shader's push constants, all bit-identical) of the kernel each
@@ -53,6 +54,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from results import Results  # noqa: E402
+from streaming_floor import INVOCATIONS, read_buffers, read_op  # noqa: E402
 from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
@@ -141,6 +143,19 @@ def time_coop(m: int, k: int, n: int, weights: list, gen, steps: int, repeats, w
                             push={"sizes": [k, n, m, GROUP_SIZE]}, spec_constants={"STEPS": steps},
                             groups=[-(-n // 64), -(-m // 32), 1])
         return time_stream(stream, repeats, warmup)
+
+
+def time_floor(nbytes: int, copies: int, repeats: int, warmup: float):
+    """(median GPU seconds of a dispatch that only reads `nbytes` bytes, rotated over `copies`
+    buffers as the weights are, "") or (None, why the read kernel is not there)."""
+    op, why = read_op()
+    if op is None:
+        return None, why
+    buffers = read_buffers(nbytes, copies)
+    with Stream() as stream:
+        for i in range(CALLS):
+            op.record(stream, buffers[i % copies], INVOCATIONS)
+        return time_stream(stream, repeats, warmup)[0], ""
 
 
 def time_stream(stream, repeats: int, warmup: float):
@@ -286,7 +301,7 @@ def main() -> int:
           "ours/this: GPU time ratio of our default variant to the row (< 1: ours faster)")
     print(f"{'M':>3} {'N':>6} {'what':<54} {'GPU us':>9} {'weight MB':>9} {'GB/s':>9} "
           f"{'ours/this':>10}")
-    target_ours = target_tinygemm = None
+    target_ours = target_tinygemm = target_floor = None
     for n, copies in sizes.items():
         start = time.perf_counter()
         weights = []
@@ -305,6 +320,11 @@ def main() -> int:
                 return 1
             ours, variant = measured
             emit(m, n, f"ours {variant}", ours, our_bytes, ours)
+            if m == 1:  # memory-bound: the floor of reading the same bytes
+                floor, why = time_floor(our_bytes, copies, repeats, warmup)
+                emit(m, n, "  streaming floor (a kernel that only reads them)", floor, our_bytes, ours, why)
+                if target_row:
+                    target_floor = floor
             for leaf in LEAVES if m > 1 else ():
                 if variant in {info.name for info in runtime.get_op(leaf).variants}:
                     continue
@@ -352,7 +372,9 @@ def main() -> int:
     elif target_ours is not None:
         verdict = "met" if target_ours * 1e6 < 13 else "not met"
         tiny = f"{target_tinygemm * 1e6:.1f} us" if target_tinygemm else "n/a"
-        print(f"this run: ours {target_ours * 1e6:.1f} us ({verdict}); tinygemm {tiny}")
+        floor = f"{target_floor * 1e6:.1f} us" if target_floor else "n/a"
+        print(f"this run: ours {target_ours * 1e6:.1f} us ({verdict}); tinygemm {tiny}; "
+              f"streaming floor {floor}")
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0
 

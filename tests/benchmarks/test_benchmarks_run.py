@@ -105,3 +105,19 @@ def test_coop_gemm_bench_runs_to_the_end(tmp_path):
     assert len(rows) == 3 and all("q8ta_gemm_" in row for row in rows), result.stdout
     runnable = catalog().variant("q8ta_gemm_coop_k64_w4").runnable(get_device().caps)[0]
     assert ("coop: not run here" in result.stdout) != runnable
+
+
+def test_linear_bench_times_the_streaming_floor(tmp_path):
+    """Each one-token row has the streaming floor beside it: the read kernel of
+    benchmarks/read_kernel/ is generated, loaded and timed over the same bytes."""
+    from runtime.vulkan.device import get_device
+
+    result = _run([str(BENCHMARKS / "linear_bench.py"), "--quick", "--tokens", "1", "--n", "256"],
+                  get_device().caps.family, tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    lines = result.stdout.splitlines()
+    rows = [line.split() for line in lines if line.split()[:2] == ["1", "256"]]
+    ours = next(row for row in rows if row[2] == "ours")
+    floor = next(row for row in rows if row[2:4] == ["streaming", "floor"])
+    assert float(floor[-4]) > 0, result.stdout  # GPU microseconds
+    assert floor[-3] == ours[-3]  # the same weight MB
