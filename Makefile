@@ -4,7 +4,8 @@ STAMP := .venv/.setup-done
 
 .PHONY: setup generate spirv check test demo bench wheel wheel-test clean
 
-setup: $(STAMP)
+# The environment, then the SPIR-V (a no-op when present): a prepared checkout runs ops.
+setup: $(STAMP) spirv
 
 $(STAMP): pyproject.toml scripts/setup.sh
 	bash scripts/setup.sh

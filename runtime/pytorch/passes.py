@@ -267,7 +267,11 @@ class _ProgramEditor:
         self.program = program
         self.module = copy.deepcopy(program.graph_module)
         self.graph = self.module.graph
-        self.specs = list(program.graph_signature.input_specs)
+        # The copy names its nodes anew, and a placeholder whose name Python or torch.fx
+        # reserves (``input``, ``list``) gets a suffix: the specs follow the copy's names.
+        names = {old.name: new.name for old, new in zip(
+            program.graph.find_nodes(op="placeholder"), self.graph.find_nodes(op="placeholder"), strict=True)}
+        self.specs = [_renamed(s, names) for s in program.graph_signature.input_specs]
         self.state_dict = dict(program.state_dict)
         self.constants = dict(program.constants)
         self.fake_mode = detect_fake_mode([n.meta.get("val") for n in self.graph.nodes])
@@ -377,6 +381,14 @@ class _ProgramEditor:
             constants=self.constants,
             verifiers=self.program.verifiers,
         )
+
+
+def _renamed(spec: sig.InputSpec, names: dict[str, str]) -> sig.InputSpec:
+    """`spec` naming its placeholder as `names` maps it (arguments without a name stay)."""
+    name = getattr(spec.arg, "name", None)
+    if name is None or names.get(name, name) == name:
+        return spec
+    return dataclasses.replace(spec, arg=dataclasses.replace(spec.arg, name=names[name]))
 
 
 def _op_name(node: object) -> str | None:
