@@ -37,7 +37,9 @@ def _load_namespace(namespace: str) -> None:
     if namespace == "quantized_decomposed":
         import torch.ao.quantization.fx._decomposed  # noqa: F401
     elif namespace == "torchao":
-        logging.getLogger("torchao").setLevel(logging.ERROR)  # its CUDA libraries, on a CPU torch
+        # its CUDA libraries on a CPU torch, and torch's word on an enum it registers
+        for noisy in ("torchao", "torch.utils._pytree"):
+            logging.getLogger(noisy).setLevel(logging.ERROR)
         try:
             import torchao  # noqa: F401
         except ImportError as exc:
@@ -104,15 +106,24 @@ def run_node(node: Node, env: dict, constants: dict) -> None:
         env[name] = value
 
 
-def run_on_cpu(program, inputs: tuple):
+def run_on_cpu(program, inputs: tuple, state: dict[str, torch.Tensor] | None = None):
     """Runs every node of `program` on the CPU; returns its outputs (a tensor or a tuple).
+
+    Args:
+        program: the `Program`.
+        inputs: its inputs, in order.
+        state: the program's state values, replaced by their updates when the call ends;
+            None: a fresh `Program.initial_state`, dropped afterwards.
 
     Raises:
         ProgramInputError: bad inputs.
         UnknownOp: a node names an op this runtime does not have.
     """
     env = dict(zip(program.inputs, check_inputs(program, inputs), strict=True))
+    state = program.initial_state() if state is None else state
+    env.update((name, state[name]) for name in program.state)
     for node in program.nodes:
         run_node(node, env, program.constants)
+    state.update((name, env[value]) for name, value in program.state_updates.items())
     outputs = tuple(env[name] if name in env else program.constants[name] for name in program.outputs)
     return outputs if program.output_tuple else outputs[0]

@@ -7,7 +7,9 @@ header's metadata holds
 - ``etvk.format``: `FORMAT`, the version of this layout;
 - ``etvk.program``: the program as JSON (inputs, outputs, values with shape,
   dtype and layout, nodes with their arguments, the ``etvk`` op schemas, the
-  manifest hash, and every constant's shape, dtype and sha256);
+  manifest hash, every constant's shape, dtype and sha256, the state: each
+  state value's start (null for zeros: no bytes are stored for a zero KV
+  cache, only its shape) and update, and the checks on input values);
 - ``etvk.program_sha256``: the sha256 of that JSON.
 
 Reading parses with the safetensors library (no pickle) and checks every
@@ -15,8 +17,8 @@ fault a damaged or foreign file can have; each becomes one
 `ProgramFileError` naming the file and the fault: an empty, truncated or
 non-safetensors file, another format version, a graph that fails its
 checksum or does not parse, a malformed graph, a missing, extra, mis-shaped
-or corrupted constant, a node reading an unknown value, an unknown op, or an
-``etvk`` op whose schema changed. Used by program.py.
+or corrupted constant, a node reading an unknown value, an unknown op, an
+``etvk`` op whose schema changed, or state or checks that name unknown values. Used by program.py.
 """
 
 from __future__ import annotations
@@ -32,9 +34,9 @@ import torch
 from runtime.errors import EtvkError
 from runtime.ops.registry import get_op
 from runtime.programs.cpu import UnknownOp, resolve_op
-from runtime.programs.nodes import Const, Node, Ref, ValueSpec, walk_args
+from runtime.programs.nodes import Const, InputCheck, Node, Ref, ValueSpec, walk_args
 
-FORMAT = 1
+FORMAT = 2
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
     torch.int16, torch.int32, torch.int64, torch.bool)}
@@ -109,6 +111,9 @@ def write_program(program, path) -> None:
         "nodes": [{"name": n.name, "target": n.target, "args": _encode(list(n.args), n.name),
                    "kwargs": {k: _encode(v, n.name) for k, v in n.kwargs.items()},
                    "outputs": list(n.outputs)} for n in program.nodes],
+        "state": dict(program.state),
+        "state_updates": dict(program.state_updates),
+        "input_checks": [{"input": c.input, "kind": c.kind, "bound": c.bound} for c in program.input_checks],
     }
     text = json.dumps(graph, sort_keys=True, separators=(",", ":"))
     metadata = {"etvk.format": str(FORMAT), "etvk.program": text,
@@ -173,7 +178,7 @@ def _spec(entry, where: str) -> ValueSpec:
 
 
 def _nodes(graph: dict, values: dict, constants: dict) -> list[Node]:
-    nodes, defined = [], set(graph["inputs"])
+    nodes, defined = [], set(graph["inputs"]) | set(graph["state"])
     for index, entry in enumerate(graph["nodes"]):
         where = f"node {index}"
         _require(isinstance(entry, dict) and isinstance(entry.get("name"), str)
@@ -249,21 +254,53 @@ def read_program(path) -> dict:
         graph = json.loads(text)
         _require(isinstance(graph, dict), "the graph is not a JSON object")
         for key, kind in (("inputs", list), ("outputs", list), ("values", dict), ("constants", dict),
-                          ("ops", dict), ("nodes", list), ("output_tuple", bool), ("manifest_hash", str)):
+                          ("ops", dict), ("nodes", list), ("output_tuple", bool), ("manifest_hash", str),
+                          ("state", dict), ("state_updates", dict), ("input_checks", list)):
             _require(isinstance(graph.get(key), kind), f"the graph's {key!r} is missing or not a "
                                                       f"{kind.__name__}")
         values = {name: _spec(entry, f"value {name!r}") for name, entry in graph["values"].items()}
         _require(all(name in values for name in graph["inputs"]), "an input has no value entry")
         constants = _constants(path, handle, graph["constants"])
+        _check_state(graph, values, constants)
         nodes = _nodes(graph, values, constants)
         _check_ops(nodes, graph["ops"])
+        made = {o for n in nodes for o in n.outputs} | set(graph["inputs"]) | set(graph["state"])
+        _require(all(v in made for v in graph["state_updates"].values()),
+                 "a state update names a value that no node or input defines")
+        checks = _input_checks(graph)
     except json.JSONDecodeError as exc:
         raise ProgramFileError(path, f"the program graph is not valid JSON ({exc})") from None
     except _Malformed as exc:
         raise ProgramFileError(path, str(exc)) from None
     return {"inputs": list(graph["inputs"]), "outputs": list(graph["outputs"]), "nodes": nodes,
             "values": values, "constants": constants, "output_tuple": graph["output_tuple"],
-            "op_schemas": dict(graph["ops"]), "manifest_hash": graph["manifest_hash"]}
+            "op_schemas": dict(graph["ops"]), "manifest_hash": graph["manifest_hash"],
+            "state": dict(graph["state"]), "state_updates": dict(graph["state_updates"]),
+            "input_checks": checks}
+
+
+def _check_state(graph: dict, values: dict, constants: dict) -> None:
+    for name, start in graph["state"].items():
+        _require(name in values and name not in graph["inputs"],
+                 f"state {name!r} has no value entry, or is an input")
+        _require(start is None or (start in constants and tuple(constants[start].shape) == values[name].shape
+                                   and constants[start].dtype == values[name].dtype),
+                 f"state {name!r} starts as {start!r}, which is not a constant of its shape and dtype")
+    for name, value in graph["state_updates"].items():
+        _require(name in graph["state"] and isinstance(value, str) and value in values
+                 and values[value].shape == values[name].shape and values[value].dtype == values[name].dtype,
+                 f"state update {name!r} -> {value!r}: not a state, or a value of another shape or dtype")
+
+
+def _input_checks(graph: dict) -> list[InputCheck]:
+    checks = []
+    for entry in graph["input_checks"]:
+        _require(isinstance(entry, dict) and entry.get("input") in graph["inputs"]
+                 and entry.get("kind") in ("index", "position") and isinstance(entry.get("bound"), int)
+                 and entry["bound"] > 0, f"input check {entry!r}: needs an input, a kind (index or "
+                                        "position) and a bound > 0")
+        checks.append(InputCheck(entry["input"], entry["kind"], entry["bound"]))
+    return checks
 
 
 def _constants(path: Path, handle, listed: dict) -> dict:

@@ -5,13 +5,21 @@ Parameters, buffers and lifted constants become the program's constants
 order; every ``call_function`` of an op overload becomes a `Node` whose
 target is ``"<namespace>.<op>.<overload>"``, a tuple result's ``getitem``
 users naming its outputs (an op that returns nothing, such as an assertion,
-has none and is dropped later as unused); in-place ``aten`` ops whose mutated input nobody
-reads later become their functional twins. What a program cannot hold is
-refused with a `LoweringError` naming the node: dynamic shapes, buffer
-mutations, higher-order ops (but ``wrap_with_set_grad_enabled``, whose body
-is inlined: grad mode does not matter to inference), arguments of other
-types. Patterns are
-rewritten afterwards (lower.py). Never touches Vulkan. Used by lower.py.
+has none and is dropped later as unused).
+
+Buffers the program mutates become its state (a decoder's static KV cache):
+those the signature lists as buffer mutations (a functional export) and
+those an op writes in place (``index_copy_``, ``copy_``, ``add_``, as
+``TorchExportableModuleForDecoderOnlyLM`` exports them), directly or through
+an alias. In-place ops become their functional twins, later reads of what
+they wrote read the new value, and each state's last value is its update
+(`Program.state_updates`); a state starts as zeros unless its buffer held
+other values. What a program cannot hold is refused with a `LoweringError`
+naming the node: dynamic shapes, parameter or input mutations, writes
+through a view, higher-order ops (but ``wrap_with_set_grad_enabled``, whose
+body is inlined: grad mode does not matter to inference), arguments of
+other types. Patterns are rewritten afterwards (lower.py). Never touches
+Vulkan. Used by lower.py.
 """
 
 from __future__ import annotations
@@ -24,7 +32,8 @@ from torch.export import graph_signature as sig
 from torch.fx import Node as FxNode
 
 from runtime.errors import EtvkError
-from runtime.programs.nodes import Const, Node, Ref, ValueSpec
+from runtime.programs.cpu import UnknownOp, resolve_op
+from runtime.programs.nodes import Const, Node, Ref, ValueSpec, map_args
 from runtime.programs.program import Program
 
 _CONSTANT_KINDS = (sig.InputKind.PARAMETER, sig.InputKind.BUFFER, sig.InputKind.CONSTANT_TENSOR)
@@ -62,11 +71,16 @@ def from_exported(exported: ExportedProgram) -> Program:
         LoweringError: the program holds something a runtime program cannot.
     """
     signature = exported.graph_signature
-    mutations = [s for s in signature.output_specs if s.kind != sig.OutputKind.USER_OUTPUT]
-    if mutations:
-        raise LoweringError(f"the program mutates {', '.join(str(s.target) for s in mutations)}; "
-                            "programs with buffer or parameter mutations are not supported")
+    updates: dict[str, str] = {}  # mutated buffer's placeholder -> the fx node it becomes
+    for spec in signature.output_specs:
+        if spec.kind == sig.OutputKind.BUFFER_MUTATION:
+            updates[spec.target] = spec.arg.name
+        elif spec.kind != sig.OutputKind.USER_OUTPUT:
+            raise LoweringError(f"the program mutates {spec.target} ({spec.kind.name.lower()}); only "
+                                "buffers may be mutated (they become the program's state)")
     kinds = {s.arg.name: s for s in signature.input_specs if isinstance(s.arg, sig.TensorArgument)}
+    buffer_names = {s.target: s.arg.name for s in kinds.values() if s.kind == sig.InputKind.BUFFER}
+    state = {buffer_names[t] for t in updates} | _mutated_in_place(exported.graph, kinds)
     program = Program(inputs=[], outputs=[], nodes=[], values={}, constants={})
     refs: dict[str, object] = {}  # fx node name -> Ref / Const
     for fx in exported.graph.nodes:
@@ -77,25 +91,60 @@ def from_exported(exported: ExportedProgram) -> Program:
                                     f"{getattr(spec, 'kind', 'unknown')} are not supported")
             if spec.kind == sig.InputKind.USER_INPUT:
                 program.inputs.append(fx.name)
+            if spec.kind == sig.InputKind.USER_INPUT or fx.name in state:
                 program.values[fx.name] = _spec(fx, fx.meta.get("val"))
                 refs[fx.name] = Ref(fx.name)
             else:
                 tensor = exported.state_dict.get(spec.target, exported.constants.get(spec.target))
                 program.constants[fx.name] = tensor.detach()
                 refs[fx.name] = Const(fx.name)
+            if fx.name in state:
+                program.state[fx.name] = _state_start(program, fx.name,
+                                                      exported.state_dict.get(spec.target,
+                                                                              exported.constants.get(spec.target)))
         elif fx.op in ("get_attr", "call_function"):
             _call(fx, refs, program, exported.graph_module, "")
         elif fx.op == "output":
-            for out in fx.args[0]:
+            for out, spec in zip(fx.args[0], signature.output_specs, strict=True):
                 if not isinstance(out, FxNode):
                     raise LoweringError(f"output {out!r} is not a tensor of the graph")
-                program.outputs.append(refs[out.name].name)
+                if spec.kind == sig.OutputKind.USER_OUTPUT:
+                    program.outputs.append(refs[out.name].name)
+                else:
+                    program.state_updates[buffer_names[spec.target]] = refs[out.name].name
             # A model that returns one tensor gets one back; any other structure, a tuple.
             program.output_tuple = not exported.call_spec.out_spec.is_leaf()
         else:
             raise LoweringError(f"node {fx.name}: {fx.op} nodes are not supported")
     _functionalize(program)
+    _drop_overwritten_state(program)
     return program
+
+
+def _mutated_in_place(graph, kinds: dict) -> set[str]:
+    """The buffer placeholders that an op of `graph` writes in place, directly or through an
+    alias or view."""
+    root: dict[str, str] = {}
+    mutated = set()
+    for fx in graph.nodes:
+        if fx.op != "call_function" or not isinstance(fx.target, torch._ops.OpOverload):
+            continue
+        source = fx.args[0] if fx.args and isinstance(fx.args[0], FxNode) else None
+        if source is not None and (_is_view(fx.target) or target_name(fx.target) in _ALIAS_OPS):
+            root[fx.name] = root.get(source.name, source.name)
+        position = _written_argument(fx.target)
+        written = fx.args[position] if position is not None and position < len(fx.args) else None
+        if isinstance(written, FxNode):
+            mutated.add(root.get(written.name, written.name))
+    return {name for name in mutated if name in kinds and kinds[name].kind == sig.InputKind.BUFFER}
+
+
+def _state_start(program: Program, name: str, tensor: torch.Tensor) -> str | None:
+    """How state `name` starts: None for zeros, else the constant holding `tensor`."""
+    if not bool(tensor.any()):
+        return None
+    program.constants[f"{name}__start"] = tensor.detach().clone()
+    return f"{name}__start"
 
 
 def _call(fx: FxNode, refs: dict, program: Program, module: torch.nn.Module, prefix: str) -> None:
@@ -171,23 +220,97 @@ def _node(fx: FxNode, refs: dict, program: Program, prefix: str = "") -> Node:
                 {k: convert(v) for k, v in fx.kwargs.items()}, tuple(outputs))
 
 
+# Ops whose result is their first argument itself in eager PyTorch when they change nothing
+# (the same dtype, no copy asked).
+_ALIAS_OPS = {"aten.alias.default", "aten.detach.default", "aten.to.dtype", "aten.to.dtype_layout",
+              "aten.to.device", "aten.to.other"}
+
+
+def _is_view(op: torch._ops.OpOverload) -> bool:
+    """Whether `op` returns a view of an argument (its schema marks the result as an alias)."""
+    return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
+
+
+def _written_argument(op: torch._ops.OpOverload) -> int | None:
+    """The position of the argument `op` writes in place, or None."""
+    return next((i for i, a in enumerate(op._schema.arguments)
+                 if a.alias_info is not None and a.alias_info.is_write), None)
+
+
 def _functionalize(program: Program) -> None:
-    """``aten.relu_`` and friends become ``aten.relu`` where nothing reads the mutated input later."""
-    later_reads: dict[str, int] = {}
-    for position, node in enumerate(program.nodes):
-        for name in node.reads():
-            later_reads[name] = position
-    for position, node in enumerate(program.nodes):
-        namespace, name, overload = node.target.split(".")
-        if namespace != "aten" or not name.endswith("_") or name.startswith("_"):
+    """In-place ``aten`` ops become their functional twins, and every later read of the tensor
+    they wrote (or of an alias of it) reads the new value instead; a state written this way is
+    updated to its last value when a call ends, as a buffer mutation in the signature is.
+
+    Raises:
+        LoweringError: an op writes a constant, a program input, a view, or an argument other
+            than its first one, or has no functional twin.
+    """
+    latest: dict[str, str] = {}  # written tensor -> the value that now holds it
+    root: dict[str, str] = {}  # alias or version -> the tensor it is
+    views: dict[str, str] = {}  # a view (not the whole tensor) -> what it views
+
+    def current(a):
+        return Ref(latest.get(root.get(a.name, a.name), a.name)) if isinstance(a, Ref) else a
+
+    for node in program.nodes:
+        node.args, node.kwargs = map_args(node.args, current), map_args(node.kwargs, current)
+        if not node.target.startswith("aten.") or not node.outputs:
             continue
-        functional = f"aten.{name[:-1]}.{overload}"
-        mutated = node.args[0].name if node.args and isinstance(node.args[0], Ref) else None
-        if mutated is None or later_reads.get(mutated, position) > position or mutated in program.outputs:
-            raise LoweringError(f"node {node.name}: {node.target} mutates {mutated}, which is read "
-                                "again later; export a functional graph")
+        op = resolve_op(node.target)
+        first = node.args[0] if node.args and isinstance(node.args[0], Ref) else None
+        position = _written_argument(op)
+        if position is None:
+            if first is None:
+                continue
+            whole = node.target in _ALIAS_OPS and not node.kwargs.get("copy", False) and \
+                program.values[node.outputs[0]].dtype == program.values[first.name].dtype
+            if whole:
+                root[node.outputs[0]] = root.get(first.name, first.name)
+            elif _is_view(op):
+                views[node.outputs[0]] = root.get(first.name, first.name)
+            continue
+        written = node.args[position] if position < len(node.args) else None
+        name = node.target.split(".")[1]
+        functional = f"aten.{name[:-1]}.{node.target.split('.')[2]}"
+        if isinstance(written, Const):
+            raise LoweringError(f"node {node.name}: {node.target} writes the constant {written.name} in "
+                                "place; only buffers may be mutated (they become the program's state)")
+        if position != 0 or not isinstance(written, Ref) or not name.endswith("_"):
+            raise LoweringError(f"node {node.name}: {node.target} writes {written!r} in place, "
+                                "which a program cannot express; export a functional graph")
+        target = root.get(written.name, written.name)
+        if target in views:
+            raise LoweringError(f"node {node.name}: {node.target} writes a view of {views[target]} in "
+                                "place; export a functional graph")
+        if target in program.inputs:
+            raise LoweringError(f"node {node.name}: {node.target} writes the program input {target}; "
+                                "export a program that leaves its inputs unchanged")
         try:
-            getattr(getattr(torch.ops.aten, name[:-1]), overload)
-        except AttributeError:
+            resolve_op(functional)
+        except UnknownOp:
             raise LoweringError(f"node {node.name}: {node.target} has no functional twin") from None
         node.target = functional
+        latest[target] = node.outputs[0]
+        root[node.outputs[0]] = target
+    for target, value in latest.items():
+        if target in program.state:
+            program.state_updates[target] = value
+    program.outputs = [latest.get(root.get(n, n), n) for n in program.outputs]
+
+
+def _drop_overwritten_state(program: Program) -> None:
+    """A state whose value a call only ever overwrites whole (its one reader is ``copy(state,
+    src)``) carries nothing across calls: it becomes a constant (its start), and no state."""
+    for name, start in list(program.state.items()):
+        readers = [n for n in program.nodes if name in n.reads()]
+        if len(readers) != 1 or readers[0].target != "aten.copy.default" or \
+                readers[0].args[0] != Ref(name) or name in readers[0].args[1:] or name in program.outputs:
+            continue
+        constant = start or f"{name}__start"
+        if start is None:
+            program.constants[constant] = torch.zeros(program.values[name].shape,
+                                                      dtype=program.values[name].dtype)
+        readers[0].args = (Const(constant), *readers[0].args[1:])
+        del program.state[name], program.values[name]
+        program.state_updates.pop(name, None)

@@ -17,11 +17,19 @@ Loading does, once:
    buffer, and a second recording places them there. Recording creates every
    pipeline, so a call compiles nothing.
 
-A call writes the host values each segment reads into its input tensors,
-replays the segments in order with the CPU nodes between them, and
-downloads only what the CPU or the caller needs. Calls hold the device's
-lock, so calls from several threads are safe. Called by `runtime.load` and
-the tools.
+State (a decoder's KV cache) lives across calls: on the device when every
+node that reads it and the node that makes its update run there (updated
+in place when that node writes into it, else copied on the device after
+its segment), otherwise on the host, handed to the nodes like an input.
+`reset` puts it back to its start.
+
+A call checks the input values the program names (token ids, cache
+positions: `runtime.programs.input_checks`), writes the host values each
+segment reads into its input tensors, replays the segments in order with
+the CPU nodes between them, and downloads only what the CPU or the caller
+needs. Calls hold the device's lock, so calls from several threads are
+safe and see each other's state updates in order. Called by `runtime.load`
+and the tools.
 """
 
 from __future__ import annotations
@@ -29,15 +37,18 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.families.conv2d_layouts import CONV_OP_ALGORITHMS, CONV_OPS
 from runtime.ops import tuning
-from runtime.programs.cpu import check_inputs, run_node
+from runtime.programs.cpu import ProgramInputError, check_inputs, run_node
+from runtime.programs.input_checks import check_input_values
 from runtime.programs.layouts import conv_geometry, resolve_layouts
 from runtime.programs.memory_plan import Request, plan_memory
 from runtime.programs.program import Program
 from runtime.programs.recording import Fallback, PlannedAllocator, TrackingAllocator, record_program
 from runtime.vulkan.device import get_device
 from runtime.vulkan.memory import Buffer
+from runtime.vulkan.tensor import Tensor
 
 
 class LoadedProgram:
@@ -59,9 +70,11 @@ class LoadedProgram:
         on_cpu: dict[str, str] = {}
         with self.device.lock:
             while True:
+                self._device_state = self._state_on_device(on_cpu)
                 tracker = TrackingAllocator(self.device)
                 try:
-                    first = record_program(self.program, self.device, on_cpu, tracker, source, progress)
+                    first = record_program(self.program, self.device, on_cpu, tracker, source, progress,
+                                           self._device_state)
                     break
                 except Fallback as fallback:
                     on_cpu[fallback.node] = fallback.reason
@@ -73,18 +86,49 @@ class LoadedProgram:
             slots = [Buffer(self.device, n) for n in self._plan.slot_bytes]
             self._recording = record_program(self.program, self.device, on_cpu,
                                              PlannedAllocator(self.device, allocs, self._plan, slots),
-                                             source)
+                                             source, None, self._device_state)
         self._slots = slots
+        self._host_state = {name: tensor for name, tensor in self.program.initial_state().items()
+                            if name not in self._device_state}
+        self._next_position: dict[str, int] = {}
         self._read_by_cpu = self._cpu_reads(self._recording)
-        needed = self._read_by_cpu | set(self.program.outputs)
+        needed = self._read_by_cpu | set(self.program.outputs) | \
+            {self.program.state_updates[n] for n in self._host_state if n in self.program.state_updates}
         nodes = self.program.nodes
+        values = self._recording.device_values
         for segment in self._recording.segments:
             made = {o for p in segment.positions for o in nodes[p].outputs}
-            segment.outputs = [(v, self._recording.device_values[v]) for v in sorted(made & needed)]
+            segment.outputs = [(v, values[v]) for v in sorted(made & needed)]
+            segment.state_copies = [(tensor, values[update]) for name, tensor in self._device_state.items()
+                                    if (update := self.program.state_updates.get(name)) in made
+                                    and values[update] is not tensor]
         self.load_seconds = time.perf_counter() - started
         if progress:
             progress(f"loaded {source}: {len(nodes)} nodes, {len(self._recording.segments)} device "
                      f"segments, in {self.load_seconds:.1f} s")
+
+    def _state_on_device(self, on_cpu: dict[str, str]) -> dict[str, Tensor]:
+        """A device tensor, at its start, for each state that only device nodes read and update."""
+        program = self.program
+        on_device = {n.name for n in program.nodes if n.is_etvk and n.name not in on_cpu}
+        producers = program.producers()
+        found = {}
+        for name, start in program.state.items():
+            readers = [n.name for n in program.nodes if name in n.reads()]
+            update = program.state_updates.get(name)
+            if not readers or not set(readers) <= on_device or name in program.outputs or \
+                    (update is not None and getattr(producers.get(update), "name", None) not in on_device):
+                continue
+            spec = program.values[name]
+            try:
+                tensor = Tensor.zeros(spec.shape, spec.dtype, "buffer", f"{self.source}: state {name}",
+                                      self.device)
+            except (UnsupportedDtype, TensorTooLarge):
+                continue  # the host keeps it
+            if start is not None:
+                tensor.copy_from(program.constants[start])
+            found[name] = tensor
+        return found
 
     def _cpu_reads(self, recording) -> set[str]:
         """Values a CPU node reads."""
@@ -99,7 +143,8 @@ class LoadedProgram:
             if recording.records[position].runs_on == "vulkan":
                 for name in node.reads():
                     last_read[name] = position
-        downloaded = self._cpu_reads(recording) | set(self.program.outputs)
+        # downloaded, or copied into a state on the device, when its segment ends
+        downloaded = self._cpu_reads(recording) | set(self.program.outputs) | set(self.program.state_updates.values())
         segment_end = {p: s.positions[-1] for s in recording.segments for p in s.positions}
         requests = []
         for alloc in allocs:
@@ -113,13 +158,47 @@ class LoadedProgram:
 
     # -- calling ------------------------------------------------------------------------------
 
-    def __call__(self, *inputs):
+    def __call__(self, *inputs, **named):
         """Runs the program: torch tensors in, torch tensors out (a tensor or a tuple, as the model).
 
+        Inputs go by position, by name (the exported model's argument names,
+        ``loaded(input_ids=..., cache_position=...)``), or both.
+
         Raises:
-            runtime.programs.cpu.ProgramInputError: inputs of the wrong number, shape or dtype.
+            runtime.programs.cpu.ProgramInputError: inputs of the wrong number, name, shape or dtype.
+            runtime.programs.input_checks.InputValueError: a token id or cache position out of range,
+                or a position going backwards.
         """
-        return self._run(inputs)[0]
+        return self._run(self._bind(inputs, named))[0]
+
+    def _bind(self, inputs: tuple, named: dict) -> tuple:
+        """The inputs in order, from positional and keyword arguments."""
+        if not named:
+            return inputs
+        names = self.program.inputs
+        for name in named:
+            if name not in names:
+                raise ProgramInputError(f"{self.source}: no input named {name!r}; its inputs are "
+                                        f"{', '.join(names)}")
+            if names.index(name) < len(inputs):
+                raise ProgramInputError(f"{self.source}: input {name!r} given by position and by name")
+        missing = [n for n in names[len(inputs):] if n not in named]
+        if missing:
+            raise ProgramInputError(f"{self.source}: missing input(s) {', '.join(map(repr, missing))}")
+        return (*inputs, *(named[n] for n in names[len(inputs):]))
+
+    def reset(self) -> None:
+        """Puts the state (the KV cache) back to its start: the next call begins a new sequence."""
+        with self.device.lock:
+            fresh = self.program.initial_state()
+            self._host_state = {name: fresh[name] for name in self._host_state}
+            for name, tensor in self._device_state.items():
+                tensor.copy_from(fresh[name])
+            self._next_position.clear()
+
+    def state_placement(self) -> dict[str, str]:
+        """Where each state value lives: ``"vulkan"`` (device memory) or ``"cpu"``."""
+        return {name: "vulkan" if name in self._device_state else "cpu" for name in self.program.state}
 
     def run_resident(self) -> None:
         """Runs the program again on the inputs of the last call without uploading them or
@@ -132,8 +211,11 @@ class LoadedProgram:
         env = dict(zip(program.inputs, check_inputs(program, inputs, self.source), strict=True))
         self._last_inputs = inputs
         on_host = self._read_by_cpu if resident else self._read_by_cpu | set(program.outputs)
+        on_host = on_host | {program.state_updates[n] for n in self._host_state if n in program.state_updates}
         cpu_seconds = {}
         with self.device.lock:
+            check_input_values(program.input_checks, env, self._next_position, self.source)
+            env.update(self._host_state)
             for step in self._recording.schedule:
                 if isinstance(step, int):
                     start = time.perf_counter()
@@ -147,6 +229,10 @@ class LoadedProgram:
                 for name, tensor in step.outputs:
                     if name in on_host:
                         env[name] = tensor.to_torch()
+                for state, update in step.state_copies:
+                    state.memory.copy_from(update.memory)
+            self._host_state.update((n, env[program.state_updates[n]]) for n in self._host_state
+                                    if n in program.state_updates)
             if resident:
                 return None, cpu_seconds, None
             timings = [s.stream.timings() for s in self._recording.segments] if timed else None

@@ -38,6 +38,7 @@ from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
 from runtime.programs import lower_cnn
 from runtime.programs.from_export import from_exported
+from runtime.programs.input_checks import derive_input_checks
 from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.program import Program
 from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
@@ -188,7 +189,7 @@ def lower(exported: ExportedProgram) -> Program:
 
     Raises:
         runtime.programs.from_export.LoweringError: the program holds something a
-            runtime program cannot (dynamic shapes, mutations, higher-order ops).
+            runtime program cannot (dynamic shapes, parameter or input mutations, higher-order ops).
     """
     program = from_exported(fuse_quantized_ops(exported))
     lowering = _Lowering(program)
@@ -202,6 +203,7 @@ def lower(exported: ExportedProgram) -> Program:
     lowering.lower_quantize_ops()
     lowering.fuse_dynamic_quantize()
     program.remove_dead()
+    program.input_checks = derive_input_checks(program)
     program.op_schemas = {n.target: get_op(n.target).schema for n in program.nodes if n.is_etvk}
     program.manifest_hash = manifest_hash()
     return program

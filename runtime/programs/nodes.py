@@ -43,6 +43,22 @@ class ValueSpec:
     layout: str | None = None
 
 
+@dataclass(frozen=True)
+class InputCheck:
+    """What the values of program input `input` must satisfy, checked on the host before a call.
+
+    ``kind`` is ``"index"`` (every value in ``[0, bound)``: the token ids of an
+    embedding table of `bound` rows) or ``"position"`` (every value in
+    ``[0, bound)``, a state's length, and none before the positions the
+    previous call wrote: a cache position must not go backwards until the
+    state is reset).
+    """
+
+    input: str
+    kind: str
+    bound: int
+
+
 @dataclass
 class Node:
     """One op call: ``outputs = target(*args, **kwargs)``."""

@@ -4,7 +4,10 @@ What `runtime.lower` returns and `Program.save` writes: inputs and outputs
 (value names), nodes in execution order (each a call of one op: an ``etvk``
 op or a PyTorch op that runs on the CPU), the shape, dtype and layout of
 every value, and the constant tensors the nodes read (runtime.programs.nodes
-defines the records). It must not touch Vulkan or choose devices (loader.py
+defines the records). A program may have state (a decoder's KV cache):
+values that live across calls, read by the nodes like inputs, each with
+its start (zeros, or a constant) and the value it becomes at the end of a
+call; the nodes stay functional. It must not touch Vulkan or choose devices (loader.py
 does). Used by the lowering, the file format's callers, the loader and tools.
 """
 
@@ -18,7 +21,7 @@ import torch
 from runtime.programs import fileformat
 from runtime.programs.cpu import run_on_cpu
 from runtime.programs.layouts import resolve_layouts
-from runtime.programs.nodes import Node, Ref, ValueSpec, map_args
+from runtime.programs.nodes import InputCheck, Node, Ref, ValueSpec, map_args
 
 
 @dataclass
@@ -34,6 +37,9 @@ class Program:
         constants: constant name -> CPU tensor.
         op_schemas: schema of every ``etvk`` op the nodes call (checked at load).
         manifest_hash: sha256 of the built-in manifest the program was lowered with.
+        state: state value name -> the constant it starts as, or None for zeros.
+        state_updates: state value name -> the value it becomes when a call ends.
+        input_checks: what each input's values must satisfy before a call (`InputCheck`).
     """
 
     inputs: list[str]
@@ -44,6 +50,9 @@ class Program:
     output_tuple: bool = False
     op_schemas: dict[str, str] = field(default_factory=dict)
     manifest_hash: str = ""
+    state: dict[str, str | None] = field(default_factory=dict)
+    state_updates: dict[str, str] = field(default_factory=dict)
+    input_checks: list[InputCheck] = field(default_factory=list)
 
     def producers(self) -> dict[str, Node]:
         """Value name -> the node that writes it (inputs have none)."""
@@ -67,17 +76,21 @@ class Program:
         self.outputs = [new if name == old else name for name in self.outputs]
 
     def remove_dead(self) -> None:
-        """Drops nodes whose outputs nobody reads, and values and constants nothing uses."""
-        live = set(self.outputs)
+        """Drops state that no node reads, nodes whose outputs nobody reads (the state
+        updates count as read), and values and constants that nothing uses."""
+        read = {r for n in self.nodes for r in n.reads()} | set(self.outputs)
+        self.state = {k: v for k, v in self.state.items() if k in read}
+        self.state_updates = {k: v for k, v in self.state_updates.items() if k in self.state}
+        live = set(self.outputs) | set(self.state_updates.values())
         kept = []
         for node in reversed(self.nodes):
             if live & set(node.outputs):
                 kept.append(node)
                 live |= set(node.reads())
         self.nodes = kept[::-1]
-        used_values = set(self.inputs) | {o for n in self.nodes for o in n.outputs}
+        used_values = set(self.inputs) | set(self.state) | {o for n in self.nodes for o in n.outputs}
         self.values = {k: v for k, v in self.values.items() if k in used_values}
-        used = {c for n in self.nodes for c in n.constants()}
+        used = {c for n in self.nodes for c in n.constants()} | {c for c in self.state.values() if c}
         self.constants = {k: v for k, v in self.constants.items() if k in used}
 
     def copy(self) -> Program:
@@ -85,7 +98,9 @@ class Program:
         return dataclasses.replace(
             self, inputs=list(self.inputs), outputs=list(self.outputs),
             nodes=[dataclasses.replace(n, kwargs=dict(n.kwargs)) for n in self.nodes],
-            values=dict(self.values), constants=dict(self.constants), op_schemas=dict(self.op_schemas))
+            values=dict(self.values), constants=dict(self.constants), op_schemas=dict(self.op_schemas),
+            state=dict(self.state), state_updates=dict(self.state_updates),
+            input_checks=list(self.input_checks))
 
     def save(self, path) -> None:
         """Writes the program to one file (`runtime.programs.fileformat`)."""
@@ -100,9 +115,20 @@ class Program:
         """
         return cls(**fileformat.read_program(path))
 
-    def run_reference(self, *inputs):
+    def initial_state(self) -> dict[str, torch.Tensor]:
+        """Each state value as a call first sees it: new CPU tensors (zeros, or its constant)."""
+        return {name: self.constants[start].clone() if start else
+                torch.zeros(self.values[name].shape, dtype=self.values[name].dtype)
+                for name, start in self.state.items()}
+
+    def run_reference(self, *inputs, state: dict[str, torch.Tensor] | None = None):
         """Runs every node on the CPU: etvk ops with their reference kernels (``torch.ops.etvk``).
 
         The definition a loaded program's results are bit-exact against.
+
+        Args:
+            inputs: the program's inputs, in order.
+            state: for a program with state, the state to start from, updated in place
+                as a loaded program's is (`initial_state` makes one); None: a fresh one.
         """
-        return run_on_cpu(resolve_layouts(self, "other"), inputs)
+        return run_on_cpu(resolve_layouts(self, "other"), inputs, state)

@@ -62,6 +62,8 @@ class Segment:
     stream: Stream | None = None
     inputs: list[tuple[str, Tensor]] = field(default_factory=list)  # host values written per call
     outputs: list[tuple[str, Tensor]] = field(default_factory=list)  # values downloaded per call
+    # (state tensor, the tensor holding its update) copied on the device after each replay
+    state_copies: list[tuple[Tensor, Tensor]] = field(default_factory=list)
 
 
 @dataclass
@@ -144,7 +146,8 @@ def _schedule(records: list[NodeRecord]) -> tuple[list[Segment], list]:
 
 
 def record_program(program, device, on_cpu: dict[str, str], allocate, label: str,
-                   progress: Callable[[str], None] | None = None) -> Recording:
+                   progress: Callable[[str], None] | None = None,
+                   state: dict[str, Tensor] | None = None) -> Recording:
     """Records every device node of `program` (see the module docstring).
 
     Args:
@@ -154,6 +157,8 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
         allocate: a `TrackingAllocator` or `PlannedAllocator`.
         label: the program's name in messages.
         progress: called with a line per node recorded, or None.
+        state: the state values kept on the device, by name: device nodes read these
+            tensors themselves (no segment input, no upload).
 
     Raises:
         Fallback: a node's op cannot run on this device.
@@ -161,7 +166,7 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
     records = [NodeRecord("cpu", on_cpu.get(n.name) or f"no generated op for {n.target}")
                if not n.is_etvk or n.name in on_cpu else NodeRecord("vulkan") for n in program.nodes]
     segments, schedule = _schedule(records)
-    on_device: dict[str, Tensor] = {}
+    on_device: dict[str, Tensor] = dict(state or {})
     for segment in segments:
         segment.stream = Stream(device, allocate=allocate)
         for position in segment.positions:

@@ -250,9 +250,17 @@ class Buffer(_Holder):
         _transfer(self.device, "buffer zero",
                   lambda cb: lib.vkCmdFillBuffer(cb, self.handle, 0, self.nbytes, 0))
 
+    def copy_from(self, source: Buffer) -> None:
+        """Copy this buffer's `nbytes` from the start of `source` (at least as large), on the device."""
+        if source.nbytes < self.nbytes or source.device is not self.device:
+            raise ValueError(f"copy of {self.nbytes} bytes from a buffer of {source.nbytes} on "
+                             f"{'another' if source.device is not self.device else 'this'} device")
+        self.device.require_open()
+        self._copy(source, self, "buffer copy")
+
     def _copy(self, source: Buffer, destination: Buffer, what: str) -> None:
         _, _, lib = raw.load()
-        region = raw.new("VkBufferCopy", size=self.nbytes)
+        region = raw.new("VkBufferCopy", size=min(source.nbytes, destination.nbytes))
         _transfer(self.device, what,
                   lambda cb: lib.vkCmdCopyBuffer(cb, source.handle, destination.handle, 1, region))
 

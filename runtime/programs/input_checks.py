@@ -1,0 +1,96 @@
+"""The host-side checks on a program's input values, derived from its graph when it is lowered.
+
+A token id outside the embedding table, or a cache position outside a
+state, must be a clear `ValueError` before anything runs, never an
+out-of-bounds read on the device. `derive_input_checks` finds, without
+looking at names: the inputs that an embedding reads as indices (``index``
+checks, bounded by the table's rows) and the inputs that the positions of
+a state's ``index_copy`` are computed from (``position`` checks, bounded by
+the state's length along the copied dimension). Pure graph work; used by
+lower.py. The loader applies the checks (`check_input_values`).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.errors import EtvkError
+from runtime.programs.nodes import Const, InputCheck, Ref
+from runtime.programs.program import Program
+
+_EMBEDDINGS = ("aten.embedding.default",)
+_INDEX_COPY = "aten.index_copy.default"
+
+
+class InputValueError(EtvkError, ValueError):
+    """An input value a program cannot take: a token id outside the vocabulary, a cache position
+    outside the cache or going backwards. Names the input."""
+
+
+def derive_input_checks(program: Program) -> list[InputCheck]:
+    """The `InputCheck` of every input that indexes an embedding or a state (module docstring)."""
+    checks: dict[tuple[str, str], int] = {}
+    producers = program.producers()
+    version_of = {}  # a state's versions -> the state
+    for node in program.nodes:
+        first = node.args[0] if node.args else None
+        if node.target in _EMBEDDINGS and isinstance(node.args[1], Ref) and isinstance(first, Const) \
+                and node.args[1].name in program.inputs:
+            key = (node.args[1].name, "index")
+            checks[key] = min(checks.get(key, 1 << 62), int(program.constants[first.name].shape[0]))
+        if node.target == _INDEX_COPY and isinstance(first, Ref):
+            state = first.name if first.name in program.state else version_of.get(first.name)
+            if state is None:
+                continue
+            version_of[node.outputs[0]] = state
+            length = program.values[state].shape[node.args[1]]
+            for source in _inputs_behind(node.args[2], producers, program.inputs):
+                if not program.values[source].dtype.is_floating_point:
+                    key = (source, "position")
+                    checks[key] = min(checks.get(key, 1 << 62), length)
+    return [InputCheck(name, kind, bound) for (name, kind), bound in sorted(checks.items())]
+
+
+def _inputs_behind(value, producers: dict, inputs: list[str]) -> set[str]:
+    """The program inputs that `value` is computed from."""
+    found, work, seen = set(), [value], set()
+    while work:
+        item = work.pop()
+        if not isinstance(item, Ref) or item.name in seen:
+            continue
+        seen.add(item.name)
+        if item.name in inputs:
+            found.add(item.name)
+        elif item.name in producers:
+            work.extend(a for a in producers[item.name].args if isinstance(a, Ref))
+    return found
+
+
+def check_input_values(checks: list[InputCheck], env: dict[str, torch.Tensor], next_position: dict,
+                       what: str) -> None:
+    """Applies `checks` to the inputs in `env`; `next_position` (input -> the first position the
+    next call may use) is advanced past each checked position input.
+
+    Raises:
+        InputValueError: the first value that breaks a check, naming the input.
+    """
+    for check in checks:
+        values = env[check.input]
+        if values.numel() == 0:
+            continue
+        low, high = int(values.min()), int(values.max())
+        thing = "token id" if check.kind == "index" else "position"
+        if low < 0 or high >= check.bound:
+            bad = low if low < 0 else high
+            raise InputValueError(f"{what}: input {check.input!r} holds the {thing} {bad}, outside "
+                                  f"[0, {check.bound})")
+        if check.kind == "position":
+            start = next_position.get(check.input, 0)
+            if int(values.reshape(-1)[0]) < start:
+                raise InputValueError(
+                    f"{what}: input {check.input!r} goes backwards: it starts at "
+                    f"{int(values.reshape(-1)[0])}, but the previous call wrote up to {start - 1}; "
+                    "call reset() to start again")
+    for check in checks:
+        if check.kind == "position" and env[check.input].numel():
+            next_position[check.input] = int(env[check.input].max()) + 1

@@ -1,0 +1,131 @@
+"""Programs with state: a buffer the export mutates (functionally, or in place as transformers'
+static cache is) lives across calls of a loaded program, starts at zero, and is reset.
+
+A hand-written cache module (functional buffer mutations in the signature)
+and a small Llama from ``transformers`` quantized 8da4w (in-place
+``index_copy_`` on its static cache) are lowered, saved, loaded and called
+token by token: bit-exact against the program's reference run with the same
+state, and against PyTorch's own run of the exported module (teacher
+forcing). Input checks, keyword calls, reset and the file's state records.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+import runtime
+from runtime.programs.cpu import ProgramInputError
+from runtime.programs.from_export import LoweringError
+from runtime.programs.input_checks import InputValueError
+
+LENGTH, DIM = 8, 4
+
+
+class Cache(nn.Module):
+    """Writes x into a cache buffer at `pos` and returns the running sum of what it holds."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("cache", torch.zeros(1, LENGTH, DIM))
+        self.register_buffer("scale", torch.full((DIM,), 2.0))  # read only: stays a constant
+
+    def forward(self, x, pos):
+        self.cache.index_copy_(1, pos, x * self.scale)
+        return self.cache.cumsum(1)
+
+
+def calls(count: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    return [(torch.randn(1, 1, DIM, generator=gen), torch.tensor([i])) for i in range(count)]
+
+
+@pytest.fixture(scope="module", params=["in_place", "functional"])
+def cache_program(request, tmp_path_factory):
+    """(exported, lowered, file): as ``torch.export`` gives it (``index_copy_`` on the buffer),
+    or functionalized (``index_copy``, the buffer mutation in the signature)."""
+    exported = torch.export.export(Cache(), calls(1)[0])
+    if request.param == "functional":
+        exported = exported.run_decompositions({})
+    program = runtime.lower(exported)
+    path = tmp_path_factory.mktemp("state") / f"cache_{request.param}.etvk"
+    program.save(path)
+    return exported, program, path
+
+
+def test_a_buffer_mutation_becomes_state_that_starts_at_zero(cache_program):
+    exported, program, path = cache_program
+    (name,) = program.state
+    assert program.state[name] is None and program.values[name].shape == (1, LENGTH, DIM)
+    assert program.state_updates[name] in {o for n in program.nodes for o in n.outputs}
+    assert not any(n.target.endswith("_.default") or n.target.endswith("_.Tensor") for n in program.nodes)
+    assert not any(t.shape == (1, LENGTH, DIM) for t in program.constants.values())  # no zeros stored
+    again = runtime.Program.load(path)
+    assert (again.state, again.state_updates, again.input_checks) == \
+        (program.state, program.state_updates, program.input_checks)
+    assert [(c.input, c.kind, c.bound) for c in program.input_checks] == [("pos", "position", LENGTH)]
+
+
+def test_the_state_lives_across_calls_and_reset_starts_again(cache_program):
+    exported, program, path = cache_program
+    loaded = runtime.load(path)
+    eager, state = exported.module(), program.initial_state()
+    for x, pos in calls(LENGTH):
+        got = loaded(x, pos=pos)
+        assert torch.equal(got, program.run_reference(x, pos, state=state))
+        torch.testing.assert_close(got, eager(x, pos), rtol=0, atol=1e-6)
+    loaded.reset()
+    x, pos = calls(1, seed=3)[0]
+    assert torch.equal(loaded(x, pos), program.run_reference(x, pos))  # a fresh state: zeros
+
+
+def test_bad_calls_name_the_input(cache_program):
+    loaded = runtime.load(cache_program[2])
+    x, pos = calls(1)[0]
+    with pytest.raises(InputValueError, match=r"input 'pos' holds the position 8, outside \[0, 8\)"):
+        loaded(x, torch.tensor([LENGTH]))
+    loaded(x, torch.tensor([2]))
+    with pytest.raises(InputValueError, match=r"input 'pos' goes backwards: it starts at 1, but the "
+                                              r"previous call wrote up to 2; call reset\(\)"):
+        loaded(x, torch.tensor([1]))
+    loaded.reset()
+    loaded(x, torch.tensor([1]))
+    with pytest.raises(ProgramInputError, match="no input named 'position'; its inputs are x, pos"):
+        loaded(x, position=pos)
+    with pytest.raises(ProgramInputError, match="input 'x' given by position and by name"):
+        loaded(x, x=x, pos=pos)
+    with pytest.raises(ProgramInputError, match="missing input"):
+        loaded(x=x)
+
+
+class WritesInput(nn.Module):
+    def forward(self, x):
+        x.add_(1)
+        return x * 2
+
+
+class WritesParameter(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = nn.Parameter(torch.ones(3), requires_grad=False)
+
+    def forward(self, x):
+        self.w.add_(x)
+        return self.w * 1
+
+
+class WritesView(Cache):
+    def forward(self, x, pos):
+        self.cache[:, :2].index_copy_(1, pos, x)
+        return self.cache * 1
+
+
+@pytest.mark.parametrize("module, inputs, message", [
+    (WritesInput(), (torch.ones(3),), "aten.add_.Tensor writes the program input x"),
+    (WritesParameter(), (torch.ones(3),), "aten.add_.Tensor writes the constant p_w in place"),
+    (WritesView(), calls(1)[0], "aten.index_copy_.default writes a view of b_cache in place"),
+], ids=["input", "parameter", "view"])
+def test_writes_a_program_cannot_express_are_refused(module, inputs, message):
+    with pytest.raises(LoweringError, match=message):
+        runtime.lower(torch.export.export(module, inputs))
