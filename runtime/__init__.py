@@ -42,6 +42,7 @@ from runtime.families.int4 import pack_int4, unpack_int4
 from runtime.ops import registry
 from runtime.ops.library import ManifestError
 from runtime.ops.registry import Op, get_op, list_ops
+from runtime.programs.generate import generate
 from runtime.programs.loader import LoadedProgram, load
 from runtime.programs.lower import lower
 from runtime.programs.program import Program
@@ -84,6 +85,7 @@ __all__ = [
     "UnsupportedVariant",
     "VulkanError",
     "VulkanUnavailable",
+    "generate",
     "get_op",
     "list_ops",
     "load",

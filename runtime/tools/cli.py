@@ -3,7 +3,8 @@
 Commands: ``info`` (the default: the device and which variants run on it),
 ``demo`` (every variant against its reference, then a small CNN exported,
 saved, loaded and run), ``export``, ``inspect`` and ``run`` (programs; see
-runtime.tools.program_commands), ``tune`` (measured conv choices for this
+runtime.tools.program_commands), ``export-llm`` and ``generate`` (decoder
+LLMs; runtime.tools.llm_commands), ``tune`` (measured conv choices for this
 device; runtime.tools.tune_command) and ``stats`` (the driver compiler's
 statistics of variants; runtime.tools.statistics_command). A user mistake or
 a missing Vulkan device prints one line to stderr and exits 1, never a
@@ -39,6 +40,20 @@ def _parser() -> argparse.ArgumentParser:
                                                  "(by input name); default: random")
     run.add_argument("--repeat", type=int, default=10, help="timed calls (default 10)")
     run.add_argument("--seed", type=int, default=0)
+    llm = sub.add_parser("export-llm", help="a decoder LLM (transformers) quantized 8da4w with a static "
+                                            "KV cache, lowered and saved")
+    llm.add_argument("source", help="a preset (llama-3.2-1b, tiny-llama: random weights), a config.json, "
+                                    "or a folder with config.json and safetensors weights")
+    llm.add_argument("--out", type=Path, required=True, help="the program file to write")
+    llm.add_argument("--max-cache-len", type=int, default=256, help="KV cache positions (default 256)")
+    llm.add_argument("--group-size", type=int, default=32, help="4-bit weight group size (default 32)")
+    llm.add_argument("--layers", type=int, help="keep only this many layers (a smaller model)")
+    llm.add_argument("--seed", type=int, default=0, help="seed of random weights")
+    gen = sub.add_parser("generate", help="greedy generation with a decoder program: tokens and speed")
+    gen.add_argument("file", type=Path)
+    gen.add_argument("--prompt", required=True, help="prompt token ids, e.g. 1,2,3")
+    gen.add_argument("--max-new-tokens", type=int, default=32)
+    gen.add_argument("--eos", type=int, help="a token id that ends generation")
     tune = sub.add_parser("tune", help="time each conv's algorithms, layouts and tilings on this "
                                        "device; later loads use the fastest")
     tune.add_argument("file", type=Path)
@@ -70,6 +85,13 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "inspect":
                 return commands.inspect(args.file)
             return commands.run(args.file, args.inputs, args.repeat, args.seed)
+        if args.command in ("export-llm", "generate"):
+            from runtime.tools import llm_commands
+
+            if args.command == "generate":
+                return llm_commands.generate(args.file, args.prompt, args.max_new_tokens, args.eos)
+            return llm_commands.export_llm(args.source, args.out, args.max_cache_len, args.group_size,
+                                           args.layers, args.seed)
         if args.command == "tune":
             from runtime.tools.tune_command import tune
 

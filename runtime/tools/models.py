@@ -9,8 +9,10 @@ the tests on a CPU Vulkan driver. `torchvision_model` builds a torchvision
 architecture by name with random weights (nothing is downloaded). With a
 CPU build of torch, PyPI's torchvision (linked against CUDA torch) fails to
 import (``torchvision::nms does not exist``: its package ``__init__``
-registers compiled ops); its model definitions are plain Python, so they are
-then imported without the two package ``__init__`` files that do that. Used by
+registers compiled ops); its model definitions are plain Python, so
+`torchvision_package` then sets the package up without the two package
+``__init__`` files that do that (also for transformers, which imports
+torchvision whenever it is installed). Used by
 ``python -m runtime export``, the demo and the tests; torchao and
 torchvision are imported only when needed.
 """
@@ -18,9 +20,11 @@ torchvision are imported only when needed.
 from __future__ import annotations
 
 import importlib
+import importlib.machinery
+import importlib.metadata
+import importlib.util
 import logging
 import sys
-import types
 import warnings
 from importlib.util import find_spec
 from pathlib import Path
@@ -99,21 +103,34 @@ TORCHVISION_MODELS = {
 }
 
 
-def _torchvision_module(module: str):
-    """``torchvision.models.<module>``: through the package when it imports, else without its
-    ``__init__`` files (the compiled ops they register are not needed by model definitions)."""
+def torchvision_package() -> None:
+    """Makes ``import torchvision`` work where its package ``__init__`` fails (a torchvision built
+    against another torch: ``torchvision::nms does not exist``): the package and its ``models``
+    subpackage are then set up without their ``__init__`` files, with import specs, so that its
+    model definitions and pure-Python modules import, and libraries that look for torchvision
+    (transformers) find this one. Nothing happens where torchvision imports or is not installed."""
     try:
-        import torchvision.models  # noqa: F401
-    except ImportError as exc:
-        raise ModelError(f"torchvision is not installed ({exc}); pip install torchvision") from None
+        import torchvision  # noqa: F401
+    except ImportError:
+        return
     except RuntimeError:  # torchvision::nms does not exist: a torchvision built for another torch
         spec = find_spec("torchvision")
         root = Path(spec.submodule_search_locations[0])
         for name, folder in (("torchvision", root), ("torchvision.models", root / "models")):
             if not hasattr(sys.modules.get(name), "__path__"):
-                package = types.ModuleType(name)
-                package.__path__ = [str(folder)]
+                package = importlib.util.module_from_spec(
+                    importlib.machinery.ModuleSpec(name, None, is_package=True))
+                package.__path__ = package.__spec__.submodule_search_locations = [str(folder)]
+                package.__file__ = str(folder / "__init__.py")  # what inspect.getfile asks for
                 sys.modules[name] = package
+        sys.modules["torchvision"].__version__ = importlib.metadata.version("torchvision")
+
+
+def _torchvision_module(module: str):
+    """``torchvision.models.<module>`` (through `torchvision_package`)."""
+    torchvision_package()
+    if find_spec("torchvision") is None:
+        raise ModelError("torchvision is not installed; pip install torchvision")
     return importlib.import_module(f"torchvision.models.{module}")
 
 

@@ -1,0 +1,81 @@
+"""``python -m runtime export-llm | generate``: decoder LLMs from the command line.
+
+- ``export-llm SOURCE --out FILE``: a causal LM from a preset (random
+  weights, e.g. ``llama-3.2-1b``), a ``config.json`` or a local folder with
+  its safetensors weights, quantized 8da4w, exported with a static KV cache
+  (runtime.tools.llm_models), lowered and saved;
+- ``generate FILE --prompt 1,2,3 --max-new-tokens N``: greedy generation
+  (runtime.programs.generate), printing the new tokens, the time to the
+  first token, and prefill and decode tokens per second.
+
+Progress goes to stderr, results to stdout; errors are `EtvkError`s for the
+CLI to print as one line. Called by runtime.tools.cli.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from runtime.programs.generate import generate_timed
+from runtime.programs.loader import load
+from runtime.programs.lower import lower
+from runtime.tools.program_commands import CommandError, progress
+
+
+def export_llm(source: str, out: Path, max_cache_len: int, group_size: int, layers: int | None,
+               seed: int) -> int:
+    """Builds, quantizes, exports, lowers and saves a decoder; returns the exit status."""
+    from runtime.tools.llm_models import decoder, export_decoder, quantize_8da4w
+
+    if max_cache_len < 1:
+        raise CommandError(f"--max-cache-len must be at least 1, got {max_cache_len}")
+    started = time.perf_counter()
+
+    def step(text: str) -> None:
+        progress(f"[{time.perf_counter() - started:6.1f} s] {text}")
+
+    step(f"building {source}" + (f" with {layers} layers" if layers else ""))
+    model = decoder(source, seed, num_hidden_layers=layers)
+    count = sum(p.numel() for p in model.parameters())
+    step(f"built {type(model).__name__}: {count / 1e6:,.1f} M parameters; quantizing 8da4w "
+         f"(group size {group_size})")
+    model = quantize_8da4w(model, group_size)
+    step(f"exporting with a static cache of {max_cache_len} positions")
+    exported = export_decoder(model, max_cache_len)
+    del model
+    step("lowering")
+    program = lower(exported)
+    del exported
+    step(f"saving {out}")
+    program.save(out)
+    etvk = sum(n.is_etvk for n in program.nodes)
+    print(f"saved {out} ({out.stat().st_size / 2**20:,.1f} MiB): {len(program.nodes)} nodes, {etvk} etvk "
+          f"ops, {len(program.nodes) - etvk} PyTorch ops, {len(program.state)} state tensors")
+    return 0
+
+
+def _prompt(text: str) -> list[int]:
+    try:
+        tokens = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise CommandError(f"--prompt must be token ids separated by commas, got {text!r}") from None
+    if not tokens:
+        raise CommandError("--prompt is empty")
+    return tokens
+
+
+def generate(path: Path, prompt: str, max_new_tokens: int, eos: int | None) -> int:
+    """Loads a decoder program and generates greedily; returns the exit status."""
+    tokens = _prompt(prompt)
+    loaded = load(path, progress=progress)
+    result = generate_timed(loaded, tokens, max_new_tokens, eos)
+    print(",".join(map(str, result.tokens)))
+    first = f"time to first token {result.prefill_seconds * 1e3:.1f} ms"
+    prefill = f"prefill {len(tokens) / result.prefill_seconds:,.1f} tokens/s" if result.prefill_seconds else ""
+    decoded = len(result.tokens) - 1
+    decode = f"decode {decoded / result.decode_seconds:,.1f} tokens/s" if decoded and result.decode_seconds \
+        else "decode: no second token"
+    print(f"{path} on {loaded.device.caps.name}: {len(tokens)} prompt tokens, {len(result.tokens)} new; "
+          f"{first}; {prefill}; {decode}")
+    return 0

@@ -1,0 +1,138 @@
+"""Decoder LLMs from ``transformers`` (random weights from small configs), quantized 8da4w and
+exported the way the ecosystem exports them (``TorchExportableModuleForDecoderOnlyLM``, a static
+KV cache updated in place): lowered, saved, loaded, and run token by token.
+
+Families chosen for their variations: Llama (the base), Qwen3 (q/k RMSNorm), Gemma (``(1 + w)``
+RMSNorm, embedding scaling, GELU-tanh MLP, tied embeddings), Phi-3 (fused qkv and gate/up
+projections), Granite (scalar multipliers on embeddings, residuals, attention and logits), all
+with grouped-query attention. Teacher forcing against PyTorch's own run of the exported module
+(logits SQNR >= 30 dB at every step, bit-exact against the program's reference run), greedy
+`runtime.generate` against PyTorch's greedy tokens, the CLI from a ``save_pretrained`` folder.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from program_cases import sqnr_db
+
+import runtime
+from runtime.programs.generate import GenerationError
+from runtime.programs.input_checks import InputValueError
+
+pytest.importorskip("torchao", reason="8da4w quantization needs torchao")
+llm_models = pytest.importorskip("runtime.tools.llm_models")
+
+CACHE = 16
+COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
+FAMILIES = {
+    "llama": dict(model_type="llama"),
+    "qwen3": dict(model_type="qwen3", head_dim=16),
+    "gemma": dict(model_type="gemma", head_dim=16),
+    "phi3": dict(model_type="phi3"),
+    "granite": dict(model_type="granite", embedding_multiplier=2.0, residual_multiplier=0.5,
+                    attention_multiplier=0.2, logits_scaling=4.0),
+}
+
+
+def config_file(folder, family: str):
+    path = folder / f"{family}.json"
+    path.write_text(json.dumps({**COMMON, **FAMILIES[family]}))
+    return path
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def decoder(request, tmp_path_factory):
+    """(family, exported program, lowered program, file)."""
+    llm_models.import_transformers()
+    folder = tmp_path_factory.mktemp("decoders")
+    model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)))
+    exported = llm_models.export_decoder(model, CACHE)
+    program = runtime.lower(exported)
+    program.save(folder / f"{request.param}.etvk")
+    return request.param, exported, program, folder / f"{request.param}.etvk"
+
+
+def greedy_reference(module, prompt: list[int], count: int) -> list[int]:
+    """PyTorch's greedy tokens: the exported module called one token at a time."""
+    tokens = []
+    for position, token in enumerate(prompt + tokens):
+        logits = module(input_ids=torch.tensor([[token]]), cache_position=torch.tensor([position]))
+    while len(tokens) < count:
+        tokens.append(int(torch.argmax(logits[0, -1])))
+        logits = module(input_ids=torch.tensor([[tokens[-1]]]),
+                        cache_position=torch.tensor([len(prompt) + len(tokens) - 1]))
+    return tokens
+
+
+def test_the_cache_is_state_and_inputs_are_checked(decoder):
+    _, exported, program, _ = decoder
+    assert len(program.state) == 2 * COMMON["num_hidden_layers"]  # keys and values per layer
+    assert all(start is None for start in program.state.values())  # zeros: no bytes in the file
+    assert {(c.input, c.kind, c.bound) for c in program.input_checks} == \
+        {("input_ids", "index", COMMON["vocab_size"]), ("cache_position", "position", CACHE)}
+    linears = [n for n in program.nodes if n.target == "etvk.linear_qta8a_qga4w.default"]
+    assert linears and not [n for n in program.nodes if n.target == "aten.linear.default"]
+
+
+def test_teacher_forcing_against_pytorch(decoder):
+    family, exported, program, path = decoder
+    loaded, module, state = runtime.load(path), exported.module(), program.initial_state()
+    gen = torch.Generator().manual_seed(1)
+    for position, token in enumerate(torch.randint(0, COMMON["vocab_size"], (CACHE,), generator=gen)):
+        inputs = dict(input_ids=token.reshape(1, 1), cache_position=torch.tensor([position]))
+        got, want = loaded(**inputs), module(**inputs)
+        assert torch.equal(got, program.run_reference(*inputs.values(), state=state)), position
+        assert sqnr_db(got, want) >= 30, (family, position)
+
+
+def test_generate_gives_pytorchs_greedy_tokens(decoder):
+    _, exported, _, path = decoder
+    loaded = runtime.load(path)
+    prompt = [5, 17, 3]
+    want = greedy_reference(exported.module(), prompt, 8)
+    assert runtime.generate(loaded, prompt, 8) == want
+    stop = want[2]  # generation ends at its first occurrence, which it returns
+    assert runtime.generate(loaded, torch.tensor(prompt), 8, eos_token_id=stop) == want[:want.index(stop) + 1]
+
+
+def test_bad_requests_are_clear_errors(decoder):
+    loaded = runtime.load(decoder[3])
+    with pytest.raises(GenerationError, match=r"prompt_ids \(15 tokens\) and max_new_tokens \(4\) need "
+                                              r"18 cache positions; the cache holds 16"):
+        runtime.generate(loaded, list(range(15)), 4)
+    with pytest.raises(InputValueError, match=r"input 'input_ids' holds the token id 96, outside \[0, 96\)"):
+        runtime.generate(loaded, [1, COMMON["vocab_size"]], 2)
+    with pytest.raises(GenerationError, match="prompt_ids is empty"):
+        runtime.generate(loaded, [], 2)
+
+
+def test_export_llm_and_generate_from_a_saved_folder(tmp_path):
+    """The real loading path: config.json and safetensors weights written by save_pretrained."""
+    llm_models.import_transformers()
+    model = llm_models.decoder(config_file(tmp_path, "llama"), seed=3)
+    model.save_pretrained(tmp_path / "model")
+    out = tmp_path / "llama.etvk"
+    cli = [sys.executable, "-m", "runtime"]
+    done = subprocess.run([*cli, "export-llm", str(tmp_path / "model"), "--out", str(out),
+                           "--max-cache-len", str(CACHE)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "quantizing 8da4w" in done.stderr and out.exists()
+    done = subprocess.run([*cli, "generate", str(out), "--prompt", "4,8,15", "--max-new-tokens", "5"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr
+    tokens = [int(t) for t in done.stdout.splitlines()[0].split(",")]
+    exported = llm_models.export_decoder(llm_models.quantize_8da4w(
+        llm_models.decoder(tmp_path / "model")), CACHE)
+    assert tokens == greedy_reference(exported.module(), [4, 8, 15], 5)
+    assert "time to first token" in done.stdout and "decode" in done.stdout
+    done = subprocess.run([*cli, "generate", str(out), "--prompt", "4,8,15", "--max-new-tokens", "20"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 1 and "Traceback" not in done.stderr
+    assert done.stderr.strip().splitlines()[-1] == ("prompt_ids (3 tokens) and max_new_tokens (20) need "
+                                                    "22 cache positions; the cache holds 16")
