@@ -244,17 +244,21 @@ void lin_store(uint m, uint b, vec4 v) {
   }
 }
 
-// Every register array is indexed by literals: the slot and step loops are
-// unrolled by the template up to MAX_STEPS and guarded by the specialized
-// counts, so no driver has to unroll a loop over a specialization constant.
+// Every register array is indexed by the counter of an [[unroll]] loop over a
+// literal bound (the slot and step loops run up to MAX_STEPS, guarded by the
+// specialized counts), so no driver has to unroll a loop over a specialization
+// constant.
 const int WG = 128;                      // 4 subgroups of 32 (the spec's workgroup)
 const int BM = 32;                       // tokens of a tile
 const int BN = 64;                       // output rows of a tile
-const int KW = STEPS * 8;                // K words (4 int8) per staged row; STEPS <= 8
+const int MAX_STEPS = 8;                 // the largest STEPS
+const int KW = STEPS * 8;                // K words (4 int8) per staged row; STEPS <= MAX_STEPS
 const int STRIDE = KW + 4;               // words per staged row (16-byte aligned, padded)
 const int CSTRIDE = 36;                  // ints per row of a subgroup's sums (32 tokens + 4)
 const int A_SLOTS = BM * KW / WG;        // activation words an invocation stages
 const int B_SLOTS = BN * STEPS / WG;     // weight units (16 bytes) an invocation stages
+const int A_MAX = BM * MAX_STEPS * 8 / WG;  // A_SLOTS at MAX_STEPS
+const int B_MAX = BN * MAX_STEPS / WG;      // B_SLOTS at MAX_STEPS
 const int SG_ROWS = 16;                  // output rows of a subgroup (BN / 4)
 
 #define A_MAT coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
@@ -292,10 +296,10 @@ void main() {
   // token's words on consecutive invocations); weight slot r is row idx /
   // STEPS, step idx % STEPS (a row's 16-byte steps on consecutive invocations),
   // with the metadata of that row and the step's group.
-  uint a_reg[16];
-  uvec4 b_reg[4];
-  int b_corr[4];
-  int b_scale[4];
+  uint a_reg[A_MAX];
+  uvec4 b_reg[B_MAX];
+  int b_corr[B_MAX];
+  int b_scale[B_MAX];
 
   // Epilogue ownership, within the subgroup: lane l owns token m0 + l and
   // the subgroup's SG_ROWS rows (its accumulators' columns).
@@ -304,1420 +308,124 @@ void main() {
   const uint m = m0 + uint(lane);
   const int izp = m < M ? t_input_zero_point_load(m) : 0;
   float acc[SG_ROWS];
-  acc[0] = 0.0;
-  acc[1] = 0.0;
-  acc[2] = 0.0;
-  acc[3] = 0.0;
-  acc[4] = 0.0;
-  acc[5] = 0.0;
-  acc[6] = 0.0;
-  acc[7] = 0.0;
-  acc[8] = 0.0;
-  acc[9] = 0.0;
-  acc[10] = 0.0;
-  acc[11] = 0.0;
-  acc[12] = 0.0;
-  acc[13] = 0.0;
-  acc[14] = 0.0;
-  acc[15] = 0.0;
+  [[unroll]] for (int r = 0; r < SG_ROWS; ++r) {
+    acc[r] = 0.0;
+  }
 
   C_MAT sums[2];
   sums[0] = C_MAT(0);
   sums[1] = C_MAT(0);
 
   {
-      if (0 < A_SLOTS) {
-        const int idx = t + 0 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[0] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
+      [[unroll]] for (int r = 0; r < A_MAX; ++r) {
+        if (r < A_SLOTS) {
+          const int idx = t + r * WG;
+          const uint m = m0 + uint(idx / KW);
+          const uint kw = (0u) * uint(KW) + uint(idx % KW);
+          a_reg[r] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
+        }
       }
-      if (1 < A_SLOTS) {
-        const int idx = t + 1 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[1] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (2 < A_SLOTS) {
-        const int idx = t + 2 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[2] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (3 < A_SLOTS) {
-        const int idx = t + 3 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[3] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (4 < A_SLOTS) {
-        const int idx = t + 4 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[4] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (5 < A_SLOTS) {
-        const int idx = t + 5 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[5] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (6 < A_SLOTS) {
-        const int idx = t + 6 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[6] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (7 < A_SLOTS) {
-        const int idx = t + 7 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[7] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (8 < A_SLOTS) {
-        const int idx = t + 8 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[8] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (9 < A_SLOTS) {
-        const int idx = t + 9 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[9] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (10 < A_SLOTS) {
-        const int idx = t + 10 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[10] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (11 < A_SLOTS) {
-        const int idx = t + 11 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[11] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (12 < A_SLOTS) {
-        const int idx = t + 12 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[12] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (13 < A_SLOTS) {
-        const int idx = t + 13 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[13] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (14 < A_SLOTS) {
-        const int idx = t + 14 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[14] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (15 < A_SLOTS) {
-        const int idx = t + 15 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (0u) * uint(KW) + uint(idx % KW);
-        a_reg[15] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (0 < B_SLOTS) {
-        const int idx = t + 0 * WG;
-        const uint n = n0 + uint(idx / STEPS);
-        const uint step = (0u) * uint(STEPS) + uint(idx % STEPS);
-        const bool inside = step < ksteps;
-        const uint g = inside ? step / group_steps : 0u;
-        b_reg[0] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
-        b_scale[0] = inside ? t_meta_load(g * n_pad + n) : 0;
-        b_corr[0] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
-      }
-      if (1 < B_SLOTS) {
-        const int idx = t + 1 * WG;
-        const uint n = n0 + uint(idx / STEPS);
-        const uint step = (0u) * uint(STEPS) + uint(idx % STEPS);
-        const bool inside = step < ksteps;
-        const uint g = inside ? step / group_steps : 0u;
-        b_reg[1] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
-        b_scale[1] = inside ? t_meta_load(g * n_pad + n) : 0;
-        b_corr[1] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
-      }
-      if (2 < B_SLOTS) {
-        const int idx = t + 2 * WG;
-        const uint n = n0 + uint(idx / STEPS);
-        const uint step = (0u) * uint(STEPS) + uint(idx % STEPS);
-        const bool inside = step < ksteps;
-        const uint g = inside ? step / group_steps : 0u;
-        b_reg[2] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
-        b_scale[2] = inside ? t_meta_load(g * n_pad + n) : 0;
-        b_corr[2] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
-      }
-      if (3 < B_SLOTS) {
-        const int idx = t + 3 * WG;
-        const uint n = n0 + uint(idx / STEPS);
-        const uint step = (0u) * uint(STEPS) + uint(idx % STEPS);
-        const bool inside = step < ksteps;
-        const uint g = inside ? step / group_steps : 0u;
-        b_reg[3] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
-        b_scale[3] = inside ? t_meta_load(g * n_pad + n) : 0;
-        b_corr[3] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
+      [[unroll]] for (int r = 0; r < B_MAX; ++r) {
+        if (r < B_SLOTS) {
+          const int idx = t + r * WG;
+          const uint n = n0 + uint(idx / STEPS);
+          const uint step = (0u) * uint(STEPS) + uint(idx % STEPS);
+          const bool inside = step < ksteps;
+          const uint g = inside ? step / group_steps : 0u;
+          b_reg[r] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
+          b_scale[r] = inside ? t_meta_load(g * n_pad + n) : 0;
+          b_corr[r] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
+        }
       }
     }
   for (uint st = 0u; st < stages; ++st) {
     barrier();  // every read of the previous stage is done
-          if (0 < A_SLOTS) {
-        const int idx = t + 0 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[0];
+    [[unroll]] for (int r = 0; r < A_MAX; ++r) {
+        if (r < A_SLOTS) {
+          const int idx = t + r * WG;
+          s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[r];
+        }
       }
-      if (1 < A_SLOTS) {
-        const int idx = t + 1 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[1];
+      [[unroll]] for (int r = 0; r < B_MAX; ++r) {
+        if (r < B_SLOTS) {
+          const int idx = t + r * WG;
+          const int nl = idx / STEPS;
+          const int kk = idx % STEPS;
+          const int at = nl * STRIDE + kk * 8;
+          const uint zq4 = uint(b_corr[r] & 15) * 0x01010101u;
+          [[unroll]] for (int i = 0; i < 4; ++i) {
+            s_b[at + 2 * i] = lin_minus_zero(b_reg[r][i] & 0x0F0F0F0Fu, zq4);
+            s_b[at + 2 * i + 1] = lin_minus_zero((b_reg[r][i] >> 4u) & 0x0F0F0F0Fu, zq4);
+          }
+          s_scale[kk * BN + nl] = intBitsToFloat(b_scale[r]);
+          s_corr[kk * BN + nl] = b_corr[r] >> 4;
+        }
       }
-      if (2 < A_SLOTS) {
-        const int idx = t + 2 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[2];
-      }
-      if (3 < A_SLOTS) {
-        const int idx = t + 3 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[3];
-      }
-      if (4 < A_SLOTS) {
-        const int idx = t + 4 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[4];
-      }
-      if (5 < A_SLOTS) {
-        const int idx = t + 5 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[5];
-      }
-      if (6 < A_SLOTS) {
-        const int idx = t + 6 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[6];
-      }
-      if (7 < A_SLOTS) {
-        const int idx = t + 7 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[7];
-      }
-      if (8 < A_SLOTS) {
-        const int idx = t + 8 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[8];
-      }
-      if (9 < A_SLOTS) {
-        const int idx = t + 9 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[9];
-      }
-      if (10 < A_SLOTS) {
-        const int idx = t + 10 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[10];
-      }
-      if (11 < A_SLOTS) {
-        const int idx = t + 11 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[11];
-      }
-      if (12 < A_SLOTS) {
-        const int idx = t + 12 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[12];
-      }
-      if (13 < A_SLOTS) {
-        const int idx = t + 13 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[13];
-      }
-      if (14 < A_SLOTS) {
-        const int idx = t + 14 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[14];
-      }
-      if (15 < A_SLOTS) {
-        const int idx = t + 15 * WG;
-        s_a[(idx / KW) * STRIDE + idx % KW] = a_reg[15];
-      }
-      if (0 < B_SLOTS) {
-        const int idx = t + 0 * WG;
-        const int nl = idx / STEPS;
-        const int kk = idx % STEPS;
-        const int at = nl * STRIDE + kk * 8;
-        const uint zq4 = uint(b_corr[0] & 15) * 0x01010101u;
-        s_b[at + 0] = lin_minus_zero(b_reg[0][0] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 1] = lin_minus_zero((b_reg[0][0] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 2] = lin_minus_zero(b_reg[0][1] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 3] = lin_minus_zero((b_reg[0][1] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 4] = lin_minus_zero(b_reg[0][2] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 5] = lin_minus_zero((b_reg[0][2] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 6] = lin_minus_zero(b_reg[0][3] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 7] = lin_minus_zero((b_reg[0][3] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_scale[kk * BN + nl] = intBitsToFloat(b_scale[0]);
-        s_corr[kk * BN + nl] = b_corr[0] >> 4;
-      }
-      if (1 < B_SLOTS) {
-        const int idx = t + 1 * WG;
-        const int nl = idx / STEPS;
-        const int kk = idx % STEPS;
-        const int at = nl * STRIDE + kk * 8;
-        const uint zq4 = uint(b_corr[1] & 15) * 0x01010101u;
-        s_b[at + 0] = lin_minus_zero(b_reg[1][0] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 1] = lin_minus_zero((b_reg[1][0] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 2] = lin_minus_zero(b_reg[1][1] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 3] = lin_minus_zero((b_reg[1][1] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 4] = lin_minus_zero(b_reg[1][2] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 5] = lin_minus_zero((b_reg[1][2] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 6] = lin_minus_zero(b_reg[1][3] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 7] = lin_minus_zero((b_reg[1][3] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_scale[kk * BN + nl] = intBitsToFloat(b_scale[1]);
-        s_corr[kk * BN + nl] = b_corr[1] >> 4;
-      }
-      if (2 < B_SLOTS) {
-        const int idx = t + 2 * WG;
-        const int nl = idx / STEPS;
-        const int kk = idx % STEPS;
-        const int at = nl * STRIDE + kk * 8;
-        const uint zq4 = uint(b_corr[2] & 15) * 0x01010101u;
-        s_b[at + 0] = lin_minus_zero(b_reg[2][0] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 1] = lin_minus_zero((b_reg[2][0] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 2] = lin_minus_zero(b_reg[2][1] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 3] = lin_minus_zero((b_reg[2][1] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 4] = lin_minus_zero(b_reg[2][2] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 5] = lin_minus_zero((b_reg[2][2] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 6] = lin_minus_zero(b_reg[2][3] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 7] = lin_minus_zero((b_reg[2][3] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_scale[kk * BN + nl] = intBitsToFloat(b_scale[2]);
-        s_corr[kk * BN + nl] = b_corr[2] >> 4;
-      }
-      if (3 < B_SLOTS) {
-        const int idx = t + 3 * WG;
-        const int nl = idx / STEPS;
-        const int kk = idx % STEPS;
-        const int at = nl * STRIDE + kk * 8;
-        const uint zq4 = uint(b_corr[3] & 15) * 0x01010101u;
-        s_b[at + 0] = lin_minus_zero(b_reg[3][0] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 1] = lin_minus_zero((b_reg[3][0] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 2] = lin_minus_zero(b_reg[3][1] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 3] = lin_minus_zero((b_reg[3][1] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 4] = lin_minus_zero(b_reg[3][2] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 5] = lin_minus_zero((b_reg[3][2] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_b[at + 6] = lin_minus_zero(b_reg[3][3] & 0x0F0F0F0Fu, zq4);
-        s_b[at + 7] = lin_minus_zero((b_reg[3][3] >> 4u) & 0x0F0F0F0Fu, zq4);
-        s_scale[kk * BN + nl] = intBitsToFloat(b_scale[3]);
-        s_corr[kk * BN + nl] = b_corr[3] >> 4;
-      }
-
     barrier();
     if (st + 1u < stages) {
-      if (0 < A_SLOTS) {
-        const int idx = t + 0 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[0] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
+      [[unroll]] for (int r = 0; r < A_MAX; ++r) {
+        if (r < A_SLOTS) {
+          const int idx = t + r * WG;
+          const uint m = m0 + uint(idx / KW);
+          const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
+          a_reg[r] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
+        }
       }
-      if (1 < A_SLOTS) {
-        const int idx = t + 1 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[1] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (2 < A_SLOTS) {
-        const int idx = t + 2 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[2] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (3 < A_SLOTS) {
-        const int idx = t + 3 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[3] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (4 < A_SLOTS) {
-        const int idx = t + 4 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[4] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (5 < A_SLOTS) {
-        const int idx = t + 5 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[5] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (6 < A_SLOTS) {
-        const int idx = t + 6 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[6] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (7 < A_SLOTS) {
-        const int idx = t + 7 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[7] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (8 < A_SLOTS) {
-        const int idx = t + 8 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[8] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (9 < A_SLOTS) {
-        const int idx = t + 9 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[9] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (10 < A_SLOTS) {
-        const int idx = t + 10 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[10] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (11 < A_SLOTS) {
-        const int idx = t + 11 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[11] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (12 < A_SLOTS) {
-        const int idx = t + 12 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[12] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (13 < A_SLOTS) {
-        const int idx = t + 13 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[13] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (14 < A_SLOTS) {
-        const int idx = t + 14 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[14] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (15 < A_SLOTS) {
-        const int idx = t + 15 * WG;
-        const uint m = m0 + uint(idx / KW);
-        const uint kw = (st + 1u) * uint(KW) + uint(idx % KW);
-        a_reg[15] = m < M && kw < K / 4u ? lin_x_word(m, kw) : 0u;
-      }
-      if (0 < B_SLOTS) {
-        const int idx = t + 0 * WG;
-        const uint n = n0 + uint(idx / STEPS);
-        const uint step = (st + 1u) * uint(STEPS) + uint(idx % STEPS);
-        const bool inside = step < ksteps;
-        const uint g = inside ? step / group_steps : 0u;
-        b_reg[0] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
-        b_scale[0] = inside ? t_meta_load(g * n_pad + n) : 0;
-        b_corr[0] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
-      }
-      if (1 < B_SLOTS) {
-        const int idx = t + 1 * WG;
-        const uint n = n0 + uint(idx / STEPS);
-        const uint step = (st + 1u) * uint(STEPS) + uint(idx % STEPS);
-        const bool inside = step < ksteps;
-        const uint g = inside ? step / group_steps : 0u;
-        b_reg[1] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
-        b_scale[1] = inside ? t_meta_load(g * n_pad + n) : 0;
-        b_corr[1] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
-      }
-      if (2 < B_SLOTS) {
-        const int idx = t + 2 * WG;
-        const uint n = n0 + uint(idx / STEPS);
-        const uint step = (st + 1u) * uint(STEPS) + uint(idx % STEPS);
-        const bool inside = step < ksteps;
-        const uint g = inside ? step / group_steps : 0u;
-        b_reg[2] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
-        b_scale[2] = inside ? t_meta_load(g * n_pad + n) : 0;
-        b_corr[2] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
-      }
-      if (3 < B_SLOTS) {
-        const int idx = t + 3 * WG;
-        const uint n = n0 + uint(idx / STEPS);
-        const uint step = (st + 1u) * uint(STEPS) + uint(idx % STEPS);
-        const bool inside = step < ksteps;
-        const uint g = inside ? step / group_steps : 0u;
-        b_reg[3] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
-        b_scale[3] = inside ? t_meta_load(g * n_pad + n) : 0;
-        b_corr[3] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
+      [[unroll]] for (int r = 0; r < B_MAX; ++r) {
+        if (r < B_SLOTS) {
+          const int idx = t + r * WG;
+          const uint n = n0 + uint(idx / STEPS);
+          const uint step = (st + 1u) * uint(STEPS) + uint(idx % STEPS);
+          const bool inside = step < ksteps;
+          const uint g = inside ? step / group_steps : 0u;
+          b_reg[r] = inside ? uvec4(t_w_load(n * ksteps + step)) : uvec4(0u);
+          b_scale[r] = inside ? t_meta_load(g * n_pad + n) : 0;
+          b_corr[r] = inside ? t_meta_load((G + g) * n_pad + n) : 0;
+        }
       }
     }
-          if (0 < STEPS && (st) * uint(STEPS) + 0u < ksteps) {  // uniform
-        const uint step = (st) * uint(STEPS) + 0u;
-        A_MAT a0;
-        A_MAT a1;
-        B_MAT b;
-        coopMatLoad(a0, s_a, 0u, uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(a1, s_a, uint(16 * STRIDE + 0), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + 0), uint(STRIDE),
-                    gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = coopMatMulAdd(a0, b, sums[0]);
-        sums[1] = coopMatMulAdd(a1, b, sums[1]);
-        if ((step + 1u) % group_steps == 0u) {
-          coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                     gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = C_MAT(0);
-        sums[1] = C_MAT(0);
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        {
-          const int isum = s_c[(row0 + 0) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 0];
-          precise float p = s_scale[0 * BN + row0 + 0] * float(isum);
-          precise float a = acc[0] + p;
-          acc[0] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 1) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 1];
-          precise float p = s_scale[0 * BN + row0 + 1] * float(isum);
-          precise float a = acc[1] + p;
-          acc[1] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 2) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 2];
-          precise float p = s_scale[0 * BN + row0 + 2] * float(isum);
-          precise float a = acc[2] + p;
-          acc[2] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 3) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 3];
-          precise float p = s_scale[0 * BN + row0 + 3] * float(isum);
-          precise float a = acc[3] + p;
-          acc[3] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 4) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 4];
-          precise float p = s_scale[0 * BN + row0 + 4] * float(isum);
-          precise float a = acc[4] + p;
-          acc[4] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 5) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 5];
-          precise float p = s_scale[0 * BN + row0 + 5] * float(isum);
-          precise float a = acc[5] + p;
-          acc[5] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 6) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 6];
-          precise float p = s_scale[0 * BN + row0 + 6] * float(isum);
-          precise float a = acc[6] + p;
-          acc[6] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 7) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 7];
-          precise float p = s_scale[0 * BN + row0 + 7] * float(isum);
-          precise float a = acc[7] + p;
-          acc[7] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 8) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 8];
-          precise float p = s_scale[0 * BN + row0 + 8] * float(isum);
-          precise float a = acc[8] + p;
-          acc[8] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 9) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 9];
-          precise float p = s_scale[0 * BN + row0 + 9] * float(isum);
-          precise float a = acc[9] + p;
-          acc[9] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 10) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 10];
-          precise float p = s_scale[0 * BN + row0 + 10] * float(isum);
-          precise float a = acc[10] + p;
-          acc[10] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 11) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 11];
-          precise float p = s_scale[0 * BN + row0 + 11] * float(isum);
-          precise float a = acc[11] + p;
-          acc[11] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 12) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 12];
-          precise float p = s_scale[0 * BN + row0 + 12] * float(isum);
-          precise float a = acc[12] + p;
-          acc[12] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 13) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 13];
-          precise float p = s_scale[0 * BN + row0 + 13] * float(isum);
-          precise float a = acc[13] + p;
-          acc[13] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 14) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 14];
-          precise float p = s_scale[0 * BN + row0 + 14] * float(isum);
-          precise float a = acc[14] + p;
-          acc[14] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 15) * CSTRIDE + lane] - izp * s_corr[0 * BN + row0 + 15];
-          precise float p = s_scale[0 * BN + row0 + 15] * float(isum);
-          precise float a = acc[15] + p;
-          acc[15] = a;
-        }
-        // s_c is read before the next group stores to it.
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
+    [[unroll]] for (int kk = 0; kk < MAX_STEPS; ++kk) {
+        if (kk < STEPS && (st) * uint(STEPS) + uint(kk) < ksteps) {  // uniform
+          const uint step = (st) * uint(STEPS) + uint(kk);
+          A_MAT a0;
+          A_MAT a1;
+          B_MAT b;
+          coopMatLoad(a0, s_a, uint(kk * 8), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
+          coopMatLoad(a1, s_a, uint(16 * STRIDE + kk * 8), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
+          coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + kk * 8), uint(STRIDE),
+                      gl_CooperativeMatrixLayoutColumnMajor);
+          sums[0] = coopMatMulAdd(a0, b, sums[0]);
+          sums[1] = coopMatMulAdd(a1, b, sums[1]);
+          if ((step + 1u) % group_steps == 0u) {
+            coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
+            coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
+                         gl_CooperativeMatrixLayoutColumnMajor);
+            sums[0] = C_MAT(0);
+            sums[1] = C_MAT(0);
+            controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
+                           gl_SemanticsAcquireRelease);
+            [[unroll]] for (int r = 0; r < SG_ROWS; ++r) {
+              const int isum = s_c[(row0 + r) * CSTRIDE + lane] - izp * s_corr[kk * BN + row0 + r];
+              precise float p = s_scale[kk * BN + row0 + r] * float(isum);
+              precise float a = acc[r] + p;
+              acc[r] = a;
+            }
+            // s_c is read before the next group stores to it.
+            controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
+                           gl_SemanticsAcquireRelease);
+          }
         }
       }
-      if (1 < STEPS && (st) * uint(STEPS) + 1u < ksteps) {  // uniform
-        const uint step = (st) * uint(STEPS) + 1u;
-        A_MAT a0;
-        A_MAT a1;
-        B_MAT b;
-        coopMatLoad(a0, s_a, 8u, uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(a1, s_a, uint(16 * STRIDE + 8), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + 8), uint(STRIDE),
-                    gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = coopMatMulAdd(a0, b, sums[0]);
-        sums[1] = coopMatMulAdd(a1, b, sums[1]);
-        if ((step + 1u) % group_steps == 0u) {
-          coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                     gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = C_MAT(0);
-        sums[1] = C_MAT(0);
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        {
-          const int isum = s_c[(row0 + 0) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 0];
-          precise float p = s_scale[1 * BN + row0 + 0] * float(isum);
-          precise float a = acc[0] + p;
-          acc[0] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 1) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 1];
-          precise float p = s_scale[1 * BN + row0 + 1] * float(isum);
-          precise float a = acc[1] + p;
-          acc[1] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 2) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 2];
-          precise float p = s_scale[1 * BN + row0 + 2] * float(isum);
-          precise float a = acc[2] + p;
-          acc[2] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 3) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 3];
-          precise float p = s_scale[1 * BN + row0 + 3] * float(isum);
-          precise float a = acc[3] + p;
-          acc[3] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 4) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 4];
-          precise float p = s_scale[1 * BN + row0 + 4] * float(isum);
-          precise float a = acc[4] + p;
-          acc[4] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 5) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 5];
-          precise float p = s_scale[1 * BN + row0 + 5] * float(isum);
-          precise float a = acc[5] + p;
-          acc[5] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 6) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 6];
-          precise float p = s_scale[1 * BN + row0 + 6] * float(isum);
-          precise float a = acc[6] + p;
-          acc[6] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 7) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 7];
-          precise float p = s_scale[1 * BN + row0 + 7] * float(isum);
-          precise float a = acc[7] + p;
-          acc[7] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 8) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 8];
-          precise float p = s_scale[1 * BN + row0 + 8] * float(isum);
-          precise float a = acc[8] + p;
-          acc[8] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 9) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 9];
-          precise float p = s_scale[1 * BN + row0 + 9] * float(isum);
-          precise float a = acc[9] + p;
-          acc[9] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 10) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 10];
-          precise float p = s_scale[1 * BN + row0 + 10] * float(isum);
-          precise float a = acc[10] + p;
-          acc[10] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 11) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 11];
-          precise float p = s_scale[1 * BN + row0 + 11] * float(isum);
-          precise float a = acc[11] + p;
-          acc[11] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 12) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 12];
-          precise float p = s_scale[1 * BN + row0 + 12] * float(isum);
-          precise float a = acc[12] + p;
-          acc[12] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 13) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 13];
-          precise float p = s_scale[1 * BN + row0 + 13] * float(isum);
-          precise float a = acc[13] + p;
-          acc[13] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 14) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 14];
-          precise float p = s_scale[1 * BN + row0 + 14] * float(isum);
-          precise float a = acc[14] + p;
-          acc[14] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 15) * CSTRIDE + lane] - izp * s_corr[1 * BN + row0 + 15];
-          precise float p = s_scale[1 * BN + row0 + 15] * float(isum);
-          precise float a = acc[15] + p;
-          acc[15] = a;
-        }
-        // s_c is read before the next group stores to it.
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        }
-      }
-      if (2 < STEPS && (st) * uint(STEPS) + 2u < ksteps) {  // uniform
-        const uint step = (st) * uint(STEPS) + 2u;
-        A_MAT a0;
-        A_MAT a1;
-        B_MAT b;
-        coopMatLoad(a0, s_a, 16u, uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(a1, s_a, uint(16 * STRIDE + 16), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + 16), uint(STRIDE),
-                    gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = coopMatMulAdd(a0, b, sums[0]);
-        sums[1] = coopMatMulAdd(a1, b, sums[1]);
-        if ((step + 1u) % group_steps == 0u) {
-          coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                     gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = C_MAT(0);
-        sums[1] = C_MAT(0);
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        {
-          const int isum = s_c[(row0 + 0) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 0];
-          precise float p = s_scale[2 * BN + row0 + 0] * float(isum);
-          precise float a = acc[0] + p;
-          acc[0] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 1) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 1];
-          precise float p = s_scale[2 * BN + row0 + 1] * float(isum);
-          precise float a = acc[1] + p;
-          acc[1] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 2) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 2];
-          precise float p = s_scale[2 * BN + row0 + 2] * float(isum);
-          precise float a = acc[2] + p;
-          acc[2] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 3) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 3];
-          precise float p = s_scale[2 * BN + row0 + 3] * float(isum);
-          precise float a = acc[3] + p;
-          acc[3] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 4) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 4];
-          precise float p = s_scale[2 * BN + row0 + 4] * float(isum);
-          precise float a = acc[4] + p;
-          acc[4] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 5) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 5];
-          precise float p = s_scale[2 * BN + row0 + 5] * float(isum);
-          precise float a = acc[5] + p;
-          acc[5] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 6) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 6];
-          precise float p = s_scale[2 * BN + row0 + 6] * float(isum);
-          precise float a = acc[6] + p;
-          acc[6] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 7) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 7];
-          precise float p = s_scale[2 * BN + row0 + 7] * float(isum);
-          precise float a = acc[7] + p;
-          acc[7] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 8) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 8];
-          precise float p = s_scale[2 * BN + row0 + 8] * float(isum);
-          precise float a = acc[8] + p;
-          acc[8] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 9) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 9];
-          precise float p = s_scale[2 * BN + row0 + 9] * float(isum);
-          precise float a = acc[9] + p;
-          acc[9] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 10) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 10];
-          precise float p = s_scale[2 * BN + row0 + 10] * float(isum);
-          precise float a = acc[10] + p;
-          acc[10] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 11) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 11];
-          precise float p = s_scale[2 * BN + row0 + 11] * float(isum);
-          precise float a = acc[11] + p;
-          acc[11] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 12) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 12];
-          precise float p = s_scale[2 * BN + row0 + 12] * float(isum);
-          precise float a = acc[12] + p;
-          acc[12] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 13) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 13];
-          precise float p = s_scale[2 * BN + row0 + 13] * float(isum);
-          precise float a = acc[13] + p;
-          acc[13] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 14) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 14];
-          precise float p = s_scale[2 * BN + row0 + 14] * float(isum);
-          precise float a = acc[14] + p;
-          acc[14] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 15) * CSTRIDE + lane] - izp * s_corr[2 * BN + row0 + 15];
-          precise float p = s_scale[2 * BN + row0 + 15] * float(isum);
-          precise float a = acc[15] + p;
-          acc[15] = a;
-        }
-        // s_c is read before the next group stores to it.
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        }
-      }
-      if (3 < STEPS && (st) * uint(STEPS) + 3u < ksteps) {  // uniform
-        const uint step = (st) * uint(STEPS) + 3u;
-        A_MAT a0;
-        A_MAT a1;
-        B_MAT b;
-        coopMatLoad(a0, s_a, 24u, uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(a1, s_a, uint(16 * STRIDE + 24), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + 24), uint(STRIDE),
-                    gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = coopMatMulAdd(a0, b, sums[0]);
-        sums[1] = coopMatMulAdd(a1, b, sums[1]);
-        if ((step + 1u) % group_steps == 0u) {
-          coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                     gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = C_MAT(0);
-        sums[1] = C_MAT(0);
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        {
-          const int isum = s_c[(row0 + 0) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 0];
-          precise float p = s_scale[3 * BN + row0 + 0] * float(isum);
-          precise float a = acc[0] + p;
-          acc[0] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 1) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 1];
-          precise float p = s_scale[3 * BN + row0 + 1] * float(isum);
-          precise float a = acc[1] + p;
-          acc[1] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 2) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 2];
-          precise float p = s_scale[3 * BN + row0 + 2] * float(isum);
-          precise float a = acc[2] + p;
-          acc[2] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 3) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 3];
-          precise float p = s_scale[3 * BN + row0 + 3] * float(isum);
-          precise float a = acc[3] + p;
-          acc[3] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 4) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 4];
-          precise float p = s_scale[3 * BN + row0 + 4] * float(isum);
-          precise float a = acc[4] + p;
-          acc[4] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 5) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 5];
-          precise float p = s_scale[3 * BN + row0 + 5] * float(isum);
-          precise float a = acc[5] + p;
-          acc[5] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 6) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 6];
-          precise float p = s_scale[3 * BN + row0 + 6] * float(isum);
-          precise float a = acc[6] + p;
-          acc[6] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 7) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 7];
-          precise float p = s_scale[3 * BN + row0 + 7] * float(isum);
-          precise float a = acc[7] + p;
-          acc[7] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 8) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 8];
-          precise float p = s_scale[3 * BN + row0 + 8] * float(isum);
-          precise float a = acc[8] + p;
-          acc[8] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 9) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 9];
-          precise float p = s_scale[3 * BN + row0 + 9] * float(isum);
-          precise float a = acc[9] + p;
-          acc[9] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 10) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 10];
-          precise float p = s_scale[3 * BN + row0 + 10] * float(isum);
-          precise float a = acc[10] + p;
-          acc[10] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 11) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 11];
-          precise float p = s_scale[3 * BN + row0 + 11] * float(isum);
-          precise float a = acc[11] + p;
-          acc[11] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 12) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 12];
-          precise float p = s_scale[3 * BN + row0 + 12] * float(isum);
-          precise float a = acc[12] + p;
-          acc[12] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 13) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 13];
-          precise float p = s_scale[3 * BN + row0 + 13] * float(isum);
-          precise float a = acc[13] + p;
-          acc[13] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 14) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 14];
-          precise float p = s_scale[3 * BN + row0 + 14] * float(isum);
-          precise float a = acc[14] + p;
-          acc[14] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 15) * CSTRIDE + lane] - izp * s_corr[3 * BN + row0 + 15];
-          precise float p = s_scale[3 * BN + row0 + 15] * float(isum);
-          precise float a = acc[15] + p;
-          acc[15] = a;
-        }
-        // s_c is read before the next group stores to it.
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        }
-      }
-      if (4 < STEPS && (st) * uint(STEPS) + 4u < ksteps) {  // uniform
-        const uint step = (st) * uint(STEPS) + 4u;
-        A_MAT a0;
-        A_MAT a1;
-        B_MAT b;
-        coopMatLoad(a0, s_a, 32u, uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(a1, s_a, uint(16 * STRIDE + 32), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + 32), uint(STRIDE),
-                    gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = coopMatMulAdd(a0, b, sums[0]);
-        sums[1] = coopMatMulAdd(a1, b, sums[1]);
-        if ((step + 1u) % group_steps == 0u) {
-          coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                     gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = C_MAT(0);
-        sums[1] = C_MAT(0);
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        {
-          const int isum = s_c[(row0 + 0) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 0];
-          precise float p = s_scale[4 * BN + row0 + 0] * float(isum);
-          precise float a = acc[0] + p;
-          acc[0] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 1) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 1];
-          precise float p = s_scale[4 * BN + row0 + 1] * float(isum);
-          precise float a = acc[1] + p;
-          acc[1] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 2) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 2];
-          precise float p = s_scale[4 * BN + row0 + 2] * float(isum);
-          precise float a = acc[2] + p;
-          acc[2] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 3) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 3];
-          precise float p = s_scale[4 * BN + row0 + 3] * float(isum);
-          precise float a = acc[3] + p;
-          acc[3] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 4) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 4];
-          precise float p = s_scale[4 * BN + row0 + 4] * float(isum);
-          precise float a = acc[4] + p;
-          acc[4] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 5) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 5];
-          precise float p = s_scale[4 * BN + row0 + 5] * float(isum);
-          precise float a = acc[5] + p;
-          acc[5] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 6) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 6];
-          precise float p = s_scale[4 * BN + row0 + 6] * float(isum);
-          precise float a = acc[6] + p;
-          acc[6] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 7) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 7];
-          precise float p = s_scale[4 * BN + row0 + 7] * float(isum);
-          precise float a = acc[7] + p;
-          acc[7] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 8) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 8];
-          precise float p = s_scale[4 * BN + row0 + 8] * float(isum);
-          precise float a = acc[8] + p;
-          acc[8] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 9) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 9];
-          precise float p = s_scale[4 * BN + row0 + 9] * float(isum);
-          precise float a = acc[9] + p;
-          acc[9] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 10) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 10];
-          precise float p = s_scale[4 * BN + row0 + 10] * float(isum);
-          precise float a = acc[10] + p;
-          acc[10] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 11) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 11];
-          precise float p = s_scale[4 * BN + row0 + 11] * float(isum);
-          precise float a = acc[11] + p;
-          acc[11] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 12) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 12];
-          precise float p = s_scale[4 * BN + row0 + 12] * float(isum);
-          precise float a = acc[12] + p;
-          acc[12] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 13) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 13];
-          precise float p = s_scale[4 * BN + row0 + 13] * float(isum);
-          precise float a = acc[13] + p;
-          acc[13] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 14) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 14];
-          precise float p = s_scale[4 * BN + row0 + 14] * float(isum);
-          precise float a = acc[14] + p;
-          acc[14] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 15) * CSTRIDE + lane] - izp * s_corr[4 * BN + row0 + 15];
-          precise float p = s_scale[4 * BN + row0 + 15] * float(isum);
-          precise float a = acc[15] + p;
-          acc[15] = a;
-        }
-        // s_c is read before the next group stores to it.
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        }
-      }
-      if (5 < STEPS && (st) * uint(STEPS) + 5u < ksteps) {  // uniform
-        const uint step = (st) * uint(STEPS) + 5u;
-        A_MAT a0;
-        A_MAT a1;
-        B_MAT b;
-        coopMatLoad(a0, s_a, 40u, uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(a1, s_a, uint(16 * STRIDE + 40), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + 40), uint(STRIDE),
-                    gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = coopMatMulAdd(a0, b, sums[0]);
-        sums[1] = coopMatMulAdd(a1, b, sums[1]);
-        if ((step + 1u) % group_steps == 0u) {
-          coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                     gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = C_MAT(0);
-        sums[1] = C_MAT(0);
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        {
-          const int isum = s_c[(row0 + 0) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 0];
-          precise float p = s_scale[5 * BN + row0 + 0] * float(isum);
-          precise float a = acc[0] + p;
-          acc[0] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 1) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 1];
-          precise float p = s_scale[5 * BN + row0 + 1] * float(isum);
-          precise float a = acc[1] + p;
-          acc[1] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 2) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 2];
-          precise float p = s_scale[5 * BN + row0 + 2] * float(isum);
-          precise float a = acc[2] + p;
-          acc[2] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 3) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 3];
-          precise float p = s_scale[5 * BN + row0 + 3] * float(isum);
-          precise float a = acc[3] + p;
-          acc[3] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 4) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 4];
-          precise float p = s_scale[5 * BN + row0 + 4] * float(isum);
-          precise float a = acc[4] + p;
-          acc[4] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 5) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 5];
-          precise float p = s_scale[5 * BN + row0 + 5] * float(isum);
-          precise float a = acc[5] + p;
-          acc[5] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 6) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 6];
-          precise float p = s_scale[5 * BN + row0 + 6] * float(isum);
-          precise float a = acc[6] + p;
-          acc[6] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 7) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 7];
-          precise float p = s_scale[5 * BN + row0 + 7] * float(isum);
-          precise float a = acc[7] + p;
-          acc[7] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 8) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 8];
-          precise float p = s_scale[5 * BN + row0 + 8] * float(isum);
-          precise float a = acc[8] + p;
-          acc[8] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 9) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 9];
-          precise float p = s_scale[5 * BN + row0 + 9] * float(isum);
-          precise float a = acc[9] + p;
-          acc[9] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 10) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 10];
-          precise float p = s_scale[5 * BN + row0 + 10] * float(isum);
-          precise float a = acc[10] + p;
-          acc[10] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 11) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 11];
-          precise float p = s_scale[5 * BN + row0 + 11] * float(isum);
-          precise float a = acc[11] + p;
-          acc[11] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 12) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 12];
-          precise float p = s_scale[5 * BN + row0 + 12] * float(isum);
-          precise float a = acc[12] + p;
-          acc[12] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 13) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 13];
-          precise float p = s_scale[5 * BN + row0 + 13] * float(isum);
-          precise float a = acc[13] + p;
-          acc[13] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 14) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 14];
-          precise float p = s_scale[5 * BN + row0 + 14] * float(isum);
-          precise float a = acc[14] + p;
-          acc[14] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 15) * CSTRIDE + lane] - izp * s_corr[5 * BN + row0 + 15];
-          precise float p = s_scale[5 * BN + row0 + 15] * float(isum);
-          precise float a = acc[15] + p;
-          acc[15] = a;
-        }
-        // s_c is read before the next group stores to it.
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        }
-      }
-      if (6 < STEPS && (st) * uint(STEPS) + 6u < ksteps) {  // uniform
-        const uint step = (st) * uint(STEPS) + 6u;
-        A_MAT a0;
-        A_MAT a1;
-        B_MAT b;
-        coopMatLoad(a0, s_a, 48u, uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(a1, s_a, uint(16 * STRIDE + 48), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + 48), uint(STRIDE),
-                    gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = coopMatMulAdd(a0, b, sums[0]);
-        sums[1] = coopMatMulAdd(a1, b, sums[1]);
-        if ((step + 1u) % group_steps == 0u) {
-          coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                     gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = C_MAT(0);
-        sums[1] = C_MAT(0);
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        {
-          const int isum = s_c[(row0 + 0) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 0];
-          precise float p = s_scale[6 * BN + row0 + 0] * float(isum);
-          precise float a = acc[0] + p;
-          acc[0] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 1) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 1];
-          precise float p = s_scale[6 * BN + row0 + 1] * float(isum);
-          precise float a = acc[1] + p;
-          acc[1] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 2) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 2];
-          precise float p = s_scale[6 * BN + row0 + 2] * float(isum);
-          precise float a = acc[2] + p;
-          acc[2] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 3) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 3];
-          precise float p = s_scale[6 * BN + row0 + 3] * float(isum);
-          precise float a = acc[3] + p;
-          acc[3] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 4) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 4];
-          precise float p = s_scale[6 * BN + row0 + 4] * float(isum);
-          precise float a = acc[4] + p;
-          acc[4] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 5) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 5];
-          precise float p = s_scale[6 * BN + row0 + 5] * float(isum);
-          precise float a = acc[5] + p;
-          acc[5] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 6) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 6];
-          precise float p = s_scale[6 * BN + row0 + 6] * float(isum);
-          precise float a = acc[6] + p;
-          acc[6] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 7) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 7];
-          precise float p = s_scale[6 * BN + row0 + 7] * float(isum);
-          precise float a = acc[7] + p;
-          acc[7] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 8) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 8];
-          precise float p = s_scale[6 * BN + row0 + 8] * float(isum);
-          precise float a = acc[8] + p;
-          acc[8] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 9) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 9];
-          precise float p = s_scale[6 * BN + row0 + 9] * float(isum);
-          precise float a = acc[9] + p;
-          acc[9] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 10) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 10];
-          precise float p = s_scale[6 * BN + row0 + 10] * float(isum);
-          precise float a = acc[10] + p;
-          acc[10] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 11) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 11];
-          precise float p = s_scale[6 * BN + row0 + 11] * float(isum);
-          precise float a = acc[11] + p;
-          acc[11] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 12) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 12];
-          precise float p = s_scale[6 * BN + row0 + 12] * float(isum);
-          precise float a = acc[12] + p;
-          acc[12] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 13) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 13];
-          precise float p = s_scale[6 * BN + row0 + 13] * float(isum);
-          precise float a = acc[13] + p;
-          acc[13] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 14) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 14];
-          precise float p = s_scale[6 * BN + row0 + 14] * float(isum);
-          precise float a = acc[14] + p;
-          acc[14] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 15) * CSTRIDE + lane] - izp * s_corr[6 * BN + row0 + 15];
-          precise float p = s_scale[6 * BN + row0 + 15] * float(isum);
-          precise float a = acc[15] + p;
-          acc[15] = a;
-        }
-        // s_c is read before the next group stores to it.
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        }
-      }
-      if (7 < STEPS && (st) * uint(STEPS) + 7u < ksteps) {  // uniform
-        const uint step = (st) * uint(STEPS) + 7u;
-        A_MAT a0;
-        A_MAT a1;
-        B_MAT b;
-        coopMatLoad(a0, s_a, 56u, uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(a1, s_a, uint(16 * STRIDE + 56), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-        coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + 56), uint(STRIDE),
-                    gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = coopMatMulAdd(a0, b, sums[0]);
-        sums[1] = coopMatMulAdd(a1, b, sums[1]);
-        if ((step + 1u) % group_steps == 0u) {
-          coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-        coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                     gl_CooperativeMatrixLayoutColumnMajor);
-        sums[0] = C_MAT(0);
-        sums[1] = C_MAT(0);
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        {
-          const int isum = s_c[(row0 + 0) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 0];
-          precise float p = s_scale[7 * BN + row0 + 0] * float(isum);
-          precise float a = acc[0] + p;
-          acc[0] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 1) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 1];
-          precise float p = s_scale[7 * BN + row0 + 1] * float(isum);
-          precise float a = acc[1] + p;
-          acc[1] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 2) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 2];
-          precise float p = s_scale[7 * BN + row0 + 2] * float(isum);
-          precise float a = acc[2] + p;
-          acc[2] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 3) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 3];
-          precise float p = s_scale[7 * BN + row0 + 3] * float(isum);
-          precise float a = acc[3] + p;
-          acc[3] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 4) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 4];
-          precise float p = s_scale[7 * BN + row0 + 4] * float(isum);
-          precise float a = acc[4] + p;
-          acc[4] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 5) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 5];
-          precise float p = s_scale[7 * BN + row0 + 5] * float(isum);
-          precise float a = acc[5] + p;
-          acc[5] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 6) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 6];
-          precise float p = s_scale[7 * BN + row0 + 6] * float(isum);
-          precise float a = acc[6] + p;
-          acc[6] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 7) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 7];
-          precise float p = s_scale[7 * BN + row0 + 7] * float(isum);
-          precise float a = acc[7] + p;
-          acc[7] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 8) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 8];
-          precise float p = s_scale[7 * BN + row0 + 8] * float(isum);
-          precise float a = acc[8] + p;
-          acc[8] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 9) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 9];
-          precise float p = s_scale[7 * BN + row0 + 9] * float(isum);
-          precise float a = acc[9] + p;
-          acc[9] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 10) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 10];
-          precise float p = s_scale[7 * BN + row0 + 10] * float(isum);
-          precise float a = acc[10] + p;
-          acc[10] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 11) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 11];
-          precise float p = s_scale[7 * BN + row0 + 11] * float(isum);
-          precise float a = acc[11] + p;
-          acc[11] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 12) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 12];
-          precise float p = s_scale[7 * BN + row0 + 12] * float(isum);
-          precise float a = acc[12] + p;
-          acc[12] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 13) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 13];
-          precise float p = s_scale[7 * BN + row0 + 13] * float(isum);
-          precise float a = acc[13] + p;
-          acc[13] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 14) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 14];
-          precise float p = s_scale[7 * BN + row0 + 14] * float(isum);
-          precise float a = acc[14] + p;
-          acc[14] = a;
-        }
-        {
-          const int isum = s_c[(row0 + 15) * CSTRIDE + lane] - izp * s_corr[7 * BN + row0 + 15];
-          precise float p = s_scale[7 * BN + row0 + 15] * float(isum);
-          precise float a = acc[15] + p;
-          acc[15] = a;
-        }
-        // s_c is read before the next group stores to it.
-        controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                       gl_SemanticsAcquireRelease);
-        }
-      }
-
   }
 
   // out = input_scale * acc: lane l stores its token's SG_ROWS outputs, 4 rows at a time.
   if (m < M) {
     const float s_in = t_input_scale_load(m);
-    if ((n0 + uint(row0)) / 4u + 0u < (N + 3u) / 4u) {
-      lin_store(m, (n0 + uint(row0)) / 4u + 0u,
-                s_in * vec4(acc[0], acc[1], acc[2], acc[3]));
-    }
-    if ((n0 + uint(row0)) / 4u + 1u < (N + 3u) / 4u) {
-      lin_store(m, (n0 + uint(row0)) / 4u + 1u,
-                s_in * vec4(acc[4], acc[5], acc[6], acc[7]));
-    }
-    if ((n0 + uint(row0)) / 4u + 2u < (N + 3u) / 4u) {
-      lin_store(m, (n0 + uint(row0)) / 4u + 2u,
-                s_in * vec4(acc[8], acc[9], acc[10], acc[11]));
-    }
-    if ((n0 + uint(row0)) / 4u + 3u < (N + 3u) / 4u) {
-      lin_store(m, (n0 + uint(row0)) / 4u + 3u,
-                s_in * vec4(acc[12], acc[13], acc[14], acc[15]));
+    [[unroll]] for (int q = 0; q < SG_ROWS / 4; ++q) {
+      const uint b = (n0 + uint(row0)) / 4u + uint(q);
+      if (b < (N + 3u) / 4u) {
+        lin_store(m, b, s_in * vec4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+      }
     }
   }
 }

@@ -256,7 +256,8 @@ const uint LIN_NQ = 4u * LIN_TM;
 // bytes are one 16-byte load (buffers); else single texel rows j = c / GL,
 // c / GL + S, ... with two 4-byte activation loads each. Either way
 // consecutive invocations read consecutive weight texels (t = j * G + g), in
-// batches of LIN_INFLIGHT widths (8, then 4) issued before any is used. The
+// batches of LIN_INFLIGHT widths (DOT sdot: 8, then 4; fallback: none, one step
+// at a time) issued before any is used. The
 // pairs matter because the group lanes of a warp read activations from GL
 // different 128-byte lines (group 128): per load that is GL L1 wavefronts,
 // and with 4-byte loads the rounds of many groups lost to the loads (H200,

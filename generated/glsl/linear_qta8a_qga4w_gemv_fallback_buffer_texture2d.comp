@@ -253,7 +253,8 @@ const uint LIN_NQ = 4u * LIN_TM;
 // bytes are one 16-byte load (buffers); else single texel rows j = c / GL,
 // c / GL + S, ... with two 4-byte activation loads each. Either way
 // consecutive invocations read consecutive weight texels (t = j * G + g), in
-// batches of LIN_INFLIGHT widths (8, then 4) issued before any is used. The
+// batches of LIN_INFLIGHT widths (DOT sdot: 8, then 4; fallback: none, one step
+// at a time) issued before any is used. The
 // pairs matter because the group lanes of a warp read activations from GL
 // different 128-byte lines (group 128): per load that is GL L1 wavefronts,
 // and with 4-byte loads the rounds of many groups lost to the loads (H200,
@@ -346,70 +347,6 @@ void main() {
     if (has_group && paired) {
       const uint steps = J / 2u;
       uint st = sub;
-      for (; st + 3u * S < steps; st += 4u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (2u * (st + 2u * S) + 0u) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (2u * (st + 2u * S) + 1u) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (2u * (st + 3u * S) + 0u) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (2u * (st + 3u * S) + 1u) * G + g);
-        {
-          const uint kq = g * gs_quads + (st + 0u * S);
-          {
-            const uvec4 xv = lin_x_quad(tok0, kq);
-            xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
-            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
-          }
-        }
-        {
-          const uint kq = g * gs_quads + (st + 1u * S);
-          {
-            const uvec4 xv = lin_x_quad(tok0, kq);
-            xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
-            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
-          }
-        }
-        {
-          const uint kq = g * gs_quads + (st + 2u * S);
-          {
-            const uvec4 xv = lin_x_quad(tok0, kq);
-            xq0 += lin_dot8x4(xv.x, xv.y, w4) + lin_dot8x4(xv.z, xv.w, w5);
-            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
-          }
-        }
-        {
-          const uint kq = g * gs_quads + (st + 3u * S);
-          {
-            const uvec4 xv = lin_x_quad(tok0, kq);
-            xq0 += lin_dot8x4(xv.x, xv.y, w6) + lin_dot8x4(xv.z, xv.w, w7);
-            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
-          }
-        }
-      }
-      for (; st + 1u * S < steps; st += 2u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (2u * (st + 0u * S) + 0u) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (2u * (st + 0u * S) + 1u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (2u * (st + 1u * S) + 0u) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (2u * (st + 1u * S) + 1u) * G + g);
-        {
-          const uint kq = g * gs_quads + (st + 0u * S);
-          {
-            const uvec4 xv = lin_x_quad(tok0, kq);
-            xq0 += lin_dot8x4(xv.x, xv.y, w0) + lin_dot8x4(xv.z, xv.w, w1);
-            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
-          }
-        }
-        {
-          const uint kq = g * gs_quads + (st + 1u * S);
-          {
-            const uvec4 xv = lin_x_quad(tok0, kq);
-            xq0 += lin_dot8x4(xv.x, xv.y, w2) + lin_dot8x4(xv.z, xv.w, w3);
-            xs[0] += lin_xsum8(xv.x, xv.y) + lin_xsum8(xv.z, xv.w);
-          }
-        }
-      }
       for (; st < steps; st += S) {
         const ivec4 w0 = lin_w_texel(b, (2u * st + 0u) * G + g);
         const ivec4 w1 = lin_w_texel(b, (2u * st + 1u) * G + g);
@@ -425,130 +362,6 @@ void main() {
     } else if (has_group) {
       const uint steps = J / 1u;
       uint st = sub;
-      for (; st + 7u * S < steps; st += 8u * S) {  // 8 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
-        const ivec4 w4 = lin_w_texel(b, (1u * (st + 4u * S) + 0u) * G + g);
-        const ivec4 w5 = lin_w_texel(b, (1u * (st + 5u * S) + 0u) * G + g);
-        const ivec4 w6 = lin_w_texel(b, (1u * (st + 6u * S) + 0u) * G + g);
-        const ivec4 w7 = lin_w_texel(b, (1u * (st + 7u * S) + 0u) * G + g);
-        {
-          const uint kw = g * gs_words + 2u * (st + 0u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w0);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 1u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w1);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 2u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w2);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 3u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w3);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 4u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w4);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 5u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w5);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 6u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w6);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 7u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w7);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-      }
-      for (; st + 3u * S < steps; st += 4u * S) {  // 4 independent loads in flight
-        const ivec4 w0 = lin_w_texel(b, (1u * (st + 0u * S) + 0u) * G + g);
-        const ivec4 w1 = lin_w_texel(b, (1u * (st + 1u * S) + 0u) * G + g);
-        const ivec4 w2 = lin_w_texel(b, (1u * (st + 2u * S) + 0u) * G + g);
-        const ivec4 w3 = lin_w_texel(b, (1u * (st + 3u * S) + 0u) * G + g);
-        {
-          const uint kw = g * gs_words + 2u * (st + 0u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w0);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 1u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w1);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 2u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w2);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-        {
-          const uint kw = g * gs_words + 2u * (st + 3u * S);
-          {
-            const uint x0 = lin_x_word(tok0, kw);
-            const uint x1 = lin_x_word(tok0, kw + 1u);
-            xq0 += lin_dot8x4(x0, x1, w3);
-            xs[0] += lin_xsum8(x0, x1);
-          }
-        }
-      }
       for (; st < steps; st += S) {
         const ivec4 w0 = lin_w_texel(b, (1u * st + 0u) * G + g);
         {

@@ -234,16 +234,19 @@ def test_zero_tokens_and_flat_parameters():
     assert_bit_equal(op(*flat), ref.linear_qta8a_qga4w(*flat), "[tokens] scales and zero points")
 
 
+@pytest.mark.parametrize("dot", ["sdot", "fallback"])
 @pytest.mark.parametrize("storage", ["buffer", "texture3d"])
 @pytest.mark.parametrize(("kernel", "lead"), [("gemv", (1,)), ("gemm", (5,))])
-def test_every_work_split_gives_the_same_bits(kernel, lead, storage):
+def test_every_work_split_gives_the_same_bits(kernel, lead, storage, dot):
     """The host picks C invocations per tile and GL groups per round; the shader's
     contract allows any powers of two GL <= C <= 64, and all give the same bits, with
     rounds of fewer groups than GL, and outputs in buffers or in images (where a token's 4
-    rows share a texel)."""
+    rows share a texel). Both DOT values: only sdot loads its weights in batches."""
     from runtime.vulkan.tensor import Tensor
 
-    variant = catalog().variant(f"linear_qta8a_qga4w_{kernel}_fallback_{storage}_buffer")
+    name = f"linear_qta8a_qga4w_{kernel}_{dot}_{storage}_buffer"
+    _skip_unless_runnable(name)
+    variant = catalog().variant(name)
     k, n, gs = 320, 10, 32  # 10 groups of 4 weight texels per row block
     x, s, z, w, _, ws, wz = linear_args(lead, k, n, gs, torch.Generator().manual_seed(10))[0]
     want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz).reshape(-1, n)
