@@ -17,7 +17,12 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
 2. The device's copy bandwidth (vkCmdCopyBuffer of a large buffer, bytes
    read + written), the yardstick of the report.
 3. Throughput of every quantize-family variant in GB/s (bytes read + written
-   over the GPU time from timestamp queries).
+   over the GPU time from timestamp queries), then of the conv family's
+   ``q8ta_quantize`` and ``q8ta_dequantize`` (fp <-> packed int8) on a
+   [1, 64, S, S] activation in each packed layout x storage x fp dtype, rows
+   named ``q8ta_quantize 4C1W buffer float32`` (op, layout, storage, dtype;
+   the serving variant printed beside), so runs before and after a change
+   of their variants compare row by row.
 4. With CUDA available (the NVIDIA machine): ``torch.quantize_per_tensor`` on
    CUDA on the same tensor, timed with CUDA events in the same run, and the
    ratio of our per-tensor quantize to it; and dynamic per-token quantization
@@ -45,6 +50,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import math
 import re
 import statistics
 import sys
@@ -71,6 +77,7 @@ from runtime.tools.quantize_tunables import (  # noqa: E402
     record_token_shader,
 )
 from runtime.vulkan.device import FENCE_SPIN_US, get_device  # noqa: E402
+from runtime.vulkan.layouts import PACKED_LAYOUTS, packed_words  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
 from runtime.vulkan.tensor import Tensor, dtype_info  # noqa: E402
 
@@ -283,6 +290,55 @@ def throughput(elements: int, repeats: int, warmup: float, only: re.Pattern,
     return baseline
 
 
+def packed_shape(elements: int) -> tuple[int, int, int, int]:
+    """An [N, C, H, W] conv activation of about `elements` values: 64 channels (4 when
+    fewer than 256 values), a square image."""
+    channels = 64 if elements >= 256 else 4
+    side = max(1, math.isqrt(elements // channels))
+    return (1, channels, side, side)
+
+
+def packed_throughput(elements: int, repeats: int, warmup: float, only: re.Pattern,
+                      results: Results) -> None:
+    """Prints GB/s of q8ta_quantize and q8ta_dequantize (fp <-> packed int8, the conv
+    family's edges) in each packed layout, storage and fp dtype. A row is named by the op
+    and its arguments, not by the variant that serves it (printed next to it)."""
+    shape = packed_shape(elements)
+    print(f"\n== Packed int8 quantize / dequantize, {'x'.join(map(str, shape))} values, median of "
+          f"{repeats} x {BACK_TO_BACK} back-to-back dispatches (timestamps), after {warmup:g} s of "
+          "warm-up each ==")
+    print(f"{'case':<44} {'variant':<36} {'MB moved':>9} {'GPU us':>9} {'GB/s':>8}")
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(shape, generator=gen) * 3
+    q = torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8)
+    for name in ("q8ta_quantize", "q8ta_dequantize"):
+        op = runtime.get_op(f"etvk.{name}.default")
+        for layout in PACKED_LAYOUTS:
+            packed_bytes = 4 * packed_words(shape, layout)
+            for storage in ("buffer", "texture3d"):
+                for dtype in (torch.float32, torch.float16):
+                    case = f"{name} {layout} {storage} {str(dtype).split('.')[-1]}"
+                    if not only.search(case):
+                        continue
+                    if name == "q8ta_quantize":
+                        args, kwargs = (Tensor.from_torch(x, storage, dtype), 0.05, -3, layout), {}
+                    else:
+                        args, kwargs = (Tensor.from_torch(q, layout=layout), 0.05, -3), {"out_dtype": dtype}
+                    with Stream() as stream:
+                        for _ in range(BACK_TO_BACK):
+                            op.record(stream, *args, **kwargs, storage=storage)
+                        stream.run()
+                        if not stream.timings():
+                            print("device has no timestamp queries; skipping packed throughput")
+                            return
+                        variant = stream.timings()[0][0]
+                        seconds = gpu_seconds(stream, repeats, warmup)
+                    moved = x.numel() * dtype.itemsize + packed_bytes
+                    print(f"{case:<44} {variant:<36} {moved / 1e6:>9.2f} {seconds * 1e6:>9.1f} "
+                          f"{moved / seconds / 1e9:>8.1f}", flush=True)
+                    results.kernel("q8ta_quantize", case, "etvk", seconds, moved)
+
+
 @torch.compile
 def _dynamic_quantize(x: torch.Tensor) -> torch.Tensor:
     """The reference's choose_qparams_per_token_asymmetric then quantize_per_token."""
@@ -492,7 +548,8 @@ def main() -> int:
     parser.add_argument("--elements", type=int, default=None,
                         help="values per tensor (default: 64Mi on a GPU, 4Mi on a CPU device)")
     parser.add_argument("--repeats", type=int, default=None, help="timed replays (default 20; quick 3)")
-    parser.add_argument("--only", default="", help="regular expression: time only matching variants")
+    parser.add_argument("--only", default="", help="regular expression: time only matching variants "
+                        "(the q8ta rows: matching case names)")
     parser.add_argument("--skip-overhead", action="store_true", help="skip the overhead section")
     parser.add_argument("--sweep", action="store_true",
                         help="instead of the throughput sections, time quantize / dequantize variants at "
@@ -520,6 +577,7 @@ def main() -> int:
         sweep_tokens(elements, repeats, warmup, only)
         return 0
     ours = throughput(elements, repeats, warmup, only, results)
+    packed_throughput(elements, repeats, warmup, only, results)
     cuda_baseline(elements, repeats, warmup, ours, results)
     if only.search("choose_qparams") or only.search("quantize_per_token"):
         dynamic_quantize(repeats, warmup, options.quick, results)

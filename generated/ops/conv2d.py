@@ -180,10 +180,10 @@ def q8ta_quantize(stream, input, scale, zero_point, layout=None, *, variant=None
     _check_zero_point_int8(op, zero_point)
     _check_layout_known(op, layout)
     out_layout = layout or '4C1W'
-    v = op.select(variant, storage, {"LAYOUT": ("layout", out_layout), "STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype)})
+    v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     out = stream.empty(input.shape, torch.int8, v.binding("t_out"), op.label("out", "output"), layout=out_layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"sizes": [input.shape[3], input.shape[2], input.shape[1], input.shape[0]], "words": rt.packed_words(out), "inv_scale": rt.fp32_recip(scale), "zero_point": zero_point}, global_size=[rt.packed_words(out), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"sizes": [input.shape[3], input.shape[2], input.shape[1], input.shape[0]], "words": rt.packed_words(out), "inv_scale": rt.fp32_recip(scale), "zero_point": zero_point}, spec_constants={"LAYOUT": rt.layout_code(out_layout)}, global_size=[rt.packed_words(out), 1, 1])
     return out
 
 
@@ -196,21 +196,13 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:442",
+    spec="op_specs/conv2d.yaml:446",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
-        ("q8ta_quantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "IN_DTYPE": "float32"}),
-        ("q8ta_quantize_4C1W_buffer_half", {"LAYOUT": "4C1W", "STORAGE": "buffer", "IN_DTYPE": "float16"}),
-        ("q8ta_quantize_4C1W_texture3d_float", {"LAYOUT": "4C1W", "STORAGE": "texture3d", "IN_DTYPE": "float32"}),
-        ("q8ta_quantize_4C1W_texture3d_half", {"LAYOUT": "4C1W", "STORAGE": "texture3d", "IN_DTYPE": "float16"}),
-        ("q8ta_quantize_4C_buffer_float", {"LAYOUT": "4C", "STORAGE": "buffer", "IN_DTYPE": "float32"}),
-        ("q8ta_quantize_4C_buffer_half", {"LAYOUT": "4C", "STORAGE": "buffer", "IN_DTYPE": "float16"}),
-        ("q8ta_quantize_4C_texture3d_float", {"LAYOUT": "4C", "STORAGE": "texture3d", "IN_DTYPE": "float32"}),
-        ("q8ta_quantize_4C_texture3d_half", {"LAYOUT": "4C", "STORAGE": "texture3d", "IN_DTYPE": "float16"}),
-        ("q8ta_quantize_4W4C_buffer_float", {"LAYOUT": "4W4C", "STORAGE": "buffer", "IN_DTYPE": "float32"}),
-        ("q8ta_quantize_4W4C_buffer_half", {"LAYOUT": "4W4C", "STORAGE": "buffer", "IN_DTYPE": "float16"}),
-        ("q8ta_quantize_4W4C_texture3d_float", {"LAYOUT": "4W4C", "STORAGE": "texture3d", "IN_DTYPE": "float32"}),
-        ("q8ta_quantize_4W4C_texture3d_half", {"LAYOUT": "4W4C", "STORAGE": "texture3d", "IN_DTYPE": "float16"}),
+        ("q8ta_quantize_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
+        ("q8ta_quantize_buffer_half", {"STORAGE": "buffer", "IN_DTYPE": "float16"}),
+        ("q8ta_quantize_texture3d_float", {"STORAGE": "texture3d", "IN_DTYPE": "float32"}),
+        ("q8ta_quantize_texture3d_half", {"STORAGE": "texture3d", "IN_DTYPE": "float16"}),
     ),
     record=q8ta_quantize,
     fake=_q8ta_quantize_fake,
@@ -234,10 +226,10 @@ def q8ta_dequantize(stream, input, scale, zero_point, layout=None, *, out_dtype=
     _check_out_dtype_float(op, out_dtype)
     in_layout = rt.layout_of(input, layout or '4C1W')
     fp_dtype = out_dtype or torch.float32
-    v = op.select(variant, storage, {"LAYOUT": ("input", in_layout), "STORAGE": (None, storage), "OUT_DTYPE": ("out_dtype", fp_dtype)})
+    v = op.select(variant, storage, {"STORAGE": (None, storage), "OUT_DTYPE": ("out_dtype", fp_dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"), layout=in_layout)
     out = stream.empty(input.shape, fp_dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"sizes": [input.shape[3], input.shape[2], input.shape[1], input.shape[0]], "numel": rt.numel(input), "scale": scale, "zero_point": zero_point}, global_size=rt.elementwise(out))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": input}, push={"sizes": [input.shape[3], input.shape[2], input.shape[1], input.shape[0]], "numel": rt.numel(input), "scale": scale, "zero_point": zero_point}, spec_constants={"LAYOUT": rt.layout_code(in_layout)}, global_size=rt.elementwise(out))
     return out
 
 
@@ -251,21 +243,13 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:465",
+    spec="op_specs/conv2d.yaml:469",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
-        ("q8ta_dequantize_4C1W_buffer_float", {"LAYOUT": "4C1W", "STORAGE": "buffer", "OUT_DTYPE": "float32"}),
-        ("q8ta_dequantize_4C1W_buffer_half", {"LAYOUT": "4C1W", "STORAGE": "buffer", "OUT_DTYPE": "float16"}),
-        ("q8ta_dequantize_4C1W_texture3d_float", {"LAYOUT": "4C1W", "STORAGE": "texture3d", "OUT_DTYPE": "float32"}),
-        ("q8ta_dequantize_4C1W_texture3d_half", {"LAYOUT": "4C1W", "STORAGE": "texture3d", "OUT_DTYPE": "float16"}),
-        ("q8ta_dequantize_4C_buffer_float", {"LAYOUT": "4C", "STORAGE": "buffer", "OUT_DTYPE": "float32"}),
-        ("q8ta_dequantize_4C_buffer_half", {"LAYOUT": "4C", "STORAGE": "buffer", "OUT_DTYPE": "float16"}),
-        ("q8ta_dequantize_4C_texture3d_float", {"LAYOUT": "4C", "STORAGE": "texture3d", "OUT_DTYPE": "float32"}),
-        ("q8ta_dequantize_4C_texture3d_half", {"LAYOUT": "4C", "STORAGE": "texture3d", "OUT_DTYPE": "float16"}),
-        ("q8ta_dequantize_4W4C_buffer_float", {"LAYOUT": "4W4C", "STORAGE": "buffer", "OUT_DTYPE": "float32"}),
-        ("q8ta_dequantize_4W4C_buffer_half", {"LAYOUT": "4W4C", "STORAGE": "buffer", "OUT_DTYPE": "float16"}),
-        ("q8ta_dequantize_4W4C_texture3d_float", {"LAYOUT": "4W4C", "STORAGE": "texture3d", "OUT_DTYPE": "float32"}),
-        ("q8ta_dequantize_4W4C_texture3d_half", {"LAYOUT": "4W4C", "STORAGE": "texture3d", "OUT_DTYPE": "float16"}),
+        ("q8ta_dequantize_buffer_float", {"STORAGE": "buffer", "OUT_DTYPE": "float32"}),
+        ("q8ta_dequantize_buffer_half", {"STORAGE": "buffer", "OUT_DTYPE": "float16"}),
+        ("q8ta_dequantize_texture3d_float", {"STORAGE": "texture3d", "OUT_DTYPE": "float32"}),
+        ("q8ta_dequantize_texture3d_half", {"STORAGE": "texture3d", "OUT_DTYPE": "float16"}),
     ),
     record=q8ta_dequantize,
     fake=_q8ta_dequantize_fake,
@@ -344,7 +328,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:489",
+    spec="op_specs/conv2d.yaml:493",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -429,7 +413,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:540",
+    spec="op_specs/conv2d.yaml:544",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -515,7 +499,7 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, C_in % 4 == 0, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:573",
+    spec="op_specs/conv2d.yaml:577",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -607,7 +591,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:630",
+    spec="op_specs/conv2d.yaml:634",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -690,7 +674,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:685",
+    spec="op_specs/conv2d.yaml:689",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -767,7 +751,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:717",
+    spec="op_specs/conv2d.yaml:721",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -837,7 +821,7 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it).",
-    spec="op_specs/conv2d.yaml:750",
+    spec="op_specs/conv2d.yaml:754",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),

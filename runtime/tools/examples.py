@@ -3,7 +3,8 @@
 For elementwise ops the shape is the input's; for the others it is a size
 hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
 pools, q8ta_linear and q8ta_binary: which case of `runtime.tools.examples_q8ta_pool`,
-`runtime.tools.examples_q8ta_linear` or `runtime.tools.examples_q8ta_binary`).
+`runtime.tools.examples_q8ta_linear` or `runtime.tools.examples_q8ta_binary`;
+q8ta_quantize and q8ta_dequantize: the width and the packed layout).
 
 Shared by the tests (``tests/ops``), ``python -m runtime demo`` and the
 benchmarks, so that all three exercise the same cases. The inputs are chosen
@@ -19,6 +20,7 @@ import math
 import torch
 
 from runtime.tools import examples_q8ta_binary
+from runtime.vulkan.layouts import PACKED_LAYOUTS
 
 DTYPES = {
     "float32": torch.float32,
@@ -197,15 +199,24 @@ def build_q8ta_pool(op_name):
     return build
 
 
+def q8ta_packed_case(shape) -> tuple[tuple[int, int, int, int], str]:
+    """The [N, C, H, W] shape and packed layout of the q8ta_quantize / q8ta_dequantize
+    examples: the width and the layout (the spec constant LAYOUT; `PACKED_LAYOUTS` in turn)
+    follow the shape's last size."""
+    last = max(1, shape[-1] if shape else 1)
+    return (2, 5, 3, last % 13 + 1), PACKED_LAYOUTS[last % len(PACKED_LAYOUTS)]
+
+
 def build_q8ta_quantize(axes, shape, gen):
-    x = fp_input((2, 5, 3, max(1, shape[-1] if shape else 1) % 13 + 1), DTYPES[axes["IN_DTYPE"]],
-                 gen, 0.05)
-    return (x, 0.05, -3, axes["LAYOUT"]), {}
+    nchw, layout = q8ta_packed_case(shape)
+    x = fp_input(nchw, DTYPES[axes["IN_DTYPE"]], gen, 0.05)
+    return (x, 0.05, -3, layout), {}
 
 
 def build_q8ta_dequantize(axes, shape, gen):
-    q = int_input((2, 5, 3, max(1, shape[-1] if shape else 1) % 13 + 1), torch.int8, gen)
-    return (q, 0.05, -3, axes["LAYOUT"]), {"out_dtype": DTYPES[axes["OUT_DTYPE"]]}
+    nchw, layout = q8ta_packed_case(shape)
+    q = int_input(nchw, torch.int8, gen)
+    return (q, 0.05, -3, layout), {"out_dtype": DTYPES[axes["OUT_DTYPE"]]}
 
 
 def build_q8ta_linear(axes, shape, gen):

@@ -45,6 +45,23 @@ def test_runtime_bench_runs_on_every_family(family, tmp_path):
     assert result.stdout.count("the same, recorded afresh (ETVK_REUSE_RECORDINGS=0)") == 2
 
 
+def test_runtime_bench_times_packed_quantize_in_every_layout(tmp_path):
+    """One q8ta_quantize / q8ta_dequantize row per layout x storage x dtype, named by those
+    (not by the variant, printed beside it), so runs across variant changes compare."""
+    result = _run([str(BENCHMARKS / "runtime_bench.py"), "--quick", "--skip-overhead", "--only", "^q8ta_"],
+                  "nvidia", tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    cases = {f"{op} {layout} {storage} {dtype}"
+             for op in ("q8ta_quantize", "q8ta_dequantize") for layout in ("4W4C", "4C", "4C1W")
+             for storage in ("buffer", "texture3d") for dtype in ("float32", "float16")}
+    rows = [line.split() for line in result.stdout.split("== Packed int8")[1].splitlines()
+            if line.startswith("q8ta_")]
+    assert {" ".join(row[:4]) for row in rows} == cases and len(rows) == len(cases)
+    assert all(row[4].startswith(row[0] + "_") for row in rows), rows  # the variant that ran
+    records = [json.loads(line) for line in (tmp_path / "runtime.jsonl").read_text().splitlines()]
+    assert {r["case"] for r in records if r["kind"] == "kernel"} == cases
+
+
 def test_runtime_bench_sweep_times_every_candidate(tmp_path):
     result = _run([str(BENCHMARKS / "runtime_bench.py"), "--quick", "--skip-overhead", "--sweep",
                    "--only", "quantize_per_token_(buffer_half_int8|texture3d_float_uint8)$|"

@@ -25,7 +25,7 @@ from runtime.families import conv2d as conv2d_module
 from runtime.reference import conv2d as ref
 from runtime.tools.examples_conv2d import CASES, CASES_BY_NAME, make_inputs
 from runtime.vulkan.device import GPU_FAMILIES, get_device
-from runtime.vulkan.layouts import PACKED_LAYOUTS
+from runtime.vulkan.layouts import PACKED_LAYOUTS, pack, packed_words
 from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
 
@@ -153,22 +153,46 @@ def test_quantize_conv_dequantize_in_one_stream():
     assert torch.equal(got, want)
 
 
+def packed_bytes(t: Tensor) -> torch.Tensor:
+    """The raw bytes of a packed device tensor, padding included."""
+    data = torch.empty(4 * packed_words(t.shape, t.layout), dtype=torch.int8)
+    t.memory.read(data.data_ptr(), data.numel())
+    return data
+
+
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
 @pytest.mark.parametrize("storage", ["buffer", "texture3d"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
-def test_q8ta_quantize_dequantize_every_variant(layout, storage, dtype, dispatch_trace):
+def test_q8ta_quantize_dequantize_every_variant_and_layout(layout, storage, dtype,
+                                                           dispatch_trace_path):
+    """Each variant (storage x fp dtype) with each value of its spec constant LAYOUT: the
+    packed words, padding bytes included (written over a dirty buffer), and the values back,
+    through a device tensor and through host round trips."""
     gen = torch.Generator().manual_seed(7)
     q, dq = runtime.get_op("etvk.q8ta_quantize.default"), runtime.get_op("etvk.q8ta_dequantize.default")
+    short = {torch.float32: "float", torch.float16: "half"}[dtype]
     for shape in [(1, 1, 1, 1), (1, 6, 3, 5), (2, 13, 4, 9), (1, 4, 2, 8)]:
         x = (torch.randn(shape, generator=gen) * 3).to(dtype)
-        got = q(x, 0.0371, -5, layout, storage=storage)
-        assert torch.equal(got, ref.q8ta_quantize(x, 0.0371, -5, layout)), f"{shape}"
-        back = dq(got, 0.0371, -5, layout, out_dtype=dtype, storage=storage)
-        want = ref.q8ta_dequantize(got, 0.0371, -5, layout, out_dtype=dtype)
-        assert torch.equal(back.view(-1), want.view(-1)), f"{shape}"
-    ran = dispatch_trace()
-    assert any(v.startswith(f"q8ta_quantize_{layout}_{storage}") for v in ran)
-    assert any(v.startswith(f"q8ta_dequantize_{layout}_{storage}") for v in ran)
+        want = ref.q8ta_quantize(x, 0.0371, -5, layout)
+        want_back = ref.q8ta_dequantize(want, 0.0371, -5, layout, out_dtype=dtype)
+        device_x = Tensor.from_torch(x, storage)
+        spare = Tensor.empty(shape, torch.int8, layout=layout)  # full of 0xFF, recycled by `packed`
+        junk = torch.full((4 * packed_words(shape, layout),), -1, dtype=torch.int8)
+        spare.memory.write(junk.data_ptr(), junk.numel())
+        del spare
+        before = len(trace_lines(dispatch_trace_path))
+        with Stream() as stream:
+            packed = q.record(stream, device_x, 0.0371, -5, layout, storage=storage)
+            back = dq.record(stream, packed, 0.0371, -5, out_dtype=dtype, storage=storage)
+            stream.run()
+            assert packed.layout == layout
+            assert torch.equal(packed_bytes(packed), pack(want, layout)), f"{shape}"
+            assert torch.equal(back.to_torch(), want_back), f"{shape}"
+        ran = [line["variant"] for line in trace_lines(dispatch_trace_path)[before:]]
+        assert ran == [f"q8ta_quantize_{storage}_{short}", f"q8ta_dequantize_{storage}_{short}"]
+        assert torch.equal(q(x, 0.0371, -5, layout, storage=storage), want), f"{shape}"
+        assert torch.equal(dq(want, 0.0371, -5, layout, out_dtype=dtype, storage=storage),
+                           want_back), f"{shape}"
 
 
 BAD_ARGS = [
