@@ -15,7 +15,10 @@ per-tensor qparams, one consumer along the chain, shapes the op takes):
   second operand may be ``[N, C, 1, 1]``, broadcast);
 - ``dq -> max_pool2d -> q`` (one qparams) -> ``q8ta_max_pool2d``;
   ``dq -> avg_pool2d -> q`` -> ``q8ta_avg_pool2d``; ``dq -> adaptive_avg_pool2d(1)``
-  or ``mean(dim=[2, 3], keepdim=True) -> q`` -> ``q8ta_global_avg_pool2d``;
+  or ``mean(dim=[2, 3], keepdim=True) -> q`` -> ``q8ta_global_avg_pool2d``; without
+  keepdim (any spelling of H and W) the mean is first rewritten as the keepdim one
+  and ``q -> dq -> flatten(1) -> q`` with one qparams (exact, as above), the
+  pooled head below;
 - ``dq -> linear(dq_per_channel weight) -> [q]`` -> ``q8ta_linear`` (int8 or
   fp32 out); a ``dq -> flatten(1) -> q`` of a pooled ``[N, C, 1, 1]`` before it is
   read in place (no copy);
@@ -27,11 +30,12 @@ Every int8 tensor these ops read or write gets the placeholder layout
 
 from __future__ import annotations
 
+import torch
+
 from runtime.programs.nodes import Node, Ref, ValueSpec
-from runtime.programs.rewrite import Q, Rewriter, bind, conv_activation, int8_per_tensor
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
 
 _CONV = "etvk.q8ta_conv2d.default"
-_GLOBAL_MEAN_DIMS = ({2, 3}, {-1, -2})
 
 
 def _ints(value) -> list[int]:
@@ -168,10 +172,34 @@ class _Patterns:
     def mean(self, node):
         b = bind(node)
         dims = b["dim"]
-        if not isinstance(dims, (list, tuple)) or set(dims) not in _GLOBAL_MEAN_DIMS or not b["keepdim"] \
+        # H and W of a 4-D tensor (the pool's ends check the rank), spelled either way
+        if not isinstance(dims, (list, tuple)) or sorted(d % 4 for d in dims) != [2, 3] \
                 or b.get("dtype") is not None:
             return None
+        if not b["keepdim"] and self._pool_ends(node, same=False) is not None:
+            node = self._keep_dims(node)
         return self.global_avg_pool2d(node)
+
+    def _keep_dims(self, mean: Node) -> Node:
+        """``mean(keepdim=False) -> q`` as ``mean(keepdim=True) -> q -> dq -> flatten(1) -> q`` with
+        the one qparams (the same int8 values); -> the new mean. `_rows` reads the pooled
+        ``[N, C, 1, 1]`` in place of the flatten."""
+        program, b = self.rw.program, bind(mean)
+        quantize, scale, zero_point = self.rw.requantized(mean)
+        spec, name = program.values[mean.outputs[0]], quantize.outputs[0]
+        kept, pooled, dequantized, flat = (f"{name}_{k}" for k in ("mean", "pooled", "pooled_dq", "flat"))
+        for value, dtype in ((kept, spec.dtype), (pooled, torch.int8), (dequantized, torch.float32)):
+            program.values[value] = ValueSpec((*spec.shape, 1, 1), dtype)
+        program.values[flat] = ValueSpec(spec.shape, torch.float32)
+        qparams = (scale, zero_point, -128, 127, torch.int8)
+        new = Node(mean.name, "aten.mean.dim", (b["self"], list(b["dim"]), True), {}, (kept,))
+        position = program.nodes.index(mean)
+        program.nodes[position:position + 1] = [
+            new, Node(f"{quantize.name}_pooled", Q, (Ref(kept), *qparams), {}, (pooled,)),
+            Node(f"{quantize.name}_pooled_dq", DQ, (Ref(pooled), *qparams), {}, (dequantized,)),
+            Node(f"{quantize.name}_flat", "aten.flatten.using_ints", (Ref(dequantized), 1), {}, (flat,))]
+        self.rw.replace(quantize, Node(quantize.name, Q, (Ref(flat), *qparams), {}, quantize.outputs))
+        return new
 
     def _rows(self, ref):
         """The int8 rows a linear reads from its input `ref`: (value, scale, zero point), with a

@@ -1,6 +1,7 @@
-"""Real architectures: torchvision ResNet-18, ResNet-50 and MobileNetV2 (random weights, 32x32 on
-the test device) quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered, saved,
-loaded, run, bit-exact against their CPU reference runs and in agreement with PyTorch's."""
+"""Real architectures: torchvision ResNet-18, ResNet-50, MobileNetV2 and MnasNet-0.5 (random weights,
+32x32 on the test device) quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears:
+lowered, saved, loaded, run, bit-exact against their CPU reference runs and in agreement with
+PyTorch's."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from runtime.tools.models import quantize_pt2e, torchvision_model
 SHAPE = (1, 3, 32, 32)
 
 
-@pytest.fixture(scope="module", params=["resnet18", "resnet50", "mobilenet_v2"])
+@pytest.fixture(scope="module", params=["resnet18", "resnet50", "mobilenet_v2", "mnasnet0_5"])
 def model_file(request, tmp_path_factory):
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     torch.manual_seed(0)
@@ -33,7 +34,7 @@ def test_the_whole_model_runs_on_the_device_bit_exact(model_file):
     loaded = runtime.load(path)
     rows = loaded.placement()
     convs = [r for r in rows if r["target"] == "etvk.q8ta_conv2d.default"]
-    assert len(convs) == {"resnet18": 20, "resnet50": 53, "mobilenet_v2": 52}[name]
+    assert len(convs) == {"resnet18": 20, "resnet50": 53, "mobilenet_v2": 52, "mnasnet0_5": 52}[name]
     # int8 from the first quantize to the last dequantize: no CPU node anywhere
     assert rows[0]["target"] == "etvk.q8ta_quantize.default"
     assert rows[-1]["target"] == "etvk.dequantize_per_tensor.default"
