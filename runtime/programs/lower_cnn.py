@@ -21,7 +21,10 @@ per-tensor qparams, one consumer along the chain, shapes the op takes):
   pooled head below;
 - ``dq -> linear(dq_per_channel weight) -> [q]`` -> ``q8ta_linear`` (int8 or
   fp32 out); a ``dq -> flatten(1) -> q`` of a pooled ``[N, C, 1, 1]`` before it is
-  read in place (no copy);
+  read in place (no copy); where the linear's input requantizes that flatten
+  (``dq -> q`` with other qparams: the dropout PT2E quantizes on its own), the
+  pooled tensor is requantized instead (``q8ta_dequantize -> q8ta_quantize``,
+  the same values) and read in place;
 - ``dq, ... -> cat(dim=1) -> q`` -> a chain of two-input ``q8ta_concat``.
 
 Every int8 tensor these ops read or write gets the placeholder layout
@@ -201,28 +204,55 @@ class _Patterns:
         self.rw.replace(quantize, Node(quantize.name, Q, (Ref(flat), *qparams), {}, quantize.outputs))
         return new
 
-    def _rows(self, ref):
-        """The int8 rows a linear reads from its input `ref`: (value, scale, zero point), with a
-        same-qparams ``dq -> flatten(1) -> q`` of a packed ``[N, C, 1, 1]`` skipped; or None."""
-        x = self.rw.dequantized(ref)
-        if x is None or len(self.rw.shape(x[0])) != 2:
-            return None
+    def _pooled(self, x):
+        """The packed ``[N, C, 1, 1]`` (value, scale, zero point) that the int8 rows `x` flatten
+        with a same-qparams ``dq -> flatten(1) -> q``; or None."""
         quantize = int8_per_tensor(self.rw.producer(x[0]), Q)
         flat = self.rw.producer(quantize[0]) if quantize is not None and quantize[1:] == x[1:] else None
-        if flat is not None and flat.target == "aten.flatten.using_ints":
-            b = bind(flat)
-            pooled = self.packed_int8(self.rw.dequantized(b["self"]))
-            if pooled is not None and pooled[1:] == x[1:] and b["start_dim"] == 1 \
-                    and b["end_dim"] in (-1, 3) and self.rw.shape(pooled[0])[2:] == (1, 1):
-                return pooled
-        return x
+        if flat is None or flat.target != "aten.flatten.using_ints":
+            return None
+        b = bind(flat)
+        pooled = self.packed_int8(self.rw.dequantized(b["self"]))
+        if pooled is not None and pooled[1:] == x[1:] and b["start_dim"] == 1 \
+                and b["end_dim"] in (-1, 3) and self.rw.shape(pooled[0])[2:] == (1, 1):
+            return pooled
+        return None
+
+    def _rows(self, linear: Node):
+        """The int8 rows `linear` reads: (value, scale, zero point) of its input's dequantize, or
+        the packed ``[N, C, 1, 1]`` they flatten (`_pooled`), read in place; rows that requantize
+        such a flatten (``q(dq(rows))``, a dropout PT2E quantizes on its own) read the packed
+        tensor requantized. None where the input is no int8 rows."""
+        x = self.rw.dequantized(bind(linear)["input"])
+        if x is None or len(self.rw.shape(x[0])) != 2:
+            return None
+        pooled = self._pooled(x)
+        if pooled is not None:
+            return pooled
+        quantize = int8_per_tensor(self.rw.producer(x[0]), Q)
+        source = self.rw.dequantized(quantize[0]) if quantize is not None and quantize[1:] == x[1:] else None
+        pooled = None if source is None else self._pooled(source)
+        return x if pooled is None else self._requantize(pooled, x, linear)
+
+    def _requantize(self, pooled, x, before: Node):
+        """``dq -> q`` of `pooled` to the qparams of `x`, inserted before `before` (the same values
+        as requantizing its flatten): (value, scale, zero point)."""
+        program, name = self.rw.program, f"{x[0].name}_pooled"
+        program.values[f"{name}_dq"] = ValueSpec(self.rw.shape(pooled[0]), torch.float32)
+        program.values[name] = ValueSpec(self.rw.shape(pooled[0]), torch.int8)
+        position = program.nodes.index(before)
+        program.nodes[position:position] = [
+            Node(f"{name}_dq", DQ, (*pooled, -128, 127, torch.int8), {}, (f"{name}_dq",)),
+            Node(name, Q, (Ref(f"{name}_dq"), *x[1:], -128, 127, torch.int8), {}, (name,))]
+        self.rw.refresh()
+        return Ref(name), x[1], x[2]
 
     def linear(self, node):
         b = bind(node)
-        x = self._rows(b["input"])
         weight = self.rw.symmetric_weight(self.rw.producer(b["weight"]), 2)
         bias = self.rw.fp32_bias(b["bias"])
-        if x is None or weight is None or bias is False:
+        x = None if weight is None or bias is False else self._rows(node)  # _rows may add nodes
+        if x is None:
             return None
         out = self.rw.requantized(node)
         packed = [x[0]] if len(self.rw.shape(x[0])) == 4 else []
