@@ -15,10 +15,16 @@ per-tensor qparams, one consumer along the chain, shapes the op takes):
   second operand may be ``[N, C, 1, 1]``, broadcast);
 - ``dq -> max_pool2d -> q`` (one qparams) -> ``q8ta_max_pool2d``;
   ``dq -> avg_pool2d -> q`` -> ``q8ta_avg_pool2d``; ``dq -> adaptive_avg_pool2d(1)``
-  or ``mean(dim=[2, 3], keepdim=True) -> q`` -> ``q8ta_global_avg_pool2d``;
+  or ``mean(dim=[2, 3], keepdim=True) -> q`` -> ``q8ta_global_avg_pool2d``; without
+  keepdim (any spelling of H and W) the mean is first rewritten as the keepdim one
+  and ``q -> dq -> flatten(1) -> q`` with one qparams (exact, as above), the
+  pooled head below;
 - ``dq -> linear(dq_per_channel weight) -> [q]`` -> ``q8ta_linear`` (int8 or
   fp32 out); a ``dq -> flatten(1) -> q`` of a pooled ``[N, C, 1, 1]`` before it is
-  read in place (no copy);
+  read in place (no copy); where the linear's input requantizes that flatten
+  (``dq -> q`` with other qparams: the dropout PT2E quantizes on its own), the
+  pooled tensor is requantized instead (``q8ta_dequantize -> q8ta_quantize``,
+  the same values) and read in place;
 - ``dq, ... -> cat(dim=1) -> q`` -> a chain of two-input ``q8ta_concat``.
 
 Every int8 tensor these ops read or write gets the placeholder layout
@@ -27,11 +33,12 @@ Every int8 tensor these ops read or write gets the placeholder layout
 
 from __future__ import annotations
 
+import torch
+
 from runtime.programs.nodes import Node, Ref, ValueSpec
-from runtime.programs.rewrite import Q, Rewriter, bind, conv_activation, int8_per_tensor
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
 
 _CONV = "etvk.q8ta_conv2d.default"
-_GLOBAL_MEAN_DIMS = ({2, 3}, {-1, -2})
 
 
 def _ints(value) -> list[int]:
@@ -168,33 +175,84 @@ class _Patterns:
     def mean(self, node):
         b = bind(node)
         dims = b["dim"]
-        if not isinstance(dims, (list, tuple)) or set(dims) not in _GLOBAL_MEAN_DIMS or not b["keepdim"] \
+        # H and W of a 4-D tensor (the pool's ends check the rank), spelled either way
+        if not isinstance(dims, (list, tuple)) or sorted(d % 4 for d in dims) != [2, 3] \
                 or b.get("dtype") is not None:
             return None
+        if not b["keepdim"] and self._pool_ends(node, same=False) is not None:
+            node = self._keep_dims(node)
         return self.global_avg_pool2d(node)
 
-    def _rows(self, ref):
-        """The int8 rows a linear reads from its input `ref`: (value, scale, zero point), with a
-        same-qparams ``dq -> flatten(1) -> q`` of a packed ``[N, C, 1, 1]`` skipped; or None."""
-        x = self.rw.dequantized(ref)
-        if x is None or len(self.rw.shape(x[0])) != 2:
-            return None
+    def _keep_dims(self, mean: Node) -> Node:
+        """``mean(keepdim=False) -> q`` as ``mean(keepdim=True) -> q -> dq -> flatten(1) -> q`` with
+        the one qparams (the same int8 values); -> the new mean. `_rows` reads the pooled
+        ``[N, C, 1, 1]`` in place of the flatten."""
+        program, b = self.rw.program, bind(mean)
+        quantize, scale, zero_point = self.rw.requantized(mean)
+        spec, name = program.values[mean.outputs[0]], quantize.outputs[0]
+        kept, pooled, dequantized, flat = (f"{name}_{k}" for k in ("mean", "pooled", "pooled_dq", "flat"))
+        for value, dtype in ((kept, spec.dtype), (pooled, torch.int8), (dequantized, torch.float32)):
+            program.values[value] = ValueSpec((*spec.shape, 1, 1), dtype)
+        program.values[flat] = ValueSpec(spec.shape, torch.float32)
+        qparams = (scale, zero_point, -128, 127, torch.int8)
+        new = Node(mean.name, "aten.mean.dim", (b["self"], list(b["dim"]), True), {}, (kept,))
+        position = program.nodes.index(mean)
+        program.nodes[position:position + 1] = [
+            new, Node(f"{quantize.name}_pooled", Q, (Ref(kept), *qparams), {}, (pooled,)),
+            Node(f"{quantize.name}_pooled_dq", DQ, (Ref(pooled), *qparams), {}, (dequantized,)),
+            Node(f"{quantize.name}_flat", "aten.flatten.using_ints", (Ref(dequantized), 1), {}, (flat,))]
+        self.rw.replace(quantize, Node(quantize.name, Q, (Ref(flat), *qparams), {}, quantize.outputs))
+        return new
+
+    def _pooled(self, x):
+        """The packed ``[N, C, 1, 1]`` (value, scale, zero point) that the int8 rows `x` flatten
+        with a same-qparams ``dq -> flatten(1) -> q``; or None."""
         quantize = int8_per_tensor(self.rw.producer(x[0]), Q)
         flat = self.rw.producer(quantize[0]) if quantize is not None and quantize[1:] == x[1:] else None
-        if flat is not None and flat.target == "aten.flatten.using_ints":
-            b = bind(flat)
-            pooled = self.packed_int8(self.rw.dequantized(b["self"]))
-            if pooled is not None and pooled[1:] == x[1:] and b["start_dim"] == 1 \
-                    and b["end_dim"] in (-1, 3) and self.rw.shape(pooled[0])[2:] == (1, 1):
-                return pooled
-        return x
+        if flat is None or flat.target != "aten.flatten.using_ints":
+            return None
+        b = bind(flat)
+        pooled = self.packed_int8(self.rw.dequantized(b["self"]))
+        if pooled is not None and pooled[1:] == x[1:] and b["start_dim"] == 1 \
+                and b["end_dim"] in (-1, 3) and self.rw.shape(pooled[0])[2:] == (1, 1):
+            return pooled
+        return None
+
+    def _rows(self, linear: Node):
+        """The int8 rows `linear` reads: (value, scale, zero point) of its input's dequantize, or
+        the packed ``[N, C, 1, 1]`` they flatten (`_pooled`), read in place; rows that requantize
+        such a flatten (``q(dq(rows))``, a dropout PT2E quantizes on its own) read the packed
+        tensor requantized. None where the input is no int8 rows."""
+        x = self.rw.dequantized(bind(linear)["input"])
+        if x is None or len(self.rw.shape(x[0])) != 2:
+            return None
+        pooled = self._pooled(x)
+        if pooled is not None:
+            return pooled
+        quantize = int8_per_tensor(self.rw.producer(x[0]), Q)
+        source = self.rw.dequantized(quantize[0]) if quantize is not None and quantize[1:] == x[1:] else None
+        pooled = None if source is None else self._pooled(source)
+        return x if pooled is None else self._requantize(pooled, x, linear)
+
+    def _requantize(self, pooled, x, before: Node):
+        """``dq -> q`` of `pooled` to the qparams of `x`, inserted before `before` (the same values
+        as requantizing its flatten): (value, scale, zero point)."""
+        program, name = self.rw.program, f"{x[0].name}_pooled"
+        program.values[f"{name}_dq"] = ValueSpec(self.rw.shape(pooled[0]), torch.float32)
+        program.values[name] = ValueSpec(self.rw.shape(pooled[0]), torch.int8)
+        position = program.nodes.index(before)
+        program.nodes[position:position] = [
+            Node(f"{name}_dq", DQ, (*pooled, -128, 127, torch.int8), {}, (f"{name}_dq",)),
+            Node(name, Q, (Ref(f"{name}_dq"), *x[1:], -128, 127, torch.int8), {}, (name,))]
+        self.rw.refresh()
+        return Ref(name), x[1], x[2]
 
     def linear(self, node):
         b = bind(node)
-        x = self._rows(b["input"])
         weight = self.rw.symmetric_weight(self.rw.producer(b["weight"]), 2)
         bias = self.rw.fp32_bias(b["bias"])
-        if x is None or weight is None or bias is False:
+        x = None if weight is None or bias is False else self._rows(node)  # _rows may add nodes
+        if x is None:
             return None
         out = self.rw.requantized(node)
         packed = [x[0]] if len(self.rw.shape(x[0])) == 4 else []

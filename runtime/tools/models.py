@@ -97,6 +97,7 @@ def quantize_pt2e(model: torch.nn.Module, example: tuple, calibration: list[tupl
 # torchvision architecture name -> the module of torchvision.models that defines it.
 TORCHVISION_MODELS = {
     **{name: "resnet" for name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")},
+    **{name: "mnasnet" for name in ("mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3")},
     "mobilenet_v2": "mobilenetv2",
     "mobilenet_v3_small": "mobilenetv3",
     "mobilenet_v3_large": "mobilenetv3",

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import runtime
-from runtime.programs.nodes import Const
+from runtime.programs.nodes import Const, Ref
 
 QD = torch.ops.quantized_decomposed
 
@@ -154,3 +154,71 @@ def test_activations_between_a_conv_and_its_quantize(tmp_path):
         assert torch.equal(got, want)
         # one step of the output scale at most (hardswish: PyTorch divides by 6, we multiply by fp32(1/6))
         assert float((got - theirs).abs().max()) <= 0.06 + 1e-6
+
+
+class Head(nn.Module):
+    """A classifier head: ``mean`` over H and W (kept and flattened, or not kept) read by a linear,
+    through a dropout quantized on its own where asked, and the pooled ``[N, C]`` also returned
+    where asked."""
+
+    def __init__(self, dims, keepdim, returned, dropout):
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.register_buffer("w", torch.randint(-127, 128, (5, 6), generator=gen, dtype=torch.int8))
+        self.register_buffer("s", torch.rand(5, generator=gen) * 0.01 + 0.002)
+        self.register_buffer("z", torch.zeros(5, dtype=torch.int64))
+        self.register_buffer("b", torch.randn(5, generator=gen))
+        self.dims, self.keepdim, self.returned, self.dropout = dims, keepdim, returned, dropout
+
+    def forward(self, x):
+        pooled = q(dq(q(x, 0.05, 3), 0.05, 3).mean(dim=self.dims, keepdim=self.keepdim), 0.03, 2)
+        if self.keepdim:
+            pooled = q(dq(pooled, 0.03, 2).flatten(1), 0.03, 2)
+        rows = (q(F.dropout(dq(pooled, 0.03, 2), 0.2, False), 0.02, -1), 0.02, -1) if self.dropout \
+            else (pooled, 0.03, 2)
+        w = QD.dequantize_per_channel(self.w, self.s, self.z, 0, -127, 127, torch.int8)
+        logits = F.linear(dq(*rows), w, self.b)
+        return (logits, dq(pooled, 0.03, 2)) if self.returned else (logits,)
+
+
+def _head(dims, keepdim, returned, dropout, x):
+    exported = torch.export.export(Head(dims, keepdim, returned, dropout).eval(), (x,))
+    return exported, runtime.lower(exported)
+
+
+# (dims, keepdim, the pooled [N, C] returned too, a dropout with its own qparams): every spelling
+# of H and W, both keepdim forms
+HEADS = [([2, 3], True, False, False), ([-2, -1], True, False, False), ([2, 3], False, False, False),
+         ([-1, -2], False, False, False), ([-2, 3], False, False, False), ([2, 3], True, True, False),
+         ([-2, -1], False, True, False), ([2, 3], True, False, True), ([-1, -2], False, False, True),
+         ([2, 3], False, True, True)]
+
+
+@pytest.mark.parametrize("dims, keepdim, returned, dropout", HEADS, ids=[
+    f"{d}-keepdim={k}-returned={r}-dropout={o}".replace(" ", "") for d, k, r, o in HEADS])
+def test_a_mean_over_h_and_w_is_a_global_pool_the_linear_reads_in_place(dims, keepdim, returned, dropout,
+                                                                         tmp_path):
+    x = _inputs(6)[0]
+    exported, program = _head(dims, keepdim, returned, dropout, x)
+    assert not [n for n in program.nodes if n.target == "aten.mean.dim"]
+    pool, linear = (next(n for n in program.nodes if n.target == f"etvk.q8ta_{op}.default")
+                    for op in ("global_avg_pool2d", "linear"))
+    read = program.producers()[linear.args[0].name]
+    assert program.values[read.outputs[0]].shape == (2, 6, 1, 1)
+    if dropout:  # the dropout's quantize: the pooled tensor requantized, packed
+        assert (read.target, read.args[1:3]) == ("etvk.q8ta_quantize.default", (0.02, -1))
+        read = program.producers()[read.args[0].name]
+        assert read.target == "etvk.q8ta_dequantize.default" and read.args[0] == Ref(pool.outputs[0])
+    else:
+        assert read is pool
+    program.save(tmp_path / "head.etvk")
+    loaded = runtime.load(tmp_path / "head.etvk")
+    # a returned [N, C] needs the pooled [N, C, 1, 1] flattened: that alone runs on the CPU
+    assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == \
+        (["aten.flatten.using_ints"] if returned else [])
+    got = loaded(x)
+    kept = _head([2, 3], True, returned, dropout, x)[1].run_reference(x)
+    for ours, reference, kept_form in zip(got, program.run_reference(x), kept, strict=True):
+        assert torch.equal(ours, reference) and torch.equal(ours, kept_form)  # each spelling: one result
+    if returned:  # the pooled values: at most one step (0.03) from PyTorch's
+        assert float((got[1] - exported.module()(x)[1]).abs().max()) <= 0.03 + 1e-6
