@@ -144,6 +144,22 @@ HELPERS: dict[str, tuple[str, str]] = {
     "layout_code": ("layout", "the shader code of a packed int8 layout: 4W4C 0, 4C 1, 4C1W 2"),
     "packed_words": ("t", "32-bit words of a device tensor in its packed int8 layout"),
     "on_host": ("t", "`True` for a torch tensor, `False` for a device tensor"),
+    "broadcast": (
+        "a, b",
+        "how `b` broadcasts to `a`'s shape (PyTorch's rules), "
+        "`runtime.families.llm.Broadcast` (`.sizes .strides`: `a`'s dimensions merged where `b` "
+        "walks them alike, innermost first, padded to 4; `.dims`: how many are real), else `None`",
+    ),
+    "bad_indices": (
+        "indices, size",
+        "the values of `indices` outside `[0, size)`, in memory order, as a tuple (device "
+        "tensors: `()`)",
+    ),
+    "scalar_operand": (
+        "value, dtype, operation",
+        "the fp32 number `a <operation> value` combines with for a tensor `a` of `dtype`, rounded "
+        "as PyTorch rounds it (`\"mul\"`: to fp32; `\"add\"`: to `dtype`)",
+    ),
 }
 
 # Device capabilities a shader may `require` (runtime Capabilities.supports names).

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
-from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, pool2d
+from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
@@ -268,6 +268,24 @@ def on_host(t) -> bool:
     return isinstance(t, torch.Tensor)
 
 
+def broadcast(a, b) -> llm.Broadcast | None:
+    """How ``b`` broadcasts to ``a``'s shape (`runtime.families.llm.broadcast`), else None."""
+    return llm.broadcast(a.shape, b.shape)
+
+
+def bad_indices(indices, size: int) -> tuple[int, ...]:
+    """The values of host ``indices`` outside ``[0, size)``, in memory order.
+
+    Device tensors cannot be read on the host: ``()`` (the shader reads no row outside
+    the table for them)."""
+    if not isinstance(indices, torch.Tensor):
+        return ()
+    return llm.bad_indices(indices, size)
+
+
+scalar_operand = llm.scalar_operand
+
+
 HELPERS: dict[str, Callable[..., Any]] = {
     f.__name__: f
     for f in (
@@ -304,6 +322,9 @@ HELPERS: dict[str, Callable[..., Any]] = {
         layout_code,
         packed_words,
         on_host,
+        broadcast,
+        bad_indices,
+        scalar_operand,
     )
 }
 

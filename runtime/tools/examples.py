@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from runtime.tools import examples_q8ta_binary
+from runtime.tools import examples_llm, examples_q8ta_binary
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 
 DTYPES = {
@@ -241,9 +241,16 @@ LINEAR_OPS = (
 def tolerance(op_name: str, want) -> float:
     """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
     every op but linear_qta8a_qga4w (and the three it routes to), whose output may be 1e-5 of
-    its largest magnitude away (fp32 sums of groups)."""
+    its largest magnitude away (fp32 sums of groups), and the llm family's rms_norm and
+    act_mul, whose relative and absolute tolerances (docs/llm_ops.md) are applied to the
+    largest magnitude."""
     if op_name in LINEAR_OPS:
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
+    if op_name in ("etvk.rms_norm.default", "etvk.act_mul.default"):
+        from runtime.reference.llm import tolerance as llm_tolerance
+
+        rtol, atol = llm_tolerance(op_name.split(".")[1], want.dtype)
+        return rtol * float(want.abs().max()) + atol if want.numel() else 0.0
     return 0.0
 
 
@@ -274,6 +281,7 @@ EXAMPLES = {
             "etvk.q8ta_conv2d_dw.default",
         )
     },
+    **{f"etvk.{op}.default": examples_llm.build(f"etvk.{op}.default") for op in examples_llm.OPS},
     **{
         name: build_q8ta_pool(name)
         for name in (

@@ -1,0 +1,127 @@
+"""Reference numerics of the llm family: the floating-point ops of decoder LLMs.
+
+Each function computes its op in the evaluation order docs/llm_ops.md defines
+(fp16 inputs converted to fp32 exactly, every step one fp32 operation,
+results rounded to the input's dtype where the page says so), which is the
+order Hugging Face transformers' eager code and PyTorch's CPU kernels use:
+
+- `embedding`, `rope`, `binary`, `scalar` are bit-identical to PyTorch's
+  eager expressions, and so are the shaders;
+- `rms_norm` is Hugging Face's order, `act_mul` PyTorch's ``act(gate) * up``
+  with the activation evaluated in float64; the shaders' reduction order and
+  ``exp`` differ, so they are compared with the tolerances of `TOLERANCES`.
+
+Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
+tests. It must not import anything from the Vulkan side, nor validate more
+than the arithmetic needs (the op stubs check arguments).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from runtime.families.llm import broadcast, scalar_operand
+
+# How far a shader's output may be from the reference (docs/llm_ops.md, "Tolerances"):
+# (op, dtype) -> (rtol, atol): |got - want| <= rtol * |want| + atol (act_mul:
+# + atol * max(1, |up|)). Ops not listed are bit-exact.
+TOLERANCES = {
+    ("rms_norm", torch.float32): (2.0**-19, 0.0),
+    ("rms_norm", torch.float16): (2.0**-9, 2.0**-23),
+    ("act_mul", torch.float32): (2.0**-16, 2.0**-112),
+    ("act_mul", torch.float16): (2.0**-9, 2.0**-23),
+}
+
+
+def tolerance(op: str, dtype: torch.dtype) -> tuple[float, float]:
+    """(rtol, atol) of an op's outputs of ``dtype``; (0, 0) for the bit-exact ops."""
+    return TOLERANCES.get((op, dtype), (0.0, 0.0))
+
+
+def embedding(weight, indices):
+    """``weight[indices]``: rows of ``weight`` [V, D], out ``[*indices.shape, D]``, copied bits."""
+    return weight[indices.long()]
+
+
+def rms_norm(x, weight, eps, weight_offset=0.0):
+    """RMSNorm over the last dimension, Hugging Face's order.
+
+    ``x32 = float32(x)``; ``var = mean(x32 * x32)``; ``y = (x32 * rsqrt(var + fp32(eps))).to(x.dtype)``;
+    then ``out = (float32(y) * (float32(weight) + fp32(weight_offset))).to(x.dtype)``
+    (no weight: ``out = y``). With ``weight_offset = 0`` this is Llama's
+    ``weight * y.to(dtype)``; Gemma's ``y * (1 + weight)`` is ``weight_offset = 1``.
+    """
+    x32 = x.to(torch.float32)
+    var = x32.pow(2).mean(-1, keepdim=True)
+    eps32 = torch.tensor(eps, dtype=torch.float64).to(torch.float32)
+    y = (x32 * torch.rsqrt(var + eps32)).to(x.dtype)
+    if weight is None:
+        return y
+    offset = torch.tensor(weight_offset, dtype=torch.float64).to(torch.float32)
+    w = weight.to(torch.float32) + offset
+    return (y.to(torch.float32) * w).to(x.dtype)
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def rope(x, cos, sin):
+    """``x * cos + rotate_half(x) * sin`` for x [B, S, H, D], cos and sin [B, S, D] or [S, D].
+
+    Each product rounded to x's dtype, then the sum: PyTorch's eager order.
+    """
+    cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # one row for all heads
+    return x * cos + _rotate_half(x) * sin
+
+
+# The activations in forms without cancellation, for float64 arguments: gelu_tanh's
+# 0.5 x (1 + tanh(u)) is x * sigmoid(2u), gelu's 0.5 x (1 + erf(x / sqrt(2))) is
+# 0.5 x erfc(-x / sqrt(2)), so that the tails keep their relative accuracy.
+_ACTIVATIONS = {
+    "silu": F.silu,
+    "gelu_tanh": lambda x: x * torch.sigmoid(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)),
+    "gelu": lambda x: 0.5 * x * torch.special.erfc(-x / math.sqrt(2)),
+}
+
+
+def act_mul(gate, up, activation):
+    """``act(gate) * up``: the activation in float64, rounded to fp32 and then to the dtype,
+    then the product in fp32, rounded to the dtype.
+
+    The shaders compute the activation in fp32 (within `TOLERANCES` of this). PyTorch's
+    own GELUs lose the negative tail to cancellation in ``1 + erf(z)`` and ``1 + tanh(u)``
+    (fp32 GELU at x = -5 is 17 % low), so float64 and the forms of `_ACTIVATIONS` define
+    the activation here.
+    """
+    if activation not in _ACTIVATIONS:
+        raise ValueError(f"activation {activation!r} is not one of {', '.join(_ACTIVATIONS)}")
+    a = _ACTIVATIONS[activation](gate.to(torch.float64)).to(torch.float32).to(gate.dtype)
+    return (a.to(torch.float32) * up.to(torch.float32)).to(gate.dtype)
+
+
+_BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
+
+
+def binary(a, b, operation):
+    """``a <operation> b`` with b broadcast to a's shape, one fp32 operation rounded to a's dtype."""
+    if operation not in _BINARY:
+        raise ValueError(f"operation {operation!r} is not one of {', '.join(_BINARY)}")
+    if broadcast(a.shape, b.shape) is None:
+        raise ValueError(f"b {tuple(b.shape)} does not broadcast to a's shape {tuple(a.shape)}")
+    out = _BINARY[operation](a.to(torch.float32), b.to(torch.float32))
+    return out.to(a.dtype)
+
+
+def scalar(a, value, operation):
+    """``a <operation> value`` for a Python float, with PyTorch's rounding of ``value``
+    (`runtime.families.llm.scalar_operand`), one fp32 operation rounded to a's dtype."""
+    if operation not in ("add", "mul"):
+        raise ValueError(f"operation {operation!r} is not one of add, mul")
+    operand = torch.tensor(scalar_operand(value, a.dtype, operation), dtype=torch.float32)
+    out = a.to(torch.float32) + operand if operation == "add" else a.to(torch.float32) * operand
+    return out.to(a.dtype)

@@ -1,0 +1,132 @@
+"""Example cases of the llm family (embedding, rms_norm, rope, act_mul, binary, scalar), as tables.
+
+Each case names a shape from a decoder LLM (shrunk so that it runs quickly on a
+CPU Vulkan driver) or one that stresses the indexing: sizes that are not
+multiples of 4 (values of one unit straddle rows), head sizes whose halves are
+not whole units, broadcasts of every kind, empty tensors. `inputs(case, dtype)`
+builds the arguments in schema order. Used by the tests (tests/ops/test_llm.py)
+and, through runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass, field
+
+import torch
+
+
+@dataclass(frozen=True)
+class Case:
+    """One call: the op (its short name), the shapes it needs, and its string/float options."""
+
+    name: str
+    op: str
+    shapes: tuple[tuple[int, ...], ...]
+    options: dict = field(default_factory=dict)
+
+
+CASES = [
+    # embedding: shapes = (weight [V, D], indices)
+    Case("embedding_prefill_d64", "embedding", ((100, 64), (1, 7))),
+    Case("embedding_decode_d64_int64", "embedding", ((100, 64), (1, 1)), {"index_dtype": torch.int64}),
+    Case("embedding_d6_rows_straddle_units", "embedding", ((33, 6), (2, 5))),
+    Case("embedding_d1", "embedding", ((9, 1), (11,)), {"index_dtype": torch.int64}),
+    Case("embedding_0d_indices", "embedding", ((20, 8), ())),
+    Case("embedding_empty_indices", "embedding", ((20, 8), (0, 3))),
+    # rms_norm: shapes = (x, weight or ()), options eps, weight_offset
+    Case("rms_norm_llama_prefill", "rms_norm", ((1, 5, 256), (256,)), {"eps": 1e-6}),
+    Case("rms_norm_decode_d576", "rms_norm", ((1, 1, 576), (576,)), {"eps": 1e-5}),
+    Case("rms_norm_gemma_offset", "rms_norm", ((2, 3, 128), (128,)), {"eps": 1e-6, "weight_offset": 1.0}),
+    Case("rms_norm_no_weight_qk_norm", "rms_norm", ((1, 3, 4, 32), ()), {"eps": 1e-6}),
+    Case("rms_norm_d4_many_rows", "rms_norm", ((300, 4), (4,)), {"eps": 1e-6}),
+    Case("rms_norm_d200_eps0", "rms_norm", ((2, 200), (200,)), {"eps": 0.0}),
+    # rope: shapes = (x [B, S, H, D], cos)
+    Case("rope_prefill_d64", "rope", ((1, 5, 4, 64), (1, 5, 64))),
+    Case("rope_batch2_d32", "rope", ((2, 3, 2, 32), (2, 3, 32))),
+    Case("rope_batch2_shared_rows", "rope", ((2, 3, 2, 16), (3, 16))),
+    Case("rope_batch_broadcast_cos", "rope", ((2, 2, 3, 8), (1, 2, 8))),
+    Case("rope_d12_halves_straddle_units", "rope", ((1, 3, 2, 12), (1, 3, 12))),
+    Case("rope_d6_heads_straddle_units", "rope", ((2, 2, 3, 6), (2, 2, 6))),
+    Case("rope_decode_d128", "rope", ((1, 1, 2, 128), (1, 128))),
+    # act_mul: shapes = (gate,), option activation
+    Case("act_mul_silu_mlp", "act_mul", ((1, 5, 344),), {"activation": "silu"}),
+    Case("act_mul_gelu_tanh_gemma", "act_mul", ((2, 3, 96),), {"activation": "gelu_tanh"}),
+    Case("act_mul_gelu_erf", "act_mul", ((7, 33),), {"activation": "gelu"}),
+    Case("act_mul_silu_odd_numel", "act_mul", ((3, 7),), {"activation": "silu"}),
+    Case("act_mul_gelu_tails", "act_mul", ((4001,),), {"activation": "gelu", "tails": True}),
+    Case("act_mul_gelu_tanh_tails", "act_mul", ((4001,),), {"activation": "gelu_tanh", "tails": True}),
+    Case("act_mul_silu_tails", "act_mul", ((4001,),), {"activation": "silu", "tails": True}),
+    Case("act_mul_empty", "act_mul", ((0, 8),), {"activation": "silu"}),
+    # binary: shapes = (a, b), option operation
+    Case("binary_residual_add", "binary", ((1, 5, 64), (1, 5, 64)), {"operation": "add"}),
+    Case("binary_norm_weight_mul", "binary", ((1, 5, 64), (64,)), {"operation": "mul"}),
+    Case("binary_scalar_tensor_sub", "binary", ((2, 3, 5), ()), {"operation": "sub"}),
+    Case("binary_per_token_mul", "binary", ((2, 3, 10), (2, 3, 1)), {"operation": "mul"}),
+    Case("binary_leading_broadcast_add", "binary", ((4, 3, 6), (1, 3, 6)), {"operation": "add"}),
+    Case("binary_mixed_broadcast_sub", "binary", ((2, 3, 4, 5), (2, 1, 4, 1)), {"operation": "sub"}),
+    Case("binary_4_runs_mul", "binary", ((3, 2, 3, 5), (3, 1, 3, 1)), {"operation": "mul"}),
+    Case("binary_odd_numel_add", "binary", ((7,), (1,)), {"operation": "add"}),
+    Case("binary_empty_mul", "binary", ((0, 4), (4,)), {"operation": "mul"}),
+    # scalar: shapes = (a,), options value, operation
+    Case("scalar_embedding_scale_mul", "scalar", ((1, 5, 64),), {"value": 48.0 ** 0.5, "operation": "mul"}),
+    Case("scalar_logit_softcap_mul", "scalar", ((2, 3, 9),), {"value": 1 / 30.0, "operation": "mul"}),
+    Case("scalar_add_third", "scalar", ((3, 11),), {"value": 1 / 3, "operation": "add"}),
+    Case("scalar_add_tie_in_fp16", "scalar", ((2, 8),), {"value": 1 + 2.0**-11 + 2.0**-40, "operation": "add"}),
+]
+BY_NAME = {case.name: case for case in CASES}
+OPS = ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar")
+
+
+def _values(gen, shape, dtype, scale=1.0):
+    return (torch.randn(shape, generator=gen) * scale).to(dtype)
+
+
+def inputs(case: Case, dtype: torch.dtype, seed: int | None = None) -> tuple:
+    """Arguments of ``etvk.<case.op>.default`` for ``case`` with activations of ``dtype``."""
+    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) if seed is None else seed)
+    o = case.options
+    if case.op == "embedding":
+        (v, d), index_shape = case.shapes
+        indices = torch.randint(0, v, index_shape, generator=gen, dtype=torch.int64)
+        if indices.numel() >= 2:  # the first and last row of the table
+            indices.view(-1)[0], indices.view(-1)[-1] = 0, v - 1
+        return _values(gen, (v, d), dtype), indices.to(o.get("index_dtype", torch.int32))
+    if case.op == "rms_norm":
+        x_shape, w_shape = case.shapes
+        x = _values(gen, x_shape, dtype, 3.0)
+        if x.shape[0] >= 3:
+            x[1] = 0  # an all-zero row: y = 0
+            x[2] *= 100  # large values: their squares far above 1
+        weight = _values(gen, w_shape, dtype) if w_shape else None
+        return x, weight, o["eps"], o.get("weight_offset", 0.0)
+    if case.op == "rope":
+        x_shape, cos_shape = case.shapes
+        angles = torch.rand(cos_shape, generator=gen) * 6.3
+        return _values(gen, x_shape, dtype, 2.0), angles.cos().to(dtype), angles.sin().to(dtype)
+    if case.op == "act_mul":
+        (shape,) = case.shapes
+        if o.get("tails"):  # [-100, 100], the far tails included: no NaN, limits x and -0
+            gate = torch.linspace(-100, 100, shape[0]).to(dtype)
+        else:
+            gate = _values(gen, shape, dtype, 4.0)
+        return gate, _values(gen, shape, dtype), o["activation"]
+    if case.op == "binary":
+        a_shape, b_shape = case.shapes
+        return _values(gen, a_shape, dtype), _values(gen, b_shape, dtype), o["operation"]
+    (shape,) = case.shapes
+    return _values(gen, shape, dtype, 5.0), o["value"], o["operation"]
+
+
+def build(op_name: str):
+    """A builder for ``runtime.tools.examples.EXAMPLES``: the case of the op's table at
+    index (the shape's last size mod the table's length), in the variant's DTYPE."""
+    short = op_name.split(".")[1]
+    cases = [c for c in CASES if c.op == short]
+
+    def builder(axes, shape, gen):
+        case = cases[(shape[-1] if shape else 0) % len(cases)]
+        dtype = {"float32": torch.float32, "float16": torch.float16}[axes.get("DTYPE", "float32")]
+        return inputs(case, dtype, seed=int(torch.randint(0, 2**31, (), generator=gen))), {}
+
+    return builder
