@@ -18,7 +18,8 @@ import math
 
 import torch
 
-from runtime.tools import examples_q8ta_binary
+from runtime.reference.attention import attention_tolerance
+from runtime.tools import examples_attention, examples_q8ta_binary
 
 DTYPES = {
     "float32": torch.float32,
@@ -227,12 +228,16 @@ LINEAR_OPS = (
 )
 
 
-def tolerance(op_name: str, want) -> float:
-    """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
-    every op but linear_qta8a_qga4w (and the three it routes to), whose output may be 1e-5 of
-    its largest magnitude away (fp32 sums of groups)."""
+def tolerance(op_name: str, want, args: tuple) -> float:
+    """How far an op's output (for host arguments `args`) may be from its reference
+    (OPS.md): 0 (bit-exact) for every op but linear_qta8a_qga4w (and the three it routes
+    to), whose output may be 1e-5 of its largest magnitude away (fp32 sums of groups), and
+    cache_attention, where the shader and the reference may each be
+    `attention_tolerance` away from the exact result (docs/attention_ops.md)."""
     if op_name in LINEAR_OPS:
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
+    if op_name == "etvk.cache_attention.default":
+        return 2 * attention_tolerance(*args)
     return 0.0
 
 
@@ -262,6 +267,10 @@ EXAMPLES = {
             "etvk.q8ta_conv2d_pw_coop.default",
             "etvk.q8ta_conv2d_dw.default",
         )
+    },
+    **{
+        name: examples_attention.build(name)
+        for name in ("etvk.cache_attention.default", "etvk.cache_update.default")
     },
     **{
         name: build_q8ta_pool(name)
