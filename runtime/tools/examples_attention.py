@@ -148,6 +148,6 @@ def build(op_name: str):
     def builder(axes, shape, gen):
         case = cases[(shape[-1] if shape else 0) % len(cases)]
         seed = int(torch.randint(0, 2**31, (), generator=gen))
-        return make(case, DTYPES[axes.get("DTYPE", "float32")], seed), {}
+        return make(case, DTYPES[axes["DTYPE"]], seed), {}
 
     return builder
