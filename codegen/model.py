@@ -148,10 +148,15 @@ class Schema:
 
 @dataclass(frozen=True)
 class Output:
+    """An output tensor: allocated with `shape` and `dtype`, or, with `alias`, the device
+    tensor of that Tensor argument, written in place (shape and dtype None)."""
+
     name: str
-    shape: Expr
-    dtype: Expr
+    shape: Expr | None
+    dtype: Expr | None
     loc: Location
+    alias: str = ""
+    alias_loc: Location | None = None
 
 
 @dataclass(frozen=True)
@@ -314,6 +319,7 @@ class ResolvedOp:
     checks: tuple[tuple[str, str, str, str, tuple[str, ...]], ...]
     lets: tuple[tuple[str, str], ...]  # (name, code)
     outputs: tuple[tuple[str, str, str], ...]  # (name, shape code, dtype code)
+    aliases: tuple[tuple[str, str], ...]  # (output name, the Tensor argument it is)
     scratch: tuple[tuple[str, str, str], ...]  # (name, shape code, dtype code)
     layouts: tuple[tuple[str, str], ...]  # (tensor name, layout code)
     steps: tuple[ResolvedStep, ...]

@@ -298,10 +298,7 @@ class _Parser(NodeChecker):
                     f"a check of {what} must be a check name, a mapping with arg, expr, error, "
                     "or a list of those",
                 )
-        outputs = [
-            Output(n, shape, dtype, loc)
-            for n, shape, dtype, loc in self.tensors(f.get("outputs"), OUTPUT, f"an output of {what}")
-        ]
+        outputs = self.outputs(f.get("outputs"), f"an output of {what}")
         scratch = [
             Scratch(n, shape, dtype, loc)
             for n, shape, dtype, loc in self.tensors(f.get("scratch"), SCRATCH, f"a scratch of {what}")
@@ -356,8 +353,41 @@ class _Parser(NodeChecker):
             loc,
         )
 
+    def outputs(self, node: Node | None, what: str) -> list[Output]:
+        """Each entry of an outputs list: `shape` and `dtype`, or `alias` alone."""
+        out = []
+        for o in self.seq(node, what):
+            of = self.fields(o, OUTPUT, what)
+            if of is None:
+                continue
+            name = self.ident(of["name"], "name")
+            if "alias" in of:
+                extra = [k for k in ("shape", "dtype") if k in of]
+                if extra:
+                    self.err(
+                        o.key_locs[extra[0]],
+                        f"{what} has `alias`, so its shape and dtype are the argument's; "
+                        f"remove '{extra[0]}'",
+                    )
+                    continue
+                out.append(Output(name, None, None, o.loc, self.ident(of["alias"], "alias"),
+                                  of["alias"].loc))
+                continue
+            missing = [k for k in ("shape", "dtype") if k not in of]
+            if missing:
+                self.err(
+                    o.loc,
+                    f"{what} is missing the required key '{missing[0]}' (an output needs "
+                    "`shape` and `dtype`, or `alias`)",
+                )
+                continue
+            shape, dtype = self.expr(of["shape"], "shape"), self.expr(of["dtype"], "dtype")
+            if shape and dtype:
+                out.append(Output(name, shape, dtype, o.loc))
+        return out
+
     def tensors(self, node: Node | None, table, what: str):
-        """(name, shape, dtype, location) of each entry of an outputs / scratch list."""
+        """(name, shape, dtype, location) of each entry of a scratch list."""
         out = []
         for o in self.seq(node, what):
             of = self.fields(o, table, what)

@@ -113,8 +113,12 @@ ROUTE = (
 )
 OUTPUT = (
     F("name", "identifier", REQUIRED, "Output name (usable in push, spec and dispatch).", True),
-    F("shape", "expression", REQUIRED, "Shape of the output.", True),
-    F("dtype", "expression", REQUIRED, "torch dtype of the output.", True),
+    F("shape", "expression", None, "Shape of the output (required unless `alias`)."),
+    F("dtype", "expression", None, "torch dtype of the output (required unless `alias`)."),
+    F("alias", "identifier", None,
+      "A Tensor argument the op writes in place: the output is that argument's device "
+      "tensor (a host tensor's upload), bound where the output is bound and returned; "
+      "its shape and dtype are the argument's. The argument itself is not bound."),
 )
 SCRATCH = (
     F("name", "identifier", REQUIRED, "Name (usable in bind, push, spec and dispatch).", True),

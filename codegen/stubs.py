@@ -94,6 +94,7 @@ def _record_body(op: ResolvedOp) -> list[str]:
     if op.routes:
         return lines + _route_lines(op)
     layouts = dict(op.layouts)
+    aliases = dict(op.aliases)
     shapes = {name: (shape, dtype) for name, shape, dtype in (*op.outputs, *op.scratch)}
     ready: set[str] = set()
     for i, step in enumerate(op.steps):
@@ -109,7 +110,12 @@ def _record_body(op: ResolvedOp) -> list[str]:
                 continue
             ready.add(name)
             layout = f", layout={layouts[name]}" if name in layouts else ""
-            if kind in ("output", "scratch"):
+            if name in aliases:  # written in place: the argument's device tensor
+                lines.append(
+                    f"{name} = stream.upload({aliases[name]}, v.binding({_q(binding)}), "
+                    f"op.label({_q(aliases[name])}){layout})"
+                )
+            elif kind in ("output", "scratch"):
                 shape, dtype = shapes[name]
                 scratch = ", scratch=True" if kind == "scratch" else ""
                 lines.append(
@@ -170,6 +176,12 @@ def _fake_body(op: ResolvedOp) -> list[str]:
     return lines
 
 
+def _alias_indices(op: ResolvedOp) -> list[tuple[int, str]]:
+    """(output index, argument) of each output written in place."""
+    names = [n for n, _, _ in op.outputs]
+    return [(names.index(output), arg) for output, arg in op.aliases]
+
+
 def _opdef(op: ResolvedOp) -> list[str]:
     spec = op.spec
     variants = [
@@ -193,6 +205,8 @@ def _opdef(op: ResolvedOp) -> list[str]:
         *steps_lines,
         f"record={spec.name},",
         f"fake={fake_function(spec.name)},",
+        *([f"aliases={_tuple([f'({i}, {_q(a)})' for i, a in _alias_indices(op)])},"]
+          if op.aliases else []),
         *(["plannable=True,"] if plannable(op) else []),
     ]
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from codegen.errors import SpecError, did_you_mean
 from codegen.expressions import rewrite, rewrite_fstring
-from codegen.model import FamilySpec, Interface, OpSpec, ResolvedOp, Variant
+from codegen.model import FamilySpec, Interface, OpSpec, Output, ResolvedOp, Variant
 from codegen.naming import registry_key
 from codegen.steps import resolve_step
 
@@ -84,6 +84,7 @@ def resolve_op(
             let_names[let.key] = r.names
         scope.add(let.key)
     outputs, output_refs = _tensors(op.outputs, "output", scope, set(), x)
+    aliases = _aliases(op, schema, x)
     out_names = {o.name for o in op.outputs}
     scratch, _ = _tensors(op.scratch, "scratch", scope, out_names, x)
     scratch_names = {t.name for t in op.scratch}
@@ -127,6 +128,17 @@ def resolve_op(
         if r:
             steps.append(r)
     bound = {b.value.text for s in op.steps for b in s.bind}
+    for step in op.steps:
+        for b in step.bind:
+            if b.value.text in dict(aliases).values():
+                output = next(o for o, a in aliases if a == b.value.text)
+                err(
+                    SpecError(
+                        b.loc,
+                        f"'{b.value.text}' is written in place as output '{output}'; bind "
+                        f"'{b.key}: {output}' instead",
+                    )
+                )
     if op.steps:
         for o in (*op.outputs, *op.scratch):
             if o.name not in bound:
@@ -156,6 +168,7 @@ def resolve_op(
         tuple(checks),
         tuple(lets),
         tuple(outputs),
+        tuple(aliases),
         tuple(scratch),
         tuple(layouts),
         tuple(steps),
@@ -165,8 +178,36 @@ def resolve_op(
     ), errors
 
 
+def _aliases(op: OpSpec, schema, x: _Scope) -> list[tuple[str, str]]:
+    """(output, argument) of each output written in place; the argument must be a Tensor
+    (not optional) that no other output aliases."""
+    out = []
+    for o in op.outputs:
+        if not o.alias:
+            continue
+        arg = schema.arg(o.alias)
+        tensors = [a.name for a in schema.args if a.type == "Tensor"]
+        if arg is None or arg.type != "Tensor":
+            x.errors.append(
+                SpecError(
+                    o.alias_loc,
+                    f"alias of output '{o.name}' must name a Tensor argument (not optional) of "
+                    f"{schema.name}, got '{o.alias}'{did_you_mean(o.alias, tensors)}; "
+                    f"Tensor arguments: {', '.join(tensors) or '(none)'}",
+                )
+            )
+        elif o.alias in dict(out).values():
+            x.errors.append(
+                SpecError(o.alias_loc, f"'{o.alias}' is the alias of two outputs; keep one")
+            )
+        else:
+            out.append((o.name, o.alias))
+    return out
+
+
 def _tensors(entries, kind: str, scope: set[str], taken: set[str], x: _Scope):
-    """Resolved (name, shape code, dtype code) of outputs or scratch, and the names they use."""
+    """Resolved (name, shape code, dtype code) of outputs or scratch, and the names they use
+    (an output written in place has its argument's shape and dtype)."""
     out, refs = [], []
     names = [e.name for e in entries]
     for e in entries:
@@ -177,6 +218,10 @@ def _tensors(entries, kind: str, scope: set[str], taken: set[str], x: _Scope):
                     f"{kind} name '{e.name}' clashes with an argument, let, output or scratch",
                 )
             )
+        if isinstance(e, Output) and e.alias:
+            out.append((e.name, f"{e.alias}.shape", f"{e.alias}.dtype"))
+            refs.append(e.alias)
+            continue
         shape = x.code(e.shape, scope, f"{kind} {e.name} shape")
         dtype = x.code(e.dtype, scope, f"{kind} {e.name} dtype")
         if shape and dtype:

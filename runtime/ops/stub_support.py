@@ -415,6 +415,9 @@ class OpDef:
     record: Callable[..., Any]
     fake: Callable[..., Any]
     steps: tuple[tuple[str, ...], ...] | None = None
+    # (output index, schema argument): that output is the argument's device tensor, written
+    # in place by the op and returned (an output with `alias` in the spec).
+    aliases: tuple[tuple[int, str], ...] = ()
     # Eager calls may replay a call plan (runtime/ops/plans.py): the checks, lets and
     # dispatch read tensor shapes and dtypes only (codegen/plans.py decides).
     plannable: bool = False

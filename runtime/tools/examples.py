@@ -19,7 +19,8 @@ import math
 
 import torch
 
-from runtime.tools import examples_llm, examples_q8ta_binary
+from runtime.reference.attention import attention_tolerance
+from runtime.tools import examples_attention, examples_llm, examples_q8ta_binary
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 
 DTYPES = {
@@ -238,12 +239,14 @@ LINEAR_OPS = (
 )
 
 
-def tolerance(op_name: str, want) -> float:
-    """How far an op's output may be from its reference (OPS.md): 0 (bit-exact) for
-    every op but linear_qta8a_qga4w (and the three it routes to), whose output may be 1e-5 of
-    its largest magnitude away (fp32 sums of groups), and the llm family's rms_norm and
-    act_mul, whose relative and absolute tolerances (docs/llm_ops.md) are applied to the
-    largest magnitude."""
+def tolerance(op_name: str, want, args: tuple) -> float:
+    """How far an op's output (for host arguments `args`) may be from its reference
+    (OPS.md): 0 (bit-exact) for every op but linear_qta8a_qga4w (and the three it routes
+    to), whose output may be 1e-5 of its largest magnitude away (fp32 sums of groups), the
+    llm family's rms_norm and act_mul, whose relative and absolute tolerances
+    (docs/llm_ops.md) are applied to the largest magnitude, and cache_attention, where the
+    shader and the reference may each be `attention_tolerance` away from the exact result
+    (docs/attention_ops.md)."""
     if op_name in LINEAR_OPS:
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
     if op_name in ("etvk.rms_norm.default", "etvk.act_mul.default"):
@@ -251,6 +254,8 @@ def tolerance(op_name: str, want) -> float:
 
         rtol, atol = llm_tolerance(op_name.split(".")[1], want.dtype)
         return rtol * float(want.abs().max()) + atol if want.numel() else 0.0
+    if op_name == "etvk.cache_attention.default":
+        return 2 * attention_tolerance(*args)
     return 0.0
 
 
@@ -282,6 +287,10 @@ EXAMPLES = {
         )
     },
     **{f"etvk.{op}.default": examples_llm.build(f"etvk.{op}.default") for op in examples_llm.OPS},
+    **{
+        name: examples_attention.build(name)
+        for name in ("etvk.cache_attention.default", "etvk.cache_update.default")
+    },
     **{
         name: build_q8ta_pool(name)
         for name in (

@@ -1,0 +1,106 @@
+"""Reference numerics of the attention family: attention over a static KV cache, the cache write.
+
+``cache_attention`` evaluates causal grouped-query attention in fp32 in the
+textbook order (all scores of a query row, one max-subtracted softmax, one
+weighted sum), which the shader's online softmax reorders; both must lie
+within `attention_tolerance` of the exact result (docs/attention_ops.md), which
+`exact_attention` gives: PyTorch's ``scaled_dot_product_attention`` in float64
+with the kv heads repeated and the boolean causal mask over the whole cache.
+``cache_update`` is ``index_copy`` along the cache's sequence dimension (what
+transformers' StaticCache does), bit-exact.
+
+Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
+tests. It must not import anything from the Vulkan side, nor validate more
+than the arithmetic needs (the op stubs check arguments).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from runtime.reference.quantize import fp32
+
+# Bounds of docs/attention_ops.md ("Tolerances").
+FP32_ERROR = 2.0**-22  # per unit of (1 + largest |score| + log2 of the keys read), times max |v|
+FP16_ROUNDING = 2.0**-11  # half an fp16 ulp of max |v|: the rounding of an fp16 output
+
+
+def _repeat_kv(cache: torch.Tensor, group: int) -> torch.Tensor:
+    """[B, Hkv, L, D] -> [B, Hkv * group, L, D]: query head h reads kv head h // group."""
+    return cache.repeat_interleave(group, dim=1)
+
+
+def _visible(positions: torch.Tensor, keys: int) -> torch.Tensor:
+    """mask[i, j] = j <= positions[i], as a [S, keys] boolean tensor."""
+    return torch.arange(keys)[None, :] <= positions.to(torch.int64)[:, None]
+
+
+def cache_attention(q, k_cache, v_cache, positions, scale):
+    """Causal grouped-query attention of q [B, S, Hq, D] over the caches [B, Hkv, L, D].
+
+    Only keys 0 .. max(positions) are read. Scores ``(q . k) * fp32(scale)`` in
+    fp32, a max-subtracted softmax in fp32, the weighted sum of the value rows
+    in fp32, rounded once to q's dtype.
+
+    Returns:
+        ``[B, S, Hq, D]`` of q's dtype.
+    """
+    batch, tokens, heads, dim = q.shape
+    if q.numel() == 0:
+        return torch.empty(q.shape, dtype=q.dtype)
+    keys = int(positions.max()) + 1
+    group = heads // k_cache.shape[1]
+    k = _repeat_kv(k_cache[:, :, :keys].float(), group)  # [B, Hq, keys, D]
+    v = _repeat_kv(v_cache[:, :, :keys].float(), group)
+    scores = torch.matmul(q.float().transpose(1, 2), k.transpose(2, 3)) * fp32(scale)
+    scores = scores.masked_fill(~_visible(positions, keys), -math.inf)
+    out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, Hq, S, D]
+    return out.transpose(1, 2).to(q.dtype).contiguous()
+
+
+def exact_attention(q, k_cache, v_cache, positions, scale):
+    """The result `cache_attention` approximates: ``scaled_dot_product_attention`` in
+    float64 over the whole cache, kv heads repeated, ``mask[i, j] = j <= positions[i]``.
+
+    Returns:
+        float64 ``[B, S, Hq, D]``.
+    """
+    group = q.shape[2] // k_cache.shape[1]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.double().transpose(1, 2), _repeat_kv(k_cache.double(), group),
+        _repeat_kv(v_cache.double(), group), attn_mask=_visible(positions, k_cache.shape[2]),
+        scale=scale)
+    return out.transpose(1, 2)
+
+
+def attention_tolerance(q, k_cache, v_cache, positions, scale) -> float:
+    """How far an fp32 evaluation of `cache_attention`, rounded to q's dtype, may be from
+    `exact_attention` (docs/attention_ops.md, "Tolerances").
+
+    ``max|v| * (2^-22 * (1 + R + log2(keys)) + h)``: R is the largest ``|scale| * sum_d
+    |q_d k_d|`` over the visible pairs (what bounds a score and its rounding errors),
+    ``keys`` the most keys a query sees, ``h`` = 2^-11 for fp16 (the output's rounding), 0
+    for fp32. ``max|v|`` bounds ``|out|``: each output is a convex combination of value rows.
+    """
+    if q.numel() == 0:
+        return 0.0
+    keys = int(positions.max()) + 1
+    group = q.shape[2] // k_cache.shape[1]
+    k = _repeat_kv(k_cache[:, :, :keys].double().abs(), group)
+    magnitudes = torch.matmul(q.double().abs().transpose(1, 2), k.transpose(2, 3)) * abs(scale)
+    largest_score = float(magnitudes.masked_fill(~_visible(positions, keys), 0.0).max())
+    largest_value = float(v_cache[:, :, :keys].double().abs().max())
+    rounding = FP16_ROUNDING if q.dtype == torch.float16 else 0.0
+    return largest_value * (FP32_ERROR * (1.0 + largest_score + math.log2(keys)) + rounding)
+
+
+def cache_update(cache, positions, value):
+    """A copy of ``cache`` [B, Hkv, L, D] with ``cache[b, h, positions[s]] = value[b, s, h]``
+    for value [B, S, Hkv, D]: ``index_copy`` along L, bit for bit.
+
+    Returns:
+        The updated copy, cache's shape and dtype.
+    """
+    return cache.index_copy(2, positions.to(torch.int64), value.transpose(1, 2))

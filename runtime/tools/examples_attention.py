@@ -1,0 +1,153 @@
+"""Example cases of the attention family (attention over a static KV cache, the cache write).
+
+Each case is a shape and the cache positions of its tokens: decode (one token
+anywhere in the cache, the first and the last position), prefill from 0 and
+chunked prefill at positions with gaps, batches of 2, grouped-query (Hq / Hkv
+of 1, 2, 3, 4), more keys than one tile of the shader (64) with queries on both
+sides of a tile boundary, a head dim over the workgroup (more than 64 units of
+4), scores far beyond fp32's exp range (a softmax without the max subtracted
+overflows), int32 and int64 positions, no tokens at all. Cache rows past the
+largest position are NaN in the inputs (`attention_inputs`), so reading one
+shows; `sdpa_caches` gives the same caches with finite values there, for
+PyTorch's masked attention. Used by the tests (tests/ops/test_attention.py) and,
+through runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
+"""
+
+from __future__ import annotations
+
+import math
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16}
+
+
+@dataclass(frozen=True)
+class AttentionCase:
+    """q [batch, len(positions), heads, head_dim] over caches [batch, kv_heads, cache_len, head_dim]."""
+
+    name: str
+    batch: int
+    heads: int
+    kv_heads: int
+    cache_len: int
+    head_dim: int
+    positions: tuple[int, ...]
+    positions_dtype: torch.dtype = torch.int64
+    amplitude: float = 1.0  # of q and k: scores grow with its square
+    scale: float | None = None  # None: 1 / sqrt(head_dim)
+
+    @property
+    def attention_scale(self) -> float:
+        return 1.0 / math.sqrt(self.head_dim) if self.scale is None else self.scale
+
+
+@dataclass(frozen=True)
+class UpdateCase:
+    """value [batch, len(positions), kv_heads, head_dim] into cache [batch, kv_heads, cache_len, head_dim]."""
+
+    name: str
+    batch: int
+    kv_heads: int
+    cache_len: int
+    head_dim: int
+    positions: tuple[int, ...]
+    positions_dtype: torch.dtype = torch.int64
+
+
+ATTENTION_CASES = [
+    AttentionCase("decode_gqa4_two_tiles", 1, 8, 2, 96, 64, (70,)),
+    AttentionCase("decode_first_position_mha", 1, 4, 4, 16, 8, (0,)),
+    AttentionCase("decode_last_position_int32", 1, 6, 2, 33, 16, (32,), torch.int32),
+    AttentionCase("prefill_from_zero_gqa3", 1, 6, 2, 40, 16, tuple(range(8))),
+    AttentionCase("chunked_prefill_gaps_mqa_batch2", 2, 4, 1, 150, 12, (3, 63, 64, 130)),
+    AttentionCase("head_dim_over_workgroup", 1, 2, 1, 20, 272, (5, 19), torch.int32),
+    AttentionCase("large_scores", 1, 4, 2, 80, 32, (40, 79), amplitude=6.0),
+    AttentionCase("explicit_negative_scale", 2, 4, 2, 12, 4, (2, 11), scale=-0.3),
+    AttentionCase("no_query_tokens", 1, 4, 2, 8, 8, ()),
+]
+UPDATE_CASES = [
+    UpdateCase("decode_one_token", 1, 2, 32, 8, (17,)),
+    UpdateCase("prefill_from_zero", 1, 2, 16, 16, tuple(range(6))),
+    UpdateCase("batch2_unordered_int32", 2, 3, 20, 4, (19, 0, 7), torch.int32),
+    UpdateCase("head_dim_128", 1, 1, 9, 128, (8, 2)),
+    UpdateCase("no_tokens", 1, 2, 8, 8, ()),
+]
+ATTENTION_BY_NAME = {c.name: c for c in ATTENTION_CASES}
+UPDATE_BY_NAME = {c.name: c for c in UPDATE_CASES}
+
+
+def _generator(name: str, seed: int | None) -> torch.Generator:
+    return torch.Generator().manual_seed(zlib.crc32(name.encode()) if seed is None else seed)
+
+
+def _positions(case) -> torch.Tensor:
+    return torch.tensor(case.positions, dtype=case.positions_dtype)
+
+
+def sdpa_caches(case: AttentionCase, dtype: torch.dtype, seed: int | None = None):
+    """(k_cache, v_cache) with every row finite: what `attention_inputs` holds, with
+    random values instead of NaN in the rows past the largest position."""
+    gen = _generator(case.name, seed)
+    shape = (case.batch, case.kv_heads, case.cache_len, case.head_dim)
+    k = (torch.randn(shape, generator=gen) * case.amplitude).to(dtype)
+    v = torch.randn(shape, generator=gen).to(dtype)
+    return k, v
+
+
+def attention_inputs(case: AttentionCase, dtype: torch.dtype, seed: int | None = None) -> tuple:
+    """Arguments of ``etvk.cache_attention`` for ``case`` in ``dtype``, in schema order; the
+    cache rows past the largest position (never to be read) are NaN."""
+    k, v = sdpa_caches(case, dtype, seed)
+    gen = _generator(case.name + " q", None if seed is None else seed + 1)
+    shape = (case.batch, len(case.positions), case.heads, case.head_dim)
+    q = (torch.randn(shape, generator=gen) * case.amplitude).to(dtype)
+    filled = max(case.positions, default=-1) + 1
+    k, v = k.clone(), v.clone()
+    k[:, :, filled:] = math.nan
+    v[:, :, filled:] = math.nan
+    return q, k, v, _positions(case), case.attention_scale
+
+
+def special_values(count: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:
+    """`count` values of `dtype`: random normals, then bit patterns a conversion through
+    fp32 could change (NaNs with payloads, subnormals, -0.0, infinities)."""
+    values = torch.randn(count, generator=gen).to(dtype)
+    bits = {torch.float32: torch.int32, torch.float16: torch.int16}[dtype]
+    special = {
+        torch.float32: [0x7FC00001, 0x7F800123, -0x00400001, 0x00000001, 0x007FFFFF,
+                        -0x80000000, 0x7F800000, -0x00800000],
+        torch.float16: [0x7E01, 0x7C03, -0x01FF, 0x0001, 0x03FF, -0x8000, 0x7C00, -0x0400],
+    }[dtype]
+    n = min(count, len(special))
+    values.view(bits)[:n] = torch.tensor(special[:n], dtype=bits)
+    return values
+
+
+def update_inputs(case: UpdateCase, dtype: torch.dtype, seed: int | None = None) -> tuple:
+    """Arguments of ``etvk.cache_update`` for ``case`` in ``dtype``, in schema order; both
+    tensors start with bit patterns that must survive the copy."""
+    gen = _generator(case.name, seed)
+    cache_shape = (case.batch, case.kv_heads, case.cache_len, case.head_dim)
+    value_shape = (case.batch, len(case.positions), case.kv_heads, case.head_dim)
+    cache = special_values(math.prod(cache_shape), dtype, gen).reshape(cache_shape)
+    value = special_values(math.prod(value_shape), dtype, gen).reshape(value_shape)
+    return cache, _positions(case), value
+
+
+def build(op_name: str):
+    """A builder for ``runtime.tools.examples.EXAMPLES``: the case of the op's table at
+    index (the shape's last size mod the table's length), in the variant's DTYPE."""
+    cases, make = {
+        "etvk.cache_attention.default": (ATTENTION_CASES, attention_inputs),
+        "etvk.cache_update.default": (UPDATE_CASES, update_inputs),
+    }[op_name]
+
+    def builder(axes, shape, gen):
+        case = cases[(shape[-1] if shape else 0) % len(cases)]
+        seed = int(torch.randint(0, 2**31, (), generator=gen))
+        return make(case, DTYPES[axes["DTYPE"]], seed), {}
+
+    return builder

@@ -1,0 +1,262 @@
+"""Attention family (docs/attention_ops.md) on the default Vulkan device, validation on.
+
+cache_attention: every case of `runtime.tools.examples_attention` in every variant
+must lie within `attention_tolerance` of PyTorch's scaled_dot_product_attention in
+float64 (kv heads repeated, mask[i, j] = j <= positions[i]), and so must the fp32
+reference; cache rows past the largest position are NaN, so a shader that read one
+would fail. cache_update: every case in every variant equals the reference
+(index_copy) bit for bit, special bit patterns included; a device cache is written in
+place and returned; a recorded decode step (two cache writes and the attention)
+replays with new tokens. Bad arguments name the op and the argument.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+import runtime
+from runtime.reference import attention as ref
+from runtime.tools.examples_attention import (
+    ATTENTION_BY_NAME,
+    ATTENTION_CASES,
+    DTYPES,
+    UPDATE_BY_NAME,
+    UPDATE_CASES,
+    attention_inputs,
+    sdpa_caches,
+    update_inputs,
+)
+from runtime.vulkan.stream import Stream
+from runtime.vulkan.tensor import Tensor
+
+ATTENTION = "etvk.cache_attention.default"
+UPDATE = "etvk.cache_update.default"
+BITS = {torch.float32: torch.int32, torch.float16: torch.int16}
+
+
+def _variants(op_name, cases):
+    return [pytest.param(info.name, info.axes["DTYPE"], case, id=f"{info.name}-{case.name}")
+            for info in runtime.get_op(op_name).variants for case in cases]
+
+
+def exact(case, args):
+    """PyTorch's float64 attention over the caches with finite values past the positions."""
+    q, _, _, positions, scale = args
+    k, v = sdpa_caches(case, q.dtype)
+    return ref.exact_attention(q, k, v, positions, scale)
+
+
+def assert_within(got, want, tol, what):
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    error = float((got.double() - want).abs().max()) if got.numel() else 0.0
+    assert error <= tol, f"{what}: error {error:.3g} over the tolerance {tol:.3g}"
+
+
+@pytest.mark.parametrize(("variant", "dtype", "case"), _variants(ATTENTION, ATTENTION_CASES))
+def test_cache_attention_matches_pytorch_sdpa(variant, dtype, case, dispatch_trace):
+    args = attention_inputs(case, DTYPES[dtype])
+    tol = ref.attention_tolerance(*args)
+    truth = exact(case, args)
+    want = ref.cache_attention(*args)
+    assert want.dtype == DTYPES[dtype]
+    assert_within(want, truth, tol, f"reference {case.name}")
+    got = runtime.get_op(ATTENTION)(*args, variant=variant)
+    assert got.dtype == DTYPES[dtype]
+    assert_within(got, truth, tol, f"{variant} {case.name}")
+    assert bool(torch.isfinite(got).all()), f"{variant} {case.name}: a NaN or inf came out"
+    if got.numel():
+        assert variant in dispatch_trace(), f"{variant} never reached the device"
+
+
+@pytest.mark.parametrize(("variant", "dtype", "case"), _variants(UPDATE, UPDATE_CASES))
+def test_cache_update_is_a_bit_exact_index_copy(variant, dtype, case, dispatch_trace):
+    cache, positions, value = update_inputs(case, DTYPES[dtype])
+    before = cache.clone()
+    want = ref.cache_update(cache, positions, value)
+    bits = BITS[want.dtype]
+    for s, p in enumerate(case.positions):  # the reference is the op's definition
+        assert torch.equal(want[:, :, p].view(bits), value[:, s].view(bits))
+    untouched = [p for p in range(case.cache_len) if p not in case.positions]
+    assert torch.equal(want[:, :, untouched].view(bits), cache[:, :, untouched].view(bits))
+    got = runtime.get_op(UPDATE)(cache, positions, value, variant=variant)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    assert torch.equal(got.view(bits), want.view(bits)), f"{variant} {case.name}: bits differ"
+    assert torch.equal(cache.view(bits), before.view(bits)), "a host cache must not change"
+    assert variant in dispatch_trace(), f"{variant} never reached the device"
+
+
+def test_the_reference_is_within_tolerance_on_random_shapes():
+    """60 random shapes (D up to 128, up to 600 keys, q and k amplitudes from 1/4 to 16, so
+    scores into the hundreds), on the CPU: the bound holds with room (the fp32 part is
+    measured below a tenth of itself)."""
+    gen = torch.Generator().manual_seed(23)
+    for _ in range(60):
+        dim, cache_len, kv_heads, group, tokens = (
+            int(torch.randint(low, high, (), generator=gen))
+            for low, high in ((1, 33), (1, 600), (1, 4), (1, 5), (1, 5)))
+        dim *= 4
+        amplitude = float(torch.exp2(torch.rand((), generator=gen) * 6 - 2))
+        q = torch.randn(1, tokens, kv_heads * group, dim, generator=gen) * amplitude
+        k = torch.randn(1, kv_heads, cache_len, dim, generator=gen) * amplitude
+        v = torch.randn(1, kv_heads, cache_len, dim, generator=gen)
+        positions = torch.randint(0, cache_len, (tokens,), generator=gen)
+        args = (q, k, v, positions, 1 / math.sqrt(dim))
+        error = float((ref.cache_attention(*args).double() - ref.exact_attention(*args)).abs().max())
+        assert error <= ref.attention_tolerance(*args) / 4, (tuple(q.shape), cache_len, amplitude)
+
+
+def test_the_large_scores_case_overflows_an_unshifted_softmax():
+    """Its scores pass fp32's exp range, so only a max-subtracted softmax gets it right."""
+    case = ATTENTION_BY_NAME["large_scores"]
+    q, k, _, positions, scale = attention_inputs(case, torch.float32)
+    scores = torch.einsum("bshd,bhld->bhsl", q, k[:, :, : max(case.positions) + 1].repeat_interleave(2, 1))
+    assert float((scores * scale).max()) > 89.0  # exp(89) is inf in fp32
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_int32_and_int64_positions_and_device_tensors_agree(dtype):
+    case = ATTENTION_BY_NAME["chunked_prefill_gaps_mqa_batch2"]
+    q, k, v, positions, scale = attention_inputs(case, DTYPES[dtype])
+    op = runtime.get_op(ATTENTION)
+    host = op(q, k, v, positions, scale)
+    assert torch.equal(op(q, k, v, positions.to(torch.int32), scale), host)
+    with Stream() as stream:
+        device_args = [Tensor.from_torch(t) for t in (q, k, v, positions.to(torch.int32))]
+        out = op.record(stream, *device_args, scale)
+        stream.run()
+        assert torch.equal(out.to_torch(), host)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_cache_update_writes_a_device_cache_in_place(dtype):
+    cache, positions, value = update_inputs(UPDATE_BY_NAME["batch2_unordered_int32"], DTYPES[dtype])
+    device_cache = Tensor.from_torch(cache)
+    op = runtime.get_op(UPDATE)
+    assert op.opdef.aliases == ((0, "cache"),)
+    with Stream() as stream:
+        out = op.record(stream, device_cache, positions, value)
+        stream.run()
+    assert out is device_cache
+    bits = BITS[cache.dtype]
+    assert torch.equal(device_cache.to_torch().view(bits), ref.cache_update(cache, positions, value).view(bits))
+
+
+def test_a_recorded_decode_step_replays_over_device_caches():
+    """What a loaded program records once per decode step: both cache writes in place, then
+    the attention over the updated caches, positions and new tokens as device inputs that
+    each call overwrites. Replaying it token after token fills the caches as a loop of
+    eager calls does."""
+    batch, heads, kv_heads, cache_len, dim = 1, 4, 2, 24, 8
+    gen = torch.Generator().manual_seed(7)
+    k_cache = Tensor.zeros((batch, kv_heads, cache_len, dim), torch.float32)
+    v_cache = Tensor.zeros((batch, kv_heads, cache_len, dim), torch.float32)
+    position = Tensor.empty((1,), torch.int32)
+    q = Tensor.empty((batch, 1, heads, dim), torch.float32)
+    k_new = Tensor.empty((batch, 1, kv_heads, dim), torch.float32)
+    v_new = Tensor.empty((batch, 1, kv_heads, dim), torch.float32)
+    update, attention = runtime.get_op(UPDATE), runtime.get_op(ATTENTION)
+    host_k = torch.zeros(batch, kv_heads, cache_len, dim)
+    host_v = torch.zeros(batch, kv_heads, cache_len, dim)
+    with Stream() as stream:
+        assert update.record(stream, k_cache, position, k_new) is k_cache
+        assert update.record(stream, v_cache, position, v_new) is v_cache
+        out = attention.record(stream, q, k_cache, v_cache, position, 0.25)
+        for step in range(5):
+            tokens = [torch.randn(shape, generator=gen) for shape in (q.shape, k_new.shape, v_new.shape)]
+            for tensor, value in zip((q, k_new, v_new), tokens, strict=True):
+                tensor.copy_from(value)
+            position.copy_from(torch.tensor([step], dtype=torch.int32))
+            stream.run() if step == 0 else stream.replay()
+            pos = torch.tensor([step])
+            host_k = update(host_k, pos, tokens[1])
+            host_v = update(host_v, pos, tokens[2])
+            assert torch.equal(k_cache.to_torch(), host_k)
+            assert torch.equal(v_cache.to_torch(), host_v)
+            assert torch.equal(out.to_torch(), attention(tokens[0], host_k, host_v, pos, 0.25))
+
+
+def test_torch_ops_run_the_references():
+    args = attention_inputs(ATTENTION_BY_NAME["prefill_from_zero_gqa3"], torch.float32)
+    assert torch.equal(torch.ops.etvk.cache_attention.default(*args), ref.cache_attention(*args))
+    cache, positions, value = update_inputs(UPDATE_BY_NAME["prefill_from_zero"], torch.float16)
+    got = torch.ops.etvk.cache_update.default(cache, positions, value)
+    assert torch.equal(got.view(torch.int16), ref.cache_update(cache, positions, value).view(torch.int16))
+
+
+def _attention_args(**changes):
+    q, k, v, positions, scale = attention_inputs(ATTENTION_BY_NAME["prefill_from_zero_gqa3"],
+                                                 torch.float32)
+    args = {"q": q, "k_cache": k, "v_cache": v, "positions": positions, "scale": scale}
+    return [changes.get(name, value) for name, value in args.items()]
+
+
+def _update_args(**changes):
+    cache, positions, value = update_inputs(UPDATE_BY_NAME["prefill_from_zero"], torch.float32)
+    args = {"cache": cache, "positions": positions, "value": value}
+    return [changes.get(name, value) for name, value in args.items()]
+
+
+# prefill_from_zero_gqa3: q [1, 8, 6, 16], caches [1, 2, 40, 16], positions 0..7.
+# prefill_from_zero (update): cache [1, 2, 16, 16], value [1, 6, 2, 16], positions 0..5.
+BAD_ARGS = [
+    (ATTENTION, "q", torch.zeros(1, 8, 6, 16, dtype=torch.int8), "float32 or float16 [B, S, Hq, D]"),
+    (ATTENTION, "q", torch.zeros(8, 6, 16), "[B, S, Hq, D]"),
+    (ATTENTION, "q", torch.zeros(1, 8, 6, 14), "multiple of 4"),
+    (ATTENTION, "q", torch.zeros(1, 8, 5, 16), "multiple of k_cache's Hkv = 2"),
+    (ATTENTION, "q", "q", "expected a tensor, got str"),
+    (ATTENTION, "k_cache", torch.zeros(1, 2, 40, 16, dtype=torch.float16), "q's dtype"),
+    (ATTENTION, "k_cache", torch.zeros(2, 2, 40, 16), "q's B = 1"),
+    (ATTENTION, "k_cache", torch.zeros(1, 2, 40, 8), "D = 16"),
+    (ATTENTION, "v_cache", torch.zeros(1, 2, 41, 16), "k_cache's dtype torch.float32 and shape"),
+    (ATTENTION, "v_cache", torch.zeros(1, 2, 40, 16, dtype=torch.float16), "k_cache's dtype"),
+    (ATTENTION, "positions", torch.arange(8.0), "int32 or int64 [S]"),
+    (ATTENTION, "positions", torch.arange(7), "(S = 8)"),
+    (ATTENTION, "positions", torch.arange(8).reshape(1, 8), "int32 or int64 [S]"),
+    (ATTENTION, "positions", torch.arange(33, 41), "within [0, L = 40), got values from 33 to 40"),
+    (ATTENTION, "positions", torch.arange(-1, 7), "got values from -1 to 6"),
+    (ATTENTION, "scale", math.nan, "finite"),
+    (ATTENTION, "scale", math.inf, "finite"),
+    (UPDATE, "cache", torch.zeros(1, 2, 16, 16, dtype=torch.int32), "float32 or float16"),
+    (UPDATE, "cache", torch.zeros(1, 2, 16, 10), "D a positive multiple of 4"),
+    (UPDATE, "cache", torch.zeros(2, 16, 16), "[B, Hkv, L, D]"),
+    (UPDATE, "value", torch.zeros(1, 6, 2, 16, dtype=torch.float16), "cache's dtype torch.float32"),
+    (UPDATE, "value", torch.zeros(1, 6, 3, 16), "Hkv = 2"),
+    (UPDATE, "value", torch.zeros(1, 2, 6, 16), "Hkv = 2"),
+    (UPDATE, "positions", torch.arange(5), "(S = 6)"),
+    (UPDATE, "positions", torch.arange(6, dtype=torch.int16), "int32 or int64 [S]"),
+    (UPDATE, "positions", torch.arange(11, 17), "within [0, L = 16), got values from 11 to 16"),
+    (UPDATE, "positions", torch.arange(-3, 3), "got values from -3 to 2"),
+    (UPDATE, "positions", torch.tensor([0, 1, 2, 2, 3, 4]), "must not repeat a position"),
+]
+
+
+@pytest.mark.parametrize(("op_name", "arg", "value", "text"), BAD_ARGS,
+                         ids=[f"{o.split('.')[1]}-{a}-{t}" for o, a, _, t in BAD_ARGS])
+def test_bad_arguments_name_the_op_and_argument(op_name, arg, value, text):
+    op = runtime.get_op(op_name)
+    args = (_attention_args if op_name == ATTENTION else _update_args)(**{arg: value})
+    with pytest.raises((ValueError, TypeError)) as info:
+        op(*args)
+    message = str(info.value)
+    assert message.startswith(f"{op.name}: argument '{arg}'"), message
+    assert text in message, message
+
+
+def test_cases_cover_what_they_claim():
+    """Decode and prefill, MHA / GQA / MQA, several tiles of keys, head dims past the
+    workgroup, both position dtypes, and the empty cases stay in the tables."""
+    tokens = {len(c.positions) for c in ATTENTION_CASES}
+    assert {0, 1} <= tokens and max(tokens) > 1
+    groups = {c.heads // c.kv_heads for c in ATTENTION_CASES}
+    assert {1, 2, 3, 4} <= groups and any(c.kv_heads == 1 for c in ATTENTION_CASES)
+    assert any(max(c.positions, default=0) >= 64 for c in ATTENTION_CASES)  # a second tile
+    assert any(c.head_dim // 4 > 64 for c in ATTENTION_CASES)  # two units per invocation
+    assert any(c.batch > 1 for c in ATTENTION_CASES)
+    assert any(c.positions and max(c.positions) == c.cache_len - 1 for c in ATTENTION_CASES)
+    for cases in (ATTENTION_CASES, UPDATE_CASES):
+        assert {c.positions_dtype for c in cases} == {torch.int32, torch.int64}
+    assert any(not c.positions for c in UPDATE_CASES)
+    assert any(list(c.positions) != sorted(c.positions) for c in UPDATE_CASES)
