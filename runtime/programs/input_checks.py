@@ -5,8 +5,9 @@ state, must be a clear `ValueError` before anything runs, never an
 out-of-bounds read on the device. `derive_input_checks` finds, without
 looking at names: the inputs that an embedding reads as indices (``index``
 checks, bounded by the table's rows) and the inputs that the positions of
-a state's ``index_copy`` are computed from (``position`` checks, bounded by
-the state's length along the copied dimension). Pure graph work; used by
+a state's ``index_copy`` or ``etvk.cache_update`` are computed from
+(``position`` checks, bounded by the state's length along the written
+dimension). Pure graph work; used by
 lower.py. The loader applies the checks (`check_input_values`).
 """
 
@@ -18,8 +19,11 @@ from runtime.errors import EtvkError
 from runtime.programs.nodes import Const, InputCheck, Ref
 from runtime.programs.program import Program
 
-_EMBEDDINGS = ("aten.embedding.default",)
-_INDEX_COPY = "aten.index_copy.default"
+_EMBEDDINGS = ("aten.embedding.default", "etvk.embedding.default")  # (table, indices, ...)
+# op writing a state at positions -> (position of the positions argument, or None: it is
+# argument 2 and the dimension argument 1)
+_STATE_WRITES = {"aten.index_copy.default": None, "etvk.cache_update.default": 1}
+_CACHE_DIM = 2  # etvk.cache_update writes a [B, H, L, D] cache along L
 
 
 class InputValueError(EtvkError, ValueError):
@@ -38,13 +42,15 @@ def derive_input_checks(program: Program) -> list[InputCheck]:
                 and node.args[1].name in program.inputs:
             key = (node.args[1].name, "index")
             checks[key] = min(checks.get(key, 1 << 62), int(program.constants[first.name].shape[0]))
-        if node.target == _INDEX_COPY and isinstance(first, Ref):
+        if node.target in _STATE_WRITES and isinstance(first, Ref):
             state = first.name if first.name in program.state else version_of.get(first.name)
             if state is None:
                 continue
             version_of[node.outputs[0]] = state
-            length = program.values[state].shape[node.args[1]]
-            for source in _inputs_behind(node.args[2], producers, program.inputs):
+            where = _STATE_WRITES[node.target]
+            dim, positions = (node.args[1], node.args[2]) if where is None else (_CACHE_DIM, node.args[where])
+            length = program.values[state].shape[dim]
+            for source in _inputs_behind(positions, producers, program.inputs):
                 if not program.values[source].dtype.is_floating_point:
                     key = (source, "position")
                     checks[key] = min(checks.get(key, 1 << 62), length)

@@ -37,6 +37,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import torch
+
 from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.families.conv2d_layouts import CONV_OP_ALGORITHMS, CONV_OPS
 from runtime.ops import tuning
@@ -45,7 +47,13 @@ from runtime.programs.input_checks import check_input_values
 from runtime.programs.layouts import conv_geometry, resolve_layouts
 from runtime.programs.memory_plan import Request, plan_memory
 from runtime.programs.program import Program
-from runtime.programs.recording import Fallback, PlannedAllocator, TrackingAllocator, record_program
+from runtime.programs.recording import (
+    VIEWS,
+    Fallback,
+    PlannedAllocator,
+    TrackingAllocator,
+    record_program,
+)
 from runtime.vulkan.device import get_device
 from runtime.vulkan.memory import Buffer
 from runtime.vulkan.tensor import Tensor
@@ -110,7 +118,8 @@ class LoadedProgram:
     def _state_on_device(self, on_cpu: dict[str, str]) -> dict[str, Tensor]:
         """A device tensor, at its start, for each state that only device nodes read and update."""
         program = self.program
-        on_device = {n.name for n in program.nodes if n.is_etvk and n.name not in on_cpu}
+        on_device = {n.name for n in program.nodes
+                     if (n.is_etvk or n.target in VIEWS) and n.name not in on_cpu}
         producers = program.producers()
         found = {}
         for name, start in program.state.items():
@@ -138,21 +147,26 @@ class LoadedProgram:
     def _lifetimes(self, allocs, recording) -> list[Request]:
         """Each allocation lives from the node that makes it to the last device node that reads
         it, or to the end of its segment when the host downloads it."""
+        root = recording.aliases  # a view lives as long as what it views
         last_read: dict[str, int] = {}
         for position, node in enumerate(self.program.nodes):
             if recording.records[position].runs_on == "vulkan":
                 for name in node.reads():
-                    last_read[name] = position
-        # downloaded, or copied into a state on the device, when its segment ends
-        downloaded = self._cpu_reads(recording) | set(self.program.outputs) | set(self.program.state_updates.values())
+                    last_read[root.get(name, name)] = position
+        # downloaded, or copied into a state on the device, when the segment making it ends
         segment_end = {p: s.positions[-1] for s in recording.segments for p in s.positions}
+        made_at = {o: p for p, node in enumerate(self.program.nodes) for o in node.outputs}
+        held: dict[str, int] = {}
+        for name in self._cpu_reads(recording) | set(self.program.outputs) | \
+                set(self.program.state_updates.values()):
+            if made_at.get(name) in segment_end:
+                held[root.get(name, name)] = max(held.get(root.get(name, name), 0),
+                                                 segment_end[made_at[name]])
         requests = []
         for alloc in allocs:
             last = alloc.position
             if alloc.value is not None:
-                last = max(last, last_read.get(alloc.value, last))
-                if alloc.value in downloaded:
-                    last = max(last, segment_end[alloc.position])
+                last = max(last, last_read.get(alloc.value, last), held.get(alloc.value, last))
             requests.append(Request(alloc.nbytes, alloc.position, last))
         return requests
 
@@ -224,8 +238,9 @@ class LoadedProgram:
                     continue
                 for name, tensor in step.inputs:
                     if not (resident and name in program.inputs):
-                        tensor.copy_from(env[name])
-                step.stream.replay()
+                        tensor.copy_from(_narrowed(env[name], tensor, name, self.source))
+                if step.stream.recorded:  # a segment of views alone dispatches nothing
+                    step.stream.replay()
                 for name, tensor in step.outputs:
                     if name in on_host:
                         env[name] = tensor.to_torch()
@@ -235,7 +250,8 @@ class LoadedProgram:
                                     if n in program.state_updates)
             if resident:
                 return None, cpu_seconds, None
-            timings = [s.stream.timings() for s in self._recording.segments] if timed else None
+            timings = [s.stream.timings() if s.stream.recorded else [] for s in self._recording.segments] \
+                if timed else None
         outputs = tuple(env[n] if n in env else program.constants[n] for n in program.outputs)
         return (outputs if program.output_tuple else outputs[0]), cpu_seconds, timings
 
@@ -306,6 +322,15 @@ class LoadedProgram:
         return {"tensors": len(self._plan.slot_of), "unshared_bytes": self._plan.unshared_bytes,
                 "planned_bytes": self._plan.planned_bytes, "buffers": len(self._plan.slot_bytes),
                 "peak_bytes": self._plan.peak_bytes, "input_bytes": inputs}
+
+
+def _narrowed(value, tensor: Tensor, name: str, source: str):
+    """`value`, checked to fit the int32 device tensor an int64 host value is uploaded to."""
+    if value.dtype == torch.int64 and tensor.dtype == torch.int32 and value.numel() and \
+            (int(value.min()) < -2**31 or int(value.max()) >= 2**31):
+        raise ProgramInputError(f"{source}: value {name!r} holds integers outside int32, which the "
+                                "device's int32 copy of it cannot hold")
+    return value
 
 
 def load(path, device=None, progress: Callable[[str], None] | None = None) -> LoadedProgram:

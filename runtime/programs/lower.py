@@ -39,6 +39,7 @@ from runtime.ops.registry import get_op
 from runtime.programs import lower_cnn
 from runtime.programs.from_export import from_exported
 from runtime.programs.input_checks import derive_input_checks
+from runtime.programs.lower_decoder import lower_decoder_ops
 from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.program import Program
 from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
@@ -57,7 +58,8 @@ _QUANTIZE_PER_TOKEN = "etvk.quantize_per_token.default"
 _DYNAMIC = "etvk.quantize_per_token_dynamic.default"
 _FLOATS = (torch.float32, torch.float16)
 # cast target -> the arguments it may have (input, dtype, copy); any other must be default
-_CASTS = {"aten._to_copy.default": ("self", "dtype"), "aten.to.dtype": ("self", "dtype", "copy")}
+_CASTS = {"aten._to_copy.default": ("self", "dtype"), "aten.to.dtype": ("self", "dtype", "copy"),
+          "aten.type_as.default": ("self", "other")}
 
 
 class _Lowering(Rewriter):
@@ -158,15 +160,19 @@ class _Lowering(Rewriter):
                 and (b["quant_min"], b["quant_max"], b["dtype"]) == (-128, 127, torch.int8))
 
     def drop_identity_casts(self) -> None:
-        """A cast (``_to_copy`` / ``to``) of a tensor to the dtype it already has, with nothing else
-        asked, goes: in a functional graph its result is the same values."""
+        """A cast (``_to_copy`` / ``to`` / ``type_as``) of a tensor to the dtype it already has,
+        with nothing else asked, goes: in a functional graph its result is the same values."""
         for node in list(self.program.nodes):
             if node.target not in _CASTS:
                 continue
             b = bind(node)
             source = self.program.values.get(getattr(b.get(_CASTS[node.target][0]), "name", ""))
             extras = {k: v for k, v in b.items() if k not in _CASTS[node.target]}
-            if source is not None and b.get("dtype") in (None, source.dtype) \
+            other = b.get("other")  # type_as: the dtype of `other`
+            dtype = b.get("dtype") if other is None else (
+                self.program.values[other.name].dtype if isinstance(other, Ref)
+                else self.program.constants[other.name].dtype)
+            if source is not None and dtype in (None, source.dtype) \
                     and all(v in (None, False) for v in extras.values()):
                 self.program.replace_uses(node.outputs[0], node.args[0].name)
                 self.program.nodes.remove(node)
@@ -200,6 +206,9 @@ def lower(exported: ExportedProgram) -> Program:
     program.remove_dead()
     lowering.refresh()
     lowering.drop_identity_casts()
+    lower_decoder_ops(lowering)
+    program.remove_dead()
+    lowering.refresh()
     lowering.lower_quantize_ops()
     lowering.fuse_dynamic_quantize()
     program.remove_dead()

@@ -10,7 +10,14 @@ overwrites. The tensors ops ask for come from an allocator:
 `TrackingAllocator` logs them (which node asked, how large, whether a node
 output or scratch) for the memory plan, `PlannedAllocator` places them in
 the planned buffers and checks that the recording repeats the logged one.
-A node whose op cannot run here raises `Fallback`. Used by loader.py.
+A node whose op cannot run here raises `Fallback`.
+
+A reshape (`VIEWS`: view, reshape, unsqueeze, flatten, ...) of a value made
+on the device runs there too, as a view: a tensor of the new shape over the
+same buffer, no dispatch (`Recording.aliases` names what it views). An int64
+value made on the host enters a segment as int32 (token ids, positions: the
+device has no int64; the loader checks that the values fit). Used by
+loader.py.
 """
 
 from __future__ import annotations
@@ -27,6 +34,11 @@ from runtime.programs.nodes import Const, Ref, map_args
 from runtime.vulkan.memory import Buffer
 from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor, buffer_bytes
+
+# Ops that only reshape a contiguous tensor: on the device, a view of the same buffer.
+VIEWS = frozenset({"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default",
+                   "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
+                   "aten.flatten.using_ints", "aten.alias.default"})
 
 
 class Fallback(Exception):
@@ -84,6 +96,7 @@ class Recording:
     segments: list[Segment]
     schedule: list
     device_values: dict[str, Tensor]
+    aliases: dict[str, str] = field(default_factory=dict)  # a device view -> the value it views
 
 
 class TrackingAllocator:
@@ -163,10 +176,10 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
     Raises:
         Fallback: a node's op cannot run on this device.
     """
-    records = [NodeRecord("cpu", on_cpu.get(n.name) or f"no generated op for {n.target}")
-               if not n.is_etvk or n.name in on_cpu else NodeRecord("vulkan") for n in program.nodes]
+    records = _placement(program, on_cpu, set(state or {}))
     segments, schedule = _schedule(records)
     on_device: dict[str, Tensor] = dict(state or {})
+    aliases: dict[str, str] = {}
     for segment in segments:
         segment.stream = Stream(device, allocate=allocate)
         for position in segment.positions:
@@ -181,12 +194,23 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
                     return a
                 if a.name not in on_device:  # made on the host: an input of this segment
                     spec = program.values[a.name]
-                    tensor = Tensor.empty(spec.shape, spec.dtype, "buffer", f"{label}: {a.name}",
+                    dtype = torch.int32 if spec.dtype == torch.int64 else spec.dtype
+                    tensor = Tensor.empty(spec.shape, dtype, "buffer", f"{label}: {a.name}",
                                           device, spec.layout)
                     segment.inputs.append((a.name, tensor))
                     on_device[a.name] = tensor
                 return on_device[a.name]
 
+            if node.target in VIEWS:
+                source = argument(node.args[0])
+                if source.storage != "buffer" or source.layout != "contiguous":
+                    raise Fallback(node.name, f"a view of a {source.storage} in layout {source.layout}")
+                spec = program.values[node.outputs[0]]
+                on_device[node.outputs[0]] = Tensor(spec.shape, source.dtype, "buffer",
+                                                    f"{label}: {node.outputs[0]}", device, None,
+                                                    source.memory)
+                aliases[node.outputs[0]] = aliases.get(node.args[0].name, node.args[0].name)
+                continue
             allocate.position = position
             before = len(segment.stream.dispatched)
             try:
@@ -200,4 +224,21 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
             on_device.update(outputs)
             records[position].dispatches = segment.stream.dispatched[before:]
         segment.stream.finish()
-    return Recording(records, segments, schedule, on_device)
+    return Recording(records, segments, schedule, on_device, aliases)
+
+
+def _placement(program, on_cpu: dict[str, str], on_device: set[str]) -> list[NodeRecord]:
+    """Where each node runs: an ``etvk`` node on the device unless `on_cpu` names it, a view
+    (`VIEWS`) where the value it views is made (`on_device`: the values kept there), any
+    other node on the CPU."""
+    on_device = set(on_device)
+    records = []
+    for node in program.nodes:
+        source = node.args[0] if node.args else None
+        device = node.name not in on_cpu and (node.is_etvk or (
+            node.target in VIEWS and isinstance(source, Ref) and source.name in on_device))
+        records.append(NodeRecord("vulkan") if device else
+                       NodeRecord("cpu", on_cpu.get(node.name) or f"no generated op for {node.target}"))
+        if device:
+            on_device.update(node.outputs)
+    return records

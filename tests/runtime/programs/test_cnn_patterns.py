@@ -213,8 +213,9 @@ def test_a_mean_over_h_and_w_is_a_global_pool_the_linear_reads_in_place(dims, ke
         assert read is pool
     program.save(tmp_path / "head.etvk")
     loaded = runtime.load(tmp_path / "head.etvk")
-    # a returned [N, C] needs the pooled [N, C, 1, 1] flattened: that alone runs on the CPU
-    assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == \
+    # a returned [N, C] is the pooled [N, C, 1, 1] flattened: a view on the device
+    assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+    assert [r["op"] for r in loaded.placement() if r["target"] == "aten.flatten.using_ints"] == \
         (["aten.flatten.using_ints"] if returned else [])
     got = loaded(x)
     kept = _head([2, 3], True, returned, dropout, x)[1].run_reference(x)

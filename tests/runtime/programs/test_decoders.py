@@ -5,9 +5,14 @@ KV cache updated in place): lowered, saved, loaded, and run token by token.
 Families chosen for their variations: Llama (the base), Qwen3 (q/k RMSNorm), Gemma (``(1 + w)``
 RMSNorm, embedding scaling, GELU-tanh MLP, tied embeddings), Phi-3 (fused qkv and gate/up
 projections), Granite (scalar multipliers on embeddings, residuals, attention and logits), all
-with grouped-query attention. Teacher forcing against PyTorch's own run of the exported module
-(logits SQNR >= 30 dB at every step, bit-exact against the program's reference run), greedy
-`runtime.generate` against PyTorch's greedy tokens, the CLI from a ``save_pretrained`` folder.
+with grouped-query attention. The lowering puts the embedding, RMSNorms, rotary embeddings, cache
+writes, attention, activation x up, residual adds and scalar multipliers on the device, and the
+KV cache stays there (Phi-3's fused projections are sliced on the CPU: its key caches stay on
+the host). Teacher forcing against PyTorch's own run of the exported module (logits SQNR >= 30
+dB at every step) and against the program's reference run (SQNR >= 80 dB: RMSNorm, activations
+and attention are within their ops' stated tolerances, not bit-exact; docs/llm_ops.md,
+docs/attention_ops.md), greedy `runtime.generate` against PyTorch's greedy tokens, the CLI from
+a ``save_pretrained`` folder.
 """
 
 from __future__ import annotations
@@ -80,6 +85,29 @@ def test_the_cache_is_state_and_inputs_are_checked(decoder):
     assert linears and not [n for n in program.nodes if n.target == "aten.linear.default"]
 
 
+# family -> etvk ops its lowered program must hold at least (beside the linears)
+DECODER_OPS = {"etvk.embedding.default", "etvk.rms_norm.default", "etvk.act_mul.default",
+               "etvk.binary.default", "etvk.cache_update.default"}
+ATTENTION_OPS = {"etvk.rope.default", "etvk.cache_attention.default"}
+
+
+def test_the_decoder_runs_on_the_device_with_its_cache(decoder):
+    family, _, program, path = decoder
+    targets = {n.target for n in program.nodes}
+    assert DECODER_OPS <= targets
+    loaded = runtime.load(path)
+    homes = loaded.state_placement()
+    if family == "phi3":  # q, k and v are slices of one fused projection: not lowered yet
+        assert "etvk.cache_attention.default" not in targets
+        assert sorted(homes.values()) == ["cpu", "cpu", "vulkan", "vulkan"]
+    else:
+        assert ATTENTION_OPS <= targets
+        assert set(homes.values()) == {"vulkan"}
+        assert not [n for n in program.nodes if n.target in ("aten.scaled_dot_product_attention.default",
+                                                             "aten.index_copy.default", "aten.silu.default",
+                                                             "aten.rsqrt.default", "aten.embedding.default")]
+
+
 def test_teacher_forcing_against_pytorch(decoder):
     family, exported, program, path = decoder
     loaded, module, state = runtime.load(path), exported.module(), program.initial_state()
@@ -87,7 +115,7 @@ def test_teacher_forcing_against_pytorch(decoder):
     for position, token in enumerate(torch.randint(0, COMMON["vocab_size"], (CACHE,), generator=gen)):
         inputs = dict(input_ids=token.reshape(1, 1), cache_position=torch.tensor([position]))
         got, want = loaded(**inputs), module(**inputs)
-        assert torch.equal(got, program.run_reference(*inputs.values(), state=state)), position
+        assert sqnr_db(got, program.run_reference(*inputs.values(), state=state)) >= 80, (family, position)
         assert sqnr_db(got, want) >= 30, (family, position)
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from program_cases import check_agreement, random_batches
+from program_cases import check_agreement, random_batches, sqnr_db
 from torch import nn
 from torch.nn import functional as F
 
@@ -95,7 +95,9 @@ def test_llama_mlp_with_8da4w_linears(tmp_path):
     linears = [r for r in loaded.placement() if r["target"] == "etvk.linear_qta8a_qga4w.default"]
     assert len(linears) == 3 and all(r["runs_on"] == "vulkan" for r in linears)
     assert not [n for n in program.nodes if n.target in ("aten.to.dtype", "aten.linear.default")]
+    assert [n.target for n in program.nodes].count("etvk.act_mul.default") == 1  # silu(w1 x) * w3 x
     got = loaded(x)
-    assert torch.equal(got, program.run_reference(x))
+    # act_mul's exp is within its stated tolerance of the reference, not bit-exact (docs/llm_ops.md)
+    assert sqnr_db(got, program.run_reference(x)) >= 80
     want = model(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
