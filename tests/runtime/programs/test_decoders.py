@@ -5,9 +5,10 @@ KV cache updated in place): lowered, saved, loaded, and run token by token.
 Families chosen for their variations: Llama (the base), Qwen3 (q/k RMSNorm), Gemma (``(1 + w)``
 RMSNorm, embedding scaling, GELU-tanh MLP, tied embeddings), Phi-3 (fused qkv and gate/up
 projections), Granite (scalar multipliers on embeddings, residuals, attention and logits), all
-with grouped-query attention. Teacher forcing against PyTorch's own run of the exported module
-(logits SQNR >= 30 dB at every step, bit-exact against the program's reference run), greedy
-`runtime.generate` against PyTorch's greedy tokens, the CLI from a ``save_pretrained`` folder.
+with grouped-query attention. The linears' per-token activation quantization runs on the device;
+teacher forcing against PyTorch's own run of the exported module (logits SQNR >= 30 dB at every
+step, bit-exact against the program's reference run), greedy `runtime.generate` against
+PyTorch's greedy tokens, the CLI from a ``save_pretrained`` folder.
 """
 
 from __future__ import annotations
@@ -78,6 +79,20 @@ def test_the_cache_is_state_and_inputs_are_checked(decoder):
         {("input_ids", "index", COMMON["vocab_size"]), ("cache_position", "position", CACHE)}
     linears = [n for n in program.nodes if n.target == "etvk.linear_qta8a_qga4w.default"]
     assert linears and not [n for n in program.nodes if n.target == "aten.linear.default"]
+
+
+def test_dynamic_activation_quantization_runs_on_the_device(decoder):
+    """Each 8da4w linear's torchao choose_qparams_affine + quantize_affine is one
+    quantize_affine_per_token_dynamic, and the zero points' int32 cast is gone."""
+    _, _, program, path = decoder
+    found = [n.target for n in program.nodes]
+    assert not [t for t in found if t.startswith("torchao.")], found
+    assert found.count("etvk.quantize_affine_per_token_dynamic.default") == \
+        found.count("etvk.linear_qta8a_qga4w.default"), found
+    assert "aten._to_copy.default" not in found, found
+    placed = [r["runs_on"] for r in runtime.load(path).placement()
+              if r["target"] == "etvk.quantize_affine_per_token_dynamic.default"]
+    assert placed and set(placed) == {"vulkan"}, placed
 
 
 def test_teacher_forcing_against_pytorch(decoder):
