@@ -4,6 +4,8 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size
 layout(constant_id = 3) const int LANES = 32;
 layout(constant_id = 4) const int REDUCERS = 8;
 layout(constant_id = 5) const int REGS = 8;
+layout(constant_id = 6) const bool AFFINE = false;
+layout(constant_id = 7) const float EPS = 1.1920928955078125e-07;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) uint tokens;
   layout(offset = 4) uint last_dim;
@@ -224,16 +226,23 @@ void tq_token_range(EtvkTeam team, out float min_neg, out float max_pos) {
   tq_reduce(team, lo, hi, min_neg, max_pos);
 }
 
-// fp32 arithmetic in PyTorch's order; every division correctly rounded.
+// fp32 arithmetic in PyTorch's order; every division correctly rounded. The including
+// shader defines AFFINE and EPS (constants or spec constants): the smallest scale, and the
+// zero-point rule: false, quantized_decomposed.choose_qparams_per_token_asymmetric's
+// smaller-error rule; true, torchao.choose_qparams_affine's -128 - roundEven(min / scale)
+// (rounded before the subtraction, which is then exact).
 void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_point) {
-  precise float s = max(etvk_div_rn(max_pos - min_neg, 255.0), 1.1920928955078125e-07);
+  precise float s = max(etvk_div_rn(max_pos - min_neg, 255.0), EPS);
   precise float descaled_min = etvk_div_rn(min_neg, s);
-  precise float descaled_max = etvk_div_rn(max_pos, s);
-  precise float error_from_min = -128.0 + descaled_min;
-  precise float error_from_max = 127.0 + descaled_max;
-  precise float zp = (error_from_min + error_from_max > 0.0)
-      ? -128.0 - descaled_min
-      : 127.0 - descaled_max;
+  precise float zp;
+  if (AFFINE) {
+    zp = -128.0 - roundEven(descaled_min);
+  } else {
+    precise float descaled_max = etvk_div_rn(max_pos, s);
+    precise float error_from_min = -128.0 + descaled_min;
+    precise float error_from_max = 127.0 + descaled_max;
+    zp = (error_from_min + error_from_max > 0.0) ? -128.0 - descaled_min : 127.0 - descaled_max;
+  }
   scale = s;
   zero_point = int(roundEven(clamp(zp, -128.0, 127.0)));
 }

@@ -88,7 +88,7 @@ QUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="quantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="q = clamp(roundEven(x * inv_scale) + zero_point, quant_min, quant_max); bit-identical to quantized_decomposed.quantize_per_tensor.",
-    spec="op_specs/quantize.yaml:191",
+    spec="op_specs/quantize.yaml:195",
     reference="runtime.reference.quantize:quantize_per_tensor",
     variants=(
         ("quantize_per_tensor_buffer_float_int8", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -147,7 +147,7 @@ QUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="quantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype) -> Tensor",
     doc="Per-token quantization with fp32 scales (reciprocal correctly rounded in the shader) and integer zero points.",
-    spec="op_specs/quantize.yaml:221",
+    spec="op_specs/quantize.yaml:225",
     reference="runtime.reference.quantize:quantize_per_token",
     variants=(
         ("quantize_per_token_buffer_float_int8", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "float32", "OUT_DTYPE": "int8"}),
@@ -202,7 +202,7 @@ DEQUANTIZE_PER_TENSOR = rt.OpDef(
     family="quantize",
     schema="dequantize_per_tensor(Tensor input, float scale, int zero_point, int quant_min, int quant_max, ScalarType dtype, *, ScalarType? out_dtype=None) -> Tensor",
     doc="x = float32(q - zero_point) * float32(scale), then converted to out_dtype.",
-    spec="op_specs/quantize.yaml:267",
+    spec="op_specs/quantize.yaml:271",
     reference="runtime.reference.quantize:dequantize_per_tensor",
     variants=(
         ("dequantize_per_tensor_buffer_int8_float", {"MODE": "per_tensor", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -262,7 +262,7 @@ DEQUANTIZE_PER_TOKEN = rt.OpDef(
     family="quantize",
     schema="dequantize_per_token(Tensor input, Tensor scales, Tensor zero_points, int quant_min, int quant_max, ScalarType dtype, ScalarType output_dtype) -> Tensor",
     doc="x = float32(q - zero_points[token]) * float32(scales[token]), then converted to output_dtype.",
-    spec="op_specs/quantize.yaml:296",
+    spec="op_specs/quantize.yaml:300",
     reference="runtime.reference.quantize:dequantize_per_token",
     variants=(
         ("dequantize_per_token_buffer_int8_float", {"MODE": "per_token", "STORAGE": "buffer", "IN_DTYPE": "int8", "OUT_DTYPE": "float32"}),
@@ -315,7 +315,7 @@ CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC = rt.OpDef(
     family="quantize",
     schema="choose_qparams_per_token_asymmetric(Tensor input, ScalarType dtype) -> (Tensor, Tensor)",
     doc="Asymmetric int8 parameters per token: min/max widened to include 0, scale = max(eps, (max - min) / 255), zero point by the smaller-error rule.",
-    spec="op_specs/quantize.yaml:332",
+    spec="op_specs/quantize.yaml:336",
     reference="runtime.reference.quantize:choose_qparams_per_token_asymmetric",
     variants=(
         ("choose_qparams_per_token_asymmetric_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -366,7 +366,7 @@ QUANTIZE_PER_TOKEN_DYNAMIC = rt.OpDef(
     family="quantize",
     schema="quantize_per_token_dynamic(Tensor input, ScalarType dtype) -> (Tensor, Tensor, Tensor)",
     doc="choose_qparams_per_token_asymmetric then quantize_per_token(input, scales, zero_points, -128, 127, int8) in one dispatch; returns (q, scales, zero_points), bit-identical to the two ops.",
-    spec="op_specs/quantize.yaml:358",
+    spec="op_specs/quantize.yaml:362",
     reference="runtime.reference.quantize:quantize_per_token_dynamic",
     variants=(
         ("dynamic_quantize_per_token_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -380,6 +380,57 @@ QUANTIZE_PER_TOKEN_DYNAMIC = rt.OpDef(
 )
 
 
+def quantize_affine_per_token_dynamic(stream, input, eps, *, variant=None, storage=None):
+    """Record etvk.quantize_affine_per_token_dynamic.default into `stream`; returns device tensors."""
+    op = QUANTIZE_AFFINE_PER_TOKEN_DYNAMIC
+    rt.check_arg(op, "input", input, "Tensor")
+    rt.check_arg(op, "eps", eps, "float")
+    if not (input.dtype == torch.float32):
+        raise rt.ArgumentError(op, "input", f"must be float32 (torchao computes the parameters of other dtypes in that dtype), got {input.dtype}")
+    if not (input.dim() >= 1):
+        raise rt.ArgumentError(op, "input", "must have at least one dimension, got a 0-d tensor")
+    if not (rt.last_dim(input) > 0 or rt.tokens(input) == 0):
+        raise rt.ArgumentError(op, "input", "has an empty last dimension; every token needs at least one value")
+    if not (rt.last_dim(input) % 4 == 0):
+        raise rt.ArgumentError(op, "input", f"has a last dimension of {rt.last_dim(input)}, not a multiple of 4 (a token must fill whole units of 4 values)")
+    if not (2.0 ** (-64) <= rt.fp32(eps) < math.inf):
+        raise rt.ArgumentError(op, "eps", f"must be a finite fp32 value >= 2**-64, got {eps}")
+    lanes = rt.per_storage(input, [32, 16])
+    regs = rt.per_storage(input, [8, 16])
+    v = op.select(variant, storage, {"STORAGE": (None, storage)})
+    input = stream.upload(input, v.binding("t_in"), op.label("input"))
+    out = stream.empty(input.shape, torch.int8, v.binding("t_out"), op.label("out", "output"))
+    scales = stream.empty(input.shape[:-1], torch.float32, v.binding("t_scales"), op.label("scales", "output"))
+    zero_points = stream.empty(input.shape[:-1], torch.int32, v.binding("t_zero_points"), op.label("zero_points", "output"))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_scales": scales, "t_zero_points": zero_points, "t_in": input}, push={"tokens": rt.tokens(input), "last_dim": rt.last_dim(input)}, spec_constants={"LANES": lanes, "REGS": regs, "AFFINE": True, "EPS": rt.fp32(eps)}, global_size=[rt.tokens(input) * lanes])
+    return out, scales, zero_points
+
+
+def _quantize_affine_per_token_dynamic_fake(input, eps):
+    return (
+        torch.empty(input.shape, dtype=torch.int8, device=input.device),
+        torch.empty(input.shape[:-1], dtype=torch.float32, device=input.device),
+        torch.empty(input.shape[:-1], dtype=torch.int32, device=input.device),
+    )
+
+
+QUANTIZE_AFFINE_PER_TOKEN_DYNAMIC = rt.OpDef(
+    name="etvk.quantize_affine_per_token_dynamic.default",
+    family="quantize",
+    schema="quantize_affine_per_token_dynamic(Tensor input, float eps) -> (Tensor, Tensor, Tensor)",
+    doc="torchao.choose_qparams_affine(input, \"ASYMMETRIC\", [1, ..., 1, K], int8, -128, 127, eps, float32) then torchao.quantize_affine(input, [1, ..., 1, K], scale, zero_point, int8, -128, 127) in one dispatch, bit-identical to them: scale = max((max - min) / 255, eps), zero point = clamp(-128 - roundEven(min / scale), -128, 127), q = clamp(roundEven(x * (1 / scale)) + zero_point, -128, 127), min and max widened to include 0, every division correctly rounded. Returns (q, scales, zero_points): fp32 scales and int32 zero points of shape input.shape[:-1] (torchao's with keepdim=False; its zero points are whole numbers in [-128, 127], so a cast to its zero-point dtype is exact).",
+    spec="op_specs/quantize.yaml:394",
+    reference="runtime.reference.quantize:quantize_affine_per_token_dynamic",
+    variants=(
+        ("dynamic_quantize_per_token_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
+        ("dynamic_quantize_per_token_texture3d_float", {"STORAGE": "texture3d", "IN_DTYPE": "float32"}),
+    ),
+    record=quantize_affine_per_token_dynamic,
+    fake=_quantize_affine_per_token_dynamic_fake,
+    plannable=True,
+)
+
+
 OPS = (
     QUANTIZE_PER_TENSOR,
     QUANTIZE_PER_TOKEN,
@@ -387,4 +438,5 @@ OPS = (
     DEQUANTIZE_PER_TOKEN,
     CHOOSE_QPARAMS_PER_TOKEN_ASYMMETRIC,
     QUANTIZE_PER_TOKEN_DYNAMIC,
+    QUANTIZE_AFFINE_PER_TOKEN_DYNAMIC,
 )

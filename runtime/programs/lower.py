@@ -19,7 +19,9 @@ makes them) and/or torchao's 8da4w linears. The steps:
    ``q8ta_dequantize``; a cast to the dtype a tensor already has is dropped;
    a choose-qparams whose parameters quantize the same tensor per token to
    int8 fuses with that quantize into ``quantize_per_token_dynamic`` (when
-   the last dimension is a multiple of 4);
+   the last dimension is a multiple of 4), as do torchao's choose_qparams_affine
+   and quantize_affine of 8da4w exports (into ``quantize_affine_per_token_dynamic``,
+   lower_torchao.py, before the casts are dropped);
 6. what nothing reads is dropped.
 
 What matches no pattern stays a PyTorch op: the loader runs it on the CPU.
@@ -36,7 +38,7 @@ from torch.export import ExportedProgram
 from runtime.families.conv2d_layouts import PLACEHOLDER
 from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
-from runtime.programs import lower_cnn
+from runtime.programs import lower_cnn, lower_torchao
 from runtime.programs.from_export import from_exported
 from runtime.programs.input_checks import derive_input_checks
 from runtime.programs.lower_decoder import lower_decoder_ops
@@ -205,6 +207,7 @@ def lower(exported: ExportedProgram) -> Program:
     lower_cnn.lower_cnn_ops(lowering)
     program.remove_dead()
     lowering.refresh()
+    lower_torchao.fuse_affine_dynamic_quantize(lowering)
     lowering.drop_identity_casts()
     lower_decoder_ops(lowering)
     program.remove_dead()

@@ -117,3 +117,23 @@ def quantize_per_token_dynamic(input, dtype):
     (int8, [-128, 127]): returns (q, scales, zero_points)."""
     scales, zero_points = choose_qparams_per_token_asymmetric(input, dtype)
     return quantize_per_token(input, scales, zero_points, -128, 127, dtype), scales, zero_points
+
+
+def quantize_affine_per_token_dynamic(input, eps):
+    """torchao's ``choose_qparams_affine`` (asymmetric, int8 [-128, 127], one block per token,
+    `eps`, fp32 scales) then ``quantize_affine`` with those parameters, in torchao's fp32 order:
+    the zero point is rounded before it is subtracted from -128, and x is multiplied by the
+    correctly rounded reciprocal of its scale. Returns (q, scales, zero_points): int8, fp32 and
+    int32 (torchao's zero points are whole numbers in [-128, 127]), the last two of shape
+    ``input.shape[:-1]``."""
+    shape = tuple(input.shape[:-1])
+    if input.numel() == 0:
+        return (torch.empty(input.shape, dtype=torch.int8), torch.empty(shape, dtype=torch.float32),
+                torch.empty(shape, dtype=torch.int32))
+    x = _token_rows(input.to(torch.float32))
+    min_neg = x.amin(dim=-1, keepdim=True).clamp(max=0.0)
+    max_pos = x.amax(dim=-1, keepdim=True).clamp(min=0.0)
+    scale = ((max_pos - min_neg) / 255.0).clamp(min=fp32(eps))
+    zero_point = (-128 - torch.round(min_neg / scale)).clamp(-128, 127).to(torch.int32)
+    q = quantize_per_token(input, scale, zero_point, -128, 127, torch.int8)
+    return q, scale.reshape(shape), zero_point.reshape(shape)

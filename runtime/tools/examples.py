@@ -109,6 +109,12 @@ def build_choose_qparams(axes, shape, gen):
     return (x.to(DTYPES[axes["IN_DTYPE"]]), torch.int8), {}
 
 
+def build_quantize_affine_dynamic(axes, shape, gen):
+    """`build_choose_qparams`'s input with the eps torchao's 8da4w exports pass (fp32 eps)."""
+    (x, _), _ = build_choose_qparams(axes, shape, gen)
+    return (x, torch.finfo(torch.float32).eps), {}
+
+
 def linear_args(lead, k, n, group_size, gen):
     """Arguments of ``etvk.linear_qta8a_qga4w`` for x of shape ``lead + (k,)`` and N = n.
 
@@ -266,6 +272,7 @@ EXAMPLES = {
     "etvk.dequantize_per_token.default": build_dequantize_per_token,
     "etvk.choose_qparams_per_token_asymmetric.default": build_choose_qparams,
     "etvk.quantize_per_token_dynamic.default": build_choose_qparams,
+    "etvk.quantize_affine_per_token_dynamic.default": build_quantize_affine_dynamic,
     **{name: build_linear_qta8a_qga4w for name in LINEAR_OPS},
     "etvk.q8ta_quantize.default": build_q8ta_quantize,
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,

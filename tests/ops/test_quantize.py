@@ -58,6 +58,7 @@ REJECTED = {"etvk.choose_qparams_per_token_asymmetric.default": {(), (0,), (3, 0
 # The fused op also needs tokens of whole units of 4 values.
 REJECTED["etvk.quantize_per_token_dynamic.default"] = {
     *REJECTED["etvk.choose_qparams_per_token_asymmetric.default"], *(s for s in SHAPES if s and s[-1] % 4)}
+REJECTED["etvk.quantize_affine_per_token_dynamic.default"] = REJECTED["etvk.quantize_per_token_dynamic.default"]
 
 
 QUANTIZE_OPS = [op for op in EXAMPLES if runtime.get_op(op).opdef.family == "quantize"]
@@ -238,6 +239,89 @@ def test_divisions_are_correctly_rounded_over_many_tokens(storage):
     assert_bit_equal(got, ref.quantize_per_token(xs, scales, zps, -128, 127, torch.int8), "quantize")
 
 
+# Rows of 24 values for the torchao comparison: name -> (gen, rows) -> [rows, 24] fp32.
+K_AFFINE = 24
+
+
+def _power_of_2_scales(gen, rows):
+    """(scale 2**-k, m): a row from -m * scale to (255 - m) * scale has exactly that scale."""
+    return 2.0 ** -torch.randint(-3, 12, (rows, 1), generator=gen).float(), \
+        torch.randint(0, 256, (rows, 1), generator=gen).float()
+
+
+def _quantize_ties(gen, rows):
+    """Every value after the two ends is an exact rounding tie of x / scale."""
+    scale, m = _power_of_2_scales(gen, rows)
+    n = torch.randint(0, 255, (rows, K_AFFINE), generator=gen).float()
+    x = (n - m + 0.5) * scale
+    x[:, 0], x[:, 1] = (-m * scale)[:, 0], ((255 - m) * scale)[:, 0]
+    return x
+
+
+def _zero_point_ties(gen, rows):
+    """min / scale is an exact tie: -(m + 0.5) * scale to (254.5 - m) * scale, m < 255."""
+    scale, m = _power_of_2_scales(gen, rows)
+    m = m.clamp(max=254)
+    x = (torch.rand(rows, K_AFFINE, generator=gen) * 255 - m - 0.5) * scale
+    x[:, 0], x[:, 1] = (-(m + 0.5) * scale)[:, 0], ((254.5 - m) * scale)[:, 0]
+    return x
+
+
+def _near_ties(gen, rows):
+    """Any scale, values (n + 0.5) * scale rounded to fp32: x * (1 / scale) lands next to ties."""
+    lo = -torch.rand(rows, 1, generator=gen) * 20
+    hi = torch.rand(rows, 1, generator=gen) * 20
+    scale = (hi - lo) / 255.0
+    n = torch.randint(0, 255, (rows, K_AFFINE), generator=gen).float() + torch.round(lo / scale)
+    x = torch.minimum(torch.maximum((n + 0.5) * scale, lo), hi)
+    x[:, 0], x[:, 1] = lo[:, 0], hi[:, 0]
+    return x
+
+
+def _constant_rows(gen, rows):
+    """All values equal: positive, negative, tiny and huge."""
+    values = torch.tensor([3.0, -3.0, 1e-30, -1e-30, 2e37, -2e37, 2.5, -0.0])
+    return values[torch.randint(0, len(values), (rows, 1), generator=gen)].expand(rows, K_AFFINE).clone()
+
+
+AFFINE_ROWS = {
+    "random": lambda gen, rows: torch.randn(rows, K_AFFINE, generator=gen) * torch.rand(rows, 1, generator=gen) * 10,
+    "quantize ties": _quantize_ties,
+    "zero-point ties": _zero_point_ties,
+    "near ties": _near_ties,
+    "constant": _constant_rows,
+    "zeros": lambda gen, rows: torch.zeros(rows, K_AFFINE),
+    # max - min up to 2**124 (about 2.1e37; OPS.md: the divisions' domain)
+    "large range": lambda gen, rows: (torch.rand(rows, K_AFFINE, generator=gen) - 0.5) * 2e37,
+    "large one-sided": lambda gen, rows: torch.rand(rows, K_AFFINE, generator=gen) * 2e37,
+    "tiny (scale = eps)": lambda gen, rows: torch.randn(rows, K_AFFINE, generator=gen) * 1e-30,
+    "far from zero (zero point clamps)": lambda gen, rows: torch.randn(rows, K_AFFINE, generator=gen) + 50,
+}
+
+
+@pytest.mark.parametrize("eps", [torch.finfo(torch.float32).eps, 2.0**-64, 0.01])
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+def test_affine_dynamic_quantize_bit_identical_to_torchao(storage, eps):
+    """quantize_affine_per_token_dynamic against the reference and against torchao's own
+    choose_qparams_affine + quantize_affine (as 8da4w exports call them), bit for bit."""
+    pytest.importorskip("torchao", reason="the comparison needs torchao's ops")
+    gen = torch.Generator().manual_seed(23)
+    op = runtime.get_op("etvk.quantize_affine_per_token_dynamic.default")
+    for name, rows in AFFINE_ROWS.items():
+        x = rows(gen, 2048 if name == "random" else 256).reshape(2, -1, K_AFFINE)
+        got = op(x, eps, storage=storage)
+        want = ref.quantize_affine_per_token_dynamic(x, eps)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_bit_equal(g, w, f"{name} eps={eps} output {i}")
+        block = [1, 1, K_AFFINE]
+        scales, zero_points = torch.ops.torchao.choose_qparams_affine(
+            x, "ASYMMETRIC", block, torch.int8, -128, 127, eps, torch.float32, torch.float32)
+        q = torch.ops.torchao.quantize_affine(x, block, scales, zero_points, torch.int8, -128, 127)
+        assert_bit_equal(got[0], q, f"{name} eps={eps}: q against torchao")
+        assert_bit_equal(got[1], scales, f"{name} eps={eps}: scales against torchao")
+        assert_bit_equal(got[2].float(), zero_points, f"{name} eps={eps}: zero points against torchao")
+
+
 def test_per_token_parameters_in_other_dtypes_are_accepted():
     """int64 (PyTorch's choose_qparams) and whole-number float zero points, float64 scales."""
     gen = torch.Generator().manual_seed(17)
@@ -280,6 +364,7 @@ def test_registry_lists_every_op_with_its_variants():
         "etvk.dequantize_per_token.default": 12,
         "etvk.choose_qparams_per_token_asymmetric.default": 4,
         "etvk.quantize_per_token_dynamic.default": 4,
+        "etvk.quantize_affine_per_token_dynamic.default": 2,
     }
     named = runtime.get_op("etvk.quantize_per_tensor.default").variants
     assert "quantize_per_tensor_texture3d_float_int8" in {v.name for v in named}
@@ -341,6 +426,11 @@ BAD = [
     ("choose_qparams_per_token_asymmetric", (torch.zeros(3, 0), torch.int8), {}, ValueError, "argument 'input': has an empty last dimension"),
     ("quantize_per_token_dynamic", (torch.zeros(2, 6), torch.int8), {}, ValueError, "argument 'input': has a last dimension of 6, not a multiple of 4"),
     ("quantize_per_token_dynamic", (torch.zeros(2, 8), torch.uint8), {}, ValueError, "argument 'dtype': must be torch.int8"),
+    ("quantize_affine_per_token_dynamic", (X.half(), 1e-7), {}, ValueError, "argument 'input': must be float32"),
+    ("quantize_affine_per_token_dynamic", (torch.zeros(2, 6), 1e-7), {}, ValueError, "argument 'input': has a last dimension of 6, not a multiple of 4"),
+    ("quantize_affine_per_token_dynamic", (X, 0.0), {}, ValueError, "argument 'eps': must be a finite fp32 value >= 2**-64, got 0.0"),
+    ("quantize_affine_per_token_dynamic", (X, 1e39), {}, ValueError, "argument 'eps': must be a finite fp32 value >= 2**-64"),
+    ("quantize_affine_per_token_dynamic", (X, "1e-7"), {}, TypeError, "argument 'eps': expected a float, got str"),
 ]
 
 

@@ -124,6 +124,10 @@ EtvkTeam etvk_team(int lanes, uint tokens) {
   team.live = index < teams && team.token < tokens;
   return team;
 }
+
+// quantized_decomposed's rule and smallest scale (fp32 eps) in include/token_qparams.glslh.
+const bool AFFINE = false;
+const float EPS = 1.1920928955078125e-07;
 // Asymmetric int8 qparams of one token (choose_qparams_per_token_asymmetric's steps),
 // shared by choose_qparams.glsl.j2 and dynamic_quantize.glsl.j2: a team of invocations per
 // token (include/token_team.glslh, LANES of them); t_in (IN_DTYPE in STORAGE, units of 4
@@ -215,16 +219,23 @@ void tq_token_range(EtvkTeam team, out float min_neg, out float max_pos) {
   tq_reduce(team, lo, hi, min_neg, max_pos);
 }
 
-// fp32 arithmetic in PyTorch's order; every division correctly rounded.
+// fp32 arithmetic in PyTorch's order; every division correctly rounded. The including
+// shader defines AFFINE and EPS (constants or spec constants): the smallest scale, and the
+// zero-point rule: false, quantized_decomposed.choose_qparams_per_token_asymmetric's
+// smaller-error rule; true, torchao.choose_qparams_affine's -128 - roundEven(min / scale)
+// (rounded before the subtraction, which is then exact).
 void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_point) {
-  precise float s = max(etvk_div_rn(max_pos - min_neg, 255.0), 1.1920928955078125e-07);
+  precise float s = max(etvk_div_rn(max_pos - min_neg, 255.0), EPS);
   precise float descaled_min = etvk_div_rn(min_neg, s);
-  precise float descaled_max = etvk_div_rn(max_pos, s);
-  precise float error_from_min = -128.0 + descaled_min;
-  precise float error_from_max = 127.0 + descaled_max;
-  precise float zp = (error_from_min + error_from_max > 0.0)
-      ? -128.0 - descaled_min
-      : 127.0 - descaled_max;
+  precise float zp;
+  if (AFFINE) {
+    zp = -128.0 - roundEven(descaled_min);
+  } else {
+    precise float descaled_max = etvk_div_rn(max_pos, s);
+    precise float error_from_min = -128.0 + descaled_min;
+    precise float error_from_max = 127.0 + descaled_max;
+    zp = (error_from_min + error_from_max > 0.0) ? -128.0 - descaled_min : 127.0 - descaled_max;
+  }
   scale = s;
   zero_point = int(roundEven(clamp(zp, -128.0, 127.0)));
 }

@@ -12,7 +12,8 @@ the host). Teacher forcing against PyTorch's own run of the exported module (log
 dB at every step) and against the program's reference run (SQNR >= 80 dB: RMSNorm, activations
 and attention are within their ops' stated tolerances, not bit-exact; docs/llm_ops.md,
 docs/attention_ops.md), greedy `runtime.generate` against PyTorch's greedy tokens, the CLI from
-a ``save_pretrained`` folder.
+a ``save_pretrained`` folder. The linears' per-token activation quantization runs on the device,
+once per quantized tensor (q, k and v share one).
 """
 
 from __future__ import annotations
@@ -106,6 +107,22 @@ def test_the_decoder_runs_on_the_device_with_its_cache(decoder):
         assert not [n for n in program.nodes if n.target in ("aten.scaled_dot_product_attention.default",
                                                              "aten.index_copy.default", "aten.silu.default",
                                                              "aten.rsqrt.default", "aten.embedding.default")]
+
+
+def test_dynamic_activation_quantization_runs_on_the_device(decoder):
+    """Each 8da4w linear reads a quantize_affine_per_token_dynamic (torchao's choose_qparams_affine
+    + quantize_affine), one per quantized tensor, and the zero points' int32 cast is gone."""
+    _, _, program, path = decoder
+    found = [n.target for n in program.nodes]
+    assert not [t for t in found if t.startswith("torchao.")], found
+    producers = program.producers()
+    feeding = [producers[n.args[0].name] for n in program.nodes if n.target == "etvk.linear_qta8a_qga4w.default"]
+    assert {n.target for n in feeding} == {"etvk.quantize_affine_per_token_dynamic.default"}
+    assert len({n.name for n in feeding}) == found.count("etvk.quantize_affine_per_token_dynamic.default")
+    assert "aten._to_copy.default" not in found, found
+    placed = [r["runs_on"] for r in runtime.load(path).placement()
+              if r["target"] == "etvk.quantize_affine_per_token_dynamic.default"]
+    assert placed and set(placed) == {"vulkan"}, placed
 
 
 def test_teacher_forcing_against_pytorch(decoder):

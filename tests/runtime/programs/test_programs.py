@@ -181,3 +181,57 @@ def test_choose_qparams_and_quantize_per_token_fuse_when_tokens_fill_units(k, fu
     got = loaded(x)
     assert torch.equal(got, program.run_reference(x))
     assert torch.equal(got, _DynamicQuant()(x))
+
+
+class _AffineDynamicQuant(torch.nn.Module):
+    """torchao's per-token dynamic quantization with the arguments 8da4w exports give
+    choose_qparams_affine (`changes` replace some); returns q, the scales and the zero points
+    both cast to int32 (the fused linears' cast) and as chosen."""
+
+    def __init__(self, k: int, **changes):
+        super().__init__()
+        self.choose = dict(mapping_type="ASYMMETRIC", block_size=[1, 1, k], target_dtype=torch.int8,
+                           quant_min=-128, quant_max=127, eps=torch.finfo(torch.float32).eps,
+                           scale_dtype=torch.float32, zero_point_dtype=torch.float32) | changes
+
+    def forward(self, x):
+        c = self.choose
+        scales, zero_points = torch.ops.torchao.choose_qparams_affine(x, **c)
+        q = torch.ops.torchao.quantize_affine(x, c["block_size"], scales, zero_points, torch.int8,
+                                              c["quant_min"], c["quant_max"])
+        return q, scales, zero_points.to(torch.int32), zero_points
+
+
+AFFINE_CASES = {  # name -> (K, changes, whether the pair becomes the etvk op)
+    "as exported": (64, {}, True),
+    "int32 zero points": (64, {"zero_point_dtype": torch.int32}, True),
+    "K not a multiple of 4": (6, {}, False),
+    "symmetric": (64, {"mapping_type": "SYMMETRIC"}, False),
+    "default eps (fp32's smallest normal)": (64, {"eps": None}, False),
+    "groups of 32": (64, {"block_size": [1, 1, 32]}, False),
+    "narrower range": (64, {"quant_min": -127}, False),
+}
+
+
+@pytest.mark.parametrize("case", AFFINE_CASES)
+def test_torchao_per_token_dynamic_quantization_runs_on_the_device(case, tmp_path):
+    """choose_qparams_affine + quantize_affine become quantize_affine_per_token_dynamic where
+    they are its contract (the rest stays torchao's on the CPU); either way bit-exact."""
+    pytest.importorskip("torchao", reason="torchao's quantize ops need torchao")
+    k, changes, fused = AFFINE_CASES[case]
+    module = _AffineDynamicQuant(k, **changes)
+    x = torch.randn(2, 5, k, generator=torch.Generator().manual_seed(31)) * 4
+    x[0, 0] = 0.0  # a token of zeros: the scale is eps
+    program = runtime.lower(torch.export.export(module, (x,)))
+    found = [n.target for n in program.nodes]
+    torchao = [t for t in found if t.startswith("torchao.")]
+    assert (torchao == []) == fused and ("etvk.quantize_affine_per_token_dynamic.default" in found) == fused, found
+    program.save(tmp_path / "dq.etvk")
+    loaded = runtime.load(tmp_path / "dq.etvk")
+    if fused:  # the int32 cast reads the op's zero points; one exact cast back gives the fp32 ones
+        assert found.count("aten._to_copy.default") == (changes.get("zero_point_dtype") != torch.int32), found
+        placed = {r["target"]: r["runs_on"] for r in loaded.placement()}
+        assert placed["etvk.quantize_affine_per_token_dynamic.default"] == "vulkan", placed
+    got = loaded(x)
+    for g, r, w in zip(got, program.run_reference(x), module(x), strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, r) and torch.equal(g, w), case
