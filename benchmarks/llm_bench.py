@@ -1,0 +1,195 @@
+"""LLM benchmark (not a test): 8da4w decode of a transformers decoder, ours next to PyTorch CUDA.
+
+Builds a decoder from a preset (default Llama-3.2-1B's shapes, random
+weights; ``--layers`` keeps fewer), quantizes it 8da4w (group 32), exports it
+for one token a call with a static cache of ``--cache`` positions, lowers,
+saves and loads it, then reports, measured in the same run:
+
+- ours: decode tokens/s from each of ``--positions`` on (``--repeat`` steps
+  at p, p+1, ...: each writes its position and attends to 0..p, the cache
+  before p being zeros), from the wall time of ``loaded(...)`` calls (token
+  ids in, logits out; the median step) and from the GPU timestamps of one
+  call; dispatches per token, and GPU time per op kind;
+  where the KV cache lives;
+- PyTorch on CUDA (when present), the same architecture in bf16 with a
+  static cache, one token a call: eager, and ``torch.compile(mode=
+  "reduce-overhead")`` (CUDA graphs);
+- the streaming floor: the bytes of the program's constants but the
+  embedding table (read once a token) over the copy bandwidth measured in
+  the same run.
+
+Prefill (a many-token call) needs an export with a dynamic sequence length,
+which the lowering does not take yet: not measured here.
+
+Usage: ``python benchmarks/llm_bench.py [--preset llama-3.2-1b] [--layers N] [--cache 1280]``
+``[--positions 128,1024] [--repeat 20] [--warmup 1.0] [--no-torch]``
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from timing import drop_validation, open_device, warm  # noqa: E402
+
+import runtime  # noqa: E402
+from runtime.tools.llm_models import decoder, export_decoder, quantize_8da4w  # noqa: E402
+
+drop_validation()
+
+
+def _step(fn, repeat: int, warmup: float) -> float:
+    """Median seconds of `fn()` after `warmup` seconds of calls."""
+    warm(fn, warmup)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def ours(args, path: Path) -> dict:
+    loaded = runtime.load(path)
+    results = {"homes": sorted(set(loaded.state_placement().values()))}
+    rows = loaded.placement()
+    results["dispatches"] = sum(len(r["variant"].split("+")) for r in rows if r["variant"])
+    results["cpu_nodes"] = sum(r["runs_on"] == "cpu" for r in rows)
+    ids = torch.tensor([[7]])
+
+    def step(at: int):
+        return loaded(input_ids=ids, cache_position=torch.tensor([at]))
+
+    for position in args.positions:
+        # decode steps at position, position + 1, ... (the cache fills as in generation); the
+        # warm-up starts over from `position` after a reset every `repeat` steps
+        loaded.reset()
+        count = 0
+
+        def warm_step(position=position):
+            nonlocal count
+            if count == args.repeat:
+                loaded.reset()
+                count = 0
+            step(position + count)
+            count += 1
+        warm(warm_step, args.warmup)
+        loaded.reset()
+        times = []
+        for at in range(position, position + args.repeat):
+            start = time.perf_counter()
+            step(at)
+            times.append(time.perf_counter() - start)
+        loaded.reset()
+        kinds = defaultdict(float)
+        for row in loaded.profile(ids, torch.tensor([position])):
+            kinds[row["op"] if row["runs_on"] == "vulkan" else f"cpu: {row['target']}"] += row["seconds"] or 0
+        results[position] = (statistics.median(times),
+                             sum(s for k, s in kinds.items() if not k.startswith("cpu")), kinds)
+    # read once a token: every constant but the embedding tables (one row each)
+    tables = {n.args[0].name for n in loaded.program.nodes if n.target == "etvk.embedding.default"}
+    results["weight_bytes"] = sum(t.numel() * t.element_size() for name, t in loaded.program.constants.items()
+                                  if name not in tables)
+    return results
+
+
+def torch_baselines(args, model_source) -> dict:
+    """Seconds per decode token of the bf16 model on CUDA: eager and compiled (CUDA graphs)."""
+    from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+
+    model = decoder(model_source, num_hidden_layers=args.layers).to("cuda", torch.bfloat16)
+    model.generation_config.cache_implementation = "static"
+    # the wrapper's own forward drops cache_position (transformers 5.23): call the static-cache module
+    module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=args.cache).model
+    ids = torch.tensor([[7]], device="cuda")
+    found = {}
+    for name, fn in (("eager", module.forward), ("compile", torch.compile(module.forward,
+                                                                           mode="reduce-overhead"))):
+        for position in args.positions:
+            pos = torch.tensor([position], device="cuda")
+
+            def call(fn=fn, pos=pos):
+                with torch.no_grad():
+                    fn(input_ids=ids, cache_position=pos)
+                torch.cuda.synchronize()
+            try:
+                found[(name, position)] = _step(call, args.repeat, args.warmup)
+            except Exception as error:  # noqa: BLE001  (a baseline that cannot run here is reported)
+                print(f"torch {name}: not measured ({type(error).__name__}: {error})"[:300])
+                break
+    return found
+
+
+def copy_bandwidth() -> float | None:
+    """Bytes per second of a device-to-device torch copy (read + written), or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
+    b = torch.empty_like(a)
+    seconds = _step(lambda: (b.copy_(a), torch.cuda.synchronize()), 20, 0.5)
+    return 2 * a.numel() / seconds
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--preset", default="llama-3.2-1b")
+    parser.add_argument("--layers", type=int, help="keep this many layers")
+    parser.add_argument("--cache", type=int, default=1280, help="static cache positions (default 1280)")
+    parser.add_argument("--positions", default="128,1024", help="decode positions (default 128,1024)")
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--warmup", type=float, default=1.0)
+    parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch CUDA baselines")
+    args = parser.parse_args()
+    args.positions = [int(p) for p in args.positions.split(",")]
+    if open_device() is None:
+        return 1
+    started = time.perf_counter()
+    model = quantize_8da4w(decoder(args.preset, num_hidden_layers=args.layers))
+    exported = export_decoder(model, args.cache)
+    del model
+    program = runtime.lower(exported)
+    del exported
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "decoder.etvk"
+        program.save(path)
+        print(f"{args.preset}" + (f" ({args.layers} layers)" if args.layers else "") +
+              f": exported, lowered and saved in {time.perf_counter() - started:.0f} s "
+              f"({path.stat().st_size / 2**20:,.0f} MiB, {len(program.nodes)} nodes)")
+        del program
+        found = ours(args, path)
+    baselines = torch_baselines(args, args.preset) if torch.cuda.is_available() and not args.no_torch else {}
+    bandwidth = copy_bandwidth()
+    print(f"KV cache in {'/'.join(found['homes'])} memory; {found['dispatches']} dispatches and "
+          f"{found['cpu_nodes']} CPU nodes per token; {found['weight_bytes'] / 1e9:.3f} GB of constants")
+    floor = found["weight_bytes"] / bandwidth if bandwidth else None
+    print(f"{'position':>8}  {'ours tok/s':>10}  {'ours GPU tok/s':>14}  {'torch bf16 eager':>16}  "
+          f"{'torch bf16 compile':>18}  {'floor tok/s':>11}  ours / compile")
+    for position in args.positions:
+        wall, gpu, _ = found[position]
+        eager, compiled = baselines.get(("eager", position)), baselines.get(("compile", position))
+
+        def rate(seconds):
+            return f"{1 / seconds:,.1f}" if seconds else "n/a"
+        ratio = f"{compiled / wall:.2f}" if compiled else "n/a"
+        print(f"{position:>8}  {rate(wall):>10}  {rate(gpu):>14}  {rate(eager):>16}  {rate(compiled):>18}  "
+              f"{rate(floor):>11}  {ratio}")
+    for position in args.positions:
+        kinds = found[position][2]
+        total = sum(kinds.values()) or 1.0
+        print(f"time per op kind at position {position} (GPU timestamps; CPU nodes: wall):")
+        for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
+            print(f"  {kind:<48} {seconds * 1e6:10.1f} us  {100 * seconds / total:5.1f} %")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
