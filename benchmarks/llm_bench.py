@@ -39,23 +39,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from timing import drop_validation, open_device, warm  # noqa: E402
+from timing import drop_validation, median_seconds, open_device, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.tools.llm_models import decoder, export_decoder, quantize_8da4w  # noqa: E402
 
 drop_validation()
-
-
-def _step(fn, repeat: int, warmup: float) -> float:
-    """Median seconds of `fn()` after `warmup` seconds of calls."""
-    warm(fn, warmup)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def ours(args, path: Path) -> dict:
@@ -122,7 +111,7 @@ def torch_baselines(args, model_source) -> dict:
                     fn(input_ids=ids, cache_position=pos)
                 torch.cuda.synchronize()
             try:
-                found[(name, position)] = _step(call, args.repeat, args.warmup)
+                found[(name, position)] = median_seconds(call, args.repeat, args.warmup)
             except Exception as error:  # noqa: BLE001  (a baseline that cannot run here is reported)
                 print(f"torch {name}: not measured ({type(error).__name__}: {error})"[:300])
                 break
@@ -135,7 +124,7 @@ def copy_bandwidth() -> float | None:
         return None
     a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
     b = torch.empty_like(a)
-    seconds = _step(lambda: (b.copy_(a), torch.cuda.synchronize()), 20, 0.5)
+    seconds = median_seconds(lambda: (b.copy_(a), torch.cuda.synchronize()), 20, 0.5)
     return 2 * a.numel() / seconds
 
 

@@ -37,22 +37,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
+from timing import drop_validation, median_seconds, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.tools.models import torchvision_model  # noqa: E402
 
 drop_validation()
-
-
-def _median_seconds(fn, repeat: int, warmup: float) -> float:
-    warm(fn, warmup)
-    times = []
-    for _ in range(repeat):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
 
 
 def _torch_baselines(name: str, shape, repeat: int, warmup: float, compile_too: bool):
@@ -83,8 +73,8 @@ def bench(name: str, path: Path, repeat: int, warmup: float, compile_too: bool) 
     shape = loaded.program.values[loaded.program.inputs[0]].shape
     x = torch.randn(shape)
     loaded(x)
-    call = _median_seconds(lambda: loaded(x), repeat, warmup)
-    resident = _median_seconds(loaded.run_resident, repeat, warmup)
+    call = median_seconds(lambda: loaded(x), repeat, warmup)
+    resident = median_seconds(loaded.run_resident, repeat, warmup)
     warm(loaded.run_resident, warmup)
     profiles = [loaded.profile(x) for _ in range(5)]
     per_kind: dict[str, float] = defaultdict(float)

@@ -1,7 +1,8 @@
 """Timing helpers shared by the kernel benchmarks (conv2d_bench.py, linear_bench.py).
 
 `warm` keeps the host (and so the GPU) busy for a while before timing, since
-an idle NVIDIA GPU drops its clock (benchmarks/NOTES.md); `time_cuda` times a
+an idle NVIDIA GPU drops its clock (benchmarks/NOTES.md); `median_seconds` times a call by
+wall clock after such a warm-up; `time_cuda` times a
 torch baseline with CUDA events, its calls queued behind a GPU spin so that
 host launch overhead stays outside the events; `open_device` prints the
 Vulkan and CUDA devices; `drop_validation` keeps the validation layer out of
@@ -40,6 +41,17 @@ def warm(fn, seconds: float) -> float:
         now = time.perf_counter()
         if now >= end:
             return (now - start) / count
+
+
+def median_seconds(fn, repeat: int, warmup: float) -> float:
+    """Median wall seconds of `repeat` calls of ``fn()`` after `warmup` seconds of calls."""
+    warm(fn, warmup)
+    times = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 def time_cuda(fn, variants: int, calls: int, warmup: float) -> float:

@@ -138,3 +138,17 @@ def test_linear_bench_times_the_streaming_floor(tmp_path):
     floor = next(row for row in rows if row[2:4] == ["streaming", "floor"])
     assert float(floor[-4]) > 0, result.stdout  # GPU microseconds
     assert floor[-3] == ours[-3]  # the same weight MB
+
+
+def test_llm_bench_prints_decode_rows(tmp_path):
+    """A tiny decoder through the whole LLM benchmark: one row per position, the KV cache's home,
+    and the time per op kind (the torch columns are n/a without CUDA)."""
+    result = _run([str(BENCHMARKS / "llm_bench.py"), "--preset", "tiny-llama", "--cache", "32",
+                   "--positions", "3,20", "--repeat", "2", "--warmup", "0.05", "--no-torch"],
+                  "nvidia", tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert "KV cache in vulkan memory" in result.stdout
+    rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] in (["3"], ["20"])]
+    assert [row[0] for row in rows] == ["3", "20"] and all(float(row[1]) > 0 for row in rows)
+    assert result.stdout.count("time per op kind at position") == 2
+    assert "etvk.cache_attention.default" in result.stdout
