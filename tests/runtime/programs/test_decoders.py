@@ -29,9 +29,7 @@ from program_cases import sqnr_db
 import runtime
 from runtime.programs.generate import GenerationError
 from runtime.programs.input_checks import InputValueError
-
-pytest.importorskip("torchao", reason="8da4w quantization needs torchao")
-llm_models = pytest.importorskip("runtime.tools.llm_models")
+from runtime.tools import llm_models
 
 CACHE = 16
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
