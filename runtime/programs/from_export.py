@@ -71,16 +71,14 @@ def from_exported(exported: ExportedProgram) -> Program:
         LoweringError: the program holds something a runtime program cannot.
     """
     signature = exported.graph_signature
-    updates: dict[str, str] = {}  # mutated buffer's placeholder -> the fx node it becomes
     for spec in signature.output_specs:
-        if spec.kind == sig.OutputKind.BUFFER_MUTATION:
-            updates[spec.target] = spec.arg.name
-        elif spec.kind != sig.OutputKind.USER_OUTPUT:
+        if spec.kind not in (sig.OutputKind.BUFFER_MUTATION, sig.OutputKind.USER_OUTPUT):
             raise LoweringError(f"the program mutates {spec.target} ({spec.kind.name.lower()}); only "
                                 "buffers may be mutated (they become the program's state)")
     kinds = {s.arg.name: s for s in signature.input_specs if isinstance(s.arg, sig.TensorArgument)}
     buffer_names = {s.target: s.arg.name for s in kinds.values() if s.kind == sig.InputKind.BUFFER}
-    state = {buffer_names[t] for t in updates} | _mutated_in_place(exported.graph, kinds)
+    state = {buffer_names[s.target] for s in signature.output_specs
+             if s.kind == sig.OutputKind.BUFFER_MUTATION} | _mutated_in_place(exported.graph, kinds)
     program = Program(inputs=[], outputs=[], nodes=[], values={}, constants={})
     refs: dict[str, object] = {}  # fx node name -> Ref / Const
     for fx in exported.graph.nodes:

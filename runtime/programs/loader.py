@@ -146,7 +146,8 @@ class LoadedProgram:
 
     def _lifetimes(self, allocs, recording) -> list[Request]:
         """Each allocation lives from the node that makes it to the last device node that reads
-        it, or to the end of its segment when the host downloads it."""
+        it, or to the end of its segment when the host downloads it or a state is copied from
+        it; a view's reads and downloads count for the value it views."""
         root = recording.aliases  # a view lives as long as what it views
         last_read: dict[str, int] = {}
         for position, node in enumerate(self.program.nodes):

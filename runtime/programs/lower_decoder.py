@@ -31,7 +31,7 @@ import math
 import torch
 
 from runtime.programs.cpu import run_node
-from runtime.programs.nodes import Const, Node, Ref
+from runtime.programs.nodes import Const, Node, Ref, ValueSpec
 from runtime.programs.rewrite import Rewriter, bind
 
 _FLOATS = (torch.float32, torch.float16)
@@ -62,12 +62,13 @@ def lower_decoder_ops(rw: Rewriter) -> None:
 # -- graph helpers ------------------------------------------------------------------------------
 
 
-def _spec(rw: Rewriter, value):
+def _spec(rw: Rewriter, value) -> ValueSpec | None:
+    """The shape and dtype of a value or constant argument; None for anything else."""
     if isinstance(value, Ref):
         return rw.program.values[value.name]
     if isinstance(value, Const):
         tensor = rw.program.constants[value.name]
-        return type("Spec", (), {"shape": tuple(tensor.shape), "dtype": tensor.dtype})
+        return ValueSpec(tuple(tensor.shape), tensor.dtype)
     return None
 
 
