@@ -296,9 +296,9 @@ def _input_checks(graph: dict) -> list[InputCheck]:
     checks = []
     for entry in graph["input_checks"]:
         _require(isinstance(entry, dict) and entry.get("input") in graph["inputs"]
-                 and entry.get("kind") in ("index", "position") and isinstance(entry.get("bound"), int)
-                 and entry["bound"] > 0, f"input check {entry!r}: needs an input, a kind (index or "
-                                        "position) and a bound > 0")
+                 and entry.get("kind") in ("index", "position", "consecutive") and isinstance(entry.get("bound"), int)
+                 and entry["bound"] > 0, f"input check {entry!r}: needs an input, a kind (index, "
+                                        "position or consecutive) and a bound > 0")
         checks.append(InputCheck(entry["input"], entry["kind"], entry["bound"]))
     return checks
 

@@ -46,8 +46,8 @@ def decoder_inputs(program) -> tuple[str, str, int]:
     Raises:
         GenerationError: the program has no such pair of inputs.
     """
-    kinds = {c.kind: c.input for c in program.input_checks}
-    if set(kinds) != {"index", "position"} or len(program.inputs) != 2 or len(program.outputs) != 1:
+    kinds = {c.kind: c.input for c in program.input_checks if c.kind in ("index", "position")}
+    if len(kinds) != 2 or len(program.inputs) != 2 or len(program.outputs) != 1:
         raise GenerationError("generate needs a decoder program: token ids and cache positions in, "
                               f"logits out; this one takes {', '.join(program.inputs)}")
     ids, positions = kinds["index"], kinds["position"]

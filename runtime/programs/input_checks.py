@@ -7,8 +7,8 @@ looking at names: the inputs that an embedding reads as indices (``index``
 checks, bounded by the table's rows) and the inputs that the positions of
 a state's ``index_copy`` or ``etvk.cache_update`` are computed from
 (``position`` checks, bounded by the state's length along the written
-dimension). Pure graph work; used by
-lower.py. The loader applies the checks (`check_input_values`).
+dimension). A rewrite may add a ``consecutive`` check (positions p, p+1,
+...) it relies on. Pure graph work; used by lower.py. The loader applies the checks (`check_input_values`).
 """
 
 from __future__ import annotations
@@ -54,6 +54,9 @@ def derive_input_checks(program: Program) -> list[InputCheck]:
                 if not program.values[source].dtype.is_floating_point:
                     key = (source, "position")
                     checks[key] = min(checks.get(key, 1 << 62), length)
+    for name, kind in list(checks):  # positions that also index a table (the rotary's)
+        if kind == "index" and checks.get((name, "position"), 1 << 62) <= checks[(name, kind)]:
+            del checks[(name, kind)]
     return [InputCheck(name, kind, bound) for (name, kind), bound in sorted(checks.items())]
 
 
@@ -86,10 +89,16 @@ def check_input_values(checks: list[InputCheck], env: dict[str, torch.Tensor], n
             continue
         low, high = int(values.min()), int(values.max())
         thing = "token id" if check.kind == "index" else "position"
-        if low < 0 or high >= check.bound:
+        if check.kind != "consecutive" and (low < 0 or high >= check.bound):
             bad = low if low < 0 else high
             raise InputValueError(f"{what}: input {check.input!r} holds the {thing} {bad}, outside "
                                   f"[0, {check.bound})")
+        if check.kind == "consecutive":
+            flat = values.reshape(-1)
+            if flat.numel() > 1 and not bool((flat[1:] - flat[:-1] == 1).all()):
+                raise InputValueError(f"{what}: input {check.input!r} must hold consecutive positions "
+                                      f"(the program was lowered for that), got {flat.tolist()}")
+            continue
         if check.kind == "position":
             start = next_position.get(check.input, 0)
             if int(values.reshape(-1)[0]) < start:

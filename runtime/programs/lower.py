@@ -215,7 +215,8 @@ def lower(exported: ExportedProgram) -> Program:
     lowering.lower_quantize_ops()
     lowering.fuse_dynamic_quantize()
     program.remove_dead()
-    program.input_checks = derive_input_checks(program)
+    # the checks the graph implies, and those a rewrite relied on (consecutive positions)
+    program.input_checks = derive_input_checks(program) + program.input_checks
     program.op_schemas = {n.target: get_op(n.target).schema for n in program.nodes if n.is_etvk}
     program.manifest_hash = manifest_hash()
     return program

@@ -19,7 +19,13 @@ without these patterns is left as it was:
   ``etvk.cache_attention``, whose token-major result the output projection
   reads through a view;
 - float ``add`` / ``sub`` / ``mul`` of tensors (with broadcasting) or with a
-  Python scalar -> ``etvk.binary`` / ``etvk.scalar``.
+  Python scalar, and a division by a power of two -> ``etvk.binary`` /
+  ``etvk.scalar``;
+- positions ``arange(S) + x[0]`` are the position input x itself (its values
+  then must be consecutive: an input check says so), and a value computed
+  from the positions alone by position-wise ops (the rotary cos and sin) is
+  gathered from a table of its values at every cache position, computed now
+  with the same ops (``etvk.embedding``).
 
 Pure graph work on a `Rewriter`, no Vulkan. Used by lower.py.
 """
@@ -31,7 +37,8 @@ import math
 import torch
 
 from runtime.programs.cpu import run_node
-from runtime.programs.nodes import Const, Node, Ref, ValueSpec
+from runtime.programs.input_checks import derive_input_checks
+from runtime.programs.nodes import Const, InputCheck, Node, Ref, ValueSpec
 from runtime.programs.rewrite import Rewriter, bind
 
 _FLOATS = (torch.float32, torch.float16)
@@ -47,6 +54,9 @@ def lower_decoder_ops(rw: Rewriter) -> None:
     """Every rewrite of the module docstring, in order."""
     _deduplicate(rw)
     _fold_constants(rw)
+    lengths = {c.input: c.bound for c in derive_input_checks(rw.program) if c.kind == "position"}
+    _consecutive_positions(rw, lengths)
+    _position_tables(rw, lengths)
     for rewrite in (_embedding, _rms_norm, _act_mul):
         for node in list(rw.program.nodes):
             if node in rw.program.nodes:
@@ -137,6 +147,95 @@ def _swap_ref(value, name: str, constant: Const):
     if isinstance(value, dict):
         return {k: _swap_ref(v, name, constant) for k, v in value.items()}
     return value
+
+
+# -- positions -----------------------------------------------------------------------------------
+
+# Ops that act on each position alone (a value computed from positions by these alone, with
+# constants, is a function of each position: a table of every position can stand for it).
+_POSITIONWISE = {"aten.unsqueeze.default", "aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy.default",
+                 "aten.mul.Tensor", "aten.add.Tensor", "aten.sub.Tensor", "aten.div.Tensor",
+                 "aten.cat.default", "aten.neg.default", "aten.cos.default", "aten.sin.default"}
+
+
+def _consecutive_positions(rw: Rewriter, lengths: dict[str, int]) -> None:
+    """``arange(S) + x[0]`` (the first position, perhaps copied into a scalar buffer first) is x
+    itself, for a position input x of S values that must be consecutive: its check says so."""
+    program = rw.program
+    for node in list(program.nodes):
+        if node.target != "aten.add.Tensor" or len(node.args) != 2 or node not in program.nodes:
+            continue
+        for counted, offset in (node.args, node.args[::-1]):
+            arange = _made_by(rw, counted, "aten.arange.default")
+            copy = _made_by(rw, offset, "aten.copy.default")
+            select = _made_by(rw, copy.args[1] if copy else offset, "aten.select.int")
+            x = select.args[0] if select else None
+            if arange is None or select is None or select.args[1:] != (0, 0) or x.name not in lengths \
+                    or (copy and not (isinstance(copy.args[0], Const) and _spec(rw, copy.args[0]).shape == ()
+                                      and _spec(rw, copy.args[0]).dtype == program.values[x.name].dtype)) \
+                    or program.values[x.name].shape != (arange.args[0],) \
+                    or program.values[node.outputs[0]] != program.values[x.name]:
+                continue
+            program.replace_uses(node.outputs[0], x.name)
+            program.nodes.remove(node)
+            program.input_checks.append(InputCheck(x.name, "consecutive", arange.args[0]))
+            rw.refresh()
+            break
+
+
+def _position_tables(rw: Rewriter, lengths: dict[str, int]) -> None:
+    """A ``[1, S, D]`` value computed from a position input x ``[S]`` and constants by
+    position-wise ops alone (the rotary embedding's cos and sin) becomes a gather from the table of
+    its values at every position 0..L-1, computed now with the same ops: bit for bit the same."""
+    program = rw.program
+    for node in list(program.nodes):
+        if node.target not in ("aten.cos.default", "aten.sin.default") or node not in program.nodes:
+            continue
+        chain, sources = _positionwise_chain(rw, node)
+        spec = program.values[node.outputs[0]]
+        if len(sources) != 1 or len(spec.shape) != 3 or spec.shape[0] != 1 or spec.dtype not in _FLOATS:
+            continue
+        (x,) = sources
+        length, positions = lengths[x], program.values[x].shape[0]
+        env = {x: torch.arange(length, dtype=program.values[x].dtype)}
+        try:
+            for step in chain:
+                run_node(step, env, program.constants)
+        except (RuntimeError, IndexError):  # not shape-agnostic in the positions after all
+            continue
+        table = env[node.outputs[0]]
+        if tuple(table.shape) != (1, length, spec.shape[2]) or spec.shape[1] != positions:
+            continue
+        constant = rw.add_constant(f"{node.outputs[0]}_table", table[0].contiguous())
+        rows = f"{node.outputs[0]}_rows"
+        program.values[rows] = ValueSpec((positions, spec.shape[2]), spec.dtype)
+        index = program.nodes.index(node)
+        program.nodes[index:index + 1] = [
+            Node(f"{node.name}_gather", "etvk.embedding.default", (constant, Ref(x)), {}, (rows,)),
+            Node(f"{node.name}_view", "aten.view.default", (Ref(rows), list(spec.shape)), {}, node.outputs)]
+        rw.refresh()
+
+
+def _positionwise_chain(rw: Rewriter, node: Node) -> tuple[list[Node], set[str]]:
+    """The nodes `node` is computed from by position-wise ops (program order), and the program
+    inputs they start from; an empty source set where anything else feeds them."""
+    chain, sources, work = {}, set(), [node]
+    while work:
+        item = work.pop()
+        if item.name in chain:
+            continue
+        if item.target not in _POSITIONWISE:
+            return [], set()
+        chain[item.name] = item
+        for ref in item.reads():
+            if ref in rw.program.inputs:
+                sources.add(ref)
+            elif ref in rw.producers:
+                work.append(rw.producers[ref])
+            else:
+                return [], set()
+    order = {n.name: i for i, n in enumerate(rw.program.nodes)}
+    return sorted(chain.values(), key=lambda n: order[n.name]), sources
 
 
 # -- embedding, RMSNorm, activation x up --------------------------------------------------------
@@ -366,6 +465,13 @@ _SCALAR = {"aten.add.Tensor": "add", "aten.mul.Tensor": "mul"}
 def _elementwise(rw: Rewriter, node: Node) -> None:
     """Float add / sub / mul of a tensor with a tensor that broadcasts to its shape (the larger
     one first: add and mul commute), or with a Python scalar (add, mul)."""
+    if node.target == "aten.div.Tensor" and len(node.args) == 2 and isinstance(node.args[1], (int, float)) \
+            and _exact_reciprocal(node.args[1]) and isinstance(node.args[0], Ref) and \
+            rw.program.values[node.args[0].name] == rw.program.values[node.outputs[0]] and \
+            rw.program.values[node.outputs[0]].dtype in _FLOATS and bind(node).get("rounding_mode") is None:
+        # x / 2^k is x * 2^-k exactly (a logits scaling)
+        _replace(rw, node, "etvk.scalar.default", (node.args[0], 1.0 / node.args[1], "mul"))
+        return
     if node.target not in _BINARY or len(node.args) != 2 or bind(node).get("alpha", 1) != 1:
         return
     out = rw.program.values[node.outputs[0]]
@@ -383,3 +489,12 @@ def _elementwise(rw: Rewriter, node: Node) -> None:
         a, b, specs = b, a, specs[::-1]
     if specs[0].shape == out.shape and isinstance(a, Ref):
         _replace(rw, node, "etvk.binary.default", (a, b, _BINARY[node.target]))
+
+
+def _exact_reciprocal(value) -> bool:
+    """Whether dividing by `value` is multiplying by its reciprocal exactly: a power of two whose
+    reciprocal is a normal fp16 number (so also fp32)."""
+    if isinstance(value, bool) or not value or not math.isfinite(value):
+        return False
+    mantissa, exponent = math.frexp(abs(value))
+    return mantissa == 0.5 and -13 <= exponent - 1 <= 14

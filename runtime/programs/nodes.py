@@ -48,10 +48,11 @@ class InputCheck:
     """What the values of program input `input` must satisfy, checked on the host before a call.
 
     ``kind`` is ``"index"`` (every value in ``[0, bound)``: the token ids of an
-    embedding table of `bound` rows) or ``"position"`` (every value in
+    embedding table of `bound` rows), ``"position"`` (every value in
     ``[0, bound)``, a state's length, and none before the positions the
     previous call wrote: a cache position must not go backwards until the
-    state is reset).
+    state is reset) or ``"consecutive"`` (the `bound` values count up by one:
+    the lowering read the positions as their first one plus 0, 1, ...).
     """
 
     input: str

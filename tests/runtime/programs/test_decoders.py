@@ -79,7 +79,8 @@ def test_the_cache_is_state_and_inputs_are_checked(decoder):
     assert len(program.state) == 2 * COMMON["num_hidden_layers"]  # keys and values per layer
     assert all(start is None for start in program.state.values())  # zeros: no bytes in the file
     assert {(c.input, c.kind, c.bound) for c in program.input_checks} == \
-        {("input_ids", "index", COMMON["vocab_size"]), ("cache_position", "position", CACHE)}
+        {("input_ids", "index", COMMON["vocab_size"]), ("cache_position", "position", CACHE),
+         ("cache_position", "consecutive", 1)}
     linears = [n for n in program.nodes if n.target == "etvk.linear_qta8a_qga4w.default"]
     assert linears and not [n for n in program.nodes if n.target == "aten.linear.default"]
 
@@ -102,9 +103,26 @@ def test_the_decoder_runs_on_the_device_with_its_cache(decoder):
     else:
         assert ATTENTION_OPS <= targets
         assert set(homes.values()) == {"vulkan"}
-        assert not [n for n in program.nodes if n.target in ("aten.scaled_dot_product_attention.default",
-                                                             "aten.index_copy.default", "aten.silu.default",
-                                                             "aten.rsqrt.default", "aten.embedding.default")]
+        # positions, rotary tables, the scaling of logits: every node on the device
+        assert [(r["node"], r["target"]) for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+
+
+def test_a_prompt_in_one_call_and_positions_that_must_be_consecutive(tmp_path):
+    """An export for 4 tokens a call prefills 4 at once; it read the positions as the first plus
+    0, 1, 2, 3, so other positions are refused."""
+    llm_models.import_transformers()
+    exported = llm_models.export_decoder(llm_models.quantize_8da4w(
+        llm_models.decoder(config_file(tmp_path, "llama"))), CACHE, tokens=4)
+    program = runtime.lower(exported)
+    assert ("cache_position", "consecutive", 4) in {(c.input, c.kind, c.bound) for c in program.input_checks}
+    program.save(tmp_path / "prefill.etvk")
+    loaded, module = runtime.load(tmp_path / "prefill.etvk"), exported.module()
+    for start in (0, 4, 8):
+        inputs = dict(input_ids=torch.tensor([[start + 1, 7, 3, 9]]), cache_position=torch.arange(start, start + 4))
+        assert sqnr_db(loaded(**inputs), module(**inputs)) >= 30, start
+    loaded.reset()
+    with pytest.raises(InputValueError, match=r"input 'cache_position' must hold consecutive positions"):
+        loaded(input_ids=torch.tensor([[1, 2, 3, 4]]), cache_position=torch.tensor([0, 1, 3, 4]))
 
 
 def test_dynamic_activation_quantization_runs_on_the_device(decoder):
