@@ -99,9 +99,10 @@ class LoadedProgram:
         self._host_state = {name: tensor for name, tensor in self.program.initial_state().items()
                             if name not in self._device_state}
         self._next_position: dict[str, int] = {}
-        self._read_by_cpu = self._cpu_reads(self._recording)
-        needed = self._read_by_cpu | set(self.program.outputs) | \
+        # what the host downloads on every call: what CPU nodes read, and the host state's updates
+        self._read_by_cpu = self._cpu_reads(self._recording) | \
             {self.program.state_updates[n] for n in self._host_state if n in self.program.state_updates}
+        needed = self._read_by_cpu | set(self.program.outputs)
         nodes = self.program.nodes
         values = self._recording.device_values
         for segment in self._recording.segments:
@@ -226,7 +227,6 @@ class LoadedProgram:
         env = dict(zip(program.inputs, check_inputs(program, inputs, self.source), strict=True))
         self._last_inputs = inputs
         on_host = self._read_by_cpu if resident else self._read_by_cpu | set(program.outputs)
-        on_host = on_host | {program.state_updates[n] for n in self._host_state if n in program.state_updates}
         cpu_seconds = {}
         with self.device.lock:
             check_input_values(program.input_checks, env, self._next_position, self.source)
