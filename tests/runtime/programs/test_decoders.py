@@ -192,6 +192,11 @@ def test_export_llm_and_generate_from_a_saved_folder(tmp_path):
         llm_models.decoder(tmp_path / "model")), CACHE)
     assert tokens == greedy_reference(exported.module(), [4, 8, 15], 5)
     assert "time to first token" in done.stdout and "decode" in done.stdout
+    # `run`: in-range token ids and positions, each call from a fresh cache
+    done = subprocess.run([*cli, "run", str(out), "--repeat", "2"], capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "against PyTorch on the CPU" in done.stdout
     done = subprocess.run([*cli, "generate", str(out), "--prompt", "4,8,15", "--max-new-tokens", "20"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 1 and "Traceback" not in done.stderr
