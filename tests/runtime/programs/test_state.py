@@ -11,6 +11,8 @@ forcing). Input checks, keyword calls, reset and the file's state records.
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 import torch
 from torch import nn
@@ -129,3 +131,42 @@ class WritesView(Cache):
 def test_writes_a_program_cannot_express_are_refused(module, inputs, message):
     with pytest.raises(LoweringError, match=message):
         runtime.lower(torch.export.export(module, inputs))
+
+
+class Total(nn.Module):
+    """A running total kept in a buffer: each call adds its input and returns the new total."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("total", torch.zeros(4))
+
+    def forward(self, x):
+        self.total.add_(x)
+        return self.total * 1.0
+
+
+def test_calls_from_several_threads_are_serialized(tmp_path):
+    """Each call reads and updates the state as one step: with distinct integer-valued inputs
+    (sums exact in fp32), the totals the calls return, sorted, are the running sums of some
+    order of the inputs, and the last one is the sum of them all. On the device: the add and
+    its update run there, the update copied into the state after its segment."""
+    runtime.lower(torch.export.export(Total(), (torch.ones(4),))).save(tmp_path / "total.etvk")
+    loaded = runtime.load(tmp_path / "total.etvk")
+    assert loaded.state_placement() == {"b_total": "vulkan"}
+    inputs = [torch.full((4,), float(2 ** i)) for i in range(16)]  # every subset sum is distinct
+    results: dict[int, torch.Tensor] = {}
+
+    def worker(first: int) -> None:
+        for i in range(first, len(inputs), 4):
+            results[i] = loaded(inputs[i])
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    totals = sorted(results.values(), key=lambda t: float(t[0]))
+    steps = [totals[0]] + [b - a for a, b in zip(totals, totals[1:], strict=False)]
+    assert sorted(float(s[0]) for s in steps) == [float(2 ** i) for i in range(16)]
+    assert all(torch.equal(s, s[:1].expand(4)) for s in steps)
+    assert torch.equal(totals[-1], torch.full((4,), float(2 ** 16 - 1)))
