@@ -108,6 +108,31 @@ def _check_scalar_operation_known(op, operation):
         raise rt.ArgumentError(op, "operation", f"must be 'add' or 'mul', got {operation!r}")
 
 
+def _check_linear_x_rows(op, x):
+    if not (len(x.shape) >= 1 and x.shape[-1] > 0):
+        raise rt.ArgumentError(op, "x", f"must have a positive last dimension K, got shape {tuple(x.shape)}")
+
+
+def _check_linear_weight_shape(op, weight, x):
+    if not (len(weight.shape) == 2 and weight.shape[1] == x.shape[-1] and (weight.shape[0] > 0)):
+        raise rt.ArgumentError(op, "weight", f"must be [N, K] with K = {x.shape[-1]} (x's last dimension) and N > 0, got shape {tuple(weight.shape)}")
+
+
+def _check_linear_weight_dtype(op, weight, x):
+    if not (weight.dtype == x.dtype):
+        raise rt.ArgumentError(op, "weight", f"must have x's dtype {x.dtype}, got {weight.dtype}")
+
+
+def _check_linear_bias_shape(op, bias, weight):
+    if not (bias is None or tuple(bias.shape) == (weight.shape[0],)):
+        raise rt.ArgumentError(op, "bias", f"must be None or of shape ({weight.shape[0]},) (weight's rows), got {tuple(bias.shape)}")
+
+
+def _check_linear_bias_dtype(op, bias, x):
+    if not (bias is None or bias.dtype == x.dtype):
+        raise rt.ArgumentError(op, "bias", f"must have x's dtype {x.dtype}, got {bias.dtype}")
+
+
 def embedding(stream, weight, indices, *, variant=None, storage=None):
     """Record etvk.embedding.default into `stream`; returns device tensors."""
     op = EMBEDDING
@@ -133,7 +158,7 @@ EMBEDDING = rt.OpDef(
     family="llm",
     schema="embedding(Tensor weight, Tensor indices) -> Tensor",
     doc="out[*indices.shape, D] = weight[indices], bits copied. Host indices (int32 or int64) are checked to lie in [0, V) before anything is uploaded, then uploaded as int32; device indices are int32 and not checked (an id outside the table gives a row of zeros).",
-    spec="op_specs/llm.yaml:221",
+    spec="op_specs/llm.yaml:268",
     reference="runtime.reference.llm:embedding",
     variants=(
         ("llm_embedding_float", {"DTYPE": "float32"}),
@@ -173,7 +198,7 @@ RMS_NORM = rt.OpDef(
     family="llm",
     schema="rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> Tensor",
     doc="RMSNorm over the last dimension (a positive multiple of 4) in Hugging Face's order: y = dtype(float(x) * rsqrt(mean(float(x)^2) + eps)), out = dtype(float(y) * (float(weight) + weight_offset)) (no weight: out = y). weight_offset 0 is Llama's `weight * y`, 1 Gemma's `y * (1 + weight)`.",
-    spec="op_specs/llm.yaml:241",
+    spec="op_specs/llm.yaml:288",
     reference="runtime.reference.llm:rms_norm",
     variants=(
         ("llm_rms_norm_float", {"DTYPE": "float32"}),
@@ -213,7 +238,7 @@ ROPE = rt.OpDef(
     family="llm",
     schema="rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
     doc="Rotary embedding, half-rotation form: out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]), for x [B, S, H, D] (token-major, as the q/k projections produce it) and cos, sin [B, S, D], [1, S, D] or [S, D] in x's dtype, shared by the heads. Each product rounded to the dtype, then the sum: bit-identical to PyTorch's eager expression.",
-    spec="op_specs/llm.yaml:264",
+    spec="op_specs/llm.yaml:311",
     reference="runtime.reference.llm:rope",
     variants=(
         ("llm_rope_float", {"DTYPE": "float32"}),
@@ -250,7 +275,7 @@ ACT_MUL = rt.OpDef(
     family="llm",
     schema="act_mul(Tensor gate, Tensor up, str activation) -> Tensor",
     doc="out = dtype(act(gate)) * up (a gated MLP's `act_fn(gate_proj(x)) * up_proj(x)`), act 'silu', 'gelu_tanh' (GELU, tanh approximation) or 'gelu' (GELU, erf form), computed in fp32; gate and up of one shape and dtype.",
-    spec="op_specs/llm.yaml:287",
+    spec="op_specs/llm.yaml:334",
     reference="runtime.reference.llm:act_mul",
     variants=(
         ("llm_act_mul_float", {"DTYPE": "float32"}),
@@ -289,7 +314,7 @@ BINARY = rt.OpDef(
     family="llm",
     schema="binary(Tensor a, Tensor b, str operation) -> Tensor",
     doc="out = a <operation> b for operation 'add', 'sub' or 'mul', b of a's dtype broadcast to a's shape by PyTorch's rules (the output has a's shape: swap a commutative op's operands when a is the smaller one); one fp32 operation rounded to the dtype, bit-identical to PyTorch's.",
-    spec="op_specs/llm.yaml:306",
+    spec="op_specs/llm.yaml:353",
     reference="runtime.reference.llm:binary",
     variants=(
         ("llm_binary_float", {"DTYPE": "float32"}),
@@ -324,7 +349,7 @@ SCALAR = rt.OpDef(
     family="llm",
     schema="scalar(Tensor a, float value, str operation) -> Tensor",
     doc="out = a <operation> value for operation 'add' or 'mul' and a Python float, rounded as PyTorch rounds it (mul: to fp32; add: to a's dtype); one fp32 operation rounded to the dtype, bit-identical to PyTorch's.",
-    spec="op_specs/llm.yaml:329",
+    spec="op_specs/llm.yaml:376",
     reference="runtime.reference.llm:scalar",
     variants=(
         ("llm_scalar_float", {"DTYPE": "float32"}),
@@ -336,6 +361,46 @@ SCALAR = rt.OpDef(
 )
 
 
+def linear(stream, x, weight, bias, *, variant=None, storage=None):
+    """Record etvk.linear.default into `stream`; returns device tensors."""
+    op = LINEAR
+    rt.check_arg(op, "x", x, "Tensor")
+    rt.check_arg(op, "weight", weight, "Tensor")
+    rt.check_arg(op, "bias", bias, "Tensor?")
+    _check_linear_x_rows(op, x)
+    _check_linear_weight_shape(op, weight, x)
+    _check_linear_weight_dtype(op, weight, x)
+    _check_linear_bias_shape(op, bias, weight)
+    _check_linear_bias_dtype(op, bias, x)
+    v = op.select(variant, storage, {"DTYPE": ("x", x.dtype)})
+    x = stream.upload(x, v.binding("t_x"), op.label("x"))
+    weight = stream.upload(weight, v.binding("t_weight"), op.label("weight"))
+    bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
+    out = stream.empty(tuple(x.shape[:-1]) + (weight.shape[0],), x.dtype, v.binding("t_out"), op.label("out", "output"))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_weight": weight, "t_bias": bias}, push={"numel": rt.numel(out), "k": x.shape[-1], "n": weight.shape[0], "chunks": rt.ceil_div(x.shape[-1], 4)}, spec_constants={"HAS_BIAS": bias is not None, "ALIGNED": x.shape[-1] % 4 == 0}, groups=[rt.ceil_div(rt.numel(out), 4), 1, 1])
+    return out
+
+
+def _linear_fake(x, weight, bias):
+    return torch.empty(tuple(x.shape[:-1]) + (weight.shape[0],), dtype=x.dtype, device=x.device)
+
+
+LINEAR = rt.OpDef(
+    name="etvk.linear.default",
+    family="llm",
+    schema="linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
+    doc="out[..., N] = x @ weight.T + bias for x [..., K] (K > 0), weight [N, K] and bias [N] or None, all of one dtype (fp32 or fp16): the products and sums in fp32 in a fixed order (docs/llm_ops.md), the result rounded to the dtype once.",
+    spec="op_specs/llm.yaml:395",
+    reference="runtime.reference.llm:linear",
+    variants=(
+        ("llm_linear_float", {"DTYPE": "float32"}),
+        ("llm_linear_half", {"DTYPE": "float16"}),
+    ),
+    record=linear,
+    fake=_linear_fake,
+)
+
+
 OPS = (
     EMBEDDING,
     RMS_NORM,
@@ -343,4 +408,5 @@ OPS = (
     ACT_MUL,
     BINARY,
     SCALAR,
+    LINEAR,
 )

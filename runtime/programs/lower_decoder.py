@@ -8,6 +8,7 @@ without these patterns is left as it was:
 - identical calls are computed once (8da4w exports choose qparams of one
   input once per projection), and calls of constants only are evaluated now;
 - ``embedding(table, ids)`` -> ``etvk.embedding``;
+- ``linear(x, W, b)`` with constant float weights (and bias) -> ``etvk.linear``;
 - ``x * rsqrt(mean(x^2, -1) + eps)`` [``* w``] -> ``etvk.rms_norm``;
 - ``act(a) * b`` (silu, gelu, gelu tanh) -> ``etvk.act_mul``;
 - attention over a static cache: ``index_copy(cache, 2, pos, k)`` ->
@@ -57,7 +58,7 @@ def lower_decoder_ops(rw: Rewriter) -> None:
     lengths = {c.input: c.bound for c in derive_input_checks(rw.program) if c.kind == "position"}
     _consecutive_positions(rw, lengths)
     _position_tables(rw, lengths)
-    for rewrite in (_embedding, _rms_norm, _act_mul):
+    for rewrite in (_embedding, _linear, _rms_norm, _act_mul):
         for node in list(rw.program.nodes):
             if node in rw.program.nodes:
                 rewrite(rw, node)
@@ -248,6 +249,22 @@ def _embedding(rw: Rewriter, node: Node) -> None:
     if isinstance(table, Const) and isinstance(ids, Ref) and _spec(rw, table).dtype in _FLOATS \
             and len(_spec(rw, table).shape) == 2:
         _replace(rw, node, "etvk.embedding.default", (table, ids))
+
+
+def _linear(rw: Rewriter, node: Node) -> None:
+    """``linear(x, W, b)``: x an fp32 / fp16 value, W a constant [N, K] of x's dtype, b None or a
+    constant [N] of it."""
+    if node.target != "aten.linear.default":
+        return
+    b = bind(node)
+    x, weight, bias = b.get("input"), b.get("weight"), b.get("bias")
+    if not isinstance(x, Ref) or not isinstance(weight, Const):
+        return
+    spec, w = rw.program.values[x.name], _spec(rw, weight)
+    if spec.dtype in _FLOATS and w.dtype == spec.dtype and len(w.shape) == 2 and spec.shape \
+            and w.shape[1] == spec.shape[-1] > 0 and w.shape[0] > 0 and (bias is None or (
+                isinstance(bias, Const) and _spec(rw, bias) == ValueSpec((w.shape[0],), spec.dtype))):
+        _replace(rw, node, "etvk.linear.default", (x, weight, bias))
 
 
 def _rms_norm(rw: Rewriter, node: Node) -> None:

@@ -125,3 +125,33 @@ def scalar(a, value, operation):
     operand = torch.tensor(scalar_operand(value, a.dtype, operation), dtype=torch.float32)
     out = a.to(torch.float32) + operand if operation == "add" else a.to(torch.float32) * operand
     return out.to(a.dtype)
+
+
+def linear(x, weight, bias):
+    """``x @ weight.T + bias`` for x [..., K], weight [N, K], bias [N] or None: computed in
+    float64 (exact for fp16 inputs up to K = 2^20 or so, within 2^-52 relative of the
+    magnitude sum for fp32) and rounded once to x's dtype. The shader's fp32 order differs;
+    `linear_bound` is how far it may be from this."""
+    out = x.to(torch.float64) @ weight.to(torch.float64).T
+    if bias is not None:
+        out = out + bias.to(torch.float64)
+    return out.to(x.dtype)
+
+
+# linear's bound (docs/llm_ops.md, "linear"): per dtype, the relative and absolute terms
+# around the fp32 sum's error.
+LINEAR_ROUNDING = {torch.float32: (2.0**-23, 0.0), torch.float16: (2.0**-10, 2.0**-24)}
+
+
+def linear_bound(x, weight, bias):
+    """The largest ``|shader - linear(x, weight, bias)|`` docs/llm_ops.md allows, per output:
+    ``(4 * ceil(K / 256) + 16) * 2^-24 * S + (K + 1) * 2^-125 + r * |want| + a``,
+    S = sum_k |x_k * w_nk| + |b_n|, (r, a) of `LINEAR_ROUNDING`."""
+    k = x.shape[-1]
+    magnitude = x.to(torch.float64).abs() @ weight.to(torch.float64).abs().T
+    if bias is not None:
+        magnitude = magnitude + bias.to(torch.float64).abs()
+    depth = 4 * -(-k // 256) + 16
+    r, a = LINEAR_ROUNDING[x.dtype]
+    want = linear(x, weight, bias).to(torch.float64)
+    return depth * 2.0**-24 * magnitude + (k + 1) * 2.0**-125 + r * want.abs() + a

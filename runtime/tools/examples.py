@@ -250,9 +250,10 @@ def tolerance(op_name: str, want, args: tuple) -> float:
     (OPS.md): 0 (bit-exact) for every op but linear_qta8a_qga4w (and the three it routes
     to), whose output may be 1e-5 of its largest magnitude away (fp32 sums of groups), the
     llm family's rms_norm and act_mul, whose relative and absolute tolerances
-    (docs/llm_ops.md) are applied to the largest magnitude, and cache_attention, where the
-    shader and the reference may each be `attention_tolerance` away from the exact result
-    (docs/attention_ops.md)."""
+    (docs/llm_ops.md) are applied to the largest magnitude, the llm family's linear, whose
+    per-output bound (`linear_bound`, docs/llm_ops.md) is taken at its largest, and
+    cache_attention, where the shader and the reference may each be `attention_tolerance`
+    away from the exact result (docs/attention_ops.md)."""
     if op_name in LINEAR_OPS:
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
     if op_name in ("etvk.rms_norm.default", "etvk.act_mul.default"):
@@ -260,6 +261,10 @@ def tolerance(op_name: str, want, args: tuple) -> float:
 
         rtol, atol = llm_tolerance(op_name.split(".")[1], want.dtype)
         return rtol * float(want.abs().max()) + atol if want.numel() else 0.0
+    if op_name == "etvk.linear.default":
+        from runtime.reference.llm import linear_bound
+
+        return float(linear_bound(*args).max()) if want.numel() else 0.0
     if op_name == "etvk.cache_attention.default":
         return 2 * attention_tolerance(*args)
     return 0.0

@@ -1,9 +1,10 @@
-"""Example cases of the llm family (embedding, rms_norm, rope, act_mul, binary, scalar), as tables.
+"""Example cases of the llm family (embedding, rms_norm, rope, act_mul, binary, scalar, linear), as tables.
 
 Each case names a shape from a decoder LLM (shrunk so that it runs quickly on a
 CPU Vulkan driver) or one that stresses the indexing: sizes that are not
 multiples of 4 (values of one unit straddle rows), head sizes whose halves are
-not whole units, broadcasts of every kind, empty tensors. `inputs(case, dtype)`
+not whole units, broadcasts of every kind, empty tensors, linears whose K is
+not a multiple of the chunk of 4 or of a workgroup's 256 values. `inputs(case, dtype)`
 builds the arguments in schema order. Used by the tests (tests/ops/test_llm.py)
 and, through runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
 """
@@ -73,9 +74,17 @@ CASES = [
     Case("scalar_logit_softcap_mul", "scalar", ((2, 3, 9),), {"value": 1 / 30.0, "operation": "mul"}),
     Case("scalar_add_third", "scalar", ((3, 11),), {"value": 1 / 3, "operation": "add"}),
     Case("scalar_add_tie_in_fp16", "scalar", ((2, 8),), {"value": 1 + 2.0**-11 + 2.0**-40, "operation": "add"}),
+    # linear: shapes = (x [..., K], (N,)), option bias
+    Case("linear_decode_lm_head", "linear", ((1, 1, 256), (200,)), {"bias": False}),
+    Case("linear_prefill_bias", "linear", ((1, 5, 96), (64,)), {"bias": True}),
+    Case("linear_k70_n13_rows_straddle_units", "linear", ((3, 70), (13,)), {"bias": True}),
+    Case("linear_decode_k1000", "linear", ((1, 1000), (8,)), {"bias": False}),
+    Case("linear_k1_1d_bias", "linear", ((2, 1), (5,)), {"bias": True}),
+    Case("linear_1d_x_k33", "linear", ((33,), (6,)), {"bias": False}),
+    Case("linear_no_tokens", "linear", ((0, 16), (8,)), {"bias": True}),
 ]
 BY_NAME = {case.name: case for case in CASES}
-OPS = ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar")
+OPS = ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar", "linear")
 
 
 def _values(gen, shape, dtype, scale=1.0):
@@ -114,6 +123,11 @@ def inputs(case: Case, dtype: torch.dtype, seed: int | None = None) -> tuple:
     if case.op == "binary":
         a_shape, b_shape = case.shapes
         return _values(gen, a_shape, dtype), _values(gen, b_shape, dtype), o["operation"]
+    if case.op == "linear":
+        x_shape, (n,) = case.shapes
+        weight = _values(gen, (n, x_shape[-1]), dtype, x_shape[-1] ** -0.5)
+        bias = _values(gen, (n,), dtype) if o["bias"] else None
+        return _values(gen, x_shape, dtype), weight, bias
     (shape,) = case.shapes
     return _values(gen, shape, dtype, 5.0), o["value"], o["operation"]
 

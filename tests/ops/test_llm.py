@@ -1,10 +1,10 @@
-"""llm family (embedding, rms_norm, rope, act_mul, binary, scalar) on the default Vulkan
-device, validation on.
+"""llm family (embedding, rms_norm, rope, act_mul, binary, scalar, linear) on the default
+Vulkan device, validation on.
 
 Every case of `runtime.tools.examples_llm` runs on every variant of its op (one per
 activation dtype), with host and with device inputs: embedding, rope, binary and scalar
-must equal the reference bit for bit, rms_norm and act_mul stay within the tolerances of
-docs/llm_ops.md. The references must equal PyTorch's eager expressions (Hugging Face's
+must equal the reference bit for bit, rms_norm, act_mul and linear stay within the
+tolerances of docs/llm_ops.md. The references must equal PyTorch's eager expressions (Hugging Face's
 formulas) bit for bit where the page says so, and rope and binary shaders must equal
 PyTorch's fp32 eager results bit for bit. Embedding indices are range-checked on the host
 before any upload; bad arguments name the op and argument.
@@ -37,12 +37,15 @@ def assert_matches(short, got, want, args, what):
     """Bit-exact for the exact ops; within docs/llm_ops.md's tolerance for the others."""
     assert got.dtype == want.dtype and got.shape == want.shape, f"{what}: {got.dtype} {got.shape}"
     rtol, atol = ref.tolerance(short, want.dtype)
-    if rtol == 0 and atol == 0:
+    if short != "linear" and rtol == 0 and atol == 0:
         differ = int((got.view(BITS[got.dtype]) != want.view(BITS[want.dtype])).sum())
         assert not differ, f"{what}: {differ} of {want.numel()} values differ in their bits"
         return
     g, w = got.double(), want.double()
-    bound = rtol * w.abs() + atol * (args[1].double().abs().clamp_min(1) if short == "act_mul" else 1)
+    if short == "linear":
+        bound = ref.linear_bound(*args)
+    else:
+        bound = rtol * w.abs() + atol * (args[1].double().abs().clamp_min(1) if short == "act_mul" else 1)
     over = (g - w).abs() > bound
     assert not bool(torch.isnan(g).any()), f"{what}: NaN"
     assert not bool(over.any()), (
@@ -69,7 +72,8 @@ def test_case_matches_reference(case, variant, dispatch_trace):
 
 @pytest.mark.parametrize("name", ["embedding_d6_rows_straddle_units", "rms_norm_gemma_offset",
                                   "rope_d12_halves_straddle_units", "act_mul_silu_odd_numel",
-                                  "binary_mixed_broadcast_sub", "scalar_add_third"])
+                                  "binary_mixed_broadcast_sub", "scalar_add_third",
+                                  "linear_k70_n13_rows_straddle_units"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float", "half"])
 def test_device_tensor_inputs(name, dtype):
     """Tensor arguments already on the device (an earlier op's outputs) give the same results."""
@@ -86,7 +90,7 @@ def test_device_tensor_inputs(name, dtype):
 
 def test_every_variant_has_cases():
     """Each llm op has cases in the table, and each of its variants is one DTYPE."""
-    for short in ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar"):
+    for short in ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar", "linear"):
         assert any(c.op == short for c in CASES), short
         assert sorted(v.axes["DTYPE"] for v in op_of(short).variants) == ["float16", "float32"]
 
@@ -297,7 +301,8 @@ def _args(case_name, changes, dtype=torch.float32):
     args = list(inputs(case, dtype))
     names = {"embedding": ["weight", "indices"], "rms_norm": ["x", "weight", "eps", "weight_offset"],
              "rope": ["x", "cos", "sin"], "act_mul": ["gate", "up", "activation"],
-             "binary": ["a", "b", "operation"], "scalar": ["a", "value", "operation"]}[case.op]
+             "binary": ["a", "b", "operation"], "scalar": ["a", "value", "operation"],
+             "linear": ["x", "weight", "bias"]}[case.op]
     for name, value in changes.items():
         args[names.index(name)] = value
     return case.op, args
@@ -333,6 +338,14 @@ BAD_ARGS = [
     ("binary_residual_add", "operation", None, "expected a str"),
     ("scalar_add_third", "operation", "sub", "'add' or 'mul', got 'sub'"),
     ("scalar_add_third", "value", "0.5", "expected a float"),
+    ("linear_prefill_bias", "x", torch.randn(1, 5, 0), "positive last dimension K, got shape (1, 5, 0)"),
+    ("linear_prefill_bias", "x", torch.randn(1, 5, 96).double(), "dtype torch.float64 is not supported",
+     {"weight": torch.randn(64, 96).double(), "bias": torch.randn(64).double()}),
+    ("linear_prefill_bias", "weight", torch.randn(64, 95), "[N, K] with K = 96"),
+    ("linear_prefill_bias", "weight", torch.randn(96), "[N, K] with K = 96"),
+    ("linear_prefill_bias", "weight", torch.randn(64, 96).half(), "x's dtype torch.float32, got torch.float16"),
+    ("linear_prefill_bias", "bias", torch.randn(63), "None or of shape (64,)"),
+    ("linear_prefill_bias", "bias", torch.randn(64).half(), "x's dtype torch.float32, got torch.float16"),
 ]
 
 
@@ -354,3 +367,36 @@ def test_broadcasts_of_more_than_4_runs_are_refused():
     a, b = torch.randn(2, 3, 2, 3, 2, 3), torch.randn(3, 1, 3, 1, 3)
     with pytest.raises(ValueError, match=r"^etvk.binary.default: argument 'b'.* in 6 dimension runs"):
         op_of("binary")(a, b, "add")
+
+
+# ---------------------------------------------------------------- linear's order
+
+
+def linear_in_documented_order(x, weight, bias, workgroup=64):
+    """docs/llm_ops.md's order of linear in fp32 torch ops (each rounded once, no fma):
+    invocation lid sums the products of chunks lid, lid + 64, ... (4 K values each, zeros past
+    K), a tree adds the 64 partial sums (span 32, 16, ..., 1), then the bias, then the dtype."""
+    k = x.shape[-1]
+    xs, w = x.reshape(-1, k).float(), weight.float()
+    rounds = -(-k // (4 * workgroup))
+    products = F.pad(xs[:, None, :] * w[None, :, :], (0, rounds * workgroup * 4 - k))
+    products = products.reshape(xs.shape[0], w.shape[0], rounds, workgroup, 4)
+    sums = torch.zeros(products.shape[:2] + (workgroup,))
+    for r in range(rounds):
+        for q in range(4):
+            sums = sums + products[:, :, r, :, q]
+    span = workgroup // 2
+    while span:
+        sums = torch.cat([sums[..., :span] + sums[..., span:2 * span], sums[..., span:]], -1)
+        span //= 2
+    out = sums[..., 0] if bias is None else sums[..., 0] + bias.float()
+    return out.to(x.dtype).reshape(tuple(x.shape[:-1]) + (w.shape[0],))
+
+
+@pytest.mark.parametrize("name", [c.name for c in CASES if c.op == "linear"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float", "half"])
+def test_linear_sums_in_the_documented_order(name, dtype):
+    """The shader's fixed order, emulated in fp32 torch ops, gives its results bit for bit."""
+    args = inputs(BY_NAME[name], dtype)
+    bits = BITS[dtype]
+    assert torch.equal(op_of("linear")(*args).view(bits), linear_in_documented_order(*args).view(bits))
