@@ -174,19 +174,26 @@ ivec4 lin_w_texel(uint b, uint t) {
 // Σ x*q over 8 k values for the 4 rows of a weight texel: x0 = x[k..k+3],
 // x1 = x[k+4..k+7]; byte i of a weight word holds q[k+i] (low nibble) and
 // q[k+4+i] (high nibble), q = w + 8 in [0, 15].
+// Without the dot product instruction: the activations unpacked once for the 4 rows, each
+// row's 8 nibbles as two vectors (integer sums: any order gives the same exact result, and
+// the SPIR-V is a fraction of 8 unpacked dot4 calls per texel).
 ivec4 lin_dot8x4(uint x0, uint x1, ivec4 w) {
-  const uvec4 u = uvec4(w);
-  const uvec4 lo = u & 0x0F0F0F0Fu;
-  const uvec4 hi = (u >> 4u) & 0x0F0F0F0Fu;
-  return ivec4(etvk_dot4_i8(x0, lo.x) + etvk_dot4_i8(x1, hi.x),
-               etvk_dot4_i8(x0, lo.y) + etvk_dot4_i8(x1, hi.y),
-               etvk_dot4_i8(x0, lo.z) + etvk_dot4_i8(x1, hi.z),
-               etvk_dot4_i8(x0, lo.w) + etvk_dot4_i8(x1, hi.w));
+  const ivec4 a = etvk_unpack_i8x4(x0);
+  const ivec4 b = etvk_unpack_i8x4(x1);
+  ivec4 sums;
+  for (int row = 0; row < 4; ++row) {
+    const uvec4 word = uvec4(uint(w[row]));
+    const ivec4 p = a * ivec4((word >> uvec4(0u, 8u, 16u, 24u)) & 0xFu)
+                  + b * ivec4((word >> uvec4(4u, 12u, 20u, 28u)) & 0xFu);
+    sums[row] = (p.x + p.y) + (p.z + p.w);
+  }
+  return sums;
 }
 
 // Σ x over 8 k values.
 int lin_xsum8(uint x0, uint x1) {
-  return etvk_dot4_i8(x0, 0x01010101u) + etvk_dot4_i8(x1, 0x01010101u);
+  const ivec4 s = etvk_unpack_i8x4(x0) + etvk_unpack_i8x4(x1);
+  return (s.x + s.y) + (s.z + s.w);
 }
 
 // The group metadata of block b: the 4 rows' weight scales and (c << 4) | zq.
