@@ -17,6 +17,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from op_testlib import assert_argument_error
 
 import runtime
 from runtime.families.llm import broadcast
@@ -356,11 +357,7 @@ def test_bad_arguments_name_the_op_and_argument(row):
     case_name, arg, value, text, *others = row
     short, args = _args(case_name, {arg: value, **(others[0] if others else {})})
     op = op_of(short)
-    with pytest.raises((ValueError, TypeError)) as info:
-        op(*args)
-    message = str(info.value)
-    assert message.startswith(f"{op.name}: argument '{arg}'"), message
-    assert text in message, message
+    assert_argument_error(op, args, arg, text)
 
 
 def test_broadcasts_of_more_than_4_runs_are_refused():

@@ -18,6 +18,7 @@ import math
 import pytest
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+from op_testlib import assert_argument_error
 
 import runtime
 from runtime.families.pool2d import avg_pool2d_divisors, global_pool_tiling, pool2d_params
@@ -308,11 +309,7 @@ def test_bad_arguments_name_the_op_and_argument(kind, case_name, changes, arg, t
     args = list(BUILDERS[kind](case))
     for index, value in changes.items():
         args[index] = value
-    with pytest.raises((ValueError, TypeError)) as info:
-        op(*args)
-    message = str(info.value)
-    assert message.startswith(f"{op.name}: argument '{arg}'"), message
-    assert text in message, message
+    assert_argument_error(op, args, arg, text)
 
 
 def test_a_device_input_must_be_packed():
