@@ -2,10 +2,11 @@
 
 Input: a program quantized with PT2E (static per-tensor int8 activations,
 per-channel symmetric int8 weights, as XNNPACKQuantizer's symmetric config
-makes them) and/or torchao's 8da4w linears. The steps:
+makes them) and/or torchao's 8da4w linears, with or without state (a
+decoder's KV cache). The steps:
 
 1. `runtime.pytorch.passes.fuse_quantized_ops` fuses the 8da4w linears;
-2. from_export.py converts the graph op for op;
+2. from_export.py converts the graph op for op (mutated buffers become state);
 3. ``dequantize_per_tensor -> aten.conv2d -> [relu | hardtanh | hardswish] -> quantize_per_tensor``
    becomes one ``etvk.q8ta_conv2d`` (weight sums, fp32 weight scales and an
    fp32 bias computed once from the constants); its int8 input and output get
@@ -21,8 +22,11 @@ makes them) and/or torchao's 8da4w linears. The steps:
    int8 fuses with that quantize into ``quantize_per_token_dynamic`` (when
    the last dimension is a multiple of 4), as do torchao's choose_qparams_affine
    and quantize_affine of 8da4w exports (into ``quantize_affine_per_token_dynamic``,
-   lower_torchao.py, before the casts are dropped);
-6. what nothing reads is dropped.
+   lower_torchao.py, before the casts are dropped); lower_decoder.py lowers a
+   decoder's float ops (embedding, RMSNorm, rotary embedding, KV-cache writes,
+   attention over the cache, activation x up, elementwise ops, fp linears);
+6. what nothing reads is dropped, and the checks the program's inputs need
+   on the host are derived (input_checks.py).
 
 What matches no pattern stays a PyTorch op: the loader runs it on the CPU.
 A pattern is only rewritten where the result is provably the op's contract
