@@ -5,7 +5,8 @@
   saved;
 - ``inspect FILE``: every node, where it runs on this device and why, the
   layouts as resolved here, whether a conv runs with measured settings
-  (``python -m runtime tune``) or the rule's, and the memory plan;
+  (``python -m runtime tune``) or the rule's, the memory plan, and where the
+  program's state (a KV cache) lives;
 - ``run FILE``: random or given inputs (token ids and cache positions in
   range where the program checks them), agreement with the same program run
   by PyTorch on the CPU (its ops, and the etvk reference kernels), timing
@@ -96,6 +97,12 @@ def inspect(path: Path) -> int:
     print(f"memory: {plan['tensors']} intermediates, {_kib(plan['unshared_bytes'])} if each had its own; "
           f"planned into {plan['buffers']} buffers of {_kib(plan['planned_bytes'])} "
           f"(peak live {_kib(plan['peak_bytes'])}); segment inputs {_kib(plan['input_bytes'])}")
+    homes = loaded.state_placement()
+    if homes:
+        values = loaded.program.values
+        nbytes = sum(math.prod(values[n].shape) * values[n].dtype.itemsize for n in homes)
+        where = ", ".join(f"{sum(h == place for h in homes.values())} on {place}" for place in sorted(set(homes.values())))
+        print(f"state: {len(homes)} tensors of {_kib(nbytes)} ({where})")
     return 0
 
 

@@ -197,6 +197,8 @@ def test_export_llm_and_generate_from_a_saved_folder(tmp_path):
                           timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "against PyTorch on the CPU" in done.stdout
+    done = subprocess.run([*cli, "inspect", str(out)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and "state: 4 tensors of 8 KiB (4 on vulkan)" in done.stdout, done.stdout
     done = subprocess.run([*cli, "generate", str(out), "--prompt", "4,8,15", "--max-new-tokens", "20"],
                           capture_output=True, text=True, timeout=600)
     assert done.returncode == 1 and "Traceback" not in done.stderr
