@@ -48,7 +48,7 @@ from runtime.programs.input_checks import derive_input_checks
 from runtime.programs.lower_decoder import lower_decoder_ops
 from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.program import Program
-from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
+from runtime.programs.rewrite import DQ, FLOATS, Q, Rewriter, bind, conv_activation, int8_per_tensor
 from runtime.pytorch.passes import fuse_quantized_ops
 
 _CONV = "aten.conv2d.default"
@@ -62,7 +62,6 @@ _TWINS = {
 _CHOOSE = "etvk.choose_qparams_per_token_asymmetric.default"
 _QUANTIZE_PER_TOKEN = "etvk.quantize_per_token.default"
 _DYNAMIC = "etvk.quantize_per_token_dynamic.default"
-_FLOATS = (torch.float32, torch.float16)
 # cast target -> the arguments it may have (input, dtype, copy); any other must be default
 _CASTS = {"aten._to_copy.default": ("self", "dtype"), "aten.to.dtype": ("self", "dtype", "copy"),
           "aten.type_as.default": ("self", "other")}
@@ -112,7 +111,7 @@ class _Lowering(Rewriter):
         if node.target == Q:
             b = bind(node)
             source = values.get(getattr(b["input"], "name", ""))
-            if source is None or source.dtype not in _FLOATS or b["dtype"] not in (torch.int8, torch.uint8,
+            if source is None or source.dtype not in FLOATS or b["dtype"] not in (torch.int8, torch.uint8,
                                                                                    torch.int32):
                 return None
             if int8_per_tensor(node, Q) is not None and len(source.shape) == 4:
@@ -123,7 +122,7 @@ class _Lowering(Rewriter):
         if node.target == DQ:
             b = bind(node)
             source = values.get(getattr(b["input"], "name", ""))
-            if source is None or b.get("out_dtype") not in (None, *_FLOATS):
+            if source is None or b.get("out_dtype") not in (None, *FLOATS):
                 return None
             if source.layout is not None and int8_per_tensor(node, DQ) is not None:
                 return Node(node.name, "etvk.q8ta_dequantize.default",

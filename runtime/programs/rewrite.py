@@ -22,6 +22,7 @@ from runtime.programs.program import Program
 Q = "quantized_decomposed.quantize_per_tensor.default"
 DQ = "quantized_decomposed.dequantize_per_tensor.default"
 DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
+FLOATS = (torch.float32, torch.float16)  # the activation dtypes the float ops take
 # aten activation -> the conv ops' `activation` (hardtanh also takes its bounds)
 ACTIVATIONS = {"aten.relu.default": "relu", "aten.hardtanh.default": "hardtanh",
                "aten.hardswish.default": "hardswish"}
@@ -99,6 +100,26 @@ class Rewriter:
 
     def shape(self, ref) -> tuple[int, ...]:
         return self.program.values[ref.name].shape
+
+    def value_spec(self, value) -> ValueSpec | None:
+        """The shape and dtype of a value or constant argument; None for anything else."""
+        if isinstance(value, Ref):
+            return self.program.values[value.name]
+        if isinstance(value, Const):
+            tensor = self.program.constants[value.name]
+            return ValueSpec(tuple(tensor.shape), tensor.dtype)
+        return None
+
+    def made_by(self, value, *targets: str) -> Node | None:
+        """The node that makes `value`, if it calls one of `targets`."""
+        node = self.producer(value)
+        return node if node is not None and node.target in targets else None
+
+    def replace_call(self, old: Node, target: str, args: tuple, kwargs: dict | None = None) -> Node:
+        """`old` replaced by a call of `target` with the same outputs; returns the new node."""
+        new = Node(f"{old.name}_etvk", target, args, kwargs or {}, old.outputs)
+        self.replace(old, new)
+        return new
 
     def add_constant(self, name: str, tensor: torch.Tensor) -> Const:
         while name in self.program.constants or name in self.program.values:

@@ -1,0 +1,170 @@
+"""Attention over a static KV cache: the pattern a ``transformers`` decoder export holds, as ops.
+
+``index_copy(cache, 2, pos, k)`` becomes ``etvk.cache_update`` (in place on
+a cache kept on the device); the rotary embedding of q and k (``x*cos +
+rotate_half(x)*sin`` on the heads-first transpose) becomes ``etvk.rope`` on
+the token-major tensor; ``scaled_dot_product_attention`` over the (repeated,
+for grouped-query attention) cache with the causal mask ``key <= position``
+becomes ``etvk.cache_attention``, whose token-major result the output
+projection reads through a view. Only where every piece matches
+(docs/attention_ops.md). Pure graph work; used by lower_decoder.py.
+"""
+
+from __future__ import annotations
+
+import math
+
+from runtime.programs.nodes import Node, Ref
+from runtime.programs.rewrite import Rewriter, bind
+
+
+def _token_major(rw: Rewriter, value) -> Ref | None:
+    """The ``[B, S, H, D]`` tensor whose ``transpose(1, 2)`` `value` is, with the rotary embedding
+    of `value` (on the heads-first tensor) moved onto it as an ``etvk.rope`` node; None where
+    `value` is neither."""
+    node = rw.producer(value)
+    if node is not None and node.target == "aten.transpose.int" and sorted(node.args[1:]) == [1, 2]:
+        return node.args[0] if isinstance(node.args[0], Ref) else None
+    rope = _rotary(rw, node)
+    if rope is None:
+        return None
+    x, cos, sin = rope
+    source = _token_major(rw, x)
+    if source is None:
+        return None
+    name = f"{node.outputs[0]}_tokens"
+    spec = rw.program.values[source.name]
+    rw.program.values[name] = spec
+    rope_node = Node(f"{node.name}_rope", "etvk.rope.default", (source, cos, sin), {}, (name,))
+    rw.program.nodes.insert(rw.program.nodes.index(node), rope_node)
+    rw.refresh()
+    return Ref(name)
+
+
+def _rotary(rw: Rewriter, node: Node | None):
+    """(x, cos, sin) where `node` computes ``x*unsqueeze(cos, 1) + cat(-x2, x1)*unsqueeze(sin, 1)``
+    on a ``[B, H, S, D]`` x with ``[B, S, D]`` cos and sin (x1, x2: the halves of D)."""
+    if node is None or node.target != "aten.add.Tensor" or len(node.args) != 2:
+        return None
+    for first, second in (node.args, node.args[::-1]):
+        plain, turned = rw.made_by(first, "aten.mul.Tensor"), rw.made_by(second, "aten.mul.Tensor")
+        if plain is None or turned is None:
+            continue
+        for x, c in (plain.args, plain.args[::-1]):
+            for rotated, s in (turned.args, turned.args[::-1]):
+                cat = rw.made_by(rotated, "aten.cat.default")
+                cos, sin = _unsqueezed(rw, c), _unsqueezed(rw, s)
+                if cat is None or cos is None or sin is None or not isinstance(x, Ref) \
+                        or bind(cat).get("dim", 0) not in (-1, 3) or len(cat.args[0]) != 2:
+                    continue
+                neg = rw.made_by(cat.args[0][0], "aten.neg.default")
+                high = neg and rw.made_by(neg.args[0], "aten.slice.Tensor")
+                low = rw.made_by(cat.args[0][1], "aten.slice.Tensor")
+                shape = rw.program.values[x.name].shape
+                half = shape[-1] // 2 if len(shape) == 4 else -1
+                if high and low and high.args[0] == x and low.args[0] == x \
+                        and _slice(high, shape[-1]) == (half, shape[-1]) and _slice(low, shape[-1]) == (0, half) \
+                        and rw.program.values[cos.name].shape == (shape[0], shape[2], shape[3]):
+                    return x, cos, sin
+    return None
+
+
+def _slice(node: Node, size: int) -> tuple[int, int] | None:
+    """(start, end) of a slice along the last of 4 dimensions of `size`, the end clamped to it."""
+    b = bind(node)
+    if b.get("dim") not in (3, -1) or b.get("step", 1) != 1:
+        return None
+    return b.get("start") or 0, min(b.get("end"), size)
+
+
+def _unsqueezed(rw: Rewriter, value) -> Ref | None:
+    node = rw.made_by(value, "aten.unsqueeze.default")
+    return node.args[0] if node is not None and node.args[1] == 1 and isinstance(node.args[0], Ref) else None
+
+
+def _repeated_cache(rw: Rewriter, value) -> Ref | None:
+    """The cache `value` reads: itself, or the cache whose kv heads it repeats for grouped-query
+    attention (``reshape(expand(unsqueeze(cache, 2)))``)."""
+    reshape = rw.made_by(value, "aten.reshape.default", "aten.view.default", "aten._unsafe_view.default")
+    expand = reshape and rw.made_by(reshape.args[0], "aten.expand.default")
+    unsqueeze = expand and rw.made_by(expand.args[0], "aten.unsqueeze.default")
+    if unsqueeze is not None and unsqueeze.args[1] == 2:
+        cache = unsqueeze.args[0]
+        shape = rw.program.values[cache.name].shape
+        repeated = rw.program.values[value.name].shape
+        if len(shape) == 4 and repeated[0] == shape[0] and repeated[2:] == shape[2:] \
+                and repeated[1] % shape[1] == 0:
+            return cache
+    return value if isinstance(value, Ref) else None
+
+
+def _cache_update(rw: Rewriter, cache: Ref) -> Node | None:
+    """The ``index_copy(state, 2, positions, x)`` that makes `cache`, rewritten as
+    ``etvk.cache_update(state, positions, token-major x)``; None where it is not one."""
+    node = rw.producer(cache)
+    if node is not None and node.target == "etvk.cache_update.default":
+        return node
+    if node is None or node.target != "aten.index_copy.default" or node.args[1] != 2 \
+            or not isinstance(node.args[0], Ref) or node.args[0].name not in rw.program.state:
+        return None
+    value = _token_major(rw, node.args[3])
+    if value is None:
+        return None
+    return rw.replace_call(rw.producer(cache), "etvk.cache_update.default", (node.args[0], node.args[2], value))
+
+
+def _causal_positions(rw: Rewriter, mask, length: int) -> Ref | None:
+    """P where `mask` is ``expand(le(keys, unsqueezed P))``: key j visible to query i iff j <= P[i],
+    keys ``arange(length)`` (plus 0)."""
+    expand = rw.made_by(mask, "aten.expand.default")
+    le = rw.made_by(expand.args[0] if expand else mask, "aten.le.Tensor")
+    if le is None:
+        return None
+    keys, queries = (_squeezed(rw, a) for a in le.args)
+    add = rw.made_by(keys, "aten.add.Tensor")
+    arange = rw.made_by(add.args[0] if add and add.args[1] == 0 else keys, "aten.arange.default")
+    if arange is None or arange.args[:1] != (length,) or not isinstance(queries, Ref):
+        return None
+    return queries
+
+
+def _squeezed(rw: Rewriter, value):
+    """What `value` is ``unsqueeze`` s of (itself when it is none)."""
+    while (node := rw.made_by(value, "aten.unsqueeze.default")) is not None:
+        value = node.args[0]
+    return value
+
+
+def lower_attention(rw: Rewriter, sdpa: Node) -> None:
+    """`sdpa` (a ``scaled_dot_product_attention`` node) and the cache writes and rotary
+    embeddings it reads, as etvk ops, where they match (module docstring)."""
+    b = bind(sdpa)
+    if b.get("dropout_p", 0.0) != 0.0 or b.get("is_causal") or b.get("enable_gqa") \
+            or not all(isinstance(b[k], Ref) for k in ("query", "key", "value", "attn_mask")):
+        return
+    caches = [_repeated_cache(rw, b[k]) for k in ("key", "value")]
+    if None in caches:
+        return
+    q_shape = rw.program.values[b["query"].name].shape
+    length = rw.program.values[caches[0].name].shape[2]
+    positions = _causal_positions(rw, b["attn_mask"], length)
+    if positions is not None and rw.program.values[positions.name].shape != (q_shape[2],):
+        return
+    out = rw.only_user(sdpa)
+    if out is not None and out.target in ("aten.reshape.default", "aten.view.default") and \
+            rw.program.values[out.outputs[0]].shape == q_shape:
+        out = rw.only_user(out)  # a reshape to its own shape
+    if positions is None or out is None or out.target != "aten.transpose.int" \
+            or sorted(out.args[1:]) != [1, 2] or len(q_shape) != 4:
+        return
+    query = _token_major(rw, b["query"])
+    updates = [_cache_update(rw, c) for c in caches]
+    if query is None or None in updates:
+        return
+    scale = b.get("scale")
+    scale = 1.0 / math.sqrt(q_shape[-1]) if scale is None else float(scale)
+    attention = Node(f"{sdpa.name}_etvk", "etvk.cache_attention.default",
+                     (query, Ref(updates[0].outputs[0]), Ref(updates[1].outputs[0]), positions, scale),
+                     {}, out.outputs)
+    rw.program.nodes[rw.program.nodes.index(out)] = attention
+    rw.refresh()
