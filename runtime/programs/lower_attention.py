@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import math
 
+import torch
+
 from runtime.programs.nodes import Node, Ref
 from runtime.programs.rewrite import Rewriter, bind
 
@@ -113,19 +115,55 @@ def _cache_update(rw: Rewriter, cache: Ref) -> Node | None:
     return rw.replace_call(rw.producer(cache), "etvk.cache_update.default", (node.args[0], node.args[2], value))
 
 
+_BOOL_CASTS = ("aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy.default")
+
+
 def _causal_positions(rw: Rewriter, mask, length: int) -> Ref | None:
     """P where `mask` is ``expand(le(keys, unsqueezed P))``: key j visible to query i iff j <= P[i],
-    keys ``arange(length)`` (plus 0)."""
+    keys ``arange(length)`` (plus 0). A sliding window of W >= `length` positions ANDed to it
+    (``gt(keys, P - W)``, as Mistral-style exports add) and all-true ``new_ones`` change
+    nothing for positions inside the cache (the input checks keep them there)."""
     expand = rw.made_by(mask, "aten.expand.default")
-    le = rw.made_by(expand.args[0] if expand else mask, "aten.le.Tensor")
-    if le is None:
+    leaves = _conjuncts(rw, expand.args[0] if expand else mask)
+    causal = [n for n in leaves if n.target == "aten.le.Tensor"]
+    if len(causal) != 1:
         return None
+    le = causal[0]
+    for other in leaves:
+        if other is not le and not _always_true(rw, other, le, length):
+            return None
     keys, queries = (_squeezed(rw, a) for a in le.args)
     add = rw.made_by(keys, "aten.add.Tensor")
     arange = rw.made_by(add.args[0] if add and add.args[1] == 0 else keys, "aten.arange.default")
     if arange is None or arange.args[:1] != (length,) or not isinstance(queries, Ref):
         return None
     return queries
+
+
+def _conjuncts(rw: Rewriter, value) -> list[Node]:
+    """The nodes a boolean mask ANDs together (through casts to bool); [] where one is missing."""
+    node = rw.producer(value)
+    while node is not None and node.target in _BOOL_CASTS:
+        node = rw.producer(node.args[0])
+    if node is None:
+        return []
+    if node.target == "aten.__and__.Tensor":
+        parts = [_conjuncts(rw, a) for a in node.args]
+        return [] if [] in parts else parts[0] + parts[1]
+    return [node]
+
+
+def _always_true(rw: Rewriter, node: Node, causal: Node, length: int) -> bool:
+    """Whether `node` is true wherever `causal` (``le(keys, queries)``) can be evaluated on
+    positions in [0, length): an all-true ``new_ones``, or ``gt(keys, queries - W)`` with
+    W >= length."""
+    if node.target == "aten.new_ones.default":
+        return node.kwargs.get("dtype") == torch.bool
+    if node.target != "aten.gt.Tensor" or node.args[0] != causal.args[0]:
+        return False
+    shifted = rw.made_by(node.args[1], "aten.sub.Tensor")
+    return shifted is not None and shifted.args[0] == causal.args[1] and isinstance(shifted.args[1], int) \
+        and shifted.args[1] >= length and bind(shifted).get("alpha", 1) == 1
 
 
 def _squeezed(rw: Rewriter, value):

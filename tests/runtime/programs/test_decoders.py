@@ -2,7 +2,8 @@
 exported the way the ecosystem exports them (``TorchExportableModuleForDecoderOnlyLM``, a static
 KV cache updated in place): lowered, saved, loaded, and run token by token.
 
-Families chosen for their variations: Llama (the base), Qwen3 (q/k RMSNorm), Gemma (``(1 + w)``
+Families chosen for their variations: Llama (the base), Qwen2 (biases on q, k and v), Mistral
+(a sliding window, here wider than the cache, in the mask), Qwen3 (q/k RMSNorm), Gemma (``(1 + w)``
 RMSNorm, embedding scaling, GELU-tanh MLP, tied embeddings), Phi-3 (fused qkv and gate/up
 projections), Granite (scalar multipliers on embeddings, residuals, attention and logits), all
 with grouped-query attention. The lowering puts the embedding, RMSNorms, rotary embeddings, cache
@@ -36,6 +37,8 @@ COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_l
               num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64, pad_token_id=0)
 FAMILIES = {
     "llama": dict(model_type="llama"),
+    "qwen2": dict(model_type="qwen2"),
+    "mistral": dict(model_type="mistral", sliding_window=64),
     "qwen3": dict(model_type="qwen3", head_dim=16),
     "gemma": dict(model_type="gemma", head_dim=16),
     "phi3": dict(model_type="phi3"),
