@@ -16,8 +16,10 @@ A reshape (`VIEWS`: view, reshape, unsqueeze, flatten, ...) of a value made
 on the device runs there too, as a view: a tensor of the new shape over the
 same buffer, no dispatch (`Recording.aliases` names what it views). An int64
 value made on the host enters a segment as int32 (token ids, positions: the
-device has no int64; the loader checks that the values fit). Used by
-loader.py.
+device has no int64; the loader checks that the values fit). An op that
+writes an argument in place (`OpDef.aliases`: the KV-cache write) does so
+only where the program reads that argument's old value no more; elsewhere
+it runs on the CPU (`Fallback`). Used by loader.py.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import torch
 
 from runtime.errors import TensorTooLarge, UnsupportedVariant
 from runtime.ops.registry import get_op
+from runtime.programs.cpu import resolve_op
 from runtime.programs.memory_plan import MemoryPlan
 from runtime.programs.nodes import Const, Ref, map_args
 from runtime.vulkan.memory import Buffer
@@ -180,6 +183,7 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
     segments, schedule = _schedule(records)
     on_device: dict[str, Tensor] = dict(state or {})
     aliases: dict[str, str] = {}
+    last_read = {name: position for position, node in enumerate(program.nodes) for name in node.reads()}
     for segment in segments:
         segment.stream = Stream(device, allocate=allocate)
         for position in segment.positions:
@@ -211,6 +215,7 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
                                                     source.memory)
                 aliases[node.outputs[0]] = aliases.get(node.args[0].name, node.args[0].name)
                 continue
+            _check_writes_in_place(program, position, aliases, last_read)
             allocate.position = position
             before = len(segment.stream.dispatched)
             try:
@@ -225,6 +230,30 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
             records[position].dispatches = segment.stream.dispatched[before:]
         segment.stream.finish()
     return Recording(records, segments, schedule, on_device, aliases)
+
+
+def _check_writes_in_place(program, position: int, aliases: dict[str, str],
+                           last_read: dict[str, int]) -> None:
+    """An op that writes an argument in place (an output with `alias` in its spec) may do so on
+    the device only where the program reads that argument's old value no more: no later node
+    reads it or a view of it, and it is no program output.
+
+    Raises:
+        Fallback: it is read again (the node's reference kernel, functional, runs on the CPU).
+    """
+    node = program.nodes[position]
+    if not node.is_etvk or not get_op(node.target).opdef.aliases:
+        return
+    arguments = [a.name for a in resolve_op(node.target)._schema.arguments]
+    for _, name in get_op(node.target).opdef.aliases:
+        written = node.args[arguments.index(name)] if arguments.index(name) < len(node.args) else None
+        if not isinstance(written, Ref):
+            continue
+        views = [v for v, root in aliases.items() if root == aliases.get(written.name, written.name)]
+        if any(last_read.get(v, -1) > position for v in [written.name, *views]) or \
+                written.name in program.outputs:
+            raise Fallback(node.name, f"it writes {written.name} in place, which the program reads "
+                                      "again later")
 
 
 def _placement(program, on_cpu: dict[str, str], on_device: set[str]) -> list[NodeRecord]:

@@ -170,3 +170,28 @@ def test_calls_from_several_threads_are_serialized(tmp_path):
     assert sorted(float(s[0]) for s in steps) == [float(2 ** i) for i in range(16)]
     assert all(torch.equal(s, s[:1].expand(4)) for s in steps)
     assert torch.equal(totals[-1], torch.full((4,), float(2 ** 16 - 1)))
+
+
+def test_an_in_place_write_whose_old_value_is_read_later_runs_on_the_cpu():
+    """etvk.cache_update writes its cache in place on the device; where a later node still reads
+    the cache as it was, the write falls back to the CPU (its reference is functional)."""
+    from runtime.programs.nodes import Node, Ref, ValueSpec
+    from runtime.programs.program import Program
+
+    cache = (1, 2, LENGTH, DIM)
+    values = {"cache": ValueSpec(cache, torch.float32), "pos": ValueSpec((1,), torch.int32),
+              "v": ValueSpec((1, 1, 2, DIM), torch.float32), "new": ValueSpec(cache, torch.float32),
+              "old": ValueSpec(cache, torch.float32)}
+    nodes = [Node("write", "etvk.cache_update.default", (Ref("cache"), Ref("pos"), Ref("v")), {}, ("new",)),
+             Node("keep", "etvk.scalar.default", (Ref("cache"), 1.0, "mul"), {}, ("old",))]
+    program = Program(inputs=["pos", "v"], outputs=["old"], nodes=nodes, values=values, constants={},
+                      output_tuple=False, state={"cache": None}, state_updates={"cache": "new"})
+    loaded = runtime.LoadedProgram(program)
+    rows = {r["node"]: r for r in loaded.placement()}
+    assert rows["write"]["runs_on"] == "cpu" and "writes cache in place" in rows["write"]["reason"]
+    state = program.initial_state()
+    for step in range(3):
+        pos, v = torch.tensor([step], dtype=torch.int32), torch.full((1, 1, 2, DIM), step + 1.0)
+        assert torch.equal(loaded(pos, v), program.run_reference(pos, v, state=state))
+    # the fourth call returns the cache as the third left it: its position 2 holds 3.0
+    assert float(loaded(torch.tensor([3], dtype=torch.int32), v)[0, 0, 2, 0]) == 3.0
