@@ -9,7 +9,10 @@ header's metadata holds
   dtype and layout, nodes with their arguments, the ``etvk`` op schemas, the
   manifest hash, every constant's shape, dtype and sha256, the state: each
   state value's start (null for zeros: no bytes are stored for a zero KV
-  cache, only its shape) and update, and the checks on input values);
+  cache, only its shape) and update, the checks on input values, and for
+  a decoder with a dynamic token count its token dimensions and the graph
+  of each further token count (``specializations``: the same fields but
+  the constants, which they share);
 - ``etvk.program_sha256``: the sha256 of that JSON.
 
 Reading parses with the safetensors library (no pickle) and checks every
@@ -36,7 +39,8 @@ from runtime.ops.registry import get_op
 from runtime.programs.cpu import UnknownOp, resolve_op
 from runtime.programs.nodes import Const, InputCheck, Node, Ref, ValueSpec, walk_args
 
-FORMAT = 2
+FORMAT = 3
+_READS = ("2", "3")  # format 2: the same without token counts
 _DTYPES = {str(d).removeprefix("torch."): d for d in (
     torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int8, torch.uint8,
     torch.int16, torch.int32, torch.int64, torch.bool)}
@@ -89,6 +93,23 @@ def _spec_json(spec: ValueSpec) -> dict:
             "layout": spec.layout}
 
 
+def _graph_json(program) -> dict:
+    """The fields of one graph of `program` (its constants apart)."""
+    return {
+        "inputs": list(program.inputs),
+        "outputs": list(program.outputs),
+        "output_tuple": program.output_tuple,
+        "values": {name: _spec_json(spec) for name, spec in program.values.items()},
+        "ops": dict(sorted(program.op_schemas.items())),
+        "nodes": [{"name": n.name, "target": n.target, "args": _encode(list(n.args), n.name),
+                   "kwargs": {k: _encode(v, n.name) for k, v in n.kwargs.items()},
+                   "outputs": list(n.outputs)} for n in program.nodes],
+        "state": dict(program.state),
+        "state_updates": dict(program.state_updates),
+        "input_checks": [{"input": c.input, "kind": c.kind, "bound": c.bound} for c in program.input_checks],
+    }
+
+
 def write_program(program, path) -> None:
     """Writes `program` to `path` (atomically: a temporary file, then a rename).
 
@@ -101,19 +122,12 @@ def write_program(program, path) -> None:
     graph = {
         "format": FORMAT,
         "manifest_hash": program.manifest_hash,
-        "inputs": list(program.inputs),
-        "outputs": list(program.outputs),
-        "output_tuple": program.output_tuple,
-        "values": {name: _spec_json(spec) for name, spec in program.values.items()},
+        **_graph_json(program),
         "constants": {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
                              "sha256": _sha256(t)} for name, t in tensors.items()},
-        "ops": dict(sorted(program.op_schemas.items())),
-        "nodes": [{"name": n.name, "target": n.target, "args": _encode(list(n.args), n.name),
-                   "kwargs": {k: _encode(v, n.name) for k, v in n.kwargs.items()},
-                   "outputs": list(n.outputs)} for n in program.nodes],
-        "state": dict(program.state),
-        "state_updates": dict(program.state_updates),
-        "input_checks": [{"input": c.input, "kind": c.kind, "bound": c.bound} for c in program.input_checks],
+        "token_inputs": dict(program.token_inputs),
+        "token_outputs": list(program.token_outputs),
+        "specializations": {str(size): _graph_json(p) for size, p in program.specializations.items()},
     }
     text = json.dumps(graph, sort_keys=True, separators=(",", ":"))
     metadata = {"etvk.format": str(FORMAT), "etvk.program": text,
@@ -234,7 +248,8 @@ def _open(path: Path):
 
 
 def read_program(path) -> dict:
-    """Reads and checks a program file; returns the `Program` constructor's keyword arguments.
+    """Reads and checks a program file; returns the `Program` constructor's keyword arguments
+    (``specializations`` as such keyword arguments too, by token count).
 
     Raises:
         ProgramFileError: the file and its fault (module docstring).
@@ -244,39 +259,73 @@ def read_program(path) -> dict:
     metadata = handle.metadata() or {}
     if "etvk.program" not in metadata:
         raise ProgramFileError(path, "not an etvk program file (no etvk.program metadata)")
-    if metadata.get("etvk.format") != str(FORMAT):
+    if metadata.get("etvk.format") not in _READS:
         raise ProgramFileError(path, f"program format {metadata.get('etvk.format')!r}; this runtime "
-                                     f"reads format {FORMAT}: export the model again")
+                                     f"reads formats {', '.join(_READS)}: export the model again")
     text = metadata["etvk.program"]
     if hashlib.sha256(text.encode()).hexdigest() != metadata.get("etvk.program_sha256"):
         raise ProgramFileError(path, "the program graph is corrupted (checksum mismatch)")
     try:
         graph = json.loads(text)
         _require(isinstance(graph, dict), "the graph is not a JSON object")
-        for key, kind in (("inputs", list), ("outputs", list), ("values", dict), ("constants", dict),
-                          ("ops", dict), ("nodes", list), ("output_tuple", bool), ("manifest_hash", str),
-                          ("state", dict), ("state_updates", dict), ("input_checks", list)):
-            _require(isinstance(graph.get(key), kind), f"the graph's {key!r} is missing or not a "
-                                                      f"{kind.__name__}")
-        values = {name: _spec(entry, f"value {name!r}") for name, entry in graph["values"].items()}
-        _require(all(name in values for name in graph["inputs"]), "an input has no value entry")
+        _require(isinstance(graph.get("constants"), dict) and isinstance(graph.get("manifest_hash"), str),
+                 "the graph's 'constants' or 'manifest_hash' is missing")
         constants = _constants(path, handle, graph["constants"])
-        _check_state(graph, values, constants)
-        nodes = _nodes(graph, values, constants)
-        _check_ops(nodes, graph["ops"])
-        made = {o for n in nodes for o in n.outputs} | set(graph["inputs"]) | set(graph["state"])
-        _require(all(v in made for v in graph["state_updates"].values()),
-                 "a state update names a value that no node or input defines")
-        checks = _input_checks(graph)
+        program = _graph(graph, constants, "the graph")
+        program["manifest_hash"] = graph["manifest_hash"]
+        program.update(_token_counts(graph, constants, program))
     except json.JSONDecodeError as exc:
         raise ProgramFileError(path, f"the program graph is not valid JSON ({exc})") from None
     except _Malformed as exc:
         raise ProgramFileError(path, str(exc)) from None
+    return program
+
+
+def _graph(graph: dict, constants: dict, what: str) -> dict:
+    """One graph's `Program` keyword arguments (constants and manifest hash apart), checked."""
+    _require(isinstance(graph, dict), f"{what} is not a JSON object")
+    for key, kind in (("inputs", list), ("outputs", list), ("values", dict), ("ops", dict),
+                      ("nodes", list), ("output_tuple", bool), ("state", dict), ("state_updates", dict),
+                      ("input_checks", list)):
+        _require(isinstance(graph.get(key), kind), f"{what}'s {key!r} is missing or not a {kind.__name__}")
+    values = {name: _spec(entry, f"value {name!r}") for name, entry in graph["values"].items()}
+    _require(all(name in values for name in graph["inputs"]), "an input has no value entry")
+    _check_state(graph, values, constants)
+    nodes = _nodes(graph, values, constants)
+    _check_ops(nodes, graph["ops"])
+    made = {o for n in nodes for o in n.outputs} | set(graph["inputs"]) | set(graph["state"])
+    _require(all(v in made for v in graph["state_updates"].values()),
+             "a state update names a value that no node or input defines")
     return {"inputs": list(graph["inputs"]), "outputs": list(graph["outputs"]), "nodes": nodes,
             "values": values, "constants": constants, "output_tuple": graph["output_tuple"],
-            "op_schemas": dict(graph["ops"]), "manifest_hash": graph["manifest_hash"],
-            "state": dict(graph["state"]), "state_updates": dict(graph["state_updates"]),
-            "input_checks": checks}
+            "op_schemas": dict(graph["ops"]), "state": dict(graph["state"]),
+            "state_updates": dict(graph["state_updates"]), "input_checks": _input_checks(graph)}
+
+
+def _token_counts(graph: dict, constants: dict, main: dict) -> dict:
+    """The token dimensions and the further graphs of a dynamic token count (none in format 2)."""
+    inputs, outputs = graph.get("token_inputs", {}), graph.get("token_outputs", [])
+    further = graph.get("specializations", {})
+    _require(isinstance(inputs, dict) and isinstance(outputs, list) and isinstance(further, dict),
+             "the graph's token_inputs, token_outputs or specializations are malformed")
+    _require(all(name in main["inputs"] and isinstance(dim, int)
+                 and 0 <= dim < len(main["values"][name].shape) for name, dim in inputs.items())
+             and len(outputs) == (len(main["outputs"]) if inputs else 0)
+             and all(d is None or isinstance(d, int) for d in outputs),
+             "the token dimensions name unknown inputs or dimensions, or do not match the outputs")
+    _require(not further or inputs, "specializations need token dimensions")
+    specializations = {}
+    for size, entry in further.items():
+        what = f"the graph for {size} tokens a call"
+        _require(size.isdigit() and int(size) > 0, f"specialization {size!r}: not a token count")
+        program = _graph(entry, constants, what)
+        _require(program["inputs"] == main["inputs"] and program["state"] == main["state"]
+                 and all(program["values"][n].shape[d] == int(size) for n, d in inputs.items()),
+                 f"{what}: its inputs, state or token dimensions differ from the program's")
+        program["state"] = main["state"]
+        specializations[int(size)] = program
+    return {"token_inputs": dict(inputs), "token_outputs": list(outputs),
+            "specializations": specializations}
 
 
 def _check_state(graph: dict, values: dict, constants: dict) -> None:

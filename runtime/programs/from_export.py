@@ -15,10 +15,13 @@ an alias. In-place ops become their functional twins, later reads of what
 they wrote read the new value, and each state's last value is its update
 (`Program.state_updates`); a state starts as zeros unless its buffer held
 other values. What a program cannot hold is refused with a `LoweringError`
-naming the node: dynamic shapes, parameter or input mutations, writes
+naming the node: dynamic shapes with no sizes given, parameter or input mutations, writes
 through a view, higher-order ops (but ``wrap_with_set_grad_enabled``, whose
 body is inlined: grad mode does not matter to inference), arguments of
-other types. Patterns are rewritten afterwards (lower.py). Never touches
+other types. A program exported with dynamic shapes is converted for given
+values of its size symbols (`sizes`): every shape and every symbolic size
+the graph computes becomes a plain int, as if it had been exported for
+those sizes. Patterns are rewritten afterwards (lower.py). Never touches
 Vulkan. Used by lower.py.
 """
 
@@ -52,24 +55,44 @@ def target_name(target) -> str | None:
     return None
 
 
-def _spec(node: FxNode, value) -> ValueSpec:
+_SYMBOLIC = (torch.SymInt, torch.SymBool, torch.SymFloat)
+
+
+def _concrete(node: FxNode, value, sizes: dict):
+    """A symbolic int, bool or float as a plain one for `sizes` (symbol -> int); others as they are."""
+    if not isinstance(value, _SYMBOLIC):
+        return value
+    expr = value.node.expr
+    free = expr.free_symbols - set(sizes)
+    if free:
+        raise LoweringError(f"node {node.name}: its size depends on {', '.join(sorted(map(str, free)))}, "
+                            "which no dynamic input dimension gives; export the model with static shapes")
+    result = expr.xreplace(sizes)
+    kind = {torch.SymInt: int, torch.SymBool: bool, torch.SymFloat: float}[type(value)]
+    return kind(result)
+
+
+def _spec(node: FxNode, value, sizes: dict) -> ValueSpec:
     if not isinstance(value, torch.Tensor):
         raise LoweringError(f"node {node.name}: its value is {type(value).__name__}, not a tensor")
-    shape = []
-    for size in value.shape:
-        if not isinstance(size, int):
-            raise LoweringError(f"node {node.name}: dynamic shape {list(value.shape)}; export the model "
-                                "with static shapes")
-        shape.append(size)
-    return ValueSpec(tuple(shape), value.dtype)
+    if not sizes and not all(isinstance(size, int) for size in value.shape):
+        raise LoweringError(f"node {node.name}: dynamic shape {list(value.shape)}; export the model "
+                            "with static shapes")
+    return ValueSpec(tuple(_concrete(node, size, sizes) for size in value.shape), value.dtype)
 
 
-def from_exported(exported: ExportedProgram) -> Program:
+def from_exported(exported: ExportedProgram, sizes: dict | None = None) -> Program:
     """Converts `exported` op for op (see the module docstring).
+
+    Args:
+        exported: the program.
+        sizes: for a program exported with dynamic shapes, each size symbol (a sympy
+            symbol of its inputs' shapes) -> the int to convert it for.
 
     Raises:
         LoweringError: the program holds something a runtime program cannot.
     """
+    sizes = sizes or {}
     signature = exported.graph_signature
     for spec in signature.output_specs:
         if spec.kind not in (sig.OutputKind.BUFFER_MUTATION, sig.OutputKind.USER_OUTPUT):
@@ -90,7 +113,7 @@ def from_exported(exported: ExportedProgram) -> Program:
             if spec.kind == sig.InputKind.USER_INPUT:
                 program.inputs.append(fx.name)
             if spec.kind == sig.InputKind.USER_INPUT or fx.name in state:
-                program.values[fx.name] = _spec(fx, fx.meta.get("val"))
+                program.values[fx.name] = _spec(fx, fx.meta.get("val"), sizes)
                 refs[fx.name] = Ref(fx.name)
             else:
                 tensor = exported.state_dict.get(spec.target, exported.constants.get(spec.target))
@@ -101,7 +124,7 @@ def from_exported(exported: ExportedProgram) -> Program:
                                                       exported.state_dict.get(spec.target,
                                                                               exported.constants.get(spec.target)))
         elif fx.op in ("get_attr", "call_function"):
-            _call(fx, refs, program, exported.graph_module, "")
+            _call(fx, refs, program, exported.graph_module, "", sizes)
         elif fx.op == "output":
             for out, spec in zip(fx.args[0], signature.output_specs, strict=True):
                 if not isinstance(out, FxNode):
@@ -145,9 +168,13 @@ def _state_start(program: Program, name: str, tensor: torch.Tensor) -> str | Non
     return f"{name}__start"
 
 
-def _call(fx: FxNode, refs: dict, program: Program, module: torch.nn.Module, prefix: str) -> None:
-    """Converts one get_attr or call_function node of `module`'s graph into `program`."""
-    if fx.op == "get_attr":
+def _call(fx: FxNode, refs: dict, program: Program, module: torch.nn.Module, prefix: str,
+          sizes: dict) -> None:
+    """Converts one get_attr or call_function node of `module`'s graph into `program`; a node
+    computing a symbolic size becomes its value for `sizes` (read by later nodes as an int)."""
+    if isinstance(fx.meta.get("val"), _SYMBOLIC):
+        refs[fx.name] = _concrete(fx, fx.meta["val"], sizes)
+    elif fx.op == "get_attr":
         value = operator.attrgetter(fx.target)(module)
         if isinstance(value, torch.fx.GraphModule):
             refs[fx.name] = value  # the body of a higher-order op, inlined where it is called
@@ -160,12 +187,12 @@ def _call(fx: FxNode, refs: dict, program: Program, module: torch.nn.Module, pre
         if fx.args[0].name in refs and isinstance(refs[fx.args[0].name], tuple):
             refs[fx.name] = refs[fx.args[0].name][fx.args[1]]  # an inlined body's result
     elif fx.target is torch.ops.higher_order.wrap_with_set_grad_enabled:
-        _inline(fx, refs, program, prefix)
+        _inline(fx, refs, program, prefix, sizes)
     else:
-        program.nodes.append(_node(fx, refs, program, prefix))
+        program.nodes.append(_node(fx, refs, program, prefix, sizes))
 
 
-def _inline(fx: FxNode, refs: dict, program: Program, prefix: str) -> None:
+def _inline(fx: FxNode, refs: dict, program: Program, prefix: str, sizes: dict) -> None:
     """``wrap_with_set_grad_enabled(enabled, body, *operands)``: the body's nodes in place (grad
     mode is irrelevant to inference); its results name the call's ``getitem`` users."""
     body = refs[fx.args[1].name]
@@ -179,10 +206,10 @@ def _inline(fx: FxNode, refs: dict, program: Program, prefix: str) -> None:
             results = node.args[0] if isinstance(node.args[0], (tuple, list)) else (node.args[0],)
             refs[fx.name] = tuple(inner[r.name] for r in results)
         else:
-            _call(node, inner, program, body, inner_prefix)
+            _call(node, inner, program, body, inner_prefix, sizes)
 
 
-def _node(fx: FxNode, refs: dict, program: Program, prefix: str = "") -> Node:
+def _node(fx: FxNode, refs: dict, program: Program, prefix: str, sizes: dict) -> Node:
     target = target_name(fx.target)
     if target is None:
         raise LoweringError(f"node {fx.name}: {fx.target} is not an op overload (higher-order ops "
@@ -207,11 +234,11 @@ def _node(fx: FxNode, refs: dict, program: Program, prefix: str = "") -> Node:
         outputs = []
         for index, item in enumerate(value):
             name = prefix + (users[index].name if index in users else f"{fx.name}__{index}")
-            program.values[name] = _spec(fx, item)
+            program.values[name] = _spec(fx, item, sizes)
             refs[users[index].name if index in users else name] = Ref(name)
             outputs.append(name)
     else:
-        program.values[prefix + fx.name] = _spec(fx, value)
+        program.values[prefix + fx.name] = _spec(fx, value, sizes)
         refs[fx.name] = Ref(prefix + fx.name)
         outputs = [prefix + fx.name]
     return Node(prefix + fx.name, target, tuple(convert(a) for a in fx.args),

@@ -5,7 +5,8 @@ inputs that its input checks name (runtime.programs.input_checks): the
 token ids (``index``: an embedding reads them) and the cache positions
 (``position``: the cache is written at them), and returns logits
 ``[1, T, vocab]``. `generate` resets the program's state, feeds the prompt
-(T tokens a call: one at a time for a program exported for one token),
+(in one call for a program with a dynamic token count, else T tokens a
+call: one at a time for a program exported for one token),
 then appends the argmax of the last logits until `max_new_tokens` or an
 end-of-sequence token, timing prefill and decode. Called by users and the
 ``generate`` command; never touches Vulkan itself.
@@ -96,8 +97,9 @@ def generate_timed(loaded, prompt_ids, max_new_tokens: int, eos_token_id=None) -
     new: list[int] = []
     if max_new_tokens == 0:
         return Generation(new, 0.0, 0.0)
-    for start in range(0, len(prompt), width):
-        token = step(prompt[start:start + width], start)
+    prefill = len(prompt) if program.token_inputs else width  # a dynamic count takes it whole
+    for start in range(0, len(prompt), prefill):
+        token = step(prompt[start:start + prefill], start)
     prefilled = time.perf_counter()
     new.append(token)
     while len(new) < max_new_tokens and token not in stops:

@@ -46,6 +46,7 @@ from runtime.programs.cpu import ProgramInputError, check_inputs, run_node
 from runtime.programs.input_checks import check_input_values
 from runtime.programs.layouts import conv_geometry, resolve_layouts
 from runtime.programs.memory_plan import Request, plan_memory
+from runtime.programs.nodes import InputCheck
 from runtime.programs.program import Program
 from runtime.programs.recording import (
     VIEWS,
@@ -54,91 +55,41 @@ from runtime.programs.recording import (
     TrackingAllocator,
     record_program,
 )
+from runtime.programs.token_counts import chunks
 from runtime.vulkan.device import get_device
 from runtime.vulkan.memory import Buffer
-from runtime.vulkan.tensor import Tensor
+from runtime.vulkan.tensor import Constant, Tensor
 
 
-class LoadedProgram:
-    """A program loaded on a device, ready to be called (see the module docstring).
+class _Graph:
+    """One graph of a program recorded on the device (a decoder with a dynamic token count has
+    one per count): its recording, its memory plan, and what a call of it moves."""
 
-    Args:
-        program: the lowered `Program`.
-        device: the `Device`; default `get_device()` (``ETVK_DEVICE`` picks it).
-        source: what to call the program in messages (its file).
-        progress: called with a line of text as loading goes (None: silent).
-    """
-
-    def __init__(self, program: Program, device=None, source: str = "program",
-                 progress: Callable[[str], None] | None = None):
-        self.device = device or get_device()
-        self.source = source
-        self.program = resolve_layouts(program, self.device.caps.family, tuning.lookup)
-        started = time.perf_counter()
-        on_cpu: dict[str, str] = {}
-        with self.device.lock:
-            while True:
-                self._device_state = self._state_on_device(on_cpu)
-                tracker = TrackingAllocator(self.device)
-                try:
-                    first = record_program(self.program, self.device, on_cpu, tracker, source, progress,
-                                           self._device_state)
-                    break
-                except Fallback as fallback:
-                    on_cpu[fallback.node] = fallback.reason
-                    if progress:
-                        progress(f"{fallback.node} runs on the CPU: {fallback.reason}")
-            allocs = tracker.allocs
-            self._plan = plan_memory(self._lifetimes([a for a in allocs if a.plannable], first))
-            del first  # its tensors go back to the device's spare memory before the second recording
-            slots = [Buffer(self.device, n) for n in self._plan.slot_bytes]
-            self._recording = record_program(self.program, self.device, on_cpu,
-                                             PlannedAllocator(self.device, allocs, self._plan, slots),
-                                             source, None, self._device_state)
-        self._slots = slots
-        self._host_state = {name: tensor for name, tensor in self.program.initial_state().items()
-                            if name not in self._device_state}
-        self._next_position: dict[str, int] = {}
+    def __init__(self, program: Program, device, source: str, on_cpu: dict[str, str],
+                 device_state: dict[str, Tensor], constants: dict,
+                 progress: Callable[[str], None] | None):
+        self.program = program
+        tracker = TrackingAllocator(device)
+        first = record_program(program, device, on_cpu, tracker, source, progress, device_state, constants)
+        allocs = tracker.allocs
+        self.plan = plan_memory(self._lifetimes([a for a in allocs if a.plannable], first))
+        del first  # its tensors go back to the device's spare memory before the second recording
+        self.slots = [Buffer(device, n) for n in self.plan.slot_bytes]
+        self.recording = record_program(program, device, on_cpu,
+                                        PlannedAllocator(device, allocs, self.plan, self.slots),
+                                        source, None, device_state, constants)
         # what the host downloads on every call: what CPU nodes read, and the host state's updates
-        self._read_by_cpu = self._cpu_reads(self._recording) | \
-            {self.program.state_updates[n] for n in self._host_state if n in self.program.state_updates}
-        needed = self._read_by_cpu | set(self.program.outputs)
-        nodes = self.program.nodes
-        values = self._recording.device_values
-        for segment in self._recording.segments:
+        self.read_by_cpu = self._cpu_reads(self.recording) | \
+            {u for n, u in program.state_updates.items() if n not in device_state}
+        needed = self.read_by_cpu | set(program.outputs)
+        nodes = program.nodes
+        values = self.recording.device_values
+        for segment in self.recording.segments:
             made = {o for p in segment.positions for o in nodes[p].outputs}
             segment.outputs = [(v, values[v]) for v in sorted(made & needed)]
-            segment.state_copies = [(tensor, values[update]) for name, tensor in self._device_state.items()
-                                    if (update := self.program.state_updates.get(name)) in made
+            segment.state_copies = [(tensor, values[update]) for name, tensor in device_state.items()
+                                    if (update := program.state_updates.get(name)) in made
                                     and values[update] is not tensor]
-        self.load_seconds = time.perf_counter() - started
-        if progress:
-            progress(f"loaded {source}: {len(nodes)} nodes, {len(self._recording.segments)} device "
-                     f"segments, in {self.load_seconds:.1f} s")
-
-    def _state_on_device(self, on_cpu: dict[str, str]) -> dict[str, Tensor]:
-        """A device tensor, at its start, for each state that only device nodes read and update."""
-        program = self.program
-        on_device = {n.name for n in program.nodes
-                     if (n.is_etvk or n.target in VIEWS) and n.name not in on_cpu}
-        producers = program.producers()
-        found = {}
-        for name, start in program.state.items():
-            readers = [n.name for n in program.nodes if name in n.reads()]
-            update = program.state_updates.get(name)
-            if not readers or not set(readers) <= on_device or name in program.outputs or \
-                    (update is not None and getattr(producers.get(update), "name", None) not in on_device):
-                continue
-            spec = program.values[name]
-            try:
-                tensor = Tensor.zeros(spec.shape, spec.dtype, "buffer", f"{self.source}: state {name}",
-                                      self.device)
-            except (UnsupportedDtype, TensorTooLarge):
-                continue  # the host keeps it
-            if start is not None:
-                tensor.copy_from(program.constants[start])
-            found[name] = tensor
-        return found
 
     def _cpu_reads(self, recording) -> set[str]:
         """Values a CPU node reads."""
@@ -172,20 +123,162 @@ class LoadedProgram:
             requests.append(Request(alloc.nbytes, alloc.position, last))
         return requests
 
+
+class LoadedProgram:
+    """A program loaded on a device, ready to be called (see the module docstring).
+
+    Args:
+        program: the lowered `Program`.
+        device: the `Device`; default `get_device()` (``ETVK_DEVICE`` picks it).
+        source: what to call the program in messages (its file).
+        progress: called with a line of text as loading goes (None: silent).
+    """
+
+    def __init__(self, program: Program, device=None, source: str = "program",
+                 progress: Callable[[str], None] | None = None):
+        self.device = device or get_device()
+        self.source = source
+        family = self.device.caps.family
+        self.program = resolve_layouts(program, family, tuning.lookup)
+        programs = {self.program.tokens: self.program} | \
+            {size: resolve_layouts(p, family, tuning.lookup) for size, p in sorted(program.specializations.items())}
+        # the constants, uploaded once for every graph's recordings
+        self._constants = {id(t): Constant(t) for t in self.program.constants.values()}
+        started = time.perf_counter()
+        on_cpu: dict[int | None, dict[str, str]] = {size: {} for size in programs}
+        with self.device.lock:
+            while True:
+                self._device_state = self._state_on_device(programs, on_cpu)
+                try:
+                    self._graphs = {size: self._record(size, p, on_cpu[size], progress)
+                                    for size, p in programs.items()}
+                    break
+                except _GraphFallback as fallback:
+                    on_cpu[fallback.size][fallback.node] = fallback.reason
+                    if progress:
+                        progress(f"{fallback.node} runs on the CPU: {fallback.reason}")
+        self._host_state = {name: tensor for name, tensor in self.program.initial_state().items()
+                            if name not in self._device_state}
+        self._next_position: dict[str, int] = {}
+        self._last_call: list = []
+        self.load_seconds = time.perf_counter() - started
+        if progress:
+            segments = sum(len(g.recording.segments) for g in self._graphs.values())
+            counts = f", {len(programs)} token counts" if len(programs) > 1 else ""
+            progress(f"loaded {source}: {len(self.program.nodes)} nodes, {segments} device segments"
+                     f"{counts}, in {self.load_seconds:.1f} s")
+
+    def _record(self, size, program: Program, on_cpu: dict[str, str], progress) -> _Graph:
+        """The `_Graph` of one token count's program."""
+        try:
+            return _Graph(program, self.device, self.source, on_cpu, self._device_state, self._constants,
+                          progress)
+        except Fallback as fallback:
+            raise _GraphFallback(size, fallback.node, fallback.reason) from None
+
+    def _state_on_device(self, programs: dict, on_cpu: dict) -> dict[str, Tensor]:
+        """A device tensor, at its start, for each state that only device nodes read and update
+        (in every graph)."""
+        found = {}
+        for name, start in self.program.state.items():
+            if not all(self._device_only(p, name, on_cpu[size]) for size, p in programs.items()):
+                continue
+            spec = self.program.values[name]
+            try:
+                tensor = Tensor.zeros(spec.shape, spec.dtype, "buffer", f"{self.source}: state {name}",
+                                      self.device)
+            except (UnsupportedDtype, TensorTooLarge):
+                continue  # the host keeps it
+            if start is not None:
+                tensor.copy_from(self.program.constants[start])
+            found[name] = tensor
+        return found
+
+    @staticmethod
+    def _device_only(program: Program, name: str, on_cpu: dict[str, str]) -> bool:
+        """Whether every node of `program` that reads state `name`, and the one making its
+        update, run on the device (and the state is no output)."""
+        on_device = {n.name for n in program.nodes
+                     if (n.is_etvk or n.target in VIEWS) and n.name not in on_cpu}
+        readers = [n.name for n in program.nodes if name in n.reads()]
+        update = program.state_updates.get(name)
+        producer = program.producers().get(update) if update is not None else None
+        return bool(readers) and set(readers) <= on_device and name not in program.outputs and \
+            (update is None or getattr(producer, "name", None) in on_device)
+
     # -- calling ------------------------------------------------------------------------------
 
     def __call__(self, *inputs, **named):
         """Runs the program: torch tensors in, torch tensors out (a tensor or a tuple, as the model).
 
         Inputs go by position, by name (the exported model's argument names,
-        ``loaded(input_ids=..., cache_position=...)``), or both.
+        ``loaded(input_ids=..., cache_position=...)``), or both. A decoder with a
+        dynamic token count takes any count of tokens up to its cache a call: the
+        largest counts it was lowered for first, their outputs joined along the
+        token dimension.
 
         Raises:
             runtime.programs.cpu.ProgramInputError: inputs of the wrong number, name, shape or dtype.
             runtime.programs.input_checks.InputValueError: a token id or cache position out of range,
                 or a position going backwards.
         """
-        return self._run(self._bind(inputs, named))[0]
+        inputs = self._bind(inputs, named)
+        with self.device.lock:
+            parts = self._split(inputs)
+            results = [self._run(graph, part)[0] for graph, part in parts]
+        self._last_call = parts
+        if len(results) == 1:
+            return results[0]
+        program = self.program
+        joined = []
+        for index, dim in enumerate(program.token_outputs):
+            pieces = [r[index] if program.output_tuple else r for r in results]
+            joined.append(pieces[-1] if dim is None else torch.cat(pieces, dim))
+        return tuple(joined) if program.output_tuple else joined[0]
+
+    def _split(self, inputs: tuple) -> list[tuple[_Graph, tuple]]:
+        """The graphs a call runs, each with its inputs: one, or for a dynamic token count the
+        chunks of the call's tokens (its input values checked whole first)."""
+        program = self.program
+        if not program.token_inputs:
+            return [(self._graphs[None], inputs)]
+        if len(inputs) != len(program.inputs):
+            check_inputs(program, inputs, self.source)  # raises: the wrong count of inputs
+        tokens = self._tokens(inputs)
+        parts, start = [], 0
+        for size in chunks(tokens, list(self._graphs)):
+            part = tuple(value.narrow(program.token_inputs[name], start, size)
+                         if name in program.token_inputs else value
+                         for name, value in zip(program.inputs, inputs, strict=True))
+            parts.append((self._graphs[size], tuple(check_inputs(self._graphs[size].program, part,
+                                                                 self.source))))
+            start += size
+        # the values of the whole call, before any chunk runs (the chunks check theirs again)
+        env = dict(zip(program.inputs, inputs, strict=True))
+        checks = [c for c in program.input_checks if c.kind != "consecutive"] + \
+            [InputCheck(c.input, "consecutive", tokens) for c in program.input_checks if c.kind == "consecutive"]
+        check_input_values(checks, env, dict(self._next_position), self.source)
+        return parts
+
+    def _tokens(self, inputs: tuple) -> int:
+        """The tokens of a call of a program with a dynamic token count.
+
+        Raises:
+            ProgramInputError: a token input that is no tensor, inputs that disagree, or no tokens.
+        """
+        program = self.program
+        counts = {}
+        for name, dim in program.token_inputs.items():
+            index = program.inputs.index(name)
+            value = inputs[index] if index < len(inputs) else None
+            if not isinstance(value, torch.Tensor) or value.dim() != len(program.values[name].shape):
+                raise ProgramInputError(f"{self.source}: input {name!r} must be a tensor of "
+                                        f"{len(program.values[name].shape)} dimensions")
+            counts[name] = value.shape[dim]
+        if len(set(counts.values())) != 1 or min(counts.values()) < 1:
+            raise ProgramInputError(f"{self.source}: the inputs must hold the same number of tokens, "
+                                    f"at least one; got {counts}")
+        return next(iter(counts.values()))
 
     def _bind(self, inputs: tuple, named: dict) -> tuple:
         """The inputs in order, from positional and keyword arguments."""
@@ -216,22 +309,28 @@ class LoadedProgram:
         """Where each state value lives: ``"vulkan"`` (device memory) or ``"cpu"``."""
         return {name: "vulkan" if name in self._device_state else "cpu" for name in self.program.state}
 
+    @property
+    def token_counts(self) -> list[int]:
+        """The token counts a call runs as one graph (a dynamic token count); [] for static shapes."""
+        return sorted(size for size in self._graphs if size is not None)
+
     def run_resident(self) -> None:
         """Runs the program again on the inputs of the last call without uploading them or
         downloading the outputs: what a call costs when its inputs are already on the device
         (values between the CPU nodes and the device still move). For benchmarks."""
-        self._run(self._last_inputs, resident=True)
+        with self.device.lock:
+            for graph, inputs in self._last_call:
+                self._run(graph, inputs, resident=True)
 
-    def _run(self, inputs, timed: bool = False, resident: bool = False):
-        program = self.program
+    def _run(self, graph: _Graph, inputs, timed: bool = False, resident: bool = False):
+        program = graph.program
         env = dict(zip(program.inputs, check_inputs(program, inputs, self.source), strict=True))
-        self._last_inputs = inputs
-        on_host = self._read_by_cpu if resident else self._read_by_cpu | set(program.outputs)
+        on_host = graph.read_by_cpu if resident else graph.read_by_cpu | set(program.outputs)
         cpu_seconds = {}
         with self.device.lock:
             check_input_values(program.input_checks, env, self._next_position, self.source)
             env.update(self._host_state)
-            for step in self._recording.schedule:
+            for step in graph.recording.schedule:
                 if isinstance(step, int):
                     start = time.perf_counter()
                     run_node(program.nodes[step], env, program.constants)
@@ -251,36 +350,55 @@ class LoadedProgram:
                                     if n in program.state_updates)
             if resident:
                 return None, cpu_seconds, None
-            timings = [s.stream.timings() if s.stream.recorded else [] for s in self._recording.segments] \
+            timings = [s.stream.timings() if s.stream.recorded else [] for s in graph.recording.segments] \
                 if timed else None
         outputs = tuple(env[n] if n in env else program.constants[n] for n in program.outputs)
         return (outputs if program.output_tuple else outputs[0]), cpu_seconds, timings
 
     def profile(self, *inputs) -> list[dict]:
-        """Runs the program once and times every node.
+        """Runs the program once and times every node (for a dynamic token count, a call of one
+        of its `token_counts`).
 
         Returns:
             One dict per node: ``node``, ``runs_on``, ``op`` and ``variant`` (as in
             `placement`) and ``seconds``: GPU time from timestamps for device nodes
             (empty without timestamp support), wall time for CPU nodes.
+
+        Raises:
+            ProgramInputError: a token count the program has no graph for.
         """
-        _, cpu_seconds, timings = self._run(inputs, timed=True)
+        with self.device.lock:
+            parts = self._split(inputs)
+            if len(parts) != 1:
+                raise ProgramInputError(f"{self.source}: profile takes a call of one graph: "
+                                        f"{', '.join(map(str, self.token_counts))} tokens")
+            (graph, part), = parts
+            _, cpu_seconds, timings = self._run(graph, part, timed=True)
         gpu = {}
-        for segment, stamps in zip(self._recording.segments, timings, strict=True):
+        for segment, stamps in zip(graph.recording.segments, timings, strict=True):
             stamps = iter(stamps)
             for position in segment.positions:
                 spent = [s for _, s in (next(stamps, ("", None)) for _ in
-                                        self._recording.records[position].dispatches)]
+                                        graph.recording.records[position].dispatches)]
                 gpu[position] = sum(spent) if spent and None not in spent else None
-        rows = self.placement()
+        rows = self._placement(graph)
         for position, row in enumerate(rows):
             row["seconds"] = cpu_seconds.get(position, gpu.get(position))
         return rows
 
     # -- reports ------------------------------------------------------------------------------
 
-    def placement(self) -> list[dict]:
-        """One dict per node, in program order.
+    def _graph(self, tokens: int | None) -> _Graph:
+        if tokens is None:
+            return self._graphs[self.program.tokens]
+        if tokens not in self._graphs:
+            raise ValueError(f"{self.source}: no graph for {tokens} tokens a call; it has "
+                             f"{', '.join(map(str, self.token_counts)) or 'static shapes'}")
+        return self._graphs[tokens]
+
+    def placement(self, tokens: int | None = None) -> list[dict]:
+        """One dict per node, in program order (of the graph for `tokens` tokens a call, for a
+        dynamic token count; default: the smallest).
 
         Keys: ``node``, ``target``, ``runs_on`` ("vulkan" or "cpu"), ``op`` (what
         ran: for a dispatcher the op it routed to), ``variant`` (the variants it
@@ -290,10 +408,13 @@ class LoadedProgram:
         measured choice of the algorithm it ran), else "rule"; None for other nodes) and ``reason`` (why it runs on the CPU;
         "" on the device).
         """
+        return self._placement(self._graph(tokens))
+
+    def _placement(self, graph: _Graph) -> list[dict]:
         rows = []
-        for node, record in zip(self.program.nodes, self._recording.records, strict=True):
-            packed = [self.program.values[n].layout for n in node.reads()
-                      if self.program.values[n].layout is not None]
+        for node, record in zip(graph.program.nodes, graph.recording.records, strict=True):
+            packed = [graph.program.values[n].layout for n in node.reads()
+                      if graph.program.values[n].layout is not None]
             ops = list(dict.fromkeys(op for op, _ in record.dispatches))
             on_device = record.runs_on == "vulkan"
             rows.append({
@@ -301,28 +422,40 @@ class LoadedProgram:
                 "op": (ops[-1] if ops else node.target) if on_device else node.target,
                 "variant": "+".join(v for _, v in record.dispatches) or None,
                 "layout": packed[0] if packed else None,
-                "tuning": self._tuning(node, ops[-1]) if on_device and ops else None,
+                "tuning": self._tuning(graph.program, node, ops[-1]) if on_device and ops else None,
                 "reason": "" if on_device else record.reason,
             })
         return rows
 
-    def _tuning(self, node, op: str) -> str | None:
+    @staticmethod
+    def _tuning(program: Program, node, op: str) -> str | None:
         """The `placement` ``tuning`` of a device node whose last dispatch was by `op`."""
         algorithm = CONV_OP_ALGORITHMS.get(op)
         if node.target not in CONV_OPS or algorithm is None:
             return None
-        choice = tuning.lookup(conv_geometry(self.program, node), algorithm)
+        choice = tuning.lookup(conv_geometry(program, node), algorithm)
         return f"measured: {choice.label}" if choice else "rule"
 
-    def memory_plan(self) -> dict:
-        """The intermediates' memory: ``tensors``, ``unshared_bytes`` (each alone),
-        ``planned_bytes`` (the shared buffers), ``buffers`` and ``peak_bytes`` (the most
-        live at once, a lower bound); ``input_bytes`` (the segments' input tensors)."""
-        inputs = sum(t.memory.nbytes for s in self._recording.segments for _, t in s.inputs
+    def memory_plan(self, tokens: int | None = None) -> dict:
+        """The intermediates' memory of the graph for `tokens` tokens a call (as `placement`):
+        ``tensors``, ``unshared_bytes`` (each alone), ``planned_bytes`` (the shared buffers),
+        ``buffers`` and ``peak_bytes`` (the most live at once, a lower bound); ``input_bytes``
+        (the segments' input tensors)."""
+        graph = self._graph(tokens)
+        inputs = sum(t.memory.nbytes for s in graph.recording.segments for _, t in s.inputs
                      if t.memory is not None)
-        return {"tensors": len(self._plan.slot_of), "unshared_bytes": self._plan.unshared_bytes,
-                "planned_bytes": self._plan.planned_bytes, "buffers": len(self._plan.slot_bytes),
-                "peak_bytes": self._plan.peak_bytes, "input_bytes": inputs}
+        plan = graph.plan
+        return {"tensors": len(plan.slot_of), "unshared_bytes": plan.unshared_bytes,
+                "planned_bytes": plan.planned_bytes, "buffers": len(plan.slot_bytes),
+                "peak_bytes": plan.peak_bytes, "input_bytes": inputs}
+
+
+class _GraphFallback(Exception):
+    """A `Fallback` in the graph for `size` tokens a call (None: the only graph)."""
+
+    def __init__(self, size, node: str, reason: str):
+        super().__init__(size, node, reason)
+        self.size, self.node, self.reason = size, node, reason
 
 
 def _narrowed(value, tensor: Tensor, name: str, source: str):

@@ -28,6 +28,9 @@ decoder's KV cache). The steps:
 6. what nothing reads is dropped, and the checks the program's inputs need
    on the host are derived (input_checks.py).
 
+A decoder exported with a dynamic token count is lowered once per token
+count and combined into one program (token_counts.py).
+
 What matches no pattern stays a PyTorch op: the loader runs it on the CPU.
 A pattern is only rewritten where the result is provably the op's contract
 (int8 range, symmetric weights, scalar qparams, one consumer in the chain).
@@ -42,7 +45,7 @@ from torch.export import ExportedProgram
 from runtime.families.conv2d_layouts import PLACEHOLDER
 from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
-from runtime.programs import lower_cnn, lower_torchao
+from runtime.programs import lower_cnn, lower_torchao, token_counts
 from runtime.programs.from_export import from_exported
 from runtime.programs.input_checks import derive_input_checks
 from runtime.programs.lower_decoder import lower_decoder_ops
@@ -189,20 +192,35 @@ def dataclass_copy(node: Node, target: str) -> Node:
     return Node(node.name, target, node.args, dict(node.kwargs), node.outputs)
 
 
-def lower(exported: ExportedProgram) -> Program:
+def lower(exported: ExportedProgram, token_sizes: list[int] | None = None) -> Program:
     """Lowers a quantized ``torch.export`` program (see the module docstring).
 
     Args:
         exported: what ``torch.export.export`` returned for the quantized model.
+        token_sizes: for a decoder exported with a dynamic token count, the counts to lower
+            a graph for (they must hold 1; default: 1, 2, 4, ... up to
+            `token_counts.MAX_CHUNK`). Ignored for static shapes.
 
     Returns:
         The `Program`; ``program.save(path)`` writes it.
 
     Raises:
         runtime.programs.from_export.LoweringError: the program holds something a
-            runtime program cannot (dynamic shapes, parameter or input mutations, higher-order ops).
+            runtime program cannot (dynamic shapes other than a decoder's token count,
+            parameter or input mutations, higher-order ops).
     """
-    program = from_exported(fuse_quantized_ops(exported))
+    exported = fuse_quantized_ops(exported)
+    dims = token_counts.token_dims(exported)
+    if dims is None:
+        return _lower(from_exported(exported))
+    symbol, inputs, outputs = dims
+    sizes = token_counts.token_sizes(exported, symbol, token_sizes)
+    programs = {size: _lower(from_exported(exported, {symbol: size})) for size in sizes}
+    return token_counts.combine(programs, inputs, outputs)
+
+
+def _lower(program: Program) -> Program:
+    """The rewrites of the module docstring on a converted program."""
     lowering = _Lowering(program)
     for node in list(program.nodes):
         if node.target == _CONV and node in program.nodes:
@@ -219,7 +237,7 @@ def lower(exported: ExportedProgram) -> Program:
     lowering.fuse_dynamic_quantize()
     program.remove_dead()
     # the checks the graph implies, and those a rewrite relied on (consecutive positions)
-    program.input_checks = derive_input_checks(program) + program.input_checks
+    program.input_checks = list(dict.fromkeys(derive_input_checks(program) + program.input_checks))
     program.op_schemas = {n.target: get_op(n.target).schema for n in program.nodes if n.is_etvk}
     program.manifest_hash = manifest_hash()
     return program

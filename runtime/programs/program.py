@@ -7,7 +7,10 @@ every value, and the constant tensors the nodes read (runtime.programs.nodes
 defines the records). A program may have state (a decoder's KV cache):
 values that live across calls, read by the nodes like inputs, each with
 its start (zeros, or a constant) and the value it becomes at the end of a
-call; the nodes stay functional. It must not touch Vulkan or choose devices (loader.py
+call; the nodes stay functional. A decoder exported with a dynamic token
+count holds the graph of its smallest count (one token: decode) and, in
+`specializations`, those of larger counts, sharing its constants and state
+(runtime.programs.token_counts). It must not touch Vulkan or choose devices (loader.py
 does). Used by the lowering, the file format's callers, the loader and tools.
 """
 
@@ -21,7 +24,7 @@ import torch
 from runtime.programs import fileformat
 from runtime.programs.cpu import run_on_cpu
 from runtime.programs.layouts import resolve_layouts
-from runtime.programs.nodes import InputCheck, Node, Ref, ValueSpec, map_args
+from runtime.programs.nodes import Const, InputCheck, Node, Ref, ValueSpec, map_args
 
 
 @dataclass
@@ -40,6 +43,13 @@ class Program:
         state: state value name -> the constant it starts as, or None for zeros.
         state_updates: state value name -> the value it becomes when a call ends.
         input_checks: what each input's values must satisfy before a call (`InputCheck`).
+        token_inputs: for a dynamic token count, each input that holds the tokens of a
+            call -> the dimension that counts them (empty: static shapes).
+        token_outputs: for a dynamic token count, each output's token dimension (None: an
+            output that does not grow with the tokens; the last chunk's is returned).
+        specializations: token count -> the program's graph for that many tokens a call
+            (its other fields as here, with no specializations; it shares `constants`,
+            `state`, `token_inputs` and `token_outputs`).
     """
 
     inputs: list[str]
@@ -53,6 +63,17 @@ class Program:
     state: dict[str, str | None] = field(default_factory=dict)
     state_updates: dict[str, str] = field(default_factory=dict)
     input_checks: list[InputCheck] = field(default_factory=list)
+    token_inputs: dict[str, int] = field(default_factory=dict)
+    token_outputs: list[int | None] = field(default_factory=list)
+    specializations: dict[int, Program] = field(default_factory=dict)
+
+    @property
+    def tokens(self) -> int | None:
+        """The tokens of a call of this graph, for a dynamic token count; else None."""
+        if not self.token_inputs:
+            return None
+        name, dim = next(iter(self.token_inputs.items()))
+        return self.values[name].shape[dim]
 
     def producers(self) -> dict[str, Node]:
         """Value name -> the node that writes it (inputs have none)."""
@@ -93,14 +114,30 @@ class Program:
         used = {c for n in self.nodes for c in n.constants()} | {c for c in self.state.values() if c}
         self.constants = {k: v for k, v in self.constants.items() if k in used}
 
+    def rename_constants(self, names: dict[str, str]) -> None:
+        """Every read of each constant `old` of `names` reads constant ``names[old]`` instead."""
+        def swap(a):
+            return Const(names[a.name]) if isinstance(a, Const) and a.name in names else a
+
+        for node in self.nodes:
+            node.args, node.kwargs = map_args(node.args, swap), map_args(node.kwargs, swap)
+        self.outputs = [names.get(name, name) if name not in self.values else name for name in self.outputs]
+
     def copy(self) -> Program:
-        """A copy whose nodes and tables can be edited without touching this one (tensors shared)."""
-        return dataclasses.replace(
+        """A copy whose nodes and tables can be edited without touching this one (tensors shared;
+        its specializations share its new tables of constants and state)."""
+        copied = dataclasses.replace(
             self, inputs=list(self.inputs), outputs=list(self.outputs),
             nodes=[dataclasses.replace(n, kwargs=dict(n.kwargs)) for n in self.nodes],
             values=dict(self.values), constants=dict(self.constants), op_schemas=dict(self.op_schemas),
             state=dict(self.state), state_updates=dict(self.state_updates),
-            input_checks=list(self.input_checks))
+            input_checks=list(self.input_checks), token_inputs=dict(self.token_inputs),
+            token_outputs=list(self.token_outputs), specializations={})
+        for size, program in self.specializations.items():
+            twin = program.copy()
+            twin.constants, twin.state = copied.constants, copied.state
+            copied.specializations[size] = twin
+        return copied
 
     def save(self, path) -> None:
         """Writes the program to one file (`runtime.programs.fileformat`)."""
@@ -113,7 +150,11 @@ class Program:
         Raises:
             runtime.programs.fileformat.ProgramFileError: the file and its fault.
         """
-        return cls(**fileformat.read_program(path))
+        fields = fileformat.read_program(path)
+        fields["specializations"] = {
+            size: cls(**f, token_inputs=fields["token_inputs"], token_outputs=fields["token_outputs"])
+            for size, f in fields["specializations"].items()}
+        return cls(**fields)
 
     def initial_state(self) -> dict[str, torch.Tensor]:
         """Each state value as a call first sees it: new CPU tensors (zeros, or its constant)."""

@@ -163,7 +163,7 @@ def _schedule(records: list[NodeRecord]) -> tuple[list[Segment], list]:
 
 def record_program(program, device, on_cpu: dict[str, str], allocate, label: str,
                    progress: Callable[[str], None] | None = None,
-                   state: dict[str, Tensor] | None = None) -> Recording:
+                   state: dict[str, Tensor] | None = None, constants: dict | None = None) -> Recording:
     """Records every device node of `program` (see the module docstring).
 
     Args:
@@ -175,6 +175,8 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
         progress: called with a line per node recorded, or None.
         state: the state values kept on the device, by name: device nodes read these
             tensors themselves (no segment input, no upload).
+        constants: ``id(constant tensor) -> Constant``: the program's constants, uploaded once
+            and shared by its recordings (`Stream`'s ``constants``); None: each recording's own.
 
     Raises:
         Fallback: a node's op cannot run on this device.
@@ -185,7 +187,7 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
     aliases: dict[str, str] = {}
     last_read = {name: position for position, node in enumerate(program.nodes) for name in node.reads()}
     for segment in segments:
-        segment.stream = Stream(device, allocate=allocate)
+        segment.stream = Stream(device, allocate=allocate, constants=constants)
         for position in segment.positions:
             node = program.nodes[position]
             if progress:

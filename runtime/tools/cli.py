@@ -47,6 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     llm.add_argument("--out", type=Path, required=True, help="the program file to write")
     llm.add_argument("--max-cache-len", type=int, default=256, help="KV cache positions (default 256)")
     llm.add_argument("--group-size", type=int, default=32, help="4-bit weight group size (default 32)")
+    llm.add_argument("--max-prefill", type=int, default=128,
+                     help="the most tokens one graph takes: prompts run in chunks of 1, 2, 4, ... up to "
+                          "this (default 128, at most the cache; 1: a decode-only program, one token a call)")
     llm.add_argument("--layers", type=int, help="keep only this many layers (a smaller model)")
     llm.add_argument("--seed", type=int, default=0, help="seed of random weights")
     gen = sub.add_parser("generate", help="greedy generation with a decoder program: tokens and speed")
@@ -91,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.command == "generate":
                 return llm_commands.generate(args.file, args.prompt, args.max_new_tokens, args.eos)
             return llm_commands.export_llm(args.source, args.out, args.max_cache_len, args.group_size,
-                                           args.layers, args.seed)
+                                           args.layers, args.seed, args.max_prefill)
         if args.command == "tune":
             from runtime.tools.tune_command import tune
 

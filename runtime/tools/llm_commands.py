@@ -3,7 +3,8 @@
 - ``export-llm SOURCE --out FILE``: a causal LM from a preset (random
   weights, e.g. ``llama-3.2-1b``), a ``config.json`` or a local folder with
   its safetensors weights, quantized 8da4w, exported with a static KV cache
-  (runtime.tools.llm_models), lowered and saved;
+  and a dynamic token count (runtime.tools.llm_models), lowered for 1, 2,
+  4, ... up to ``--max-prefill`` tokens a call, and saved;
 - ``generate FILE --prompt 1,2,3 --max-new-tokens N``: greedy generation
   (runtime.programs.generate), printing the new tokens, the time to the
   first token, and prefill and decode tokens per second.
@@ -24,12 +25,16 @@ from runtime.tools.program_commands import CommandError, progress
 
 
 def export_llm(source: str, out: Path, max_cache_len: int, group_size: int, layers: int | None,
-               seed: int) -> int:
+               seed: int, max_prefill: int = 128) -> int:
     """Builds, quantizes, exports, lowers and saves a decoder; returns the exit status."""
     from runtime.tools.llm_models import decoder, export_decoder, quantize_8da4w
 
     if max_cache_len < 1:
         raise CommandError(f"--max-cache-len must be at least 1, got {max_cache_len}")
+    if max_prefill < 1:
+        raise CommandError(f"--max-prefill must be at least 1, got {max_prefill}")
+    max_prefill = min(max_prefill, max_cache_len)  # a call holds at most the cache
+    sizes = [1 << k for k in range(max_prefill.bit_length()) if 1 << k <= max_prefill]
     started = time.perf_counter()
 
     def step(text: str) -> None:
@@ -41,17 +46,19 @@ def export_llm(source: str, out: Path, max_cache_len: int, group_size: int, laye
     step(f"built {type(model).__name__}: {count / 1e6:,.1f} M parameters; quantizing 8da4w "
          f"(group size {group_size})")
     model = quantize_8da4w(model, group_size)
-    step(f"exporting with a static cache of {max_cache_len} positions")
-    exported = export_decoder(model, max_cache_len)
+    step(f"exporting with a static cache of {max_cache_len} positions"
+         + (", a dynamic token count" if max_prefill > 1 else ", one token a call"))
+    exported = export_decoder(model, max_cache_len, dynamic=max_prefill > 1)
     del model
-    step("lowering")
-    program = lower(exported)
+    step("lowering" + (f" for {', '.join(map(str, sizes))} tokens a call" if max_prefill > 1 else ""))
+    program = lower(exported, token_sizes=sizes)
     del exported
     step(f"saving {out}")
     program.save(out)
     etvk = sum(n.is_etvk for n in program.nodes)
+    counts = f", graphs for {', '.join(map(str, sizes))} tokens a call" if program.specializations else ""
     print(f"saved {out} ({out.stat().st_size / 2**20:,.1f} MiB): {len(program.nodes)} nodes, {etvk} etvk "
-          f"ops, {len(program.nodes) - etvk} PyTorch ops, {len(program.state)} state tensors")
+          f"ops, {len(program.nodes) - etvk} PyTorch ops, {len(program.state)} state tensors{counts}")
     return 0
 
 

@@ -117,15 +117,22 @@ def quantize_8da4w(model: torch.nn.Module, group_size: int = 32) -> torch.nn.Mod
         return Int8DynActInt4WeightQuantizer(groupsize=group_size).quantize(model)
 
 
-def export_decoder(model: torch.nn.Module, max_cache_len: int, tokens: int = 1):
-    """The model exported with a static KV cache of `max_cache_len` positions, `tokens` token ids a
-    call (``TorchExportableModuleForDecoderOnlyLM``, inputs ``input_ids`` and ``cache_position``)."""
+def export_decoder(model: torch.nn.Module, max_cache_len: int, tokens: int = 1, dynamic: bool = False):
+    """The model exported with a static KV cache of `max_cache_len` positions
+    (``TorchExportableModuleForDecoderOnlyLM``, inputs ``input_ids`` and ``cache_position``):
+    `tokens` token ids a call, or with `dynamic` any count from 1 to `max_cache_len`
+    (``dynamic_shapes`` on both inputs)."""
     import_transformers()
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     model.generation_config.cache_implementation = "static"
     module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=max_cache_len)
+    shapes = None
+    if dynamic:
+        count = torch.export.Dim("tokens", min=1, max=max_cache_len)
+        shapes = {"input_ids": {1: count}, "cache_position": {0: count}}
+        tokens = max(tokens, 2)  # an example of one token would fix the count to 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         return module.export(input_ids=torch.zeros((1, tokens), dtype=torch.long),
-                             cache_position=torch.arange(tokens, dtype=torch.long))
+                             cache_position=torch.arange(tokens, dtype=torch.long), dynamic_shapes=shapes)

@@ -80,7 +80,8 @@ def table(rows: list[list[str]]) -> str:
 
 
 def inspect(path: Path) -> int:
-    """Prints every node's placement and the memory plan; returns the exit status."""
+    """Prints every node's placement, the memory plan, the state and the token counts; returns
+    the exit status."""
     loaded = load(path, progress=progress)
     caps = loaded.device.caps
     same = "the same as" if loaded.program.manifest_hash == manifest_hash() else "differs from"
@@ -103,6 +104,12 @@ def inspect(path: Path) -> int:
         nbytes = sum(math.prod(values[n].shape) * values[n].dtype.itemsize for n in homes)
         where = ", ".join(f"{sum(h == place for h in homes.values())} on {place}" for place in sorted(set(homes.values())))
         print(f"state: {len(homes)} tensors of {_kib(nbytes)} ({where})")
+    counts = loaded.token_counts
+    if counts:
+        off = [size for size in counts if any(r["runs_on"] != "vulkan" for r in loaded.placement(size))]
+        print(f"token counts: graphs for {', '.join(map(str, counts))} tokens a call (the table shows "
+              f"{counts[0]}; a longer call runs in chunks of them); "
+              + (f"nodes on the CPU for {', '.join(map(str, off))}" if off else "every graph fully on the device"))
     return 0
 
 

@@ -159,12 +159,15 @@ class Stream:
             call): `empty()` then puts output buffers of at most `HOST_OUTPUT_BYTES`
             in host memory ("host" placement), where the host reads them at memory
             speed; a discrete GPU's mapped device memory is read uncached over the bus.
+        constants: ``id(host tensor) -> Constant`` for host tensors that `upload()` should
+            keep on the device across streams (a loaded program's constants, shared by its
+            recordings); None: every upload is the stream's own.
 
     Attributes:
         dispatched: (op, variant name) of every dispatch recorded so far, in order.
     """
 
-    def __init__(self, device=None, allocate=None, read_back: bool = False):
+    def __init__(self, device=None, allocate=None, read_back: bool = False, constants: dict | None = None):
         vk, ffi, lib = raw.load()
         if device is None:
             device = get_device()
@@ -178,6 +181,7 @@ class Stream:
         # Set to a list to collect (host torch tensor, the device Tensor upload() made of it)
         # pairs (call plans do); None: host tensors are not kept.
         self.uploads: list[tuple] | None = None
+        self._constants = constants
         self._state = "empty"  # -> "recording" (dispatches noted) -> "ready" (recorded); "closed"
         self._reset_recording()
 
@@ -204,6 +208,8 @@ class Stream:
         dtype = dtype_info(binding.dtype, label).torch_dtype
         if value is None:  # an omitted optional tensor: dispatch binds a dummy
             return None
+        if self._constants is not None and id(value) in self._constants:
+            value = self._constants[id(value)]
         if isinstance(value, Constant):
             return value.on_device(self.device, dtype, binding.storage, label, layout)
         if isinstance(value, Tensor):

@@ -1,0 +1,137 @@
+"""A decoder exported with a dynamic token count (``dynamic_shapes`` on ``input_ids`` and
+``cache_position``): one file whose graphs take 1, 2, 4, ... tokens a call. A prompt of any length
+goes in one call (in chunks of those counts, largest first) and decoding goes one token a call,
+both against PyTorch's own run of the dynamic export; one token at a time gives the same logits;
+bad inputs are refused before anything runs; programs that are not such decoders are refused when
+lowered.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from program_cases import sqnr_db
+from test_decoders import CACHE, COMMON, config_file, greedy_reference
+
+import runtime
+from runtime.programs.cpu import ProgramInputError
+from runtime.programs.from_export import LoweringError
+from runtime.programs.input_checks import InputValueError
+from runtime.tools import llm_models
+
+VOCAB = COMMON["vocab_size"]
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma"])
+def dynamic(request, tmp_path_factory):
+    """(family, exported program, lowered program, file) of a dynamic token count."""
+    llm_models.import_transformers()
+    folder = tmp_path_factory.mktemp("dynamic")
+    model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)))
+    exported = llm_models.export_decoder(model, CACHE, dynamic=True)
+    program = runtime.lower(exported)
+    program.save(folder / "dynamic.etvk")
+    return request.param, exported, program, folder / "dynamic.etvk"
+
+
+def test_one_file_holds_a_graph_per_token_count(dynamic):
+    _, _, program, path = dynamic
+    assert program.tokens == 1 and sorted(program.specializations) == [2, 4, 8, 16]
+    assert program.token_inputs == {"input_ids": 1, "cache_position": 0} and program.token_outputs == [1]
+    for size, graph in program.specializations.items():
+        assert graph.values["input_ids"].shape == (1, size) and graph.constants is program.constants
+        assert ("cache_position", "consecutive", size) in {(c.input, c.kind, c.bound) for c in graph.input_checks}
+    loaded = runtime.Program.load(path)
+    assert sorted(loaded.specializations) == [2, 4, 8, 16]
+    assert all(g.constants is loaded.constants and g.state is loaded.state
+               for g in loaded.specializations.values())
+    assert [n.target for n in loaded.specializations[8].nodes] == \
+        [n.target for n in program.specializations[8].nodes]
+
+
+def test_every_graph_runs_on_the_device_with_one_cache(dynamic):
+    _, _, program, path = dynamic
+    loaded = runtime.load(path)
+    assert loaded.token_counts == [1, 2, 4, 8, 16]
+    assert set(loaded.state_placement().values()) == {"vulkan"}
+    for size in loaded.token_counts:
+        assert [r["node"] for r in loaded.placement(size) if r["runs_on"] != "vulkan"] == [], size
+    assert loaded.memory_plan(16)["planned_bytes"] > loaded.memory_plan()["planned_bytes"]
+    with pytest.raises(ValueError, match=r"no graph for 3 tokens a call; it has 1, 2, 4, 8, 16"):
+        loaded.placement(3)
+
+
+def test_a_prompt_in_one_call_then_decode_against_pytorch(dynamic):
+    """11 tokens run as 8 + 2 + 1; PyTorch runs the dynamic export with all 11 at once."""
+    family, exported, _, path = dynamic
+    loaded, module = runtime.load(path), exported.module()
+    prompt = torch.randint(0, VOCAB, (1, 11), generator=torch.Generator().manual_seed(2))
+    got = loaded(input_ids=prompt, cache_position=torch.arange(11))
+    want = module(input_ids=prompt, cache_position=torch.arange(11))
+    assert got.shape == (1, 11, VOCAB) and sqnr_db(got, want) >= 30, family
+    for position in range(11, 14):  # decode after the prompt reads the cache the chunks wrote
+        token = torch.tensor([[position % VOCAB]])
+        inputs = dict(input_ids=token, cache_position=torch.tensor([position]))
+        assert sqnr_db(loaded(**inputs), module(**inputs)) >= 30, (family, position)
+    # the same tokens one at a time: the same logits as the chunks
+    loaded.reset()
+    single = torch.cat([loaded(input_ids=prompt[:, i:i + 1], cache_position=torch.tensor([i]))
+                        for i in range(11)], dim=1)
+    assert sqnr_db(single, got) >= 80, family
+
+
+def test_generate_prefills_in_one_call(dynamic):
+    _, exported, _, path = dynamic
+    loaded = runtime.load(path)
+    prompt = [5, 17, 3, 40, 41]
+    assert runtime.generate(loaded, prompt, 6) == greedy_reference(exported.module(), prompt, 6)
+    runtime.generate(loaded, prompt, 1)  # the prompt's call alone: chunks of 4 and 1 tokens
+    assert [graph.program.tokens for graph, _ in loaded._last_call] == [4, 1]
+
+
+def test_bad_calls_are_refused_before_anything_runs(dynamic):
+    _, _, _, path = dynamic
+    loaded = runtime.load(path)
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    first = loaded(input_ids=ids, cache_position=torch.arange(5))
+    loaded.reset()
+    with pytest.raises(InputValueError, match=r"input 'cache_position' holds the position 16, outside \[0, 16\)"):
+        loaded(input_ids=torch.ones((1, 17), dtype=torch.long), cache_position=torch.arange(17))
+    with pytest.raises(InputValueError, match=r"input 'input_ids' holds the token id 96, outside \[0, 96\)"):
+        loaded(input_ids=torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8, 96]]), cache_position=torch.arange(9))
+    with pytest.raises(InputValueError, match="must hold consecutive positions"):
+        loaded(input_ids=torch.ones((1, 9), dtype=torch.long), cache_position=torch.tensor([0, 1, 2, 3, 4, 5, 6, 7, 9]))
+    with pytest.raises(ProgramInputError, match=r"the inputs must hold the same number of tokens"):
+        loaded(input_ids=torch.ones((1, 3), dtype=torch.long), cache_position=torch.arange(4))
+    with pytest.raises(ProgramInputError, match=r"the inputs must hold the same number of tokens, at least one"):
+        loaded(input_ids=torch.ones((1, 0), dtype=torch.long), cache_position=torch.arange(0))
+    with pytest.raises(ProgramInputError, match=r"input 1 \('cache_position'\) must be torch.int64"):
+        loaded(input_ids=torch.ones((1, 2), dtype=torch.long), cache_position=torch.arange(2, dtype=torch.int32))
+    # none of them wrote the cache: the same prompt gives the same logits
+    assert torch.equal(loaded(input_ids=ids, cache_position=torch.arange(5)), first)
+    with pytest.raises(InputValueError, match="goes backwards"):
+        loaded(input_ids=ids, cache_position=torch.arange(5))
+
+
+def test_programs_that_cannot_take_a_dynamic_token_count_are_refused():
+    batch = torch.export.Dim("batch", min=1, max=8)
+    mlp = torch.export.export(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.ReLU()).eval(),
+                              (torch.randn(2, 8),), dynamic_shapes=({0: batch},))
+    with pytest.raises(LoweringError, match="not a decoder with a cache"):
+        runtime.lower(mlp)
+    two = torch.export.export(torch.nn.Linear(8, 8).eval(), (torch.randn(2, 8),),
+                              dynamic_shapes=({0: torch.export.Dim("rows", min=2, max=8)},))
+    with pytest.raises(LoweringError, match=r"ranges from 2; export it with torch.export.Dim\(..., min=1\)"):
+        runtime.lower(two)
+
+
+def test_token_sizes_must_hold_one(tmp_path):
+    llm_models.import_transformers()
+    exported = llm_models.export_decoder(llm_models.quantize_8da4w(
+        llm_models.decoder(config_file(tmp_path, "llama"))), CACHE, dynamic=True)
+    with pytest.raises(LoweringError, match=r"token_sizes \[4, 8\]: they must hold 1"):
+        runtime.lower(exported, token_sizes=[4, 8])
+    with pytest.raises(LoweringError, match=r"lie within the export's range \[1, 16\]"):
+        runtime.lower(exported, token_sizes=[1, 32])
+    program = runtime.lower(exported, token_sizes=[1, 4])
+    assert sorted(program.specializations) == [4]
