@@ -16,13 +16,18 @@ saves and loads it, then reports, measured in the same run:
   "reduce-overhead")`` (CUDA graphs);
 - the streaming floor: the bytes of the program's constants but the
   embedding table (read once a token) over the copy bandwidth measured in
-  the same run.
+  the same run;
+- ``cache_attention`` alone, one layer's decode step at the preset's heads
+  over the same cache at each position (GPU time, fp32 as the program runs
+  it and fp16): the keys split by the rule (runtime/families/attention.py),
+  in chunks of 128 and 256 keys, and in one chunk (one dispatch, the order
+  before the split).
 
 Prefill (a many-token call) needs an export with a dynamic sequence length,
 which the lowering does not take yet: not measured here.
 
 Usage: ``python benchmarks/llm_bench.py [--preset llama-3.2-1b] [--layers N] [--cache 1280]``
-``[--positions 128,1024] [--repeat 20] [--warmup 1.0] [--no-torch]``
+``[--positions 128,1024] [--repeat 20] [--warmup 1.0] [--no-torch] [--attention-only]``
 """
 
 from __future__ import annotations
@@ -42,7 +47,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from timing import drop_validation, median_seconds, open_device, warm  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.tools.llm_models import decoder, export_decoder, quantize_8da4w  # noqa: E402
+from runtime.families import attention as split_rule  # noqa: E402
+from runtime.tools.llm_models import decoder, decoder_config, export_decoder, quantize_8da4w  # noqa: E402
+from runtime.vulkan.stream import Stream  # noqa: E402
+from runtime.vulkan.tensor import Tensor  # noqa: E402
 
 drop_validation()
 
@@ -91,6 +99,62 @@ def ours(args, path: Path) -> dict:
     return results
 
 
+# The grains (keys per chunk come in whole grains) the attention rows time: the rule's, two
+# longer ones, and one no cache reaches (one chunk).
+ATTENTION_GRAINS = ((None, "rule"), (128, "grain 128"), (256, "grain 256"), (1 << 30, "one chunk"))
+
+
+def attention_alone(args) -> None:
+    """Prints the GPU time of one layer's cache_attention for one decode token at the preset's
+    heads over a cache of ``--cache`` positions, at each of ``--positions`` (recorded once, the
+    position a device tensor rewritten before each replay, as a loaded program runs it), per
+    dtype and grain of `ATTENTION_GRAINS` ("n/a" where the device has no timestamps)."""
+    config = decoder_config(args.preset)
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    op = runtime.get_op("etvk.cache_attention.default")
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for dtype in (torch.float32, torch.float16):
+        q = Tensor.from_torch(torch.randn(1, 1, heads, dim, generator=gen).to(dtype))
+        k, v = (Tensor.from_torch(torch.randn(1, kv_heads, args.cache, dim, generator=gen).to(dtype))
+                for _ in range(2))
+        position = Tensor.from_torch(torch.zeros(1, dtype=torch.int32))
+        for grain, label in ATTENTION_GRAINS:
+            rule_grain = split_rule.CHUNK_GRAIN
+            split_rule.CHUNK_GRAIN = grain or rule_grain
+            try:
+                split = split_rule.attention_split(kv_heads, args.cache)
+                with Stream() as stream:
+                    op.record(stream, q, k, v, position, dim**-0.5)
+                    stream.run()
+                    seconds = []
+                    for at in args.positions:
+                        position.copy_from(torch.tensor([at], dtype=torch.int32))
+                        seconds.append(median_seconds_gpu(stream, args.repeat, args.warmup / 4))
+            finally:
+                split_rule.CHUNK_GRAIN = rule_grain
+            rows.append((str(dtype).removeprefix("torch."),
+                         f"{label}: {split.chunks} x {min(split.chunk_keys, args.cache)}", seconds))
+    print(f"cache_attention alone, one layer and token (Hq {heads}, Hkv {kv_heads}, D {dim}, "
+          f"L {args.cache}), GPU us:")
+    print(f"  {'dtype':<8}  {'chunks x keys':<22}" + "".join(f"  {'p=' + str(p):>8}" for p in args.positions))
+    for dtype, chunks, seconds in rows:
+        print(f"  {dtype:<8}  {chunks:<22}" + "".join(
+            f"  {s * 1e6:8.1f}" if s is not None else f"  {'n/a':>8}" for s in seconds))
+
+
+def median_seconds_gpu(stream: Stream, repeat: int, warmup: float) -> float | None:
+    """Median GPU seconds (first dispatch's start to last one's end) of `repeat` replays of
+    `stream` after `warmup` seconds of replays; None without timestamps."""
+    warm(stream.replay, warmup)
+    found = []
+    for _ in range(repeat):
+        stream.replay()
+        found.append(stream.gpu_seconds())
+    return None if None in found else statistics.median(found)
+
+
 def torch_baselines(args, model_source) -> dict:
     """Seconds per decode token of the bf16 model on CUDA: eager and compiled (CUDA graphs)."""
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
@@ -137,10 +201,15 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch CUDA baselines")
+    parser.add_argument("--attention-only", action="store_true",
+                        help="time cache_attention alone, without building the model")
     args = parser.parse_args()
     args.positions = [int(p) for p in args.positions.split(",")]
     if open_device() is None:
         return 1
+    if args.attention_only:
+        attention_alone(args)
+        return 0
     started = time.perf_counter()
     model = quantize_8da4w(decoder(args.preset, num_hidden_layers=args.layers))
     exported = export_decoder(model, args.cache)
@@ -177,6 +246,7 @@ def main() -> int:
         print(f"time per op kind at position {position} (GPU timestamps; CPU nodes: wall):")
         for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {kind:<48} {seconds * 1e6:10.1f} us  {100 * seconds / total:5.1f} %")
+    attention_alone(args)
     return 0
 
 

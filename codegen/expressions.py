@@ -160,6 +160,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the fp32 number `a <operation> value` combines with for a tensor `a` of `dtype`, rounded "
         "as PyTorch rounds it (`\"mul\"`: to fp32; `\"add\"`: to `dtype`)",
     ),
+    "attention_split": (
+        "items, cache_len",
+        "how cache_attention splits the keys of `items` (token, kv head) pairs over a cache of "
+        "`cache_len` keys: `.chunk_keys` (keys per workgroup) and `.chunks` (workgroups per "
+        "pair; 1: one dispatch, no combine; runtime/families/attention.py)",
+    ),
 }
 
 # Device capabilities a shader may `require` (runtime Capabilities.supports names).

@@ -7,6 +7,8 @@ layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint items;
   layout(offset = 20) float scale;
+  layout(offset = 24) int chunk_keys;
+  layout(offset = 28) uint chunks;
 } pc;
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -64,16 +66,23 @@ layout(set = 0, binding = 4, std430) readonly buffer t_positions_block {
   int data[];
 } t_positions;
 int t_positions_load(uint i) { return t_positions.data[i]; }
+layout(set = 0, binding = 5, std430) writeonly buffer t_partials_block {
+  vec4 data[];
+} t_partials;
+void t_partials_store(uint unit, vec4 v) {
+  t_partials.data[unit] = v;
+}
 
 const uint TILE = gl_WorkGroupSize.x;  // keys per tile: one per invocation
 const uint UNITS_PER_INVOCATION = (HEAD_UNITS + gl_WorkGroupSize.x - 1u) / gl_WorkGroupSize.x;
+const uint RECORD_UNITS = HEAD_UNITS + 1u;  // a partial: the accumulators, then (max, sum, 0, 0)
 
 shared vec4 s_q[GROUP * HEAD_UNITS];  // [head][unit]: the group's query rows in fp32
 shared float s_w[GROUP * TILE];        // [head][key of the tile]: its score, then its weight
 
 void main() {
-  const uint item = etvk_linear_group();
-  if (item >= pc.items) {
+  const uint workgroup = etvk_linear_group();
+  if (workgroup >= pc.items * pc.chunks) {
     return;  // the whole workgroup: no barrier is skipped by some invocations only
   }
   const uint S = uint(pc.sizes.x);
@@ -81,14 +90,21 @@ void main() {
   const uint HKV = uint(pc.sizes.z);
   const int L = pc.sizes.w;
   const uint lid = gl_LocalInvocationID.x;
+  const uint item = workgroup / pc.chunks;
+  const uint chunk = workgroup - item * pc.chunks;
   const uint g = item % HKV;
   const uint token = item / HKV;  // b * S + s
   const uint s = token % S;
   const uint b = token / S;
+  const int last = min(t_positions_load(s), L - 1);  // the query's last key
+  const int first = int(chunk) * pc.chunk_keys;      // this chunk's first key
+  if (chunk > 0u && first > last) {
+    return;  // the whole workgroup: no key of this chunk is visible; the combine skips it
+  }
+  const int end = min(last, first + pc.chunk_keys - 1);  // this chunk's last key
   // The query heads g * GROUP .. of this token are consecutive rows of q and out.
   const uint q_unit0 = (token * HQ + g * GROUP) * HEAD_UNITS;
   const uint kv_row0 = (b * HKV + g) * uint(L);  // the row of key 0
-  const int last = min(t_positions_load(s), L - 1);
 
   for (uint i = lid; i < GROUP * HEAD_UNITS; i += TILE) {
     s_q[i] = t_q_load(q_unit0 + i);
@@ -106,8 +122,8 @@ void main() {
     }
   }
 
-  for (int base = 0; base <= last; base += int(TILE)) {
-    const uint n = min(TILE, uint(last + 1 - base));  // keys of this tile
+  for (int base = first; base <= end; base += int(TILE)) {
+    const uint n = min(TILE, uint(end + 1 - base));  // keys of this tile
     // 1. The scores of key base + lid.
     if (lid < n) {
       const uint k_unit0 = (kv_row0 + uint(base) + lid) * HEAD_UNITS;
@@ -134,8 +150,8 @@ void main() {
       for (uint t = 1u; t < n; ++t) {
         tile_max = max(tile_max, s_w[h * TILE + t]);
       }
-      const float new_max = base == 0 ? tile_max : max(running_max[h], tile_max);
-      rescale[h] = base == 0 ? 0.0 : exp(running_max[h] - new_max);
+      const float new_max = base == first ? tile_max : max(running_max[h], tile_max);
+      rescale[h] = base == first ? 0.0 : exp(running_max[h] - new_max);
       running_max[h] = new_max;
     }
     barrier();
@@ -173,14 +189,35 @@ void main() {
     barrier();  // the next tile's scores overwrite s_w
   }
 
+  if (last < pc.chunk_keys) {
+    // Chunk 0 holds every key of the query: the output row itself.
+    for (uint k = 0u; k < UNITS_PER_INVOCATION; ++k) {
+      const uint u = lid + k * TILE;
+      if (u >= HEAD_UNITS) {
+        break;
+      }
+      for (uint h = 0u; h < GROUP; ++h) {
+        t_out_store(q_unit0 + h * HEAD_UNITS + u,
+                    acc[h * UNITS_PER_INVOCATION + k] * (1.0 / running_sum[h]));
+      }
+    }
+    return;
+  }
+  // Several chunks have keys: this chunk's partial, for cache_attention_combine.
+  const uint record0 = (item * pc.chunks + chunk) * GROUP * RECORD_UNITS;
   for (uint k = 0u; k < UNITS_PER_INVOCATION; ++k) {
     const uint u = lid + k * TILE;
     if (u >= HEAD_UNITS) {
       break;
     }
     for (uint h = 0u; h < GROUP; ++h) {
-      t_out_store(q_unit0 + h * HEAD_UNITS + u,
-                  acc[h * UNITS_PER_INVOCATION + k] * (1.0 / running_sum[h]));
+      t_partials_store(record0 + h * RECORD_UNITS + u, acc[h * UNITS_PER_INVOCATION + k]);
+    }
+  }
+  if (lid == 0u) {
+    for (uint h = 0u; h < GROUP; ++h) {
+      t_partials_store(record0 + h * RECORD_UNITS + HEAD_UNITS,
+                       vec4(running_max[h], running_sum[h], 0.0, 0.0));
     }
   }
 }

@@ -89,13 +89,18 @@ def cache_attention(stream, q, k_cache, v_cache, positions, scale, *, variant=No
     _check_positions_per_query(op, positions, q)
     _check_positions_in_k_cache(op, positions, k_cache)
     _check_scale_finite(op, scale)
-    v = op.select(variant, storage, {"DTYPE": ("q", q.dtype)})
+    items = q.shape[0] * q.shape[1] * k_cache.shape[1]
+    split = rt.attention_split(items, k_cache.shape[2])
+    v = op.select(variant, storage, {"DTYPE": ("q", q.dtype)}, step=0)
     q = stream.upload(q, v.binding("t_q"), op.label("q"))
     k_cache = stream.upload(k_cache, v.binding("t_k"), op.label("k_cache"))
     v_cache = stream.upload(v_cache, v.binding("t_v"), op.label("v_cache"))
     positions = stream.upload(positions, v.binding("t_positions"), op.label("positions"))
     out = stream.empty(q.shape, q.dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "items": q.shape[0] * q.shape[1] * k_cache.shape[1], "scale": rt.fp32(scale)}, spec_constants={"GROUP": q.shape[2] // k_cache.shape[1], "HEAD_UNITS": q.shape[3] // 4}, groups=[q.shape[0] * q.shape[1] * k_cache.shape[1], 1, 1])
+    partials = stream.empty([items * split.chunks * (q.shape[2] // k_cache.shape[1]) * (q.shape[3] // 4 + 1) * 4] if split.chunks > 1 else [4], torch.float32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions, "t_partials": partials}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "items": items, "scale": rt.fp32(scale), "chunk_keys": split.chunk_keys, "chunks": split.chunks}, spec_constants={"GROUP": q.shape[2] // k_cache.shape[1], "HEAD_UNITS": q.shape[3] // 4}, groups=[items * split.chunks, 1, 1])
+    v = op.select(variant, storage, {"DTYPE": ("q", q.dtype)}, step=1)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_positions": positions}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "units": rt.numel(q) // 4, "chunk_keys": split.chunk_keys, "chunks": split.chunks}, spec_constants={"GROUP": q.shape[2] // k_cache.shape[1], "HEAD_UNITS": q.shape[3] // 4}, global_size=[rt.numel(q) // 4 if split.chunks > 1 else 0, 1, 1])
     return out
 
 
@@ -107,12 +112,18 @@ CACHE_ATTENTION = rt.OpDef(
     name="etvk.cache_attention.default",
     family="attention",
     schema="cache_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor positions, float scale) -> Tensor",
-    doc="out[b, s, h] = softmax_j(scale * q[b, s, h] . k_cache[b, g, j]) @ v_cache[b, g, j] over the keys j <= positions[s], g = h // (Hq / Hkv): causal grouped-query attention over a static cache; q and out [B, S, Hq, D] (token-major), caches [B, Hkv, L, D]. Scores and sums in fp32 with a max-subtracted (online) softmax; equals scaled_dot_product_attention with the kv heads repeated and mask[i, j] = j <= positions[i] within docs/attention_ops.md's tolerance.",
-    spec="op_specs/attention.yaml:113",
+    doc="out[b, s, h] = softmax_j(scale * q[b, s, h] . k_cache[b, g, j]) @ v_cache[b, g, j] over the keys j <= positions[s], g = h // (Hq / Hkv): causal grouped-query attention over a static cache; q and out [B, S, Hq, D] (token-major), caches [B, Hkv, L, D]. Scores and sums in fp32 with a max-subtracted (online) softmax; equals scaled_dot_product_attention with the kv heads repeated and mask[i, j] = j <= positions[i] within docs/attention_ops.md's tolerance. Where few (token, kv head) pairs would leave the GPU idle, their keys are split into chunks over more workgroups whose partials a second dispatch merges (flash-decoding).",
+    spec="op_specs/attention.yaml:144",
     reference="runtime.reference.attention:cache_attention",
     variants=(
         ("cache_attention_float", {"DTYPE": "float32"}),
         ("cache_attention_half", {"DTYPE": "float16"}),
+        ("cache_attention_combine_float", {"DTYPE": "float32"}),
+        ("cache_attention_combine_half", {"DTYPE": "float16"}),
+    ),
+    steps=(
+        ("cache_attention_float", "cache_attention_half"),
+        ("cache_attention_combine_float", "cache_attention_combine_half"),
     ),
     record=cache_attention,
     fake=_cache_attention_fake,
@@ -147,7 +158,7 @@ CACHE_UPDATE = rt.OpDef(
     family="attention",
     schema="cache_update(Tensor cache, Tensor positions, Tensor value) -> Tensor",
     doc="cache[b, h, positions[s], d] = value[b, s, h, d], bit for bit: the KV-cache write of S tokens (value [B, S, Hkv, D] as the k/v projections make it, cache [B, Hkv, L, D]). The output is the cache itself: a device cache is written in place and returned; a host cache comes back as an updated copy.",
-    spec="op_specs/attention.yaml:137",
+    spec="op_specs/attention.yaml:192",
     reference="runtime.reference.attention:cache_update",
     variants=(
         ("cache_update_float", {"DTYPE": "float32"}),

@@ -18,6 +18,7 @@ import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
+from runtime.families.attention import attention_split
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
@@ -325,6 +326,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         broadcast,
         bad_indices,
         scalar_operand,
+        attention_split,
     )
 }
 

@@ -4,9 +4,11 @@ Each case is a shape and the cache positions of its tokens: decode (one token
 anywhere in the cache, the first and the last position), prefill from 0 and
 chunked prefill at positions with gaps, batches of 2, grouped-query (Hq / Hkv
 of 1, 2, 3, 4), more keys than one tile of the shader (64) with queries on both
-sides of a tile boundary, a head dim over the workgroup (more than 64 units of
-4), scores far beyond fp32's exp range (a softmax without the max subtracted
-overflows), int32 and int64 positions, no tokens at all. Cache rows past the
+sides of a tile boundary, caches the op splits into chunks of keys
+(runtime/families/attention.py: 64 keys here) with queries in the first, the
+second and a partly filled third chunk, a head dim over the workgroup (more
+than 64 units of 4), scores far beyond fp32's exp range (a softmax without the
+max subtracted overflows), int32 and int64 positions, no tokens at all. Cache rows past the
 largest position are NaN in the inputs (`attention_inputs`), so reading one
 shows; `sdpa_caches` gives the same caches with finite values there, for
 PyTorch's masked attention. Used by the tests (tests/ops/test_attention.py) and,
@@ -60,6 +62,7 @@ class UpdateCase:
 ATTENTION_CASES = [
     AttentionCase("decode_gqa4_two_tiles", 1, 8, 2, 96, 64, (70,)),
     AttentionCase("decode_first_position_mha", 1, 4, 4, 16, 8, (0,)),
+    AttentionCase("decode_mha_three_chunks", 1, 4, 4, 160, 8, (150,)),
     AttentionCase("decode_last_position_int32", 1, 6, 2, 33, 16, (32,), torch.int32),
     AttentionCase("prefill_from_zero_gqa3", 1, 6, 2, 40, 16, tuple(range(8))),
     AttentionCase("chunked_prefill_gaps_mqa_batch2", 2, 4, 1, 150, 12, (3, 63, 64, 130)),

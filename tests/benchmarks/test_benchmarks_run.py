@@ -142,7 +142,8 @@ def test_linear_bench_times_the_streaming_floor(tmp_path):
 
 def test_llm_bench_prints_decode_rows(tmp_path):
     """A tiny decoder through the whole LLM benchmark: one row per position, the KV cache's home,
-    and the time per op kind (the torch columns are n/a without CUDA)."""
+    the time per op kind (the torch columns are n/a without CUDA), and cache_attention alone:
+    a row per dtype and chunk length, a time per position."""
     result = _run([str(BENCHMARKS / "llm_bench.py"), "--preset", "tiny-llama", "--cache", "32",
                    "--positions", "3,20", "--repeat", "2", "--warmup", "0.05", "--no-torch"],
                   "nvidia", tmp_path)
@@ -152,3 +153,7 @@ def test_llm_bench_prints_decode_rows(tmp_path):
     assert [row[0] for row in rows] == ["3", "20"] and all(float(row[1]) > 0 for row in rows)
     assert result.stdout.count("time per op kind at position") == 2
     assert "etvk.cache_attention.default" in result.stdout
+    attention = result.stdout.split("cache_attention alone")[1].splitlines()[2:]
+    assert [row.split()[:2] for row in attention] == [[dtype, label] for dtype in ("float32", "float16")
+                                                      for label in ("rule:", "grain", "grain", "one")]
+    assert all(len(row.split(":")[1].split()) == 5 for row in attention)  # chunks x keys, 2 times

@@ -4,14 +4,19 @@ cache_attention: every case of `runtime.tools.examples_attention` in every varia
 must lie within `attention_tolerance` of PyTorch's scaled_dot_product_attention in
 float64 (kv heads repeated, mask[i, j] = j <= positions[i]), and so must the fp32
 reference; cache rows past the largest position are NaN, so a shader that read one
-would fail. cache_update: every case in every variant equals the reference
-(index_copy) bit for bit, special bit patterns included; a device cache is written in
-place and returned; a recorded decode step (two cache writes and the attention)
-replays with new tokens. Bad arguments name the op and the argument.
+would fail. The same holds with the keys split into chunks of a few keys (the
+split's grain made small, so that small caches take many chunks, some partly
+filled, and chunks that do not start on a tile); a call whose keys fit one chunk
+is one dispatch, a split one two. cache_update: every case in every variant equals
+the reference (index_copy) bit for bit, special bit patterns included; a device
+cache is written in place and returned; a recorded decode step (two cache writes
+and the attention) replays with new tokens and positions, split or not. Bad
+arguments name the op and the argument.
 """
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -19,6 +24,7 @@ import torch
 from op_testlib import assert_argument_error
 
 import runtime
+from runtime.families import attention as split_rule
 from runtime.reference import attention as ref
 from runtime.tools.examples_attention import (
     ATTENTION_BY_NAME,
@@ -36,11 +42,44 @@ from runtime.vulkan.tensor import Tensor
 ATTENTION = "etvk.cache_attention.default"
 UPDATE = "etvk.cache_update.default"
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16}
+# The second step of a split cache_attention, by DTYPE.
+COMBINE = {info.axes["DTYPE"]: info.name for info in runtime.get_op(ATTENTION).variants
+           if info.shader == "cache_attention_combine"}
+# Grains of the split that make the cases' small caches take several chunks: 4 keys (many
+# chunks of one partial tile) and 100 (chunks of a whole and a partial tile, starting off the
+# tiles of 64).
+SMALL_GRAINS = (4, 100)
 
 
-def _variants(op_name, cases):
+def _variants(op_name, cases, shader=None):
+    """(variant, DTYPE, case) of every variant of the op (of `shader` only, when given)."""
     return [pytest.param(info.name, info.axes["DTYPE"], case, id=f"{info.name}-{case.name}")
-            for info in runtime.get_op(op_name).variants for case in cases]
+            for info in runtime.get_op(op_name).variants if shader in (None, info.shader)
+            for case in cases]
+
+
+def split_of(case):
+    """The op's `AttentionSplit` for `case` by the rule as it stands."""
+    return split_rule.attention_split(case.batch * len(case.positions) * case.kv_heads, case.cache_len)
+
+
+def chunks_with_keys(case) -> int:
+    """The most chunks one query of `case` finds keys in (0 without queries)."""
+    return max((p // split_of(case).chunk_keys + 1 for p in case.positions), default=0)
+
+
+@pytest.fixture
+def small_grain(monkeypatch):
+    """Sets the split's grain (keys per chunk come in whole grains) for the test."""
+    return lambda grain: monkeypatch.setattr(split_rule, "CHUNK_GRAIN", grain)
+
+
+def dispatched(trace_path, call) -> list[str]:
+    """The variants `call()` dispatches, in order, from the dispatch trace."""
+    before = trace_path.read_text().count("\n") if trace_path.exists() else 0
+    call()
+    lines = trace_path.read_text().splitlines()[before:] if trace_path.exists() else []
+    return [json.loads(line)["variant"] for line in lines]
 
 
 def exact(case, args):
@@ -56,20 +95,38 @@ def assert_within(got, want, tol, what):
     assert error <= tol, f"{what}: error {error:.3g} over the tolerance {tol:.3g}"
 
 
-@pytest.mark.parametrize(("variant", "dtype", "case"), _variants(ATTENTION, ATTENTION_CASES))
-def test_cache_attention_matches_pytorch_sdpa(variant, dtype, case, dispatch_trace):
+def check_attention(variant, dtype, case, trace_path):
+    """The op (first step forced to `variant`) and the reference are within the tolerance of
+    the exact result; the call is one dispatch where the keys are not split, two where they
+    are (the combine dispatched, whether or not a query finds keys past its first chunk)."""
     args = attention_inputs(case, DTYPES[dtype])
     tol = ref.attention_tolerance(*args)
     truth = exact(case, args)
     want = ref.cache_attention(*args)
     assert want.dtype == DTYPES[dtype]
     assert_within(want, truth, tol, f"reference {case.name}")
-    got = runtime.get_op(ATTENTION)(*args, variant=variant)
+    found = []
+    variants = dispatched(trace_path, lambda: found.append(runtime.get_op(ATTENTION)(*args, variant=variant)))
+    got = found[0]
     assert got.dtype == DTYPES[dtype]
     assert_within(got, truth, tol, f"{variant} {case.name}")
     assert bool(torch.isfinite(got).all()), f"{variant} {case.name}: a NaN or inf came out"
     if got.numel():
-        assert variant in dispatch_trace(), f"{variant} never reached the device"
+        split = split_of(case)
+        assert variants == [variant] + [COMBINE[dtype]] * (split.chunks > 1), (split, variants)
+
+
+@pytest.mark.parametrize(("variant", "dtype", "case"), _variants(ATTENTION, ATTENTION_CASES, "cache_attention"))
+def test_cache_attention_matches_pytorch_sdpa(variant, dtype, case, dispatch_trace_path):
+    check_attention(variant, dtype, case, dispatch_trace_path)
+
+
+@pytest.mark.parametrize("grain", SMALL_GRAINS)
+@pytest.mark.parametrize(("variant", "dtype", "case"), _variants(ATTENTION, ATTENTION_CASES, "cache_attention"))
+def test_split_keys_match_pytorch_sdpa(variant, dtype, case, grain, small_grain, dispatch_trace_path):
+    """Every case with the keys in chunks of `grain` (or a few grains) keys."""
+    small_grain(grain)
+    check_attention(variant, dtype, case, dispatch_trace_path)
 
 
 @pytest.mark.parametrize(("variant", "dtype", "case"), _variants(UPDATE, UPDATE_CASES))
@@ -131,6 +188,27 @@ def test_int32_and_int64_positions_and_device_tensors_agree(dtype):
         assert torch.equal(out.to_torch(), host)
 
 
+@pytest.mark.parametrize("grain", [None, 4])
+def test_device_positions_outside_the_cache_stay_inside_it(grain, small_grain):
+    """Device positions are not checked: one past the cache reads keys up to L - 1 (the row
+    of position L - 1), a negative one no key (a NaN row, 0 / 0), split or not."""
+    if grain is not None:
+        small_grain(grain)
+    case = ATTENTION_BY_NAME["prefill_from_zero_gqa3"]  # caches [1, 2, 40, 16]
+    q, k, v, _, scale = attention_inputs(case, torch.float32)
+    k, v = sdpa_caches(case, torch.float32)  # every row filled: position L - 1 reads them all
+    q = q[:, :3]
+    op = runtime.get_op(ATTENTION)
+    want = op(q, k, v, torch.tensor([0, 39, 5]), scale)
+    with Stream() as stream:
+        device_args = [Tensor.from_torch(t) for t in (q, k, v, torch.tensor([-1, 45, 5], dtype=torch.int32))]
+        out = op.record(stream, *device_args, scale)
+        stream.run()
+        got = out.to_torch()
+    assert bool(got[:, 0].isnan().all())
+    assert torch.equal(got[:, 1:], want[:, 1:])
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_cache_update_writes_a_device_cache_in_place(dtype):
     cache, positions, value = update_inputs(UPDATE_BY_NAME["batch2_unordered_int32"], DTYPES[dtype])
@@ -145,11 +223,16 @@ def test_cache_update_writes_a_device_cache_in_place(dtype):
     assert torch.equal(device_cache.to_torch().view(bits), ref.cache_update(cache, positions, value).view(bits))
 
 
-def test_a_recorded_decode_step_replays_over_device_caches():
+@pytest.mark.parametrize("grain", [None, 4])
+def test_a_recorded_decode_step_replays_over_device_caches(grain, small_grain):
     """What a loaded program records once per decode step: both cache writes in place, then
     the attention over the updated caches, positions and new tokens as device inputs that
     each call overwrites. Replaying it token after token fills the caches as a loop of
-    eager calls does."""
+    eager calls does, with the keys in one chunk (the rule, for this small cache) and split
+    into chunks of 4 keys, the recorded split serving positions in the first to the third
+    chunk."""
+    if grain is not None:
+        small_grain(grain)
     batch, heads, kv_heads, cache_len, dim = 1, 4, 2, 24, 8
     gen = torch.Generator().manual_seed(7)
     k_cache = Tensor.zeros((batch, kv_heads, cache_len, dim), torch.float32)
@@ -165,7 +248,7 @@ def test_a_recorded_decode_step_replays_over_device_caches():
         assert update.record(stream, k_cache, position, k_new) is k_cache
         assert update.record(stream, v_cache, position, v_new) is v_cache
         out = attention.record(stream, q, k_cache, v_cache, position, 0.25)
-        for step in range(5):
+        for step in range(9):
             tokens = [torch.randn(shape, generator=gen) for shape in (q.shape, k_new.shape, v_new.shape)]
             for tensor, value in zip((q, k_new, v_new), tokens, strict=True):
                 tensor.copy_from(value)
@@ -243,13 +326,21 @@ def test_bad_arguments_name_the_op_and_argument(op_name, arg, value, text):
 
 
 def test_cases_cover_what_they_claim():
-    """Decode and prefill, MHA / GQA / MQA, several tiles of keys, head dims past the
-    workgroup, both position dtypes, and the empty cases stay in the tables."""
+    """Decode and prefill, MHA / GQA / MQA, several tiles of keys, keys split into chunks by
+    the rule (queries in one chunk, in two, in a partly filled third; GQA groups of 1 and
+    more; several tokens), head dims past the workgroup, both position dtypes, and the empty
+    cases stay in the tables."""
     tokens = {len(c.positions) for c in ATTENTION_CASES}
     assert {0, 1} <= tokens and max(tokens) > 1
     groups = {c.heads // c.kv_heads for c in ATTENTION_CASES}
     assert {1, 2, 3, 4} <= groups and any(c.kv_heads == 1 for c in ATTENTION_CASES)
     assert any(max(c.positions, default=0) >= 64 for c in ATTENTION_CASES)  # a second tile
+    split = [c for c in ATTENTION_CASES if split_of(c).chunks > 1]
+    assert {chunks_with_keys(c) for c in split} >= {2, 3}
+    assert any(min(p // split_of(c).chunk_keys for p in c.positions) == 0 for c in split)
+    assert any((p + 1) % split_of(c).chunk_keys for c in split for p in c.positions
+               if p >= split_of(c).chunk_keys)  # a partly filled last chunk
+    assert {c.heads // c.kv_heads for c in split} > {1} and any(len(c.positions) > 1 for c in split)
     assert any(c.head_dim // 4 > 64 for c in ATTENTION_CASES)  # two units per invocation
     assert any(c.batch > 1 for c in ATTENTION_CASES)
     assert any(c.positions and max(c.positions) == c.cache_len - 1 for c in ATTENTION_CASES)
