@@ -2,18 +2,22 @@
 
 Builds a decoder from a preset (default Llama-3.2-1B's shapes, random
 weights; ``--layers`` keeps fewer), quantizes it 8da4w (group 32), exports it
-for one token a call with a static cache of ``--cache`` positions, lowers,
-saves and loads it, then reports, measured in the same run:
+with a dynamic token count and a static cache of ``--cache`` positions, lowers
+it for 1 and ``--prefill`` tokens a call, saves and loads it, then reports,
+measured in the same run:
 
 - ours: decode tokens/s from each of ``--positions`` on (``--repeat`` steps
   at p, p+1, ...: each writes its position and attends to 0..p, the cache
   before p being zeros), from the wall time of ``loaded(...)`` calls (token
   ids in, logits out; the median step) and from the GPU timestamps of one
   call; dispatches per token, and GPU time per op kind;
-  where the KV cache lives;
-- PyTorch on CUDA (when present), the same architecture in bf16 with a
-  static cache, one token a call: eager, and ``torch.compile(mode=
-  "reduce-overhead")`` (CUDA graphs);
+  where the KV cache lives; prefill: a prompt of ``--prefill`` tokens in one
+  call from an empty cache (wall time, median);
+- PyTorch on CUDA (when present), the same architecture with a static cache,
+  in bf16 and with torchao's int4 weight-only quantization (group 32, the
+  tinygemm ``_weight_int4pack_mm`` kernel): eager and ``torch.compile(mode=
+  "reduce-overhead")`` (CUDA graphs), decode one token a call and the same
+  prefill;
 - the streaming floor: the bytes of the program's constants but the
   embedding table (read once a token) over the copy bandwidth measured in
   the same run;
@@ -23,11 +27,8 @@ saves and loads it, then reports, measured in the same run:
   in chunks of 128 and 256 keys, and in one chunk (one dispatch, the order
   before the split).
 
-Prefill (a many-token call) needs an export with a dynamic sequence length,
-which the lowering does not take yet: not measured here.
-
 Usage: ``python benchmarks/llm_bench.py [--preset llama-3.2-1b] [--layers N] [--cache 1280]``
-``[--positions 128,1024] [--repeat 20] [--warmup 1.0] [--no-torch] [--attention-only]``
+``[--positions 128,1024] [--prefill 512] [--repeat 20] [--warmup 1.0] [--no-torch] [--attention-only]``
 """
 
 from __future__ import annotations
@@ -92,6 +93,12 @@ def ours(args, path: Path) -> dict:
             kinds[row["op"] if row["runs_on"] == "vulkan" else f"cpu: {row['target']}"] += row["seconds"] or 0
         results[position] = (statistics.median(times),
                              sum(s for k, s in kinds.items() if not k.startswith("cpu")), kinds)
+    prompt = dict(input_ids=torch.full((1, args.prefill), 7), cache_position=torch.arange(args.prefill))
+
+    def prefill():
+        loaded.reset()
+        loaded(**prompt)
+    results["prefill"] = median_seconds(prefill, max(3, args.repeat // 4), args.warmup)
     # read once a token: every constant but the embedding tables (one row each)
     tables = {n.args[0].name for n in loaded.program.nodes if n.target == "etvk.embedding.default"}
     results["weight_bytes"] = sum(t.numel() * t.element_size() for name, t in loaded.program.constants.items()
@@ -156,30 +163,52 @@ def median_seconds_gpu(stream: Stream, repeat: int, warmup: float) -> float | No
 
 
 def torch_baselines(args, model_source) -> dict:
-    """Seconds per decode token of the bf16 model on CUDA: eager and compiled (CUDA graphs)."""
+    """Seconds per decode token and per prefill of the model on CUDA, (weights, mode, position or
+    "prefill") -> seconds: bf16 and int4 weight-only weights, eager and compiled (CUDA graphs)."""
+    found = {}
+    for weights in ("bf16", "int4"):
+        try:
+            module = _torch_decoder(args, model_source, weights)
+        except Exception as error:  # noqa: BLE001  (a baseline that cannot run here is reported)
+            print(f"torch {weights}: not built ({type(error).__name__}: {error})"[:300])
+            continue
+        for mode in ("eager", "compile"):
+            calls = {}
+            for key in (*args.positions, "prefill"):
+                tokens = args.prefill if key == "prefill" else 1
+                start = 0 if key == "prefill" else key
+                ids = torch.full((1, tokens), 7, device="cuda")
+                pos = torch.arange(start, start + tokens, device="cuda")
+                # one compiled function per shape: CUDA graphs of static shapes
+                fn = module.forward if mode == "eager" else calls.setdefault(
+                    tokens, torch.compile(module.forward, mode="reduce-overhead", dynamic=False))
+
+                def call(fn=fn, ids=ids, pos=pos):
+                    with torch.no_grad():
+                        fn(input_ids=ids, cache_position=pos)
+                    torch.cuda.synchronize()
+                try:
+                    found[(weights, mode, key)] = median_seconds(call, args.repeat, args.warmup)
+                except Exception as error:  # noqa: BLE001
+                    print(f"torch {weights} {mode} {key}: not measured ({type(error).__name__}: {error})"[:300])
+        del module
+        torch.cuda.empty_cache()
+    return found
+
+
+def _torch_decoder(args, model_source, weights: str):
+    """The static-cache module of the model on CUDA in bf16, its linears int4 weight-only for
+    ``weights == "int4"``."""
     from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
 
     model = decoder(model_source, num_hidden_layers=args.layers).to("cuda", torch.bfloat16)
+    if weights == "int4":
+        from torchao.quantization import Int4WeightOnlyConfig, quantize_
+
+        quantize_(model, Int4WeightOnlyConfig(group_size=32, int4_packing_format="tile_packed_to_4d"))
     model.generation_config.cache_implementation = "static"
     # the wrapper's own forward drops cache_position (transformers 5.23): call the static-cache module
-    module = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=args.cache).model
-    ids = torch.tensor([[7]], device="cuda")
-    found = {}
-    for name, fn in (("eager", module.forward), ("compile", torch.compile(module.forward,
-                                                                           mode="reduce-overhead"))):
-        for position in args.positions:
-            pos = torch.tensor([position], device="cuda")
-
-            def call(fn=fn, pos=pos):
-                with torch.no_grad():
-                    fn(input_ids=ids, cache_position=pos)
-                torch.cuda.synchronize()
-            try:
-                found[(name, position)] = median_seconds(call, args.repeat, args.warmup)
-            except Exception as error:  # noqa: BLE001  (a baseline that cannot run here is reported)
-                print(f"torch {name}: not measured ({type(error).__name__}: {error})"[:300])
-                break
-    return found
+    return TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=args.cache).model
 
 
 def copy_bandwidth() -> float | None:
@@ -198,6 +227,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, help="keep this many layers")
     parser.add_argument("--cache", type=int, default=1280, help="static cache positions (default 1280)")
     parser.add_argument("--positions", default="128,1024", help="decode positions (default 128,1024)")
+    parser.add_argument("--prefill", type=int, default=512, help="prompt tokens of the prefill row (default 512)")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--warmup", type=float, default=1.0)
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch CUDA baselines")
@@ -212,9 +242,9 @@ def main() -> int:
         return 0
     started = time.perf_counter()
     model = quantize_8da4w(decoder(args.preset, num_hidden_layers=args.layers))
-    exported = export_decoder(model, args.cache)
+    exported = export_decoder(model, args.cache, dynamic=True)
     del model
-    program = runtime.lower(exported)
+    program = runtime.lower(exported, token_sizes=[1, args.prefill])
     del exported
     with tempfile.TemporaryDirectory() as folder:
         path = Path(folder) / "decoder.etvk"
@@ -229,17 +259,26 @@ def main() -> int:
     print(f"KV cache in {'/'.join(found['homes'])} memory; {found['dispatches']} dispatches and "
           f"{found['cpu_nodes']} CPU nodes per token; {found['weight_bytes'] / 1e9:.3f} GB of constants")
     floor = found["weight_bytes"] / bandwidth if bandwidth else None
-    print(f"{'position':>8}  {'ours tok/s':>10}  {'ours GPU tok/s':>14}  {'torch bf16 eager':>16}  "
-          f"{'torch bf16 compile':>18}  {'floor tok/s':>11}  ours / compile")
+
+    def rate(seconds):
+        return f"{1 / seconds:,.1f}" if seconds else "n/a"
+    columns = [(w, m) for w in ("bf16", "int4") for m in ("eager", "compile")]
+    print(f"{'position':>8}  {'ours tok/s':>10}  {'ours GPU':>9}" +
+          "".join(f"  {w + ' ' + m:>13}" for w, m in columns) + f"  {'floor':>7}  ours / int4 compile")
     for position in args.positions:
         wall, gpu, _ = found[position]
-        eager, compiled = baselines.get(("eager", position)), baselines.get(("compile", position))
+        best = baselines.get(("int4", "compile", position))
+        ratio = f"{best / wall:.2f}" if best else "n/a"
+        print(f"{position:>8}  {rate(wall):>10}  {rate(gpu):>9}" +
+              "".join(f"  {rate(baselines.get((w, m, position))):>13}" for w, m in columns) +
+              f"  {rate(floor):>7}  {ratio}")
 
-        def rate(seconds):
-            return f"{1 / seconds:,.1f}" if seconds else "n/a"
-        ratio = f"{compiled / wall:.2f}" if compiled else "n/a"
-        print(f"{position:>8}  {rate(wall):>10}  {rate(gpu):>14}  {rate(eager):>16}  {rate(compiled):>18}  "
-              f"{rate(floor):>11}  {ratio}")
+    def ms(seconds):
+        return f"{seconds * 1e3:.2f}" if seconds else "n/a"
+    bf16 = baselines.get(("bf16", "compile", "prefill"))
+    print(f"prefill of {args.prefill} tokens, ms: ours {ms(found['prefill'])}" +
+          "".join(f"; {w} {m} {ms(baselines.get((w, m, 'prefill')))}" for w, m in columns) +
+          (f"; ours / bf16 compile {found['prefill'] / bf16:.2f}" if bf16 else ""))
     for position in args.positions:
         kinds = found[position][2]
         total = sum(kinds.values()) or 1.0

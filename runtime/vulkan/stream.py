@@ -7,8 +7,10 @@ brackets every dispatch with timestamps and barriers, and
 submits with a fence (polled for up to the device's `fence_spin` seconds,
 then waited for). The command buffer starts with a barrier from all
 earlier host/transfer/compute writes to compute, puts a compute->compute
-barrier between dispatches and ends with compute writes -> host/transfer
-reads. Recording and submission use pre-built cffi structs and raw `lib`
+barrier before each dispatch that touches memory an earlier dispatch since
+the last barrier wrote (or writes memory one read: the bindings' access in
+the manifest says which), so that independent dispatches may overlap, and
+ends with compute writes -> host/transfer reads. Recording and submission use pre-built cffi structs and raw `lib`
 calls. `dispatch()` only checks and notes a dispatch; `finish()` takes a
 command buffer with its fence, descriptor and query pools and structs
 (`_Resources`) from the device's `recordings` (recordings.py) by the
@@ -284,6 +286,7 @@ class Stream:
         if self._state == "ready":  # a new recording after run()
             self._reset_recording()
         self._ops.append((pipeline, kernel, memories, push_data, counts))
+        self._access.append(tuple(binding.access for binding, _, _ in fields.bindings))
         self._state = "recording"
         self._keepalive.append(bindings)
         self.dispatched.append((op, kernel.name))
@@ -378,6 +381,7 @@ class Stream:
         self._traced: list[dict] = []  # the dispatch trace entries of the recording
         self._keepalive: list = []
         self._ops: list[tuple] = []  # (pipeline, kernel, allocations, push bytes, group counts)
+        self._access: list[tuple] = []  # each op's bindings' access ("read", "write", "read_write")
         self._timed: list[tuple] = []
         self._pool_index = 0
 
@@ -400,9 +404,15 @@ class Stream:
         res.begin_barrier.record(cb)
         compute = vk.VK_PIPELINE_STAGE_COMPUTE_SHADER_BIT
         bound = {}
-        for i, (pipeline, kernel, memories, push_data, counts) in enumerate(self._ops):
-            if i:
+        written, read = set(), set()  # allocations dispatches since the last barrier wrote, read
+        for (pipeline, kernel, memories, push_data, counts), access in zip(self._ops, self._access, strict=True):
+            writes = {m.serial for m, a in zip(memories, access, strict=True) if a != "read"}
+            reads = {m.serial for m, a in zip(memories, access, strict=True) if a != "write"}
+            if reads & written or writes & (written | read):
                 res.between_barrier.record(cb)
+                written, read = set(), set()
+            written |= writes
+            read |= reads
             for memory in memories:
                 bound[memory.serial] = memory
             descriptor_set = self._write_descriptors(pipeline, kernel, memories)

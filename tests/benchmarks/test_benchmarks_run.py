@@ -141,16 +141,18 @@ def test_linear_bench_times_the_streaming_floor(tmp_path):
 
 
 def test_llm_bench_prints_decode_rows(tmp_path):
-    """A tiny decoder through the whole LLM benchmark: one row per position, the KV cache's home,
-    the time per op kind (the torch columns are n/a without CUDA), and cache_attention alone:
-    a row per dtype and chunk length, a time per position."""
+    """A tiny decoder through the whole LLM benchmark: one row per position, the prefill row, the
+    KV cache's home, the time per op kind (the torch columns are n/a without CUDA), and
+    cache_attention alone: a row per dtype and chunk length, a time per position."""
     result = _run([str(BENCHMARKS / "llm_bench.py"), "--preset", "tiny-llama", "--cache", "32",
-                   "--positions", "3,20", "--repeat", "2", "--warmup", "0.05", "--no-torch"],
+                   "--positions", "3,20", "--prefill", "8", "--repeat", "2", "--warmup", "0.05", "--no-torch"],
                   "nvidia", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "KV cache in vulkan memory" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] in (["3"], ["20"])]
     assert [row[0] for row in rows] == ["3", "20"] and all(float(row[1]) > 0 for row in rows)
+    prefill = next(line for line in result.stdout.splitlines() if line.startswith("prefill of 8 tokens"))
+    assert float(prefill.split("ours ")[1].split(";")[0]) > 0 and "int4 compile n/a" in prefill
     assert result.stdout.count("time per op kind at position") == 2
     assert "etvk.cache_attention.default" in result.stdout
     attention = result.stdout.split("cache_attention alone")[1].splitlines()[2:]
