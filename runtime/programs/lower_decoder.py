@@ -17,7 +17,8 @@ without these patterns is left as it was:
 - attention over a static cache: ``index_copy(cache, 2, pos, k)`` ->
   ``etvk.cache_update`` (in place on a cache kept on the device), the rotary
   embedding of q and k (``x*cos + rotate_half(x)*sin`` on the heads-first
-  transpose) -> ``etvk.rope`` on the token-major tensor, and
+  transpose, or on its first R values with the rest concatenated: partial
+  rotary) -> ``etvk.rope`` on the token-major tensor, and
   ``scaled_dot_product_attention`` over the (repeated, for grouped-query
   attention) cache with the causal mask ``key <= position`` ->
   ``etvk.cache_attention``, whose token-major result the output projection
