@@ -6,6 +6,7 @@ layout(push_constant) uniform PushConstants {
   layout(offset = 0) uint numel;
   layout(offset = 16) ivec4 sizes;
   layout(offset = 32) int cos_batch_stride;
+  layout(offset = 36) int rotary;
 } pc;
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -63,16 +64,24 @@ vec4 t_sin_load(uint unit) {
   return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
 }
 
-// The row of cos and sin of value i of x, times D (its first value).
+// The row of cos and sin of value i of x, times R (its first value).
 uint row_base(uint i) {
   const uint D = uint(pc.sizes.x);
   const uint token = i / D / uint(pc.sizes.y);  // b * S + s
   const uint S = uint(pc.sizes.z);
-  return (token / S) * uint(pc.cos_batch_stride) + (token % S) * D;
+  return (token / S) * uint(pc.cos_batch_stride) + (token % S) * uint(pc.rotary);
 }
 
 float value_of_x(uint i) {
   return t_x_load(i >> 2u)[i & 3u];
+}
+
+// Output unit `unit`: `value`, but x's own bits where `passed`.
+void store_unit(uint unit, vec4 value, bvec4 passed) {
+  const uvec2 computed = uvec2(packHalf2x16(value.xy), packHalf2x16(value.zw));
+  const uvec2 keep = uvec2((passed.x ? 0x0000FFFFu : 0u) | (passed.y ? 0xFFFF0000u : 0u),
+                           (passed.z ? 0x0000FFFFu : 0u) | (passed.w ? 0xFFFF0000u : 0u));
+  t_out.data[unit] = (t_x.data[unit] & keep) | (computed & ~keep);
 }
 
 void main() {
@@ -82,25 +91,33 @@ void main() {
     return;
   }
   const uint D = uint(pc.sizes.x);
-  const uint half_d = D / 2u;
+  const uint R = uint(pc.rotary);
+  const uint half_r = R / 2u;
   const vec4 x = t_x_load(unit);
-  vec4 c;
-  vec4 s;
-  vec4 rotated;
-  if (ALIGNED) {  // 4 values of one half of one row; cos, sin and the partners are units
+  vec4 c = vec4(0.0);
+  vec4 s = vec4(0.0);
+  vec4 rotated = vec4(0.0);
+  bvec4 passed;
+  if (ALIGNED) {  // 4 values of one half of the rotated part of a head, or of its tail
     const uint d = first % D;
-    const uint cs = (row_base(first) + d) >> 2u;
-    c = t_cos_load(cs);
-    s = t_sin_load(cs);
-    rotated = d < half_d ? -t_x_load((first + half_d) >> 2u) : t_x_load((first - half_d) >> 2u);
+    passed = bvec4(d >= R);
+    if (d < R) {
+      const uint cs = (row_base(first) + d) >> 2u;
+      c = t_cos_load(cs);
+      s = t_sin_load(cs);
+      rotated = d < half_r ? -t_x_load((first + half_r) >> 2u) : t_x_load((first - half_r) >> 2u);
+    }
   } else {
     for (uint j = 0u; j < 4u; ++j) {
       const uint i = min(first + j, pc.numel - 1u);  // past the end: any value, not stored
       const uint d = i % D;
-      const uint cs = row_base(i) + d;
-      c[j] = t_cos_load(cs >> 2u)[cs & 3u];
-      s[j] = t_sin_load(cs >> 2u)[cs & 3u];
-      rotated[j] = d < half_d ? -value_of_x(i + half_d) : value_of_x(i - half_d);
+      passed[j] = d >= R;
+      if (d < R) {
+        const uint cs = row_base(i) + d;
+        c[j] = t_cos_load(cs >> 2u)[cs & 3u];
+        s[j] = t_sin_load(cs >> 2u)[cs & 3u];
+        rotated[j] = d < half_r ? -value_of_x(i + half_r) : value_of_x(i - half_r);
+      }
     }
   }
   precise vec4 p = x * c;
@@ -108,5 +125,5 @@ void main() {
   p = etvk_round_to_half(p);
   q = etvk_round_to_half(q);
   precise vec4 out_value = p + q;
-  t_out_store(unit, out_value);
+  store_unit(unit, out_value, passed);
 }

@@ -49,13 +49,18 @@ def _check_weight_offset_finite(op, weight_offset):
 
 
 def _check_x_bshd(op, x):
-    if not (len(x.shape) == 4 and x.shape[3] % 2 == 0):
-        raise rt.ArgumentError(op, "x", f"must be [B, S, H, D] with D even, got shape {tuple(x.shape)}")
+    if not (len(x.shape) == 4):
+        raise rt.ArgumentError(op, "x", f"must be [B, S, H, D], got shape {tuple(x.shape)}")
 
 
 def _check_cos_rows(op, cos, x):
-    if tuple(cos.shape) not in ((x.shape[0], x.shape[1], x.shape[3]), (1, x.shape[1], x.shape[3]), (x.shape[1], x.shape[3])):
-        raise rt.ArgumentError(op, "cos", f"must be [B, S, D] = {(x.shape[0], x.shape[1], x.shape[3])}, [1, S, D] or [S, D], got {tuple(cos.shape)}")
+    if tuple(cos.shape[:-1]) not in ((x.shape[0], x.shape[1]), (1, x.shape[1]), (x.shape[1],)):
+        raise rt.ArgumentError(op, "cos", f"must be [B, S, R], [1, S, R] or [S, R] with (B, S) = {(x.shape[0], x.shape[1])}, got {tuple(cos.shape)}")
+
+
+def _check_cos_rotary_dim(op, cos, x):
+    if not (cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= x.shape[3]):
+        raise rt.ArgumentError(op, "cos", f"must hold R values a row (the rotated values of each head) with R even and 0 < R <= D = {x.shape[3]}, got R = {cos.shape[-1]}")
 
 
 def _check_sin_like_cos(op, sin, cos):
@@ -158,7 +163,7 @@ EMBEDDING = rt.OpDef(
     family="llm",
     schema="embedding(Tensor weight, Tensor indices) -> Tensor",
     doc="out[*indices.shape, D] = weight[indices], bits copied. Host indices (int32 or int64) are checked to lie in [0, V) before anything is uploaded, then uploaded as int32; device indices are int32 and not checked (an id outside the table gives a row of zeros).",
-    spec="op_specs/llm.yaml:268",
+    spec="op_specs/llm.yaml:272",
     reference="runtime.reference.llm:embedding",
     variants=(
         ("llm_embedding_float", {"DTYPE": "float32"}),
@@ -198,7 +203,7 @@ RMS_NORM = rt.OpDef(
     family="llm",
     schema="rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> Tensor",
     doc="RMSNorm over the last dimension (a positive multiple of 4) in Hugging Face's order: y = dtype(float(x) * rsqrt(mean(float(x)^2) + eps)), out = dtype(float(y) * (float(weight) + weight_offset)) (no weight: out = y). weight_offset 0 is Llama's `weight * y`, 1 Gemma's `y * (1 + weight)`.",
-    spec="op_specs/llm.yaml:288",
+    spec="op_specs/llm.yaml:292",
     reference="runtime.reference.llm:rms_norm",
     variants=(
         ("llm_rms_norm_float", {"DTYPE": "float32"}),
@@ -217,6 +222,7 @@ def rope(stream, x, cos, sin, *, variant=None, storage=None):
     rt.check_arg(op, "sin", sin, "Tensor")
     _check_x_bshd(op, x)
     _check_cos_rows(op, cos, x)
+    _check_cos_rotary_dim(op, cos, x)
     _check_sin_like_cos(op, sin, cos)
     _check_cos_dtype(op, cos, x)
     _check_sin_dtype(op, sin, x)
@@ -225,7 +231,7 @@ def rope(stream, x, cos, sin, *, variant=None, storage=None):
     cos = stream.upload(cos, v.binding("t_cos"), op.label("cos"))
     sin = stream.upload(sin, v.binding("t_sin"), op.label("sin"))
     out = stream.empty(x.shape, x.dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_cos": cos, "t_sin": sin}, push={"numel": rt.numel(x), "sizes": [x.shape[3], x.shape[2], x.shape[1], x.shape[0]], "cos_batch_stride": x.shape[1] * x.shape[3] if len(cos.shape) == 3 and cos.shape[0] != 1 else 0}, spec_constants={"ALIGNED": x.shape[3] % 8 == 0}, global_size=rt.elementwise(out))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_cos": cos, "t_sin": sin}, push={"numel": rt.numel(x), "sizes": [x.shape[3], x.shape[2], x.shape[1], x.shape[0]], "cos_batch_stride": x.shape[1] * cos.shape[-1] if len(cos.shape) == 3 and cos.shape[0] != 1 else 0, "rotary": cos.shape[-1]}, spec_constants={"ALIGNED": x.shape[3] % 4 == 0 and cos.shape[-1] % 8 == 0}, global_size=rt.elementwise(out))
     return out
 
 
@@ -237,8 +243,8 @@ ROPE = rt.OpDef(
     name="etvk.rope.default",
     family="llm",
     schema="rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
-    doc="Rotary embedding, half-rotation form: out = x * cos + rotate_half(x) * sin, rotate_half(x) = cat(-x[..., D/2:], x[..., :D/2]), for x [B, S, H, D] (token-major, as the q/k projections produce it) and cos, sin [B, S, D], [1, S, D] or [S, D] in x's dtype, shared by the heads. Each product rounded to the dtype, then the sum: bit-identical to PyTorch's eager expression.",
-    spec="op_specs/llm.yaml:311",
+    doc="Rotary embedding, half-rotation form, of the first R values of each head: out = cat(r * cos + rotate_half(r) * sin, x[..., R:]) with r = x[..., :R], rotate_half(r) = cat(-r[..., R/2:], r[..., :R/2]), for x [B, S, H, D] (token-major, as the q/k projections produce it) and cos, sin [B, S, R], [1, S, R] or [S, R] in x's dtype (R even, at most D; R = D rotates all), shared by the heads. Each product rounded to the dtype, then the sum; the last D - R values keep their bits: bit-identical to PyTorch's eager expression.",
+    spec="op_specs/llm.yaml:315",
     reference="runtime.reference.llm:rope",
     variants=(
         ("llm_rope_float", {"DTYPE": "float32"}),
@@ -275,7 +281,7 @@ ACT_MUL = rt.OpDef(
     family="llm",
     schema="act_mul(Tensor gate, Tensor up, str activation) -> Tensor",
     doc="out = dtype(act(gate)) * up (a gated MLP's `act_fn(gate_proj(x)) * up_proj(x)`), act 'silu', 'gelu_tanh' (GELU, tanh approximation) or 'gelu' (GELU, erf form), computed in fp32; gate and up of one shape and dtype.",
-    spec="op_specs/llm.yaml:334",
+    spec="op_specs/llm.yaml:341",
     reference="runtime.reference.llm:act_mul",
     variants=(
         ("llm_act_mul_float", {"DTYPE": "float32"}),
@@ -314,7 +320,7 @@ BINARY = rt.OpDef(
     family="llm",
     schema="binary(Tensor a, Tensor b, str operation) -> Tensor",
     doc="out = a <operation> b for operation 'add', 'sub' or 'mul', b of a's dtype broadcast to a's shape by PyTorch's rules (the output has a's shape: swap a commutative op's operands when a is the smaller one); one fp32 operation rounded to the dtype, bit-identical to PyTorch's.",
-    spec="op_specs/llm.yaml:353",
+    spec="op_specs/llm.yaml:360",
     reference="runtime.reference.llm:binary",
     variants=(
         ("llm_binary_float", {"DTYPE": "float32"}),
@@ -349,7 +355,7 @@ SCALAR = rt.OpDef(
     family="llm",
     schema="scalar(Tensor a, float value, str operation) -> Tensor",
     doc="out = a <operation> value for operation 'add' or 'mul' and a Python float, rounded as PyTorch rounds it (mul: to fp32; add: to a's dtype); one fp32 operation rounded to the dtype, bit-identical to PyTorch's.",
-    spec="op_specs/llm.yaml:376",
+    spec="op_specs/llm.yaml:383",
     reference="runtime.reference.llm:scalar",
     variants=(
         ("llm_scalar_float", {"DTYPE": "float32"}),
@@ -390,7 +396,7 @@ LINEAR = rt.OpDef(
     family="llm",
     schema="linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
     doc="out[..., N] = x @ weight.T + bias for x [..., K] (K > 0), weight [N, K] and bias [N] or None, all of one dtype (fp32 or fp16): the products and sums in fp32 in a fixed order (docs/llm_ops.md), the result rounded to the dtype once.",
-    spec="op_specs/llm.yaml:395",
+    spec="op_specs/llm.yaml:402",
     reference="runtime.reference.llm:linear",
     variants=(
         ("llm_linear_float", {"DTYPE": "float32"}),

@@ -24,7 +24,9 @@ decoder's KV cache). The steps:
    and quantize_affine of 8da4w exports (into ``quantize_affine_per_token_dynamic``,
    lower_torchao.py, before the casts are dropped); lower_decoder.py lowers a
    decoder's float ops (embedding, RMSNorm, rotary embedding, KV-cache writes,
-   attention over the cache, activation x up, elementwise ops, fp linears);
+   attention over the cache, activation x up, elementwise ops, fp linears)
+   and splits a fused 8da4w projection read through slices into one linear
+   per slice;
 6. what nothing reads is dropped, and the checks the program's inputs need
    on the host are derived (input_checks.py).
 

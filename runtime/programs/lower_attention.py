@@ -2,12 +2,14 @@
 
 ``index_copy(cache, 2, pos, k)`` becomes ``etvk.cache_update`` (in place on
 a cache kept on the device); the rotary embedding of q and k (``x*cos +
-rotate_half(x)*sin`` on the heads-first transpose) becomes ``etvk.rope`` on
-the token-major tensor; ``scaled_dot_product_attention`` over the (repeated,
-for grouped-query attention) cache with the causal mask ``key <= position``
-becomes ``etvk.cache_attention``, whose token-major result the output
-projection reads through a view. Only where every piece matches
-(docs/attention_ops.md). Pure graph work; used by lower_decoder.py.
+rotate_half(x)*sin`` on the heads-first transpose, or its partial form: that
+of the first R values of each head, the rest concatenated after it) becomes
+``etvk.rope`` on the token-major tensor; ``scaled_dot_product_attention``
+over the (repeated, for grouped-query attention) cache with the causal mask
+``key <= position`` becomes ``etvk.cache_attention``, whose token-major
+result the output projection reads through a view. Only where every piece
+matches (docs/llm_ops.md, docs/attention_ops.md). Pure graph work; used by
+lower_decoder.py.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ import math
 import torch
 
 from runtime.programs.nodes import Node, Ref
-from runtime.programs.rewrite import Rewriter, bind
+from runtime.programs.rewrite import Rewriter, bind, slice_range
 
 
 def _token_major(rw: Rewriter, value) -> Ref | None:
@@ -44,8 +46,42 @@ def _token_major(rw: Rewriter, value) -> Ref | None:
 
 
 def _rotary(rw: Rewriter, node: Node | None):
+    """(x, cos, sin) where `node` computes the rotary embedding of a ``[B, H, S, D]`` x with
+    ``[B, S, R]`` cos and sin: ``x*unsqueeze(cos, 1) + rotate_half(x)*unsqueeze(sin, 1)`` (R =
+    D), or the partial form ``cat(r*cos + rotate_half(r)*sin, x[..., R:])`` (the same on r,
+    the first R values of each head: ``x[..., :R]``, or an alias of x where R = D)."""
+    if node is not None and node.target == "aten.cat.default" and len(node.args[0]) == 2 \
+            and bind(node)["dim"] in (-1, 3):
+        rotated, tail = node.args[0]
+        found = _half_rotation(rw, rw.producer(rotated))
+        passed = rw.made_by(tail, "aten.slice.Tensor")
+        if found is None or passed is None:
+            return None
+        r, cos, sin = found
+        head = _head_start(rw, r)
+        if head is None or head[0] != passed.args[0]:
+            return None
+        x, rotary = head
+        size = rw.program.values[x.name].shape[-1]
+        return (x, cos, sin) if slice_range(passed, size, 4) == (rotary, size) else None
+    return _half_rotation(rw, node)
+
+
+def _head_start(rw: Rewriter, value: Ref) -> tuple[Ref, int] | None:
+    """(x, R) where `value` is ``x[..., :R]`` of a 4-D x, or an alias of x (R = D)."""
+    node = rw.made_by(value, "aten.slice.Tensor", "aten.alias.default")
+    if node is None or not isinstance(node.args[0], Ref):
+        return None
+    size = rw.program.values[node.args[0].name].shape[-1]
+    if node.target == "aten.alias.default":
+        return node.args[0], size
+    rows = slice_range(node, size, 4)
+    return (node.args[0], rows[1]) if rows is not None and rows[0] == 0 else None
+
+
+def _half_rotation(rw: Rewriter, node: Node | None):
     """(x, cos, sin) where `node` computes ``x*unsqueeze(cos, 1) + cat(-x2, x1)*unsqueeze(sin, 1)``
-    on a ``[B, H, S, D]`` x with ``[B, S, D]`` cos and sin (x1, x2: the halves of D)."""
+    on a ``[B, H, S, R]`` x with ``[B, S, R]`` cos and sin, R even (x1, x2: the halves of R)."""
     if node is None or node.target != "aten.add.Tensor" or len(node.args) != 2:
         return None
     for first, second in (node.args, node.args[::-1]):
@@ -63,20 +99,15 @@ def _rotary(rw: Rewriter, node: Node | None):
                 high = neg and rw.made_by(neg.args[0], "aten.slice.Tensor")
                 low = rw.made_by(cat.args[0][1], "aten.slice.Tensor")
                 shape = rw.program.values[x.name].shape
-                half = shape[-1] // 2 if len(shape) == 4 else -1
-                if high and low and high.args[0] == x and low.args[0] == x \
-                        and _slice(high, shape[-1]) == (half, shape[-1]) and _slice(low, shape[-1]) == (0, half) \
+                if len(shape) != 4 or shape[-1] % 2 or not (high and low and high.args[0] == x
+                                                            and low.args[0] == x):
+                    continue
+                half = shape[-1] // 2
+                if slice_range(high, shape[-1], 4) == (half, shape[-1]) \
+                        and slice_range(low, shape[-1], 4) == (0, half) \
                         and rw.program.values[cos.name].shape == (shape[0], shape[2], shape[3]):
                     return x, cos, sin
     return None
-
-
-def _slice(node: Node, size: int) -> tuple[int, int] | None:
-    """(start, end) of a slice along the last of 4 dimensions of `size`, the end clamped to it."""
-    b = bind(node)
-    if b.get("dim") not in (3, -1) or b.get("step", 1) != 1:
-        return None
-    return b.get("start") or 0, min(b.get("end"), size)
 
 
 def _unsqueezed(rw: Rewriter, value) -> Ref | None:

@@ -7,6 +7,9 @@ without these patterns is left as it was:
 
 - identical calls are computed once (8da4w exports choose qparams of one
   input once per projection), and calls of constants only are evaluated now;
+- a fused 8da4w projection read only through slices of its last dimension
+  (Phi-3's qkv and gate/up) -> one ``etvk.linear_qta8a_qga4w`` per slice over
+  the rows of its constants, sharing the input's quantize;
 - ``embedding(table, ids)`` -> ``etvk.embedding``;
 - ``linear(x, W, b)`` with constant float weights (and bias) -> ``etvk.linear``;
 - ``x * rsqrt(mean(x^2, -1) + eps)`` [``* w``] -> ``etvk.rms_norm``;
@@ -14,7 +17,8 @@ without these patterns is left as it was:
 - attention over a static cache: ``index_copy(cache, 2, pos, k)`` ->
   ``etvk.cache_update`` (in place on a cache kept on the device), the rotary
   embedding of q and k (``x*cos + rotate_half(x)*sin`` on the heads-first
-  transpose) -> ``etvk.rope`` on the token-major tensor, and
+  transpose, or on its first R values with the rest concatenated: partial
+  rotary) -> ``etvk.rope`` on the token-major tensor, and
   ``scaled_dot_product_attention`` over the (repeated, for grouped-query
   attention) cache with the causal mask ``key <= position`` ->
   ``etvk.cache_attention``, whose token-major result the output projection
@@ -29,7 +33,7 @@ without these patterns is left as it was:
   with the same ops (``etvk.embedding``).
 
 The attention patterns live in lower_attention.py, the positions' in
-lower_positions.py. Pure graph work on a `Rewriter`, no Vulkan. Used by
+lower_positions.py, the split of fused projections in split_linears.py. Pure graph work on a `Rewriter`, no Vulkan. Used by
 lower.py.
 """
 
@@ -45,6 +49,7 @@ from runtime.programs.lower_attention import lower_attention
 from runtime.programs.lower_positions import consecutive_positions, position_tables
 from runtime.programs.nodes import Const, Node, Ref, ValueSpec
 from runtime.programs.rewrite import FLOATS, Rewriter, bind
+from runtime.programs.split_linears import split_fused_linears
 
 _ACTIVATIONS = {"aten.silu.default": "silu", "aten.gelu.default": None}
 # Calls of constants only that must not be evaluated at lowering time (their values are not
@@ -58,6 +63,7 @@ def lower_decoder_ops(rw: Rewriter) -> None:
     """Every rewrite of the module docstring, in order."""
     _deduplicate(rw)
     _fold_constants(rw)
+    split_fused_linears(rw)
     lengths = {c.input: c.bound for c in derive_input_checks(rw.program) if c.kind == "position"}
     consecutive_positions(rw, lengths)
     position_tables(rw, lengths)

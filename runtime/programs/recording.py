@@ -12,8 +12,8 @@ output or scratch) for the memory plan, `PlannedAllocator` places them in
 the planned buffers and checks that the recording repeats the logged one.
 A node whose op cannot run here raises `Fallback`.
 
-A reshape (`VIEWS`: view, reshape, unsqueeze, flatten, ...) of a value made
-on the device runs there too, as a view: a tensor of the new shape over the
+A reshape (`VIEWS`: view, reshape, unsqueeze, flatten, contiguous, ...) of a
+value made on the device runs there too, as a view: a tensor of the new shape over the
 same buffer, no dispatch (`Recording.aliases` names what it views). An int64
 value made on the host enters a segment as int32 (token ids, positions: the
 device has no int64; the loader checks that the values fit). An op that
@@ -38,10 +38,11 @@ from runtime.vulkan.memory import Buffer
 from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor, buffer_bytes
 
-# Ops that only reshape a contiguous tensor: on the device, a view of the same buffer.
+# Ops that only reshape a contiguous tensor (or, contiguous, leave it as it is): on the device,
+# where every value is a contiguous buffer, a view of the same buffer.
 VIEWS = frozenset({"aten.view.default", "aten.reshape.default", "aten._unsafe_view.default",
                    "aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims",
-                   "aten.flatten.using_ints", "aten.alias.default"})
+                   "aten.flatten.using_ints", "aten.alias.default", "aten.contiguous.default"})
 
 
 class Fallback(Exception):

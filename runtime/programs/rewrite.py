@@ -1,11 +1,12 @@
 """What the lowering's pattern rewrites share: bound arguments, int8 qparams, a graph's state.
 
 `bind` names a node's arguments by its op's schema; `int8_per_tensor` reads a
-full-range int8 per-tensor (de)quantize with scalar qparams; `conv_activation`
+full-range int8 per-tensor (de)quantize with scalar qparams; `slice_range`
+reads the range a slice takes of a last dimension; `conv_activation`
 reads an activation as the conv ops' activation arguments; `Rewriter`
 keeps a program's producer and user maps current while patterns replace
 nodes, and reads symmetric per-channel weights. Pure graph work, no Vulkan;
-used by lower.py and lower_cnn.py.
+used by lower.py and the lower_*.py / split_linears.py pattern modules.
 """
 
 from __future__ import annotations
@@ -53,6 +54,19 @@ def int8_per_tensor(node: Node | None, target: str):
             or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
         return None
     return b["input"], scale, zero_point
+
+
+def slice_range(node: Node, size: int, rank: int) -> tuple[int, int] | None:
+    """(start, end) of the values an ``aten.slice.Tensor`` node takes along the last of `rank`
+    dimensions, of `size` values (bounds as PyTorch reads them: None the ends, negative from the
+    end, clamped to the dimension); None where it slices another dimension or steps by more than 1."""
+    b = bind(node)
+    if b["dim"] not in (rank - 1, -1) or b["step"] != 1:
+        return None
+    start, end = (b["start"] or 0), (size if b["end"] is None else b["end"])
+    start, end = (v + size if v < 0 else v for v in (start, end))
+    start = min(max(start, 0), size)
+    return start, min(max(end, start), size)
 
 
 def conv_activation(node: Node | None) -> tuple | None:

@@ -71,12 +71,16 @@ def _rotate_half(x):
 
 
 def rope(x, cos, sin):
-    """``x * cos + rotate_half(x) * sin`` for x [B, S, H, D], cos and sin [B, S, D] or [S, D].
+    """``r * cos + rotate_half(r) * sin`` on ``r = x[..., :R]`` for x [B, S, H, D], cos and sin
+    [B, S, R] or [S, R] (R even, at most D), the other ``D - R`` values of each head passed
+    through: ``cat((rotated, x[..., R:]), -1)``, transformers' partial rotary (R = D: all rotated).
 
     Each product rounded to x's dtype, then the sum: PyTorch's eager order.
     """
     cos, sin = cos.unsqueeze(-2), sin.unsqueeze(-2)  # one row for all heads
-    return x * cos + _rotate_half(x) * sin
+    rotary = cos.shape[-1]
+    r = x[..., :rotary]
+    return torch.cat((r * cos + _rotate_half(r) * sin, x[..., rotary:]), dim=-1)
 
 
 # The activations in forms without cancellation, for float64 arguments: gelu_tanh's

@@ -3,7 +3,7 @@
 Each case names a shape from a decoder LLM (shrunk so that it runs quickly on a
 CPU Vulkan driver) or one that stresses the indexing: sizes that are not
 multiples of 4 (values of one unit straddle rows), head sizes whose halves are
-not whole units, broadcasts of every kind, empty tensors, linears whose K is
+not whole units, rotary embeddings of part of each head, broadcasts of every kind, empty tensors, linears whose K is
 not a multiple of the chunk of 4 or of a workgroup's 256 values. `inputs(case, dtype)`
 builds the arguments in schema order. Used by the tests (tests/ops/test_llm.py)
 and, through runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
@@ -50,6 +50,11 @@ CASES = [
     Case("rope_d12_halves_straddle_units", "rope", ((1, 3, 2, 12), (1, 3, 12))),
     Case("rope_d6_heads_straddle_units", "rope", ((2, 2, 3, 6), (2, 2, 6))),
     Case("rope_decode_d128", "rope", ((1, 1, 2, 128), (1, 128))),
+    # partial rotary: cos [.., R] with R < D, the last D - R values of each head passed through
+    Case("rope_partial_half_d32", "rope", ((1, 3, 2, 32), (1, 3, 16))),
+    Case("rope_partial_batch2_d16_r8", "rope", ((2, 2, 3, 16), (2, 2, 8))),
+    Case("rope_partial_d80_r20_halves_straddle_units", "rope", ((1, 2, 2, 80), (2, 20))),
+    Case("rope_partial_d10_r6_units_straddle_the_tail", "rope", ((2, 2, 3, 10), (1, 2, 6))),
     # act_mul: shapes = (gate,), option activation
     Case("act_mul_silu_mlp", "act_mul", ((1, 5, 344),), {"activation": "silu"}),
     Case("act_mul_gelu_tanh_gemma", "act_mul", ((2, 3, 96),), {"activation": "gelu_tanh"}),

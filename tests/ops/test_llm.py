@@ -72,7 +72,8 @@ def test_case_matches_reference(case, variant, dispatch_trace):
 
 
 @pytest.mark.parametrize("name", ["embedding_d6_rows_straddle_units", "rms_norm_gemma_offset",
-                                  "rope_d12_halves_straddle_units", "act_mul_silu_odd_numel",
+                                  "rope_d12_halves_straddle_units", "rope_partial_d10_r6_units_straddle_the_tail",
+                                  "act_mul_silu_odd_numel",
                                   "binary_mixed_broadcast_sub", "scalar_add_third",
                                   "linear_k70_n13_rows_straddle_units"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float", "half"])
@@ -167,6 +168,44 @@ def test_rope_is_hugging_faces_bit_for_bit(dtype):
     cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
     want = hf_apply_rotary_pos_emb(x.transpose(1, 2), cos, sin).transpose(1, 2)
     bits = BITS[dtype]
+    assert torch.equal(ref.rope(x, cos, sin).view(bits), want.view(bits))
+    assert torch.equal(op_of("rope")(x, cos, sin).view(bits), want.view(bits))
+
+
+def hf_partial_apply_rotary_pos_emb(q, cos, sin):
+    """Hugging Face's apply_rotary_pos_emb of Phi-3 (StableLM's, GPT-NeoX's alike) on [B, H, S, D]
+    q with cos, sin [B, S, R]: the first R values of each head rotated, the rest passed through."""
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    rotary_dim = cos.shape[-1]
+    q_rot, q_pass = q[..., :rotary_dim], q[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = torch.cat((-q_rot[..., half:], q_rot[..., :half]), dim=-1)
+    return torch.cat([(q_rot * cos) + (rotated * sin), q_pass], dim=-1)
+
+
+# Bits a conversion through fp32 could change, for the passed-through tail: a NaN with a
+# payload, -0, a subnormal, -infinity.
+TAIL_BITS = {torch.float32: [0x7FC01234, 0x80000000, 0x00000ABC, 0xFF800000],
+             torch.float16: [0x7E12, 0x8000, 0x0003, 0xFC00]}
+
+
+@pytest.mark.parametrize("rotary", [16, 20, 64])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_partial_rope_is_hugging_faces_bit_for_bit(dtype, rotary):
+    """Partial rotary (R = cos.shape[-1] < D: Phi-3 with partial_rotary_factor, StableLM): the
+    reference and the shader equal Hugging Face's formula bit for bit, whole units (R % 8 == 0)
+    or value by value (R = 20), and the tail keeps every bit (NaN payloads, -0, subnormals)."""
+    gen = torch.Generator().manual_seed(7)
+    B, S, H, D = 2, 5, 3, 64
+    x = (torch.randn(B, S, H, D, generator=gen) * 4).to(dtype)
+    bits = BITS[dtype]
+    if rotary < D:
+        x.view(bits)[..., rotary:rotary + 4] = torch.tensor(TAIL_BITS[dtype]).to(bits)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, rotary, 2, dtype=torch.float32) / rotary))
+    freqs = torch.outer(torch.arange(S, dtype=torch.float32) + 3, inv_freq)
+    emb = torch.cat((freqs, freqs), dim=-1).expand(B, S, rotary)
+    cos, sin = emb.cos().to(dtype), emb.sin().to(dtype)
+    want = hf_partial_apply_rotary_pos_emb(x.transpose(1, 2), cos, sin).transpose(1, 2)
     assert torch.equal(ref.rope(x, cos, sin).view(bits), want.view(bits))
     assert torch.equal(op_of("rope")(x, cos, sin).view(bits), want.view(bits))
 
@@ -322,9 +361,11 @@ BAD_ARGS = [
     ("rms_norm_llama_prefill", "eps", -1e-6, ">= 0"),
     ("rms_norm_llama_prefill", "eps", math.nan, "finite"),
     ("rms_norm_llama_prefill", "weight_offset", math.inf, "finite"),
-    ("rope_prefill_d64", "x", torch.randn(5, 4, 64), "[B, S, H, D] with D even"),
-    ("rope_prefill_d64", "x", torch.randn(1, 5, 4, 7), "[B, S, H, D] with D even"),
-    ("rope_prefill_d64", "cos", torch.randn(1, 4, 64), "[B, S, D] = (1, 5, 64)"),
+    ("rope_prefill_d64", "x", torch.randn(5, 4, 64), "[B, S, H, D], got shape (5, 4, 64)"),
+    ("rope_prefill_d64", "cos", torch.randn(1, 4, 64), "[B, S, R], [1, S, R] or [S, R] with (B, S) = (1, 5)"),
+    ("rope_prefill_d64", "cos", torch.randn(64), "[B, S, R], [1, S, R] or [S, R]"),
+    ("rope_prefill_d64", "cos", torch.randn(1, 5, 66), "R even and 0 < R <= D = 64, got R = 66"),
+    ("rope_prefill_d64", "cos", torch.randn(1, 5, 7), "R even and 0 < R <= D = 64, got R = 7"),
     ("rope_prefill_d64", "sin", torch.randn(5, 64), "cos's shape (1, 5, 64)"),
     ("rope_prefill_d64", "cos", torch.randn(1, 5, 64).half(), "x's dtype"),
     ("act_mul_silu_mlp", "up", torch.randn(1, 5, 343), "gate's shape (1, 5, 344)"),

@@ -22,7 +22,7 @@ from runtime.tools import llm_models
 VOCAB = COMMON["vocab_size"]
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma"])
+@pytest.fixture(scope="module", params=["llama", "gemma", "phi3_partial_rotary"])
 def dynamic(request, tmp_path_factory):
     """(family, exported program, lowered program, file) of a dynamic token count."""
     llm_models.import_transformers()
