@@ -13,7 +13,10 @@ Prints, on the default device (``ETVK_DEVICE`` picks another):
    dispatch, and the replay of a stream of 100 such dispatches (per
    dispatch). Host time is the wall time less the GPU time from timestamp
    queries in the same run (for 100 dispatches: from the first one's start
-   to the last one's end).
+   to the last one's end). Then 100 dispatches recorded without timestamps,
+   as loaded programs replay them (wall time per dispatch): independent ones
+   (no barrier between them) and a chain each reading the one before (a
+   barrier before each), the chain also with timestamps.
 2. The device's copy bandwidth (vkCmdCopyBuffer of a large buffer, bytes
    read + written), the yardstick of the report.
 3. Throughput of every quantize-family variant in GB/s (bytes read + written
@@ -137,6 +140,7 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
         device.fence_spin = spin
         hundred_us, hundred_gpu_us, hundred_cpu = median_us(hundred.replay, repeats, warmup,
                                                             hundred.gpu_seconds)
+        untimed = replayed_without_timestamps(op, x, repeats, warmup)
     fresh, record_only = fresh_calls(op, x, repeats, warmup)
     fresh_us = fresh["plan"][0]
     afresh = "  the same, recorded afresh (ETVK_REUSE_RECORDINGS=0)"
@@ -154,7 +158,8 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
         ("  the same, " + ("blocking wait only" if spin else f"fence polled for up to {FENCE_SPIN_US} us"),
          other_us, gpu_us, other_cpu, 1),
         (f"{REPLAYED} small dispatches recorded, replayed", hundred_us, hundred_gpu_us, hundred_cpu,
-         REPLAYED)]
+         REPLAYED),
+        *untimed]
     print(f"\n== Host overhead of small dispatches (64 values, quantize_per_tensor), median of {repeats}; "
           f"fences polled for up to {spin * 1e6:.0f} us before blocking (ETVK_FENCE_SPIN_US) ==")
     print("host us = (wall - GPU time from timestamps, median over the same calls) per dispatch; "
@@ -166,6 +171,29 @@ def overhead(repeats: int, warmup: float, results: Results) -> None:
         results.emit("overhead", case=what, wall_us=wall, gpu_us=gpu, cpu_us=cpu, host_us=host,
                      dispatches=dispatches)
     print(f"fresh call / replay of the same dispatch (wall) = {fresh_us / replay_us:.2f}")
+
+
+def replayed_without_timestamps(op, x, repeats: int, warmup: float) -> list[tuple]:
+    """Overhead rows of `REPLAYED` small dispatches in streams recorded without timestamps (as a
+    loaded program replays them; GPU time unknown, counted 0): independent ones (no barrier
+    between them), and a chain of ``etvk.scalar`` ops each reading the one before (a barrier
+    before each), with and without timestamps."""
+    scalar = runtime.get_op("etvk.scalar.default")
+    rows = []
+    for label, timestamps, chain in (("independent dispatches, no timestamps", False, False),
+                                     ("chained dispatches (barriers), no timestamps", False, True),
+                                     ("chained dispatches (barriers), with timestamps", True, True)):
+        with Stream(timestamps=timestamps) as stream:
+            value = Tensor.from_torch(torch.randn(64))
+            for _ in range(REPLAYED):
+                if chain:
+                    value = scalar.record(stream, value, 1.0, "mul")
+                else:
+                    op.record(stream, x, *QUANTIZE_ARGS)
+            stream.run()
+            wall, _, cpu = median_us(stream.replay, repeats, warmup)
+        rows.append((f"  {REPLAYED} {label}", wall, 0.0, cpu, REPLAYED))
+    return rows
 
 
 # How a fresh call may reuse earlier work: (call plans on, recordings reused).

@@ -340,7 +340,7 @@ class LoadedProgram:
                     if not (resident and name in program.inputs):
                         tensor.copy_from(_narrowed(env[name], tensor, name, self.source))
                 if step.stream.recorded:  # a segment of views alone dispatches nothing
-                    step.stream.replay()
+                    (self._timed(step) if timed else step.stream).replay()
                 for name, tensor in step.outputs:
                     if name in on_host:
                         env[name] = tensor.to_torch()
@@ -350,10 +350,17 @@ class LoadedProgram:
                                     if n in program.state_updates)
             if resident:
                 return None, cpu_seconds, None
-            timings = [s.stream.timings() if s.stream.recorded else [] for s in graph.recording.segments] \
+            timings = [self._timed(s).timings() if s.stream.recorded else [] for s in graph.recording.segments] \
                 if timed else None
         outputs = tuple(env[n] if n in env else program.constants[n] for n in program.outputs)
         return (outputs if program.output_tuple else outputs[0]), cpu_seconds, timings
+
+    def _timed(self, segment):
+        """The segment's stream recorded with timestamps (made on first use: calls replay the
+        stream without them)."""
+        if segment.timed_stream is None:
+            segment.timed_stream = segment.stream.timed_twin()
+        return segment.timed_stream
 
     def profile(self, *inputs) -> list[dict]:
         """Runs the program once and times every node (for a dynamic token count, a call of one

@@ -3,7 +3,8 @@
 `record_program` places every ``etvk`` node on the device (except those the
 caller moved to the CPU) and every other node on the CPU, groups consecutive
 device nodes into segments and records each segment's nodes into one
-`Stream` through the op registry's record functions. A device node reads
+`Stream` through the op registry's record functions (without timestamp
+queries: the loader profiles a timed twin of each). A device node reads
 device tensors: its producers' outputs, or for a value made on the host a
 segment input tensor (buffer storage, in the value's layout) that each call
 overwrites. The tensors ops ask for come from an allocator:
@@ -80,6 +81,7 @@ class Segment:
     outputs: list[tuple[str, Tensor]] = field(default_factory=list)  # values downloaded per call
     # (state tensor, the tensor holding its update) copied on the device after each replay
     state_copies: list[tuple[Tensor, Tensor]] = field(default_factory=list)
+    timed_stream: Stream | None = None  # the stream with timestamps, made when first profiled
 
 
 @dataclass
@@ -188,7 +190,7 @@ def record_program(program, device, on_cpu: dict[str, str], allocate, label: str
     aliases: dict[str, str] = {}
     last_read = {name: position for position, node in enumerate(program.nodes) for name in node.reads()}
     for segment in segments:
-        segment.stream = Stream(device, allocate=allocate, constants=constants)
+        segment.stream = Stream(device, allocate=allocate, constants=constants, timestamps=False)
         for position in segment.positions:
             node = program.nodes[position]
             if progress:

@@ -164,19 +164,24 @@ class Stream:
         constants: ``id(host tensor) -> Constant`` for host tensors that `upload()` should
             keep on the device across streams (a loaded program's constants, shared by its
             recordings); None: every upload is the stream's own.
+        timestamps: bracket each dispatch with timestamp queries (`timings`, `gpu_seconds`)
+            where the device has them; a loaded program replays its streams without them
+            (each costs GPU time and orders the dispatches around it) and profiles a
+            `timed_twin`.
 
     Attributes:
         dispatched: (op, variant name) of every dispatch recorded so far, in order.
     """
 
-    def __init__(self, device=None, allocate=None, read_back: bool = False, constants: dict | None = None):
+    def __init__(self, device=None, allocate=None, read_back: bool = False, constants: dict | None = None,
+                 timestamps: bool = True):
         vk, ffi, lib = raw.load()
         if device is None:
             device = get_device()
         device.require_open()
         self.device, self._vk, self._ffi, self._lib = device, vk, ffi, lib
         self._resources: _Resources | None = None  # taken by finish()
-        self._timestamps = device.caps.timestamps
+        self._timestamps = timestamps and device.caps.timestamps
         self._allocate = allocate
         self._host_outputs = HOST_OUTPUT_BYTES if read_back else 0
         self._acquired: list[Tensor] = []  # what upload() and empty() made, in order
@@ -388,8 +393,8 @@ class Stream:
     def _signature(self) -> tuple:
         """What the noted dispatches would record: pipelines, allocation serials and bound sizes,
         push bytes, group counts."""
-        return tuple((pipeline.handle, tuple((m.serial, m.nbytes) for m in memories), push_data, counts)
-                     for pipeline, _, memories, push_data, counts in self._ops)
+        return (self._timestamps, *((pipeline.handle, tuple((m.serial, m.nbytes) for m in memories),
+                                     push_data, counts) for pipeline, _, memories, push_data, counts in self._ops))
 
     def _record(self, signature: tuple) -> None:
         """Write the noted dispatches into the command buffer (reset first if it held others)."""
@@ -502,6 +507,22 @@ class Stream:
         raw.check(status, "vkWaitForFences")
         raw.check(lib.vkResetFences(handle, 1, res.fences), "vkResetFences")
         res.pending = False
+
+    def timed_twin(self) -> Stream:
+        """A stream of this finished recording's dispatches on the same tensors, recorded with
+        timestamps (for profiling a stream recorded without them).
+
+        Raises:
+            DispatchError: nothing was recorded yet.
+        """
+        if self._state != "ready":
+            raise DispatchError("timed_twin() needs a finished recording")
+        twin = Stream(self.device, timestamps=True)
+        twin._ops, twin._access = list(self._ops), list(self._access)
+        twin._keepalive, twin.dispatched = list(self._keepalive), list(self.dispatched)
+        twin._state = "recording"
+        twin.finish()
+        return twin
 
     def timings(self) -> list[tuple[str, float]]:
         """`[(variant name, seconds)]` of every dispatch of the last run, from timestamps.
