@@ -189,6 +189,7 @@ def torch_baselines(args, model_source) -> dict:
                     torch.cuda.synchronize()
                 try:
                     found[(weights, mode, key)] = median_seconds(call, args.repeat, args.warmup)
+                    print(f"  torch {weights} {mode} {key}: {found[(weights, mode, key)] * 1e3:.3f} ms", flush=True)
                 except Exception as error:  # noqa: BLE001
                     print(f"torch {weights} {mode} {key}: not measured ({type(error).__name__}: {error})"[:300])
         del module
@@ -254,6 +255,8 @@ def main() -> int:
               f"({path.stat().st_size / 2**20:,.0f} MiB, {len(program.nodes)} nodes)")
         del program
         found = ours(args, path)
+    print(f"  ours: decode {', '.join(f'p={p} {found[p][0] * 1e3:.3f} ms' for p in args.positions)}; "
+          f"prefill {found['prefill'] * 1e3:.2f} ms", flush=True)
     baselines = torch_baselines(args, args.preset) if torch.cuda.is_available() and not args.no_torch else {}
     bandwidth = copy_bandwidth()
     print(f"KV cache in {'/'.join(found['homes'])} memory; {found['dispatches']} dispatches and "
