@@ -18,6 +18,7 @@ measured in the same run:
   tinygemm ``_weight_int4pack_mm`` kernel): eager and ``torch.compile(mode=
   "reduce-overhead")`` (CUDA graphs), decode one token a call and the same
   prefill;
+- the peak host memory of loading the saved file, against its size;
 - the streaming floor: the bytes of the program's constants but the
   embedding table (read once a token) over the copy bandwidth measured in
   the same run;
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -104,6 +106,24 @@ def ours(args, path: Path) -> dict:
     results["weight_bytes"] = sum(t.numel() * t.element_size() for name, t in loaded.program.constants.items()
                                   if name not in tables)
     return results
+
+
+def load_memory(path: Path) -> None:
+    """Prints the peak host memory of a fresh process loading the program file on the device,
+    less that of one that only imports the runtime, next to the file's size."""
+    code = ("import resource, sys, runtime; {} "
+            "print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)")
+    peaks = []
+    for body in ("", "runtime.load(sys.argv[1]);"):
+        done = subprocess.run([sys.executable, "-c", code.format(body), str(path)], capture_output=True,
+                              text=True, check=False)
+        if done.returncode:
+            print(f"load memory: not measured ({done.stderr.strip().splitlines()[-1:]})")
+            return
+        peaks.append(int(done.stdout.split()[-1]))
+    size = path.stat().st_size
+    print(f"loading the file ({size / 2**30:.2f} GiB): peak host memory {(peaks[1] - peaks[0]) / 2**30:.2f} GiB "
+          f"above the runtime's import, {(peaks[1] - peaks[0]) / size:.2f}x the file", flush=True)
 
 
 # The grains (keys per chunk come in whole grains) the attention rows time: the rule's, two
@@ -254,6 +274,7 @@ def main() -> int:
               f": exported, lowered and saved in {time.perf_counter() - started:.0f} s "
               f"({path.stat().st_size / 2**20:,.0f} MiB, {len(program.nodes)} nodes)")
         del program
+        load_memory(path)
         found = ours(args, path)
     print(f"  ours: decode {', '.join(f'p={p} {found[p][0] * 1e3:.3f} ms' for p in args.positions)}; "
           f"prefill {found['prefill'] * 1e3:.2f} ms", flush=True)

@@ -148,7 +148,7 @@ def test_llm_bench_prints_decode_rows(tmp_path):
                    "--positions", "3,20", "--prefill", "8", "--repeat", "2", "--warmup", "0.05", "--no-torch"],
                   "nvidia", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    assert "KV cache in vulkan memory" in result.stdout
+    assert "KV cache in vulkan memory" in result.stdout and "peak host memory" in result.stdout
     rows = [line.split() for line in result.stdout.splitlines() if line.split()[:1] in (["3"], ["20"])]
     assert [row[0] for row in rows] == ["3", "20"] and all(float(row[1]) > 0 for row in rows)
     prefill = next(line for line in result.stdout.splitlines() if line.startswith("prefill of 8 tokens"))
