@@ -9,7 +9,10 @@ order Hugging Face transformers' eager code and PyTorch's CPU kernels use:
   eager expressions, and so are the shaders;
 - `rms_norm` is Hugging Face's order, `act_mul` PyTorch's ``act(gate) * up``
   with the activation evaluated in float64; the shaders' reduction order and
-  ``exp`` differ, so they are compared with the tolerances of `TOLERANCES`.
+  ``exp`` differ, so they are compared with the tolerances of `TOLERANCES`;
+- `rms_norm_quantize` and `act_mul_quantize` are those two followed by
+  `runtime.reference.quantize.quantize_affine_per_token_dynamic` (their shaders
+  are bit-exact against the two device ops, not against this composition).
 
 Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
 tests. It must not import anything from the Vulkan side, nor validate more
@@ -24,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from runtime.families.llm import broadcast, scalar_operand
+from runtime.reference.quantize import quantize_affine_per_token_dynamic
 
 # How far a shader's output may be from the reference (docs/llm_ops.md, "Tolerances"):
 # (op, dtype) -> (rtol, atol): |got - want| <= rtol * |want| + atol (act_mul:
@@ -106,6 +110,18 @@ def act_mul(gate, up, activation):
         raise ValueError(f"activation {activation!r} is not one of {', '.join(_ACTIVATIONS)}")
     a = _ACTIVATIONS[activation](gate.to(torch.float64)).to(torch.float32).to(gate.dtype)
     return (a.to(torch.float32) * up.to(torch.float32)).to(gate.dtype)
+
+
+def rms_norm_quantize(x, weight, eps, weight_offset, quant_eps):
+    """`rms_norm` then torchao's per-token int8 quantization of the result
+    (`quantize_affine_per_token_dynamic` with ``quant_eps``): (q, scales, zero_points)."""
+    return quantize_affine_per_token_dynamic(rms_norm(x, weight, eps, weight_offset), quant_eps)
+
+
+def act_mul_quantize(gate, up, activation, quant_eps):
+    """`act_mul` then torchao's per-token int8 quantization of the result
+    (`quantize_affine_per_token_dynamic` with ``quant_eps``): (q, scales, zero_points)."""
+    return quantize_affine_per_token_dynamic(act_mul(gate, up, activation), quant_eps)
 
 
 _BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}

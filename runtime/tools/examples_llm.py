@@ -1,18 +1,20 @@
-"""Example cases of the llm family (embedding, rms_norm, rope, act_mul, binary, scalar, linear), as tables.
+"""Example cases of the llm family (embedding, rms_norm, rope, act_mul, binary, scalar, linear,
+rms_norm_quantize, act_mul_quantize), as tables.
 
 Each case names a shape from a decoder LLM (shrunk so that it runs quickly on a
 CPU Vulkan driver) or one that stresses the indexing: sizes that are not
 multiples of 4 (values of one unit straddle rows), head sizes whose halves are
 not whole units, rotary embeddings of part of each head, broadcasts of every kind, empty tensors, linears whose K is
-not a multiple of the chunk of 4 or of a workgroup's 256 values. `inputs(case, dtype)`
-builds the arguments in schema order. Used by the tests (tests/ops/test_llm.py)
+not a multiple of the chunk of 4 or of a workgroup's 256 values; the fused ops' rows are
+also longer than their shaders keep in registers. `inputs(case, dtype)` builds the
+arguments in schema order. Used by the tests (tests/ops/test_llm.py)
 and, through runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
 """
 
 from __future__ import annotations
 
 import zlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -88,8 +90,31 @@ CASES = [
     Case("linear_1d_x_k33", "linear", ((33,), (6,)), {"bias": False}),
     Case("linear_no_tokens", "linear", ((0, 16), (8,)), {"bias": True}),
 ]
-BY_NAME = {case.name: case for case in CASES}
-OPS = ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar", "linear")
+# The fused ops (fp32 only): their float op's shapes and options (above) and quant_eps, the
+# smallest scale (default fp32's eps, as torchao's 8da4w exports pass).
+FUSED = {"rms_norm_quantize": "rms_norm", "act_mul_quantize": "act_mul"}
+QUANTIZE_CASES = [
+    Case("rms_norm_quantize_llama_prefill", "rms_norm_quantize", ((1, 5, 256), (256,)), {"eps": 1e-6}),
+    Case("rms_norm_quantize_decode_d2048", "rms_norm_quantize", ((1, 1, 2048), (2048,)), {"eps": 1e-5}),
+    # rows of 1040 units: past the 16 units x 64 invocations kept in registers
+    Case("rms_norm_quantize_d4160_reread", "rms_norm_quantize", ((3, 4160), (4160,)), {"eps": 1e-6}),
+    Case("rms_norm_quantize_gemma_offset", "rms_norm_quantize", ((2, 3, 128), (128,)),
+         {"eps": 1e-6, "weight_offset": 1.0}),
+    Case("rms_norm_quantize_no_weight", "rms_norm_quantize", ((1, 3, 4, 32), ()), {"eps": 1e-6}),
+    Case("rms_norm_quantize_d4_many_rows", "rms_norm_quantize", ((300, 4), (4,)),
+         {"eps": 1e-6, "quant_eps": 0.01}),
+    Case("rms_norm_quantize_no_tokens", "rms_norm_quantize", ((0, 64), (64,)), {"eps": 1e-6}),
+    Case("act_mul_quantize_silu_mlp", "act_mul_quantize", ((1, 5, 344),), {"activation": "silu"}),
+    Case("act_mul_quantize_gelu_tanh_gemma", "act_mul_quantize", ((2, 3, 96),), {"activation": "gelu_tanh"}),
+    Case("act_mul_quantize_gelu_erf", "act_mul_quantize", ((7, 36),), {"activation": "gelu"}),
+    # rows of 4100 units: past the 16 units x 256 invocations kept in registers
+    Case("act_mul_quantize_silu_d16400_reread", "act_mul_quantize", ((2, 16400),), {"activation": "silu"}),
+    Case("act_mul_quantize_silu_tails", "act_mul_quantize", ((4000,),),
+         {"activation": "silu", "tails": True, "quant_eps": 2.0**-64}),
+    Case("act_mul_quantize_no_tokens", "act_mul_quantize", ((0, 8),), {"activation": "silu"}),
+]
+BY_NAME = {case.name: case for case in CASES + QUANTIZE_CASES}
+OPS = ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar", "linear", *FUSED)
 
 
 def _values(gen, shape, dtype, scale=1.0):
@@ -98,6 +123,9 @@ def _values(gen, shape, dtype, scale=1.0):
 
 def inputs(case: Case, dtype: torch.dtype, seed: int | None = None) -> tuple:
     """Arguments of ``etvk.<case.op>.default`` for ``case`` with activations of ``dtype``."""
+    if case.op in FUSED:
+        quant_eps = case.options.get("quant_eps", torch.finfo(torch.float32).eps)
+        return (*inputs(replace(case, op=FUSED[case.op]), dtype, seed), quant_eps)
     gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) if seed is None else seed)
     o = case.options
     if case.op == "embedding":
@@ -141,7 +169,7 @@ def build(op_name: str):
     """A builder for ``runtime.tools.examples.EXAMPLES``: the case of the op's table at
     index (the shape's last size mod the table's length), in the variant's DTYPE."""
     short = op_name.split(".")[1]
-    cases = [c for c in CASES if c.op == short]
+    cases = [c for c in CASES + QUANTIZE_CASES if c.op == short]
 
     def builder(axes, shape, gen):
         case = cases[(shape[-1] if shape else 0) % len(cases)]

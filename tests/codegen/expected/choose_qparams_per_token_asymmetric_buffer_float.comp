@@ -128,15 +128,22 @@ EtvkTeam etvk_team(int lanes, uint tokens) {
 // quantized_decomposed's rule and smallest scale (fp32 eps) in include/token_qparams.glslh.
 const bool AFFINE = false;
 const float EPS = 1.1920928955078125e-07;
-// Asymmetric int8 qparams of one token (choose_qparams_per_token_asymmetric's steps),
-// shared by choose_qparams.glsl.j2 and dynamic_quantize.glsl.j2: a team of invocations per
-// token (include/token_team.glslh, LANES of them); t_in (IN_DTYPE in STORAGE, units of 4
-// values), push constants tokens and last_dim. Needs include/numerics.glslh and
-// include/token_team.glslh first.
+// The range of one token's values read from t_in (IN_DTYPE in STORAGE, units of 4 values), for
+// choose_qparams.glsl.j2 and dynamic_quantize.glsl.j2: a team of invocations per token
+// (include/token_team.glslh, LANES of them), push constants tokens and last_dim; the
+// reduction, the parameters and the quantize step come from include/token_reduce.glslh.
+// Needs include/numerics.glslh and include/token_team.glslh first.
+
+// The asymmetric int8 parameters of one token from its values' range, shared by the per-token
+// shaders (include/token_qparams.glslh: choose_qparams.glsl.j2, dynamic_quantize.glsl.j2) and the
+// llm family's fused shaders (llm_rms_norm_quantize.glsl.j2, llm_act_mul_quantize.glsl.j2):
+// the team's min/max reduction, choose_qparams_per_token_asymmetric's (or torchao's) steps and
+// quantize_per_token's step. Needs include/numerics.glslh and include/token_team.glslh first, and
+// from the including shader the constants (or spec constants) REDUCERS, AFFINE and EPS; reads no
+// binding.
 
 shared float s_min[gl_WorkGroupSize.x];
 shared float s_max[gl_WorkGroupSize.x];
-
 
 // The team's min of every invocation's `lo` and max of its `hi` (every invocation of the
 // team gets them; call in uniform control flow: it holds barriers). Two levels, two barriers
@@ -167,6 +174,34 @@ void tq_reduce(EtvkTeam team, float lo, float hi, out float min_neg, out float m
     min_neg = min(min_neg, s_min[base + i]);
     max_pos = max(max_pos, s_max[base + i]);
   }
+}
+
+// fp32 arithmetic in PyTorch's order; every division correctly rounded. The including
+// shader defines AFFINE and EPS (constants or spec constants): the smallest scale, and the
+// zero-point rule: false, quantized_decomposed.choose_qparams_per_token_asymmetric's
+// smaller-error rule; true, torchao.choose_qparams_affine's -128 - roundEven(min / scale)
+// (rounded before the subtraction, which is then exact).
+void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_point) {
+  precise float s = max(etvk_div_rn(max_pos - min_neg, 255.0), EPS);
+  precise float descaled_min = etvk_div_rn(min_neg, s);
+  precise float zp;
+  if (AFFINE) {
+    zp = -128.0 - roundEven(descaled_min);
+  } else {
+    precise float descaled_max = etvk_div_rn(max_pos, s);
+    precise float error_from_min = -128.0 + descaled_min;
+    precise float error_from_max = 127.0 + descaled_max;
+    zp = (error_from_min + error_from_max > 0.0) ? -128.0 - descaled_min : 127.0 - descaled_max;
+  }
+  scale = s;
+  zero_point = int(roundEven(clamp(zp, -128.0, 127.0)));
+}
+
+// q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127): quantize_per_token's step, with
+// inv_scale the correctly rounded 1 / scale (etvk_div_rn).
+ivec4 tq_quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
+  precise vec4 q = roundEven(x * inv_scale) + zero_point;
+  return etvk_to_int_clamped(q, -128, 127);
 }
 
 // min(0, values) and max(0, values) of the team's token over its invocations (every
@@ -217,27 +252,6 @@ void tq_token_range(EtvkTeam team, out float min_neg, out float max_pos) {
     }
   }
   tq_reduce(team, lo, hi, min_neg, max_pos);
-}
-
-// fp32 arithmetic in PyTorch's order; every division correctly rounded. The including
-// shader defines AFFINE and EPS (constants or spec constants): the smallest scale, and the
-// zero-point rule: false, quantized_decomposed.choose_qparams_per_token_asymmetric's
-// smaller-error rule; true, torchao.choose_qparams_affine's -128 - roundEven(min / scale)
-// (rounded before the subtraction, which is then exact).
-void tq_qparams(float min_neg, float max_pos, out float scale, out int zero_point) {
-  precise float s = max(etvk_div_rn(max_pos - min_neg, 255.0), EPS);
-  precise float descaled_min = etvk_div_rn(min_neg, s);
-  precise float zp;
-  if (AFFINE) {
-    zp = -128.0 - roundEven(descaled_min);
-  } else {
-    precise float descaled_max = etvk_div_rn(max_pos, s);
-    precise float error_from_min = -128.0 + descaled_min;
-    precise float error_from_max = 127.0 + descaled_max;
-    zp = (error_from_min + error_from_max > 0.0) ? -128.0 - descaled_min : 127.0 - descaled_max;
-  }
-  scale = s;
-  zero_point = int(roundEven(clamp(zp, -128.0, 127.0)));
 }
 
 void main() {
