@@ -27,8 +27,9 @@ decoder's KV cache). The steps:
    attention over the cache, activation x up, elementwise ops, fp linears)
    and splits a fused 8da4w projection read through slices into one linear
    per slice;
-6. what nothing reads is dropped, and the checks the program's inputs need
-   on the host are derived (input_checks.py).
+6. what nothing reads is dropped; an RMSNorm or activation x up whose only
+   reader is a per-token quantize fuses with it (lower_fusion.py); the checks
+   the program's inputs need on the host are derived (input_checks.py).
 
 A decoder exported with a dynamic token count is lowered once per token
 count and combined into one program (token_counts.py).
@@ -47,7 +48,7 @@ from torch.export import ExportedProgram
 from runtime.families.conv2d_layouts import PLACEHOLDER
 from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
-from runtime.programs import lower_cnn, lower_torchao, token_counts
+from runtime.programs import lower_cnn, lower_fusion, lower_torchao, token_counts
 from runtime.programs.from_export import from_exported
 from runtime.programs.input_checks import derive_input_checks
 from runtime.programs.lower_decoder import lower_decoder_ops
@@ -238,6 +239,8 @@ def _lower(program: Program) -> Program:
     lowering.lower_quantize_ops()
     lowering.fuse_dynamic_quantize()
     program.remove_dead()
+    lowering.refresh()
+    lower_fusion.fuse_quantized_inputs(lowering)
     # the checks the graph implies, and those a rewrite relied on (consecutive positions)
     program.input_checks = list(dict.fromkeys(derive_input_checks(program) + program.input_checks))
     program.op_schemas = {n.target: get_op(n.target).schema for n in program.nodes if n.is_etvk}

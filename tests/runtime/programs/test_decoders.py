@@ -16,7 +16,8 @@ dB at every step) and against the program's reference run (SQNR >= 80 dB: RMSNor
 and attention are within their ops' stated tolerances, not bit-exact; docs/llm_ops.md,
 docs/attention_ops.md), greedy `runtime.generate` against PyTorch's greedy tokens, the CLI from
 a ``save_pretrained`` folder. The linears' per-token activation quantization runs on the device,
-once per quantized tensor (q, k and v share one).
+once per quantized tensor (q, k and v share one), fused with the RMSNorm or activation x up
+before it (lower_fusion.py): fewer dispatches, the same bits.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 from program_cases import sqnr_db
 
 import runtime
+from runtime.programs import lower_fusion
 from runtime.programs.generate import GenerationError
 from runtime.programs.input_checks import InputValueError
 from runtime.tools import llm_models
@@ -91,8 +93,9 @@ def test_the_cache_is_state_and_inputs_are_checked(decoder):
     assert linears and not [n for n in program.nodes if n.target == "aten.linear.default"]
 
 
-# family -> etvk ops its lowered program must hold at least (beside the linears)
-DECODER_OPS = {"etvk.embedding.default", "etvk.rms_norm.default", "etvk.act_mul.default",
+# etvk ops every family's lowered program must hold at least (beside the linears); its RMSNorms
+# and activation x up run fused with the quantization of the linears' inputs
+DECODER_OPS = {"etvk.embedding.default", "etvk.rms_norm_quantize.default", "etvk.act_mul_quantize.default",
                "etvk.binary.default", "etvk.cache_update.default"}
 ATTENTION_OPS = {"etvk.rope.default", "etvk.cache_attention.default"}
 
@@ -126,20 +129,74 @@ def test_a_prompt_in_one_call_and_positions_that_must_be_consecutive(tmp_path):
         loaded(input_ids=torch.tensor([[1, 2, 3, 4]]), cache_position=torch.tensor([0, 1, 3, 4]))
 
 
+QUANTIZE = "etvk.quantize_affine_per_token_dynamic.default"
+# what quantizes a linear's input: torchao's choose_qparams_affine + quantize_affine, alone or
+# fused with the RMSNorm or activation x up before it (runtime/programs/lower_fusion.py)
+QUANTIZING = {QUANTIZE, "etvk.rms_norm_quantize.default", "etvk.act_mul_quantize.default"}
+VIEWS = {"aten.alias.default", "aten.view.default", "aten.reshape.default"}
+
+
 def test_dynamic_activation_quantization_runs_on_the_device(decoder):
-    """Each 8da4w linear reads a quantize_affine_per_token_dynamic (torchao's choose_qparams_affine
-    + quantize_affine), one per quantized tensor, and the zero points' int32 cast is gone."""
+    """Each 8da4w linear reads a per-token quantization (quantize_affine_per_token_dynamic, or
+    it fused with the norm or activation x up before it), one per quantized tensor, and the
+    zero points' int32 cast is gone."""
     _, _, program, path = decoder
     found = [n.target for n in program.nodes]
     assert not [t for t in found if t.startswith("torchao.")], found
     producers = program.producers()
     feeding = [producers[n.args[0].name] for n in program.nodes if n.target == "etvk.linear_qta8a_qga4w.default"]
-    assert {n.target for n in feeding} == {"etvk.quantize_affine_per_token_dynamic.default"}
-    assert len({n.name for n in feeding}) == found.count("etvk.quantize_affine_per_token_dynamic.default")
+    assert {n.target for n in feeding} == QUANTIZING
+    assert len({n.name for n in feeding}) == sum(found.count(t) for t in QUANTIZING)
     assert "aten._to_copy.default" not in found, found
-    placed = [r["runs_on"] for r in runtime.load(path).placement()
-              if r["target"] == "etvk.quantize_affine_per_token_dynamic.default"]
+    placed = [r["runs_on"] for r in runtime.load(path).placement() if r["target"] in QUANTIZING]
     assert placed and set(placed) == {"vulkan"}, placed
+
+
+def test_no_quantize_reads_a_norm_or_activation(decoder):
+    """No quantize_affine_per_token_dynamic is left reading an rms_norm or act_mul (directly or
+    through views): each such pair is one fused node. Llama: every norm (two a layer and the
+    final one) and every activation x up is fused, and only the output projections' inputs
+    (the attention's output) are quantized alone."""
+    family, _, program, _ = decoder
+    producers = program.producers()
+    for node in (n for n in program.nodes if n.target == QUANTIZE):
+        source = producers.get(node.args[0].name)
+        while source is not None and source.target in VIEWS:
+            source = producers.get(source.args[0].name)
+        assert source is None or source.target not in ("etvk.rms_norm.default", "etvk.act_mul.default"), node
+    if family == "llama":
+        targets = [n.target for n in program.nodes]
+        layers = COMMON["num_hidden_layers"]
+        counted = (QUANTIZE, "etvk.rms_norm_quantize.default", "etvk.act_mul_quantize.default",
+                   "etvk.rms_norm.default", "etvk.act_mul.default")
+        assert [targets.count(t) for t in counted] == [layers, 2 * layers + 1, layers, 0, 0]
+
+
+def device_dispatches(loaded) -> int:
+    """Dispatches a call of `loaded` records (placement's variants, one per dispatch)."""
+    return sum(len(r["variant"].split("+")) for r in loaded.placement() if r["variant"])
+
+
+def test_fusion_saves_dispatches_and_changes_no_bit(tmp_path, monkeypatch):
+    """Llama lowered with and without lower_fusion.py: a call of the fused program makes 3
+    dispatches fewer a layer and one fewer for the final norm, and its logits are the unfused
+    program's bit for bit at every decode step (the fused ops are bit-exact against the pairs
+    they replace on the device; docs/llm_ops.md)."""
+    llm_models.import_transformers()
+    exported = llm_models.export_decoder(llm_models.quantize_8da4w(
+        llm_models.decoder(config_file(tmp_path, "llama"))), CACHE)
+    runtime.lower(exported).save(tmp_path / "fused.etvk")
+    with monkeypatch.context() as patch:
+        patch.setattr(lower_fusion, "fuse_quantized_inputs", lambda rewriter: None)
+        runtime.lower(exported).save(tmp_path / "unfused.etvk")
+    fused, unfused = runtime.load(tmp_path / "fused.etvk"), runtime.load(tmp_path / "unfused.etvk")
+    layers = COMMON["num_hidden_layers"]
+    assert device_dispatches(unfused) - device_dispatches(fused) == 3 * layers + 1
+    assert len(unfused.program.nodes) - len(fused.program.nodes) == 3 * layers + 1 + 1  # and the final norm's alias
+    for position, token in enumerate([5, 17, 3, 60, 11, 2]):
+        inputs = dict(input_ids=torch.tensor([[token]]), cache_position=torch.tensor([position]))
+        got, want = fused(**inputs), unfused(**inputs)
+        assert torch.equal(got.view(torch.int32), want.view(torch.int32)), position
 
 
 def test_teacher_forcing_against_pytorch(decoder):

@@ -1,0 +1,74 @@
+"""Fusions of lowered ``etvk`` ops into one dispatch, after the decoder and torchao lowerings.
+
+An 8da4w decoder quantizes the input of each linear per token: the output of an RMSNorm
+(before q/k/v, before the MLP, before the lm_head) and of the MLP's activation x up (before
+the down projection). `fuse_quantized_inputs` rewrites
+
+- ``etvk.rms_norm(x, w, eps, o)`` -> y, ``etvk.quantize_affine_per_token_dynamic(y, e)``
+  -> (q, s, z) into ``etvk.rms_norm_quantize(x, w, eps, o, e)`` -> (q, s, z);
+- ``etvk.act_mul(g, u, a)`` -> y, ``etvk.quantize_affine_per_token_dynamic(y, e)`` -> (q, s, z)
+  into ``etvk.act_mul_quantize(g, u, a, e)`` -> (q, s, z);
+
+where the quantize is y's only reader (not a program output, not a state's new value either),
+directly or through reshapes that keep y's shape (the final norm's ``alias``), each read only
+by the next: the fused ops do not write y (docs/llm_ops.md). Their results are bit-exact against the pair
+on the device, and the fused op's argument checks are the pair's (the quantize's fp32 input
+with a last dimension that is a multiple of 4 included), so the rewrite changes no result. The fused node sits at the quantize's place. Everything else is left as it was. Pure
+graph work on a `Rewriter`, no Vulkan; called by lower.py once the quantize ops exist.
+"""
+
+from __future__ import annotations
+
+from runtime.programs.nodes import Node, Ref
+from runtime.programs.rewrite import Rewriter, bind
+
+QUANTIZE = "etvk.quantize_affine_per_token_dynamic.default"
+# the float op -> its fused op (with the quantize's eps as the last argument)
+FUSED = {"etvk.rms_norm.default": "etvk.rms_norm_quantize.default",
+         "etvk.act_mul.default": "etvk.act_mul_quantize.default"}
+# Reshapes (a view of the same buffer on the device); one to the shape its input has is the
+# same values.
+_VIEWS = ("aten.alias.default", "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+
+
+def fuse_quantized_inputs(rw: Rewriter) -> None:
+    """Every rms_norm / act_mul whose only reader is a quantize_affine_per_token_dynamic
+    becomes one fused node with it (see the module docstring)."""
+    program = rw.program
+    for quantize in [n for n in program.nodes if n.target == QUANTIZE]:
+        b = bind(quantize)
+        found = _source(rw, b["input"], quantize)
+        if found is None:
+            continue
+        producer, between = found
+        args = (*bind(producer).values(), b["eps"])  # every argument in schema order
+        fused = Node(producer.name, FUSED[producer.target], args, {}, quantize.outputs)
+        for node in (producer, *between):
+            program.nodes.remove(node)
+            del program.values[node.outputs[0]]
+        rw.replace(quantize, fused)
+
+
+def _source(rw: Rewriter, value, quantize: Node) -> tuple[Node, list[Node]] | None:
+    """(the rms_norm or act_mul node, the views between) where `value`, the quantize's input,
+    is that node's output or a view of it of the same shape (an ``alias`` or a reshape to
+    the shape it has: the same values), each value on the way read only by the next node."""
+    reader, between = quantize, []
+    while isinstance(value, Ref) and _read_only_by(rw, value.name, reader):
+        node = rw.producer(value)
+        if node is not None and node.target in FUSED:
+            return node, between
+        if node is None or node.target not in _VIEWS or not isinstance(node.args[0], Ref) \
+                or rw.program.values[node.args[0].name] != rw.program.values[value.name]:
+            return None
+        reader, value = node, node.args[0]
+        between.append(node)
+    return None
+
+
+def _read_only_by(rw: Rewriter, name: str, node: Node) -> bool:
+    """Whether `node` is the one reader of value `name`: no other node, not a program output,
+    not what a state value becomes."""
+    program = rw.program
+    return (rw.users.get(name, []) == [node] and name not in program.outputs
+            and name not in program.state_updates.values())
