@@ -263,6 +263,11 @@ ivec4 tq_quantize4(vec4 x, vec4 inv_scale, vec4 zero_point) {
   return etvk_to_int_clamped(q, -128, 127);
 }
 
+// Unit `unit` of the row's input: x.
+vec4 input_unit(uint unit) {
+  return t_x_load(unit);
+}
+
 void main() {
   // One team of the whole workgroup per row.
   const EtvkTeam team = etvk_team(int(gl_WorkGroupSize.x), pc.rows);
@@ -276,13 +281,14 @@ void main() {
   float sum = 0.0;
   for (uint i = 0u; i < uint(REGS); ++i) {
     const uint u = lid + i * WG;
-    kept[i] = u < pc.units ? t_x_load(first + u) : vec4(0.0);
+    kept[i] = u < pc.units ? input_unit(first + u) : vec4(0.0);
     if (u < pc.units) {
       sum = rms_add_squares(sum, kept[i]);
     }
   }
   for (uint u = lid + uint(REGS) * WG; u < pc.units; u += WG) {
-    sum = rms_add_squares(sum, t_x_load(first + u));
+    const vec4 x = input_unit(first + u);
+    sum = rms_add_squares(sum, x);
   }
   const float r = rms_inverse(sum);
   // Starting from 0 folds in "min/max forced to include 0".
@@ -297,7 +303,7 @@ void main() {
     }
   }
   for (uint u = lid + uint(REGS) * WG; u < pc.units; u += WG) {
-    const vec4 y = rms_norm_unit(t_x_load(first + u), r, u);
+    const vec4 y = rms_norm_unit(input_unit(first + u), r, u);
     lo4 = min(lo4, y);
     hi4 = max(hi4, y);
   }
@@ -321,6 +327,6 @@ void main() {
     }
   }
   for (uint u = lid + uint(REGS) * WG; u < pc.units; u += WG) {
-    t_out_store(first + u, tq_quantize4(rms_norm_unit(t_x_load(first + u), r, u), inv_scale, zero_point));
+    t_out_store(first + u, tq_quantize4(rms_norm_unit(input_unit(first + u), r, u), inv_scale, zero_point));
   }
 }

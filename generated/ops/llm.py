@@ -158,6 +158,11 @@ def _check_gate_rows_of_units(op, gate):
         raise rt.ArgumentError(op, "gate", f"must have a last dimension that is a positive multiple of 4, got shape {tuple(gate.shape)}")
 
 
+def _check_residual_like_x(op, residual, x):
+    if not (tuple(residual.shape) == tuple(x.shape) and residual.dtype == x.dtype):
+        raise rt.ArgumentError(op, "residual", f"must have x's shape {tuple(x.shape)} and dtype {x.dtype}, got {tuple(residual.shape)} {residual.dtype}")
+
+
 def embedding(stream, weight, indices, *, variant=None, storage=None):
     """Record etvk.embedding.default into `stream`; returns device tensors."""
     op = EMBEDDING
@@ -183,7 +188,7 @@ EMBEDDING = rt.OpDef(
     family="llm",
     schema="embedding(Tensor weight, Tensor indices) -> Tensor",
     doc="out[*indices.shape, D] = weight[indices], bits copied. Host indices (int32 or int64) are checked to lie in [0, V) before anything is uploaded, then uploaded as int32; device indices are int32 and not checked (an id outside the table gives a row of zeros).",
-    spec="op_specs/llm.yaml:352",
+    spec="op_specs/llm.yaml:384",
     reference="runtime.reference.llm:embedding",
     variants=(
         ("llm_embedding_float", {"DTYPE": "float32"}),
@@ -223,7 +228,7 @@ RMS_NORM = rt.OpDef(
     family="llm",
     schema="rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> Tensor",
     doc="RMSNorm over the last dimension (a positive multiple of 4) in Hugging Face's order: y = dtype(float(x) * rsqrt(mean(float(x)^2) + eps)), out = dtype(float(y) * (float(weight) + weight_offset)) (no weight: out = y). weight_offset 0 is Llama's `weight * y`, 1 Gemma's `y * (1 + weight)`.",
-    spec="op_specs/llm.yaml:372",
+    spec="op_specs/llm.yaml:404",
     reference="runtime.reference.llm:rms_norm",
     variants=(
         ("llm_rms_norm_float", {"DTYPE": "float32"}),
@@ -264,7 +269,7 @@ ROPE = rt.OpDef(
     family="llm",
     schema="rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
     doc="Rotary embedding, half-rotation form, of the first R values of each head: out = cat(r * cos + rotate_half(r) * sin, x[..., R:]) with r = x[..., :R], rotate_half(r) = cat(-r[..., R/2:], r[..., :R/2]), for x [B, S, H, D] (token-major, as the q/k projections produce it) and cos, sin [B, S, R], [1, S, R] or [S, R] in x's dtype (R even, at most D; R = D rotates all), shared by the heads. Each product rounded to the dtype, then the sum; the last D - R values keep their bits: bit-identical to PyTorch's eager expression.",
-    spec="op_specs/llm.yaml:395",
+    spec="op_specs/llm.yaml:427",
     reference="runtime.reference.llm:rope",
     variants=(
         ("llm_rope_float", {"DTYPE": "float32"}),
@@ -301,7 +306,7 @@ ACT_MUL = rt.OpDef(
     family="llm",
     schema="act_mul(Tensor gate, Tensor up, str activation) -> Tensor",
     doc="out = dtype(act(gate)) * up (a gated MLP's `act_fn(gate_proj(x)) * up_proj(x)`), act 'silu', 'gelu_tanh' (GELU, tanh approximation) or 'gelu' (GELU, erf form), computed in fp32; gate and up of one shape and dtype.",
-    spec="op_specs/llm.yaml:421",
+    spec="op_specs/llm.yaml:453",
     reference="runtime.reference.llm:act_mul",
     variants=(
         ("llm_act_mul_float", {"DTYPE": "float32"}),
@@ -340,7 +345,7 @@ BINARY = rt.OpDef(
     family="llm",
     schema="binary(Tensor a, Tensor b, str operation) -> Tensor",
     doc="out = a <operation> b for operation 'add', 'sub' or 'mul', b of a's dtype broadcast to a's shape by PyTorch's rules (the output has a's shape: swap a commutative op's operands when a is the smaller one); one fp32 operation rounded to the dtype, bit-identical to PyTorch's.",
-    spec="op_specs/llm.yaml:440",
+    spec="op_specs/llm.yaml:472",
     reference="runtime.reference.llm:binary",
     variants=(
         ("llm_binary_float", {"DTYPE": "float32"}),
@@ -375,7 +380,7 @@ SCALAR = rt.OpDef(
     family="llm",
     schema="scalar(Tensor a, float value, str operation) -> Tensor",
     doc="out = a <operation> value for operation 'add' or 'mul' and a Python float, rounded as PyTorch rounds it (mul: to fp32; add: to a's dtype); one fp32 operation rounded to the dtype, bit-identical to PyTorch's.",
-    spec="op_specs/llm.yaml:463",
+    spec="op_specs/llm.yaml:495",
     reference="runtime.reference.llm:scalar",
     variants=(
         ("llm_scalar_float", {"DTYPE": "float32"}),
@@ -416,7 +421,7 @@ LINEAR = rt.OpDef(
     family="llm",
     schema="linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
     doc="out[..., N] = x @ weight.T + bias for x [..., K] (K > 0), weight [N, K] and bias [N] or None, all of one dtype (fp32 or fp16): the products and sums in fp32 in a fixed order (docs/llm_ops.md), the result rounded to the dtype once.",
-    spec="op_specs/llm.yaml:482",
+    spec="op_specs/llm.yaml:514",
     reference="runtime.reference.llm:linear",
     variants=(
         ("llm_linear_float", {"DTYPE": "float32"}),
@@ -465,7 +470,7 @@ RMS_NORM_QUANTIZE = rt.OpDef(
     family="llm",
     schema="rms_norm_quantize(Tensor x, Tensor? weight, float eps, float weight_offset, float quant_eps) -> (Tensor, Tensor, Tensor)",
     doc="rms_norm(x, weight, eps, weight_offset) then quantize_affine_per_token_dynamic(., quant_eps) in one dispatch, bit-exact against the two ops: returns (q, scales, zero_points), int8 q of x's shape, fp32 scales and int32 zero points of shape x.shape[:-1]. fp32 only; the normalized row itself is not written.",
-    spec="op_specs/llm.yaml:506",
+    spec="op_specs/llm.yaml:538",
     reference="runtime.reference.llm:rms_norm_quantize",
     variants=(
         ("llm_rms_norm_quantize_float", {"DTYPE": "float32"}),
@@ -510,7 +515,7 @@ ACT_MUL_QUANTIZE = rt.OpDef(
     family="llm",
     schema="act_mul_quantize(Tensor gate, Tensor up, str activation, float quant_eps) -> (Tensor, Tensor, Tensor)",
     doc="act_mul(gate, up, activation) then quantize_affine_per_token_dynamic(., quant_eps) in one dispatch, bit-exact against the two ops: returns (q, scales, zero_points), int8 q of gate's shape, fp32 scales and int32 zero points of shape gate.shape[:-1]. fp32 only, the last dimension a positive multiple of 4; the product itself is not written.",
-    spec="op_specs/llm.yaml:532",
+    spec="op_specs/llm.yaml:564",
     reference="runtime.reference.llm:act_mul_quantize",
     variants=(
         ("llm_act_mul_quantize_float", {"DTYPE": "float32"}),
@@ -518,6 +523,59 @@ ACT_MUL_QUANTIZE = rt.OpDef(
     record=act_mul_quantize,
     fake=_act_mul_quantize_fake,
     plannable=True,
+)
+
+
+def add_rms_norm_quantize(stream, x, residual, weight, eps, weight_offset, quant_eps, *, variant=None, storage=None):
+    """Record etvk.add_rms_norm_quantize.default into `stream`; returns device tensors."""
+    op = ADD_RMS_NORM_QUANTIZE
+    rt.check_arg(op, "x", x, "Tensor")
+    rt.check_arg(op, "residual", residual, "Tensor")
+    rt.check_arg(op, "weight", weight, "Tensor?")
+    rt.check_arg(op, "eps", eps, "float")
+    rt.check_arg(op, "weight_offset", weight_offset, "float")
+    rt.check_arg(op, "quant_eps", quant_eps, "float")
+    _check_fp32_only(op, x)
+    _check_x_rows_of_units(op, x)
+    _check_residual_like_x(op, residual, x)
+    _check_norm_weight_shape(op, weight, x)
+    _check_norm_weight_dtype(op, weight, x)
+    _check_eps_valid(op, eps)
+    _check_weight_offset_finite(op, weight_offset)
+    _check_quant_eps_valid(op, quant_eps)
+    v = op.select(variant, storage, {})
+    x = stream.upload(x, v.binding("t_x"), op.label("x"))
+    residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"))
+    weight = stream.upload(weight, v.binding("t_weight"), op.label("weight"))
+    out = stream.empty(x.shape, torch.int8, v.binding("t_out"), op.label("out", "output"))
+    scales = stream.empty(x.shape[:-1], torch.float32, v.binding("t_scales"), op.label("scales", "output"))
+    zero_points = stream.empty(x.shape[:-1], torch.int32, v.binding("t_zero_points"), op.label("zero_points", "output"))
+    sum = stream.empty(x.shape, x.dtype, v.binding("t_sum"), op.label("sum", "output"))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_scales": scales, "t_zero_points": zero_points, "t_sum": sum, "t_x": x, "t_residual": residual, "t_weight": weight}, push={"rows": rt.tokens(x), "units": rt.last_dim(x) // 4, "inv_dim": rt.fp32_recip(rt.last_dim(x)), "eps": rt.fp32(eps), "weight_offset": rt.fp32(weight_offset)}, spec_constants={"HAS_WEIGHT": weight is not None, "EPS": rt.fp32(quant_eps)}, groups=[rt.tokens(x), 1, 1])
+    return sum, out, scales, zero_points
+
+
+def _add_rms_norm_quantize_fake(x, residual, weight, eps, weight_offset, quant_eps):
+    return (
+        torch.empty(x.shape, dtype=x.dtype, device=x.device),
+        torch.empty(x.shape, dtype=torch.int8, device=x.device),
+        torch.empty(x.shape[:-1], dtype=torch.float32, device=x.device),
+        torch.empty(x.shape[:-1], dtype=torch.int32, device=x.device),
+    )
+
+
+ADD_RMS_NORM_QUANTIZE = rt.OpDef(
+    name="etvk.add_rms_norm_quantize.default",
+    family="llm",
+    schema="add_rms_norm_quantize(Tensor x, Tensor residual, Tensor? weight, float eps, float weight_offset, float quant_eps) -> (Tensor, Tensor, Tensor, Tensor)",
+    doc="sum = x + residual (binary's add), then rms_norm_quantize(sum, weight, eps, weight_offset, quant_eps) in one dispatch, bit-exact against binary then rms_norm then quantize_affine_per_token_dynamic: returns (sum, q, scales, zero_points), sum of x's shape and dtype, the others as rms_norm_quantize's. A decoder's residual add and the RMSNorm that reads the new residual.",
+    spec="op_specs/llm.yaml:588",
+    reference="runtime.reference.llm:add_rms_norm_quantize",
+    variants=(
+        ("llm_add_rms_norm_quantize_float", {"DTYPE": "float32"}),
+    ),
+    record=add_rms_norm_quantize,
+    fake=_add_rms_norm_quantize_fake,
 )
 
 
@@ -531,4 +589,5 @@ OPS = (
     LINEAR,
     RMS_NORM_QUANTIZE,
     ACT_MUL_QUANTIZE,
+    ADD_RMS_NORM_QUANTIZE,
 )

@@ -28,8 +28,9 @@ decoder's KV cache). The steps:
    and splits a fused 8da4w projection read through slices into one linear
    per slice;
 6. what nothing reads is dropped; an RMSNorm or activation x up whose only
-   reader is a per-token quantize fuses with it (lower_fusion.py); the checks
-   the program's inputs need on the host are derived (input_checks.py).
+   reader is a per-token quantize fuses with it, and a residual add with the
+   fused RMSNorm that reads it (lower_fusion.py); the checks the program's
+   inputs need on the host are derived (input_checks.py).
 
 A decoder exported with a dynamic token count is lowered once per token
 count and combined into one program (token_counts.py).
@@ -240,7 +241,7 @@ def _lower(program: Program) -> Program:
     lowering.fuse_dynamic_quantize()
     program.remove_dead()
     lowering.refresh()
-    lower_fusion.fuse_quantized_inputs(lowering)
+    lower_fusion.fuse_decoder_ops(lowering)
     # the checks the graph implies, and those a rewrite relied on (consecutive positions)
     program.input_checks = list(dict.fromkeys(derive_input_checks(program) + program.input_checks))
     program.op_schemas = {n.target: get_op(n.target).schema for n in program.nodes if n.is_etvk}

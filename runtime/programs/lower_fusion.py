@@ -2,7 +2,8 @@
 
 An 8da4w decoder quantizes the input of each linear per token: the output of an RMSNorm
 (before q/k/v, before the MLP, before the lm_head) and of the MLP's activation x up (before
-the down projection). `fuse_quantized_inputs` rewrites
+the down projection); and each RMSNorm but the first reads a residual add. `fuse_decoder_ops`
+rewrites, in this order,
 
 - ``etvk.rms_norm(x, w, eps, o)`` -> y, ``etvk.quantize_affine_per_token_dynamic(y, e)``
   -> (q, s, z) into ``etvk.rms_norm_quantize(x, w, eps, o, e)`` -> (q, s, z);
@@ -11,10 +12,17 @@ the down projection). `fuse_quantized_inputs` rewrites
 
 where the quantize is y's only reader (not a program output, not a state's new value either),
 directly or through reshapes that keep y's shape (the final norm's ``alias``), each read only
-by the next: the fused ops do not write y (docs/llm_ops.md). Their results are bit-exact against the pair
-on the device, and the fused op's argument checks are the pair's (the quantize's fp32 input
-with a last dimension that is a multiple of 4 included), so the rewrite changes no result. The fused node sits at the quantize's place. Everything else is left as it was. Pure
-graph work on a `Rewriter`, no Vulkan; called by lower.py once the quantize ops exist.
+by the next: the fused ops do not write y (docs/llm_ops.md). The fused node sits at the
+quantize's place. Then
+
+- ``etvk.binary(a, b, "add")`` -> x (a and b of x's shape), ``etvk.rms_norm_quantize(x, ...)``
+  -> (q, s, z) into ``etvk.add_rms_norm_quantize(a, b, ...)`` -> (x, q, s, z), at the add's
+  place: the fused op writes x too, so x may have other readers (the next residual add).
+
+Each fused op is bit-exact against the ops it replaces on the device, and its argument checks
+are theirs (the quantize's fp32 input with a last dimension that is a multiple of 4
+included), so the rewrites change no result. Everything else is left as it was. Pure graph
+work on a `Rewriter`, no Vulkan; called by lower.py once the quantize ops exist.
 """
 
 from __future__ import annotations
@@ -26,14 +34,21 @@ QUANTIZE = "etvk.quantize_affine_per_token_dynamic.default"
 # the float op -> its fused op (with the quantize's eps as the last argument)
 FUSED = {"etvk.rms_norm.default": "etvk.rms_norm_quantize.default",
          "etvk.act_mul.default": "etvk.act_mul_quantize.default"}
+ADD_NORM = "etvk.add_rms_norm_quantize.default"
 # Reshapes (a view of the same buffer on the device); one to the shape its input has is the
 # same values.
 _VIEWS = ("aten.alias.default", "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
 
 
-def fuse_quantized_inputs(rw: Rewriter) -> None:
+def fuse_decoder_ops(rw: Rewriter) -> None:
+    """The rewrites of the module docstring, in its order."""
+    _fuse_quantized_inputs(rw)
+    _fuse_residual_adds(rw)
+
+
+def _fuse_quantized_inputs(rw: Rewriter) -> None:
     """Every rms_norm / act_mul whose only reader is a quantize_affine_per_token_dynamic
-    becomes one fused node with it (see the module docstring)."""
+    becomes one fused node with it."""
     program = rw.program
     for quantize in [n for n in program.nodes if n.target == QUANTIZE]:
         b = bind(quantize)
@@ -72,3 +87,30 @@ def _read_only_by(rw: Rewriter, name: str, node: Node) -> bool:
     program = rw.program
     return (rw.users.get(name, []) == [node] and name not in program.outputs
             and name not in program.state_updates.values())
+
+
+def _fuse_residual_adds(rw: Rewriter) -> None:
+    """Every rms_norm_quantize of a same-shape binary add becomes one add_rms_norm_quantize
+    node at the add's place (its other arguments already made there)."""
+    program = rw.program
+    for norm in [n for n in program.nodes if n.target == FUSED["etvk.rms_norm.default"]]:
+        b = bind(norm)
+        add = rw.made_by(b["x"], "etvk.binary.default")
+        if add is None:
+            continue
+        a = bind(add)
+        spec = program.values[b["x"].name]
+        if a["operation"] != "add" or any(rw.value_spec(t) != spec for t in (a["a"], a["b"])) \
+                or not _made_before(rw, b["weight"], add):
+            continue
+        args = (a["a"], a["b"], b["weight"], b["eps"], b["weight_offset"], b["quant_eps"])
+        program.nodes.remove(norm)
+        rw.replace(add, Node(add.name, ADD_NORM, args, {}, (*add.outputs, *norm.outputs)))
+
+
+def _made_before(rw: Rewriter, value, node: Node) -> bool:
+    """Whether `value` (an argument) exists before `node` runs: anything but a value a node at
+    or after `node`'s place makes."""
+    producer = rw.producer(value)
+    nodes = rw.program.nodes
+    return producer is None or nodes.index(producer) < nodes.index(node)

@@ -11,8 +11,9 @@ order Hugging Face transformers' eager code and PyTorch's CPU kernels use:
   with the activation evaluated in float64; the shaders' reduction order and
   ``exp`` differ, so they are compared with the tolerances of `TOLERANCES`;
 - `rms_norm_quantize` and `act_mul_quantize` are those two followed by
-  `runtime.reference.quantize.quantize_affine_per_token_dynamic` (their shaders
-  are bit-exact against the two device ops, not against this composition).
+  `runtime.reference.quantize.quantize_affine_per_token_dynamic`, and
+  `add_rms_norm_quantize` is `binary`'s add followed by `rms_norm_quantize` (their
+  shaders are bit-exact against the device ops composed, not against this).
 
 Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
 tests. It must not import anything from the Vulkan side, nor validate more
@@ -112,18 +113,6 @@ def act_mul(gate, up, activation):
     return (a.to(torch.float32) * up.to(torch.float32)).to(gate.dtype)
 
 
-def rms_norm_quantize(x, weight, eps, weight_offset, quant_eps):
-    """`rms_norm` then torchao's per-token int8 quantization of the result
-    (`quantize_affine_per_token_dynamic` with ``quant_eps``): (q, scales, zero_points)."""
-    return quantize_affine_per_token_dynamic(rms_norm(x, weight, eps, weight_offset), quant_eps)
-
-
-def act_mul_quantize(gate, up, activation, quant_eps):
-    """`act_mul` then torchao's per-token int8 quantization of the result
-    (`quantize_affine_per_token_dynamic` with ``quant_eps``): (q, scales, zero_points)."""
-    return quantize_affine_per_token_dynamic(act_mul(gate, up, activation), quant_eps)
-
-
 _BINARY = {"add": torch.add, "sub": torch.sub, "mul": torch.mul}
 
 
@@ -175,3 +164,22 @@ def linear_bound(x, weight, bias):
     r, a = LINEAR_ROUNDING[x.dtype]
     want = linear(x, weight, bias).to(torch.float64)
     return depth * 2.0**-24 * magnitude + (k + 1) * 2.0**-125 + r * want.abs() + a
+
+
+def rms_norm_quantize(x, weight, eps, weight_offset, quant_eps):
+    """`rms_norm` then torchao's per-token int8 quantization of the result
+    (`quantize_affine_per_token_dynamic` with ``quant_eps``): (q, scales, zero_points)."""
+    return quantize_affine_per_token_dynamic(rms_norm(x, weight, eps, weight_offset), quant_eps)
+
+
+def add_rms_norm_quantize(x, residual, weight, eps, weight_offset, quant_eps):
+    """``sum = binary(x, residual, "add")``, then `rms_norm_quantize` of it:
+    (sum, q, scales, zero_points)."""
+    total = binary(x, residual, "add")
+    return (total, *rms_norm_quantize(total, weight, eps, weight_offset, quant_eps))
+
+
+def act_mul_quantize(gate, up, activation, quant_eps):
+    """`act_mul` then torchao's per-token int8 quantization of the result
+    (`quantize_affine_per_token_dynamic` with ``quant_eps``): (q, scales, zero_points)."""
+    return quantize_affine_per_token_dynamic(act_mul(gate, up, activation), quant_eps)

@@ -253,10 +253,10 @@ def tolerance(op_name: str, want, args: tuple) -> float:
     (docs/llm_ops.md) are applied to the largest magnitude, the llm family's linear, whose
     per-output bound (`linear_bound`, docs/llm_ops.md) is taken at its largest,
     cache_attention, where the shader and the reference may each be `attention_tolerance`
-    away from the exact result (docs/attention_ops.md), and rms_norm_quantize and
-    act_mul_quantize: 2, as their float part is within its op's tolerance of the reference
-    (their q may round one step away, and so may the zero point it adds; the fp32 scales
-    differ far less than that)."""
+    away from the exact result (docs/attention_ops.md), and rms_norm_quantize,
+    add_rms_norm_quantize and act_mul_quantize: 2, as their float part is within its op's
+    tolerance of the reference (their q may round one step away, and so may the zero point
+    it adds; the fp32 scales differ far less than that; add_rms_norm_quantize's sum is exact)."""
     if op_name in LINEAR_OPS:
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
     if op_name in ("etvk.rms_norm.default", "etvk.act_mul.default"):
@@ -270,7 +270,8 @@ def tolerance(op_name: str, want, args: tuple) -> float:
         return float(linear_bound(*args).max()) if want.numel() else 0.0
     if op_name == "etvk.cache_attention.default":
         return 2 * attention_tolerance(*args)
-    if op_name in ("etvk.rms_norm_quantize.default", "etvk.act_mul_quantize.default"):
+    if op_name in ("etvk.rms_norm_quantize.default", "etvk.add_rms_norm_quantize.default",
+                   "etvk.act_mul_quantize.default"):
         return 2.0
     return 0.0
 

@@ -91,8 +91,9 @@ CASES = [
     Case("linear_no_tokens", "linear", ((0, 16), (8,)), {"bias": True}),
 ]
 # The fused ops (fp32 only): their float op's shapes and options (above) and quant_eps, the
-# smallest scale (default fp32's eps, as torchao's 8da4w exports pass).
-FUSED = {"rms_norm_quantize": "rms_norm", "act_mul_quantize": "act_mul"}
+# smallest scale (default fp32's eps, as torchao's 8da4w exports pass); add_rms_norm_quantize
+# takes rms_norm's and a residual of x's shape.
+FUSED = {"rms_norm_quantize": "rms_norm", "act_mul_quantize": "act_mul", "add_rms_norm_quantize": "rms_norm"}
 QUANTIZE_CASES = [
     Case("rms_norm_quantize_llama_prefill", "rms_norm_quantize", ((1, 5, 256), (256,)), {"eps": 1e-6}),
     Case("rms_norm_quantize_decode_d2048", "rms_norm_quantize", ((1, 1, 2048), (2048,)), {"eps": 1e-5}),
@@ -104,6 +105,12 @@ QUANTIZE_CASES = [
     Case("rms_norm_quantize_d4_many_rows", "rms_norm_quantize", ((300, 4), (4,)),
          {"eps": 1e-6, "quant_eps": 0.01}),
     Case("rms_norm_quantize_no_tokens", "rms_norm_quantize", ((0, 64), (64,)), {"eps": 1e-6}),
+    Case("add_rms_norm_quantize_decode_d2048", "add_rms_norm_quantize", ((1, 1, 2048), (2048,)), {"eps": 1e-5}),
+    Case("add_rms_norm_quantize_d4160_reread", "add_rms_norm_quantize", ((3, 4160), (4160,)), {"eps": 1e-6}),
+    Case("add_rms_norm_quantize_gemma_offset", "add_rms_norm_quantize", ((2, 3, 128), (128,)),
+         {"eps": 1e-6, "weight_offset": 1.0}),
+    Case("add_rms_norm_quantize_no_weight", "add_rms_norm_quantize", ((4, 36), ()), {"eps": 1e-6}),
+    Case("add_rms_norm_quantize_no_tokens", "add_rms_norm_quantize", ((0, 64), (64,)), {"eps": 1e-6}),
     Case("act_mul_quantize_silu_mlp", "act_mul_quantize", ((1, 5, 344),), {"activation": "silu"}),
     Case("act_mul_quantize_gelu_tanh_gemma", "act_mul_quantize", ((2, 3, 96),), {"activation": "gelu_tanh"}),
     Case("act_mul_quantize_gelu_erf", "act_mul_quantize", ((7, 36),), {"activation": "gelu"}),
@@ -125,7 +132,12 @@ def inputs(case: Case, dtype: torch.dtype, seed: int | None = None) -> tuple:
     """Arguments of ``etvk.<case.op>.default`` for ``case`` with activations of ``dtype``."""
     if case.op in FUSED:
         quant_eps = case.options.get("quant_eps", torch.finfo(torch.float32).eps)
-        return (*inputs(replace(case, op=FUSED[case.op]), dtype, seed), quant_eps)
+        args = inputs(replace(case, op=FUSED[case.op]), dtype, seed)
+        if case.op == "add_rms_norm_quantize":  # the residual, after x
+            base = zlib.crc32(case.name.encode()) if seed is None else seed
+            residual = _values(torch.Generator().manual_seed(base + 1), case.shapes[0], dtype, 3.0)
+            args = (args[0], residual, *args[1:])
+        return (*args, quant_eps)
     gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) if seed is None else seed)
     o = case.options
     if case.op == "embedding":

@@ -17,7 +17,8 @@ and attention are within their ops' stated tolerances, not bit-exact; docs/llm_o
 docs/attention_ops.md), greedy `runtime.generate` against PyTorch's greedy tokens, the CLI from
 a ``save_pretrained`` folder. The linears' per-token activation quantization runs on the device,
 once per quantized tensor (q, k and v share one), fused with the RMSNorm or activation x up
-before it (lower_fusion.py): fewer dispatches, the same bits.
+before it, and the residual adds with the RMSNorm after them (lower_fusion.py): fewer
+dispatches, the same bits.
 """
 
 from __future__ import annotations
@@ -94,9 +95,10 @@ def test_the_cache_is_state_and_inputs_are_checked(decoder):
 
 
 # etvk ops every family's lowered program must hold at least (beside the linears); its RMSNorms
-# and activation x up run fused with the quantization of the linears' inputs
-DECODER_OPS = {"etvk.embedding.default", "etvk.rms_norm_quantize.default", "etvk.act_mul_quantize.default",
-               "etvk.binary.default", "etvk.cache_update.default"}
+# and activation x up run fused with the quantization of the linears' inputs, and the residual
+# adds with the RMSNorm after them
+DECODER_OPS = {"etvk.embedding.default", "etvk.rms_norm_quantize.default", "etvk.add_rms_norm_quantize.default",
+               "etvk.act_mul_quantize.default", "etvk.cache_update.default"}
 ATTENTION_OPS = {"etvk.rope.default", "etvk.cache_attention.default"}
 
 
@@ -131,8 +133,10 @@ def test_a_prompt_in_one_call_and_positions_that_must_be_consecutive(tmp_path):
 
 QUANTIZE = "etvk.quantize_affine_per_token_dynamic.default"
 # what quantizes a linear's input: torchao's choose_qparams_affine + quantize_affine, alone or
-# fused with the RMSNorm or activation x up before it (runtime/programs/lower_fusion.py)
-QUANTIZING = {QUANTIZE, "etvk.rms_norm_quantize.default", "etvk.act_mul_quantize.default"}
+# fused with the RMSNorm (and the residual add before it) or activation x up before it
+# (runtime/programs/lower_fusion.py)
+QUANTIZING = {QUANTIZE, "etvk.rms_norm_quantize.default", "etvk.add_rms_norm_quantize.default",
+              "etvk.act_mul_quantize.default"}
 VIEWS = {"aten.alias.default", "aten.view.default", "aten.reshape.default"}
 
 
@@ -154,9 +158,11 @@ def test_dynamic_activation_quantization_runs_on_the_device(decoder):
 
 def test_no_quantize_reads_a_norm_or_activation(decoder):
     """No quantize_affine_per_token_dynamic is left reading an rms_norm or act_mul (directly or
-    through views): each such pair is one fused node. Llama: every norm (two a layer and the
-    final one) and every activation x up is fused, and only the output projections' inputs
-    (the attention's output) are quantized alone."""
+    through views), nor an rms_norm_quantize reading a binary add (Gemma's first norm reads
+    the scaled embedding, a binary mul): each is one fused node.
+    Llama: every norm (two a layer and the final one), every residual add (two a layer: every
+    norm but the first reads one) and every activation x up is fused, and only the output
+    projections' inputs (the attention's output) are quantized alone."""
     family, _, program, _ = decoder
     producers = program.producers()
     for node in (n for n in program.nodes if n.target == QUANTIZE):
@@ -164,12 +170,16 @@ def test_no_quantize_reads_a_norm_or_activation(decoder):
         while source is not None and source.target in VIEWS:
             source = producers.get(source.args[0].name)
         assert source is None or source.target not in ("etvk.rms_norm.default", "etvk.act_mul.default"), node
+    for node in (n for n in program.nodes if n.target == "etvk.rms_norm_quantize.default"):
+        source = producers.get(node.args[0].name)
+        assert source is None or source.target != "etvk.binary.default" or source.args[2] != "add", node
     if family == "llama":
         targets = [n.target for n in program.nodes]
         layers = COMMON["num_hidden_layers"]
-        counted = (QUANTIZE, "etvk.rms_norm_quantize.default", "etvk.act_mul_quantize.default",
-                   "etvk.rms_norm.default", "etvk.act_mul.default")
-        assert [targets.count(t) for t in counted] == [layers, 2 * layers + 1, layers, 0, 0]
+        counted = (QUANTIZE, "etvk.rms_norm_quantize.default", "etvk.add_rms_norm_quantize.default",
+                   "etvk.act_mul_quantize.default", "etvk.rms_norm.default", "etvk.act_mul.default",
+                   "etvk.binary.default")
+        assert [targets.count(t) for t in counted] == [layers, 1, 2 * layers, layers, 0, 0, 0]
 
 
 def device_dispatches(loaded) -> int:
@@ -178,21 +188,22 @@ def device_dispatches(loaded) -> int:
 
 
 def test_fusion_saves_dispatches_and_changes_no_bit(tmp_path, monkeypatch):
-    """Llama lowered with and without lower_fusion.py: a call of the fused program makes 3
-    dispatches fewer a layer and one fewer for the final norm, and its logits are the unfused
-    program's bit for bit at every decode step (the fused ops are bit-exact against the pairs
-    they replace on the device; docs/llm_ops.md)."""
+    """Llama lowered with and without lower_fusion.py: a call of the fused program makes 5
+    dispatches fewer a layer (two norms, two residual adds and the activation's quantize) and
+    one fewer for the final norm, and its logits are the unfused program's bit for bit at every
+    decode step (the fused ops are bit-exact against the ops they replace on the device;
+    docs/llm_ops.md)."""
     llm_models.import_transformers()
     exported = llm_models.export_decoder(llm_models.quantize_8da4w(
         llm_models.decoder(config_file(tmp_path, "llama"))), CACHE)
     runtime.lower(exported).save(tmp_path / "fused.etvk")
     with monkeypatch.context() as patch:
-        patch.setattr(lower_fusion, "fuse_quantized_inputs", lambda rewriter: None)
+        patch.setattr(lower_fusion, "fuse_decoder_ops", lambda rewriter: None)
         runtime.lower(exported).save(tmp_path / "unfused.etvk")
     fused, unfused = runtime.load(tmp_path / "fused.etvk"), runtime.load(tmp_path / "unfused.etvk")
     layers = COMMON["num_hidden_layers"]
-    assert device_dispatches(unfused) - device_dispatches(fused) == 3 * layers + 1
-    assert len(unfused.program.nodes) - len(fused.program.nodes) == 3 * layers + 1 + 1  # and the final norm's alias
+    assert device_dispatches(unfused) - device_dispatches(fused) == 5 * layers + 1
+    assert len(unfused.program.nodes) - len(fused.program.nodes) == 5 * layers + 1 + 1  # and the final norm's alias
     for position, token in enumerate([5, 17, 3, 60, 11, 2]):
         inputs = dict(input_ids=torch.tensor([[token]]), cache_position=torch.tensor([position]))
         got, want = fused(**inputs), unfused(**inputs)
