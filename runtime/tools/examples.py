@@ -2,8 +2,9 @@
 
 For elementwise ops the shape is the input's; for the others it is a size
 hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
-pools, q8ta_linear and q8ta_binary: which case of `runtime.tools.examples_q8ta_pool`,
-`runtime.tools.examples_q8ta_linear` or `runtime.tools.examples_q8ta_binary`;
+pools, q8ta_linear, q8ta_binary and q8ta_lut: which case of `runtime.tools.examples_q8ta_pool`,
+`runtime.tools.examples_q8ta_linear`, `runtime.tools.examples_q8ta_binary` or
+`runtime.tools.examples_q8ta_unary`;
 q8ta_quantize and q8ta_dequantize: the width and the packed layout).
 
 Shared by the tests (``tests/ops``), ``python -m runtime demo`` and the
@@ -20,7 +21,12 @@ import math
 import torch
 
 from runtime.reference.attention import attention_tolerance
-from runtime.tools import examples_attention, examples_llm, examples_q8ta_binary
+from runtime.tools import (
+    examples_attention,
+    examples_llm,
+    examples_q8ta_binary,
+    examples_q8ta_unary,
+)
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 
 DTYPES = {
@@ -288,6 +294,7 @@ EXAMPLES = {
     "etvk.q8ta_quantize.default": build_q8ta_quantize,
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,
     "etvk.q8ta_linear.default": build_q8ta_linear,
+    "etvk.q8ta_lut.default": examples_q8ta_unary.build,
     **{
         name: examples_q8ta_binary.build(name)
         for name in ("etvk.q8ta_add.default", "etvk.q8ta_mul.default", "etvk.q8ta_concat.default")

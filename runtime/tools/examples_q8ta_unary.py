@@ -1,0 +1,66 @@
+"""Example cases of the q8ta_unary family (the int8 lookup table), as a table, and inputs.
+
+Each case is a shape from a real network (the ``real`` field names the
+original, shrunk spatially so that it runs quickly on a CPU Vulkan driver)
+or one that stresses the packing: channel counts and widths that are not
+multiples of 4 (padding channels and 4W4C padding widths), a batch, plain
+tensors whose last word is partly past the end. A 4-D case runs in every
+packed layout; another rank is a plain tensor. The tables are random, since
+the op is a gather whatever the function (the lowering's tables come from
+PyTorch's ops: tests/runtime/programs). `lut_inputs` builds the arguments in
+schema order. Used by the tests (tests/ops) and, through
+runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LutCase:
+    """One lookup: x of `shape` (4-D: packed, else plain) through a random table."""
+
+    name: str
+    shape: tuple[int, ...]
+    real: str = ""
+
+    @property
+    def packed(self) -> bool:
+        return len(self.shape) == 4
+
+
+L = LutCase
+LUT_CASES = [
+    L("mobilenetv3_hardswish", (1, 16, 12, 12), real="MobileNetV3-Small stem: conv -> hardswish"),
+    L("mobilenetv3_se_hardsigmoid", (1, 96, 1, 1), real="MobileNetV3 squeeze-and-excite gate: hardsigmoid"),
+    L("efficientnet_silu_c40", (1, 40, 6, 8), real="EfficientNet-B0 MBConv expansion: silu"),
+    L("lut_c6_w5_batch2", (2, 6, 3, 5), real="C and W not multiples of 4, batch 2"),
+    L("lut_c5_w9", (1, 5, 2, 9), real="padding channels, 4W4C padding widths"),
+    L("lut_c3_w1", (1, 3, 1, 1), real="one word, three channels"),
+    L("mobilenetv3_classifier_hardswish", (1, 1024), real="MobileNetV3-Small classifier: linear -> hardswish (plain)"),
+    L("plain_rows_odd", (3, 7), real="plain, the last word 1 value past the end"),
+    L("plain_1d_5", (5,), real="plain 1-D, 3 bytes of the last word past the end"),
+]
+LUT_BY_NAME = {case.name: case for case in LUT_CASES}
+
+
+def lut_inputs(case: LutCase, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Arguments of ``etvk.q8ta_lut`` for ``case`` (x uniform over int8, -128 and 127 first;
+    a random table), in schema order."""
+    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) if seed is None else seed)
+    x = torch.randint(-128, 128, case.shape, generator=gen, dtype=torch.int8)
+    flat = x.view(-1)
+    flat[: min(2, flat.numel())] = torch.tensor([-128, 127], dtype=torch.int8)[: min(2, flat.numel())]
+    table = torch.randint(-128, 128, (256,), generator=gen, dtype=torch.int8)
+    return x, table
+
+
+def build(axes, shape, gen):
+    """A builder for ``runtime.tools.examples.EXAMPLES``: the case at index (the shape's last
+    size mod the table's length), with a seed from ``gen``."""
+    case = LUT_CASES[(shape[-1] if shape else 0) % len(LUT_CASES)]
+    return lut_inputs(case, seed=int(torch.randint(0, 2**31, (), generator=gen))), {}

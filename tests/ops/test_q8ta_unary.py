@@ -1,0 +1,128 @@
+"""q8ta_unary family (the int8 lookup table) on the default Vulkan device, validation on.
+
+Every case of `runtime.tools.examples_q8ta_unary` runs with a device input
+in every packed layout (4-D cases) or plain (the others), with a random
+table, and must equal the reference bit for bit, padding bytes included (the
+raw output words are compared with the packed reference). Every int8 value
+goes through the table in every layout; host inputs take their default
+layouts; bad arguments name the op and the argument.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import runtime
+from runtime.reference.q8ta_unary import q8ta_lut
+from runtime.tools.examples_q8ta_unary import LUT_BY_NAME, LUT_CASES, lut_inputs
+from runtime.vulkan import layouts
+from runtime.vulkan.layouts import PACKED_LAYOUTS
+from runtime.vulkan.stream import Stream
+from runtime.vulkan.tensor import Tensor
+
+OP = "etvk.q8ta_lut.default"
+
+
+def run_on_device(x, table, layout):
+    """Runs the op on a device x in `layout` (None: plain) and a device table; returns the
+    output's raw bytes (every word written) and values."""
+    with Stream() as stream:
+        out = runtime.get_op(OP).record(stream, Tensor.from_torch(x, layout=layout), Tensor.from_torch(table))
+        stream.run()
+        assert out.layout == (layout or "contiguous")
+        words = layouts.packed_words(out.shape, layout) if layout else -(-x.numel() // 4)
+        raw = torch.empty(4 * words, dtype=torch.int8)
+        out.memory.read(raw.data_ptr(), raw.numel())
+        return raw, out.to_torch()
+
+
+def _expected_bytes(want, layout):
+    """`want` as the op writes it: packed with zero padding, or plain with a zero tail."""
+    if layout:
+        return layouts.pack(want, layout)
+    flat = want.reshape(-1)
+    return torch.cat([flat, flat.new_zeros(-flat.numel() % 4)])
+
+
+def _cases():
+    return [pytest.param(case.name, layout, id=f"{case.name}-{layout or 'plain'}")
+            for case in LUT_CASES for layout in (PACKED_LAYOUTS if case.packed else [None])]
+
+
+@pytest.mark.parametrize(("name", "layout"), _cases())
+def test_case_matches_reference(name, layout, dispatch_trace):
+    x, table = lut_inputs(LUT_BY_NAME[name])
+    want = q8ta_lut(x, table)
+    assert torch.equal(want, table[(x.to(torch.int64) + 128)])
+    raw, got = run_on_device(x, table, layout)
+    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+    assert torch.equal(raw, _expected_bytes(want, layout)), f"{name} {layout}: padding bytes not 0"
+    assert "q8ta_lut" in dispatch_trace()
+
+
+@pytest.mark.parametrize("layout", [*PACKED_LAYOUTS, None])
+def test_every_int8_value_through_a_random_table(layout):
+    """Each of the 256 values at every byte position of a word, through 3 random tables."""
+    values = torch.arange(-128, 128, dtype=torch.int8)
+    # channel c (byte c of every packed word) holds the values rolled by c; plain, byte j of a
+    # word holds values[(p - c) % 256] for p % 4 == j: every residue over the 4 channels
+    x = torch.stack([values.roll(c) for c in range(4)]).reshape(1, 4, 16, 16)
+    if layout is None:
+        x = x.reshape(64, 16)
+    gen = torch.Generator().manual_seed(7)
+    for _ in range(3):
+        table = torch.randint(-128, 128, (256,), generator=gen, dtype=torch.int8)
+        assert torch.equal(run_on_device(x, table, layout)[1], table[x.long() + 128])
+
+
+def test_host_inputs_take_the_default_layouts_and_torch_ops_use_the_reference():
+    op = runtime.get_op(OP)
+    for name, layout in (("lut_c6_w5_batch2", "4C1W"), ("plain_rows_odd", None)):
+        x, table = lut_inputs(LUT_BY_NAME[name])
+        with Stream() as stream:
+            out = op.record(stream, x, table)
+            stream.run()
+            assert out.layout == (layout or "contiguous")
+            assert torch.equal(out.to_torch(), q8ta_lut(x, table))
+        assert torch.equal(torch.ops.etvk.q8ta_lut.default(x, table), q8ta_lut(x, table))
+        assert torch.equal(op(x, table), q8ta_lut(x, table))
+
+
+BAD_ARGS = [
+    ("x", torch.zeros(1, 4, 2, 2), "int8"),
+    ("x", torch.zeros(1, 4, 2, 2, dtype=torch.uint8), "int8"),
+    ("x", torch.zeros(0, 4, dtype=torch.int8), "non-empty"),
+    ("table", torch.zeros(255, dtype=torch.int8), "int8 [256]"),
+    ("table", torch.zeros(1, 256, dtype=torch.int8), "int8 [256]"),
+    ("table", torch.zeros(256, dtype=torch.int32), "int8 [256]"),
+    ("table", None, "expected a tensor"),
+]
+
+
+@pytest.mark.parametrize(("arg", "value", "text"), BAD_ARGS, ids=[f"{a}-{t}" for a, _, t in BAD_ARGS])
+def test_bad_arguments_name_the_op_and_argument(arg, value, text):
+    op = runtime.get_op(OP)
+    args = dict(zip(("x", "table"), lut_inputs(LUT_BY_NAME["lut_c3_w1"]), strict=True))
+    args[arg] = value
+    with pytest.raises((ValueError, TypeError)) as info:
+        op(*args.values())
+    message = str(info.value)
+    assert message.startswith(f"{op.name}: argument '{arg}'"), message
+    assert text in message, message
+
+
+def test_a_device_table_in_a_packed_layout_is_refused():
+    x, table = lut_inputs(LUT_BY_NAME["lut_c3_w1"])
+    packed = Tensor.from_torch(torch.zeros(1, 256, 1, 1, dtype=torch.int8), layout="4C")
+    with pytest.raises(ValueError, match=rf"^{OP}: argument 'table'.*plain buffer"):
+        runtime.get_op(OP)(x, packed)
+
+
+def test_cases_cover_what_they_claim():
+    """Padding channels, 4W4C padding widths, a batch, and plain tensors with a partial last word."""
+    packed = [c.shape for c in LUT_CASES if c.packed]
+    assert any(s[1] % 4 for s in packed) and any(s[3] % 4 for s in packed) and any(s[0] > 1 for s in packed)
+    assert any(s[1] % 4 == 0 and s[3] % 4 == 0 for s in packed)
+    plain = [c.shape for c in LUT_CASES if not c.packed]
+    assert {torch.Size(s).numel() % 4 for s in plain} >= {0, 1}
