@@ -1,0 +1,127 @@
+"""Int8 pointwise functions as lookup tables: ``dq -> elementwise ops -> q`` -> ``etvk.q8ta_lut``.
+
+For a per-tensor int8 input x, ``q(f(dq(x)))`` takes one of 256 values for any
+elementwise f, so the pattern becomes one gather from a 256-entry int8 table.
+The table is computed here by running the graph's own nodes (the
+dequantizes, the ops and the quantize, with their targets and arguments) on
+the CPU over the 256 int8 values, in program order: each entry is what the
+graph computes for an element holding that value, so the lowered program
+equals the graph's CPU run bit for bit wherever PyTorch computes an element
+the same in a 256-element tensor as in the graph's (its vectorised and scalar
+loops agree: docs/int8_cnn_ops.md). Hardswish, hardsigmoid, sigmoid, silu,
+gelu, tanh, clamps that change the qparams and any chain or mix of them
+need no code of their own.
+
+A pattern is a full-range int8 per-tensor quantize whose input is computed
+from one int8 value x alone: walking back from it, every node met is an
+elementwise op (`elementwise`: an ``aten`` op PyTorch tags pointwise, or one
+of `ELEMENTWISE`, deterministic and functional, whose arguments are values
+of the pattern and scalars), and every walk ends at an int8 per-tensor
+dequantize of x, all with the same qparams. It is rewritten only where it
+holds at least one op, x is not empty, every op's output has x's shape and
+is read only by the pattern's ops and quantize (not a program output), and x
+is made by a node: a 4-D x and the output are packed (the placeholder
+layout), another rank stays a plain int8 tensor. The dequantizes stay for their other
+readers; the ops, no longer read, are dropped (with every other unread node).
+
+Run by lower.py after lower_cnn.py (a clamp that keeps its conv's qparams
+folds into the conv there, which costs nothing) and the removal of the nodes
+it left unread (a dropout it bypassed still reads its input), and before the remaining
+quantize / dequantize ops become their ``etvk`` twins. Pure graph work, no
+Vulkan.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.programs.cpu import resolve_op, run_node
+from runtime.programs.nodes import Node, Ref, walk_args
+from runtime.programs.rewrite import DQ, Q, Rewriter, int8_per_tensor
+
+LUT = "etvk.q8ta_lut.default"
+# Elementwise aten ops that PyTorch does not tag pointwise.
+ELEMENTWISE = frozenset({"aten.hardswish.default", "aten.log_sigmoid.default"})
+# The non-tensor arguments an elementwise op may take here (no constant tensors: they may broadcast).
+_SCALARS = (bool, int, float, str, type(None), torch.dtype)
+
+
+def elementwise(node: Node) -> bool:
+    """Whether `node` computes each output element from the same element of its tensor
+    arguments alone, the same way every time: a deterministic, functional ``aten`` op tagged
+    pointwise (or one of `ELEMENTWISE`) with one output, whose other arguments are scalars."""
+    if not node.target.startswith("aten.") or len(node.outputs) != 1:
+        return False
+    op = resolve_op(node.target)
+    if not (torch.Tag.pointwise in op.tags or node.target in ELEMENTWISE) \
+            or torch.Tag.nondeterministic_seeded in op.tags or op._schema.is_mutable:
+        return False
+    return all(isinstance(a, (Ref, *_SCALARS)) for a in walk_args((node.args, node.kwargs)))
+
+
+def _pattern(rw: Rewriter, quantize: Node):
+    """(x, the pattern's nodes in program order, the quantize last) where `quantize` ends a
+    pattern of the module docstring; None where it does not."""
+    out = int8_per_tensor(quantize, Q)
+    if out is None:
+        return None
+    x, ops, dequantizes, seen, pending = None, [], [], set(), [out[0].name]
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        node = rw.producers.get(name)
+        found = int8_per_tensor(node, DQ)
+        if found is not None:
+            if x is not None and found != x:
+                return None
+            x = found
+            dequantizes.append(node)
+        elif node is not None and elementwise(node):
+            ops.append(node)
+            pending.extend(node.reads())
+        else:
+            return None
+    program = rw.program
+    inside = {id(n) for n in (*ops, quantize)}
+    shape = program.values[quantize.outputs[0]].shape
+    if not ops or rw.producer(x[0]) is None or rw.shape(x[0]) != shape or 0 in shape \
+            or program.values[x[0].name].dtype != torch.int8:
+        return None
+    for op in ops:
+        value = op.outputs[0]
+        if program.values[value].shape != shape or value in program.outputs \
+                or any(id(u) not in inside for u in rw.users.get(value, [])):
+            return None
+    position = {id(n): i for i, n in enumerate(program.nodes)}
+    return x[0], sorted([*dequantizes, *ops], key=lambda n: position[id(n)]) + [quantize]
+
+
+def lookup_table(nodes: list[Node], x: Ref, constants: dict) -> torch.Tensor:
+    """The int8 ``[256]`` table of a pattern: `nodes` (dequantizes, ops, the quantize last, in
+    program order) run on the CPU with `x` holding the int8 values -128 .. 127."""
+    env = {x.name: torch.arange(-128, 128, dtype=torch.int8)}
+    for node in nodes:
+        run_node(node, env, constants)
+    return env[nodes[-1].outputs[0]]
+
+
+def lower_lookup_tables(rw: Rewriter) -> None:
+    """Every pattern of the module docstring -> one ``etvk.q8ta_lut``, in program order; then
+    drops what nothing reads (the patterns' ops)."""
+    program = rw.program
+    for quantize in [n for n in program.nodes if n.target == Q]:
+        found = _pattern(rw, quantize)
+        if found is None:
+            continue
+        x, nodes = found
+        table = lookup_table(nodes, x, program.constants)
+        name = quantize.outputs[0]
+        if len(rw.shape(x)) == 4:
+            for packed in (x.name, name):
+                rw.mark_packed(packed)
+        rw.replace(quantize, Node(f"{quantize.name}_lut", LUT, (x, rw.add_constant(f"{name}_table", table)),
+                                  {}, quantize.outputs))
+    program.remove_dead()
+    rw.refresh()

@@ -1,0 +1,205 @@
+"""Lookup-table activations (runtime/programs/lower_lut.py): ``dq -> elementwise ops -> q`` on
+an int8 tensor becomes one ``etvk.q8ta_lut``. On a graph written with explicit quantize /
+dequantize ops (each pattern and each near miss on purpose), on a small CNN and on
+MobileNetV3-Small quantized with PT2E: what is lowered, what stays on the CPU, tables equal to
+PyTorch's decomposed path, bit-exact device runs, agreement with PyTorch."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+from program_cases import int8_agreement, random_batches, sqnr_db
+from torch import nn
+from torch.nn import functional as F
+
+import runtime
+from runtime.programs.nodes import Const
+
+QD = torch.ops.quantized_decomposed
+LUT = "etvk.q8ta_lut.default"
+INT8 = torch.arange(-128, 128, dtype=torch.int8)
+
+
+def q(x, scale, zero_point):
+    return QD.quantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
+
+
+def dq(x, scale, zero_point):
+    return QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
+
+
+# output -> (input qparams, f, output qparams): each lowered pattern, as PyTorch computes it
+CHAINS = {
+    "hardswish": ((0.05, 3), F.hardswish, (0.03, -100)),
+    "chain": ((0.03, -100), lambda r: torch.tanh(F.silu(r) * 0.5 + 1.0), (0.008, 0)),
+    "swish_dag": ((0.008, 0), lambda r: r * torch.sigmoid(r), (0.004, -20)),
+    "clamp": ((0.05, 3), lambda r: F.hardtanh(r, -0.5, 0.5), (0.004, 0)),
+    "gate": ((0.02, 0), F.hardsigmoid, (1 / 256, -128)),
+    "rows": ((0.04, -9), F.gelu, (0.02, -50)),
+}
+
+
+class Chains(nn.Module):
+    """Every pattern kind once (a packed tensor, a chain with scalars, a DAG of one variable, a
+    clamp whose qparams change, an SE gate [N, C, 1, 1], plain 2-D rows), and four near misses:
+    an intermediate that is also an output, a per-channel constant, a softmax, and a dequantize
+    of a program input."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("per_channel", torch.linspace(0.5, 1.5, 6).reshape(6, 1, 1))
+
+    def forward(self, x, g, rows, int8_input):
+        def lut(name, source):
+            (s, z), f, (s2, z2) = CHAINS[name]
+            return q(f(dq(source, s, z)), s2, z2)
+
+        qa = q(x, 0.05, 3)
+        swish = lut("hardswish", qa)
+        chain = lut("chain", swish)
+        dag = lut("swish_dag", chain)
+        clamp = lut("clamp", qa)
+        gate = lut("gate", q(g, 0.02, 0))
+        plain = lut("rows", q(rows, 0.04, -9))
+        shared = torch.sigmoid(dq(swish, 0.03, -100))                        # also an output: stays
+        near = q(shared, 1 / 256, -128)
+        scaled = q(dq(qa, 0.05, 3) * self.per_channel, 0.05, 0)             # a tensor constant: stays
+        soft = q(torch.softmax(dq(qa, 0.05, 3), 1), 1 / 256, -128)          # not elementwise: stays
+        direct = q(F.hardswish(dq(int8_input, 0.05, 3)), 0.03, -100)        # x made by no node: stays
+        return tuple(dq(t, *CHAINS[n][2]) for t, n in ((swish, "hardswish"), (chain, "chain"),
+                                                        (dag, "swish_dag"), (clamp, "clamp"),
+                                                        (gate, "gate"), (plain, "rows"))) + (
+            shared, dq(near, 1 / 256, -128), dq(scaled, 0.05, 0), dq(soft, 1 / 256, -128),
+            dq(direct, 0.03, -100))
+
+
+def _inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 6, 5, 7, generator=gen) * 2, torch.randn(2, 6, 1, 1, generator=gen),
+            torch.randn(3, 10, generator=gen) * 2,
+            torch.randint(-128, 128, (2, 6, 5, 7), generator=gen, dtype=torch.int8))
+
+
+@pytest.fixture(scope="module")
+def lowered(tmp_path_factory):
+    exported = torch.export.export(Chains().eval(), _inputs(0))
+    program = runtime.lower(exported)
+    path = tmp_path_factory.mktemp("lut") / "chains.etvk"
+    program.save(path)
+    return exported, program, path
+
+
+def test_each_pattern_becomes_one_lookup_table(lowered):
+    _, program, _ = lowered
+    luts = [n for n in program.nodes if n.target == LUT]
+    assert len(luts) == len(CHAINS)
+    targets = Counter(n.target for n in program.nodes)
+    # the near misses keep their ops (the per-channel product becomes the float etvk.binary);
+    # the patterns' ops are gone
+    assert {t: c for t, c in targets.items() if t.startswith("aten.")} == {
+        "aten.sigmoid.default": 1, "aten.softmax.int": 1, "aten.hardswish.default": 1}
+    assert targets["etvk.binary.default"] == 1
+    for lut in luts:
+        x, out = (program.values[v] for v in (lut.args[0].name, lut.outputs[0]))
+        assert isinstance(lut.args[1], Const) and x.shape == out.shape
+        assert x.layout == out.layout == (None if len(x.shape) == 2 else "PACKED_INT8_CONV2D")
+
+
+def test_tables_are_pytorchs_decomposed_path(lowered):
+    """Each table holds q(f(dq(v))) for v = -128 .. 127, computed here with PyTorch directly."""
+    _, program, _ = lowered
+    tables = sorted((program.values[n.args[0].name].shape, program.constants[n.args[1].name].tolist())
+                    for n in program.nodes if n.target == LUT)
+    want = []
+    for name, ((s, z), f, (s2, z2)) in CHAINS.items():
+        shape = {"gate": (2, 6, 1, 1), "rows": (3, 10)}.get(name, (2, 6, 5, 7))
+        want.append((shape, q(f(dq(INT8, s, z)), s2, z2).tolist()))
+    assert tables == sorted(want)
+
+
+def test_placement_and_bit_exact_device_runs(lowered):
+    exported, program, path = lowered
+    loaded = runtime.load(path)
+    on_cpu = [r["target"] for r in loaded.placement() if r["runs_on"] == "cpu"]
+    assert LUT not in on_cpu and all(not t.startswith("etvk.") for t in on_cpu)
+    for seed in (1, 2):
+        inputs = _inputs(seed)
+        got, reference, theirs = loaded(*inputs), program.run_reference(*inputs), exported.module()(*inputs)
+        for index, (ours, want, pytorch) in enumerate(zip(got, reference, theirs, strict=True)):
+            assert torch.equal(ours, want), index
+            # PyTorch's run: the same values (a table entry is what its kernel computes for that
+            # value; its scalar tail loop may differ by one fp32 ulp, hence one step at most)
+            step = CHAINS[list(CHAINS)[index]][2][0] if index < len(CHAINS) else 0
+            assert float((ours - pytorch).abs().max()) <= step + 1e-6, index
+
+
+class ConvActivationConv(nn.Module):
+    """conv -> activation -> conv -> activation -> conv: XNNPACK's quantizer quantizes each conv's
+    output and input, so each activation sits between a dequantize and a quantize (a LUT)."""
+
+    def __init__(self, activation):
+        super().__init__()
+        self.convs = nn.ModuleList(nn.Conv2d(c, 8, 3, padding=1) for c in (3, 8, 8))
+        self.activation = activation
+
+    def forward(self, x):
+        for conv in self.convs[:-1]:
+            x = self.activation(conv(x))
+        return self.convs[-1](x)
+
+
+@pytest.mark.parametrize("activation", [F.hardswish, F.gelu, torch.sigmoid], ids=["hardswish", "gelu", "sigmoid"])
+def test_pt2e_conv_activation_conv_runs_on_the_device(activation, tmp_path):
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
+    from runtime.tools.models import quantize_pt2e
+
+    torch.manual_seed(0)
+    shape = (1, 3, 12, 12)
+    exported = quantize_pt2e(ConvActivationConv(activation), random_batches(1, shape)[0],
+                             random_batches(3, shape, seed=1))
+    program = runtime.lower(exported)
+    targets = Counter(n.target for n in program.nodes)
+    assert targets[LUT] == 2 and targets["etvk.q8ta_conv2d.default"] == 3
+    program.save(tmp_path / "cnn.etvk")
+    loaded = runtime.load(tmp_path / "cnn.etvk")
+    assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+    (x,) = random_batches(1, shape, seed=5)[0]
+    got = loaded(x)
+    assert torch.equal(got, program.run_reference(x))
+    assert sqnr_db(got, exported.module()(x)) >= 30
+    total, exact, worst = int8_agreement(exported, program, (x,))[LUT]
+    assert exact == total and worst == 0  # teacher-forced: each LUT equals PyTorch's int8 output
+
+
+def test_mobilenet_v3_small_runs_on_the_device(tmp_path, capsys):
+    """torchvision's MobileNetV3-Small (random weights, 48x48): its hardswishes and the
+    hardsigmoids of its squeeze-and-excite gates (and the classifier's hardswish on plain rows)
+    become LUTs, so no node runs on the CPU; bit-exact against the reference run."""
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
+    from test_models import _batch_statistics
+
+    from runtime.tools.models import quantize_pt2e, torchvision_model
+
+    torch.manual_seed(0)
+    shape = (1, 3, 48, 48)
+    model = _batch_statistics(torchvision_model("mobilenet_v3_small"), random_batches(2, (8, *shape[1:]), seed=3))
+    exported = quantize_pt2e(model, random_batches(1, shape)[0], random_batches(2, shape, seed=1))
+    program = runtime.lower(exported)
+    luts = [n for n in program.nodes if n.target == LUT]
+    assert len(luts) == 19 + 9  # hardswish, hardsigmoid
+    assert len([n for n in luts if len(program.values[n.args[0].name].shape) == 2]) == 1
+    program.save(tmp_path / "mobilenet_v3_small.etvk")
+    loaded = runtime.load(tmp_path / "mobilenet_v3_small.etvk")
+    assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+    (x,) = random_batches(1, shape, seed=7)[0]
+    got = loaded(x)
+    assert torch.equal(got, program.run_reference(x))
+    found = int8_agreement(exported, program, (x,))
+    with capsys.disabled():
+        print(f"\nmobilenet_v3_small vs PyTorch, output SQNR {sqnr_db(got, exported.module()(x)):.1f} dB:")
+        for target, (total, exact, worst) in sorted(found.items()):
+            print(f"  {target}: {exact}/{total} ({100 * exact / total:.3f} %), worst {worst}")
+    assert found[LUT][1] == found[LUT][0]  # every LUT output equal to PyTorch's, teacher-forced
