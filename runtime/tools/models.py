@@ -101,6 +101,7 @@ TORCHVISION_MODELS = {
     "mobilenet_v2": "mobilenetv2",
     "mobilenet_v3_small": "mobilenetv3",
     "mobilenet_v3_large": "mobilenetv3",
+    "efficientnet_b0": "efficientnet",
 }
 
 

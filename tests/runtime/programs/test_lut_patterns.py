@@ -1,8 +1,9 @@
 """Lookup-table activations (runtime/programs/lower_lut.py): ``dq -> elementwise ops -> q`` on
 an int8 tensor becomes one ``etvk.q8ta_lut``. On a graph written with explicit quantize /
 dequantize ops (each pattern and each near miss on purpose), on a small CNN and on
-MobileNetV3-Small quantized with PT2E: what is lowered, what stays on the CPU, tables equal to
-PyTorch's decomposed path, bit-exact device runs, agreement with PyTorch."""
+MobileNetV3-Small and EfficientNet-B0 quantized with PT2E: what is lowered, what stays on
+the CPU, tables equal to PyTorch's decomposed path, bit-exact device runs, agreement with
+PyTorch."""
 
 from __future__ import annotations
 
@@ -174,10 +175,19 @@ def test_pt2e_conv_activation_conv_runs_on_the_device(activation, tmp_path):
     assert exact == total and worst == 0  # teacher-forced: each LUT equals PyTorch's int8 output
 
 
-def test_mobilenet_v3_small_runs_on_the_device(tmp_path, capsys):
-    """torchvision's MobileNetV3-Small (random weights, 48x48): its hardswishes and the
-    hardsigmoids of its squeeze-and-excite gates (and the classifier's hardswish on plain rows)
-    become LUTs, so no node runs on the CPU; bit-exact against the reference run."""
+# model -> (its q8ta_lut nodes, those on plain rows): MobileNetV3-Small's hardswishes and the
+# hardsigmoids of its squeeze-and-excite gates (the classifier's hardswish on plain rows),
+# EfficientNet-B0's silus and the sigmoids of its gates
+SE_MODELS = {"mobilenet_v3_small": (19 + 9, 1), "efficientnet_b0": (49 + 16, 0)}
+
+
+@pytest.mark.parametrize("name", list(SE_MODELS))
+def test_squeeze_and_excite_models_run_on_the_device(name, tmp_path, capsys):
+    """torchvision's MobileNetV3-Small and EfficientNet-B0 (random weights, 48x48): with their
+    activations as LUTs no node runs on the CPU; bit-exact against the reference run, and every
+    LUT output equal to PyTorch's (teacher-forced). The printed output SQNR is low because the
+    global pools of their gates round exact ties (2x2 maps with shared qparams) where PyTorch's
+    fp32 sum falls either side (docs/int8_cnn_ops.md), and the random weights amplify a step."""
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     from test_models import _batch_statistics
 
@@ -185,21 +195,20 @@ def test_mobilenet_v3_small_runs_on_the_device(tmp_path, capsys):
 
     torch.manual_seed(0)
     shape = (1, 3, 48, 48)
-    model = _batch_statistics(torchvision_model("mobilenet_v3_small"), random_batches(2, (8, *shape[1:]), seed=3))
+    model = _batch_statistics(torchvision_model(name), random_batches(2, (8, *shape[1:]), seed=3))
     exported = quantize_pt2e(model, random_batches(1, shape)[0], random_batches(2, shape, seed=1))
     program = runtime.lower(exported)
     luts = [n for n in program.nodes if n.target == LUT]
-    assert len(luts) == 19 + 9  # hardswish, hardsigmoid
-    assert len([n for n in luts if len(program.values[n.args[0].name].shape) == 2]) == 1
-    program.save(tmp_path / "mobilenet_v3_small.etvk")
-    loaded = runtime.load(tmp_path / "mobilenet_v3_small.etvk")
+    assert (len(luts), len([n for n in luts if len(program.values[n.args[0].name].shape) == 2])) == SE_MODELS[name]
+    program.save(tmp_path / f"{name}.etvk")
+    loaded = runtime.load(tmp_path / f"{name}.etvk")
     assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
     (x,) = random_batches(1, shape, seed=7)[0]
     got = loaded(x)
     assert torch.equal(got, program.run_reference(x))
     found = int8_agreement(exported, program, (x,))
     with capsys.disabled():
-        print(f"\nmobilenet_v3_small vs PyTorch, output SQNR {sqnr_db(got, exported.module()(x)):.1f} dB:")
+        print(f"\n{name} vs PyTorch, output SQNR {sqnr_db(got, exported.module()(x)):.1f} dB:")
         for target, (total, exact, worst) in sorted(found.items()):
             print(f"  {target}: {exact}/{total} ({100 * exact / total:.3f} %), worst {worst}")
-    assert found[LUT][1] == found[LUT][0]  # every LUT output equal to PyTorch's, teacher-forced
+    assert found[LUT][1] == found[LUT][0]
