@@ -101,6 +101,11 @@ def ours(args, path: Path) -> dict:
         loaded.reset()
         loaded(**prompt)
     results["prefill"] = median_seconds(prefill, max(3, args.repeat // 4), args.warmup)
+    loaded.reset()
+    kinds = defaultdict(float)
+    for row in loaded.profile(*prompt.values()):
+        kinds[row["op"] if row["runs_on"] == "vulkan" else f"cpu: {row['target']}"] += row["seconds"] or 0
+    results["prefill_kinds"] = kinds
     # read once a token: every constant but the embedding tables (one row each)
     tables = {n.args[0].name for n in loaded.program.nodes if n.target == "etvk.embedding.default"}
     results["weight_bytes"] = sum(t.numel() * t.element_size() for name, t in loaded.program.constants.items()
@@ -303,10 +308,13 @@ def main() -> int:
     print(f"prefill of {args.prefill} tokens, ms: ours {ms(found['prefill'])}" +
           "".join(f"; {w} {m} {ms(baselines.get((w, m, 'prefill')))}" for w, m in columns) +
           (f"; ours / bf16 compile {found['prefill'] / bf16:.2f}" if bf16 else ""))
-    for position in args.positions:
-        kinds = found[position][2]
+    for position in (*args.positions, "prefill"):
+        kinds = found["prefill_kinds"] if position == "prefill" else found[position][2]
         total = sum(kinds.values()) or 1.0
-        print(f"time per op kind at position {position} (GPU timestamps; CPU nodes: wall):")
+        print(f"time per op kind at position {position} (GPU timestamps; CPU nodes: wall):"
+              if position != "prefill" else
+              f"time per op kind, prefill of {args.prefill} tokens (GPU timestamps, {total * 1e3:.2f} ms "
+              "in all; the rest of the call's wall time is the host's: uploads, logits download):")
         for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {kind:<48} {seconds * 1e6:10.1f} us  {100 * seconds / total:5.1f} %")
     attention_alone(args)
