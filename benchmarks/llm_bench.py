@@ -128,7 +128,8 @@ def load_memory(path: Path) -> None:
         peaks.append(int(done.stdout.split()[-1]))
     size = path.stat().st_size
     print(f"loading the file ({size / 2**30:.2f} GiB): peak host memory {(peaks[1] - peaks[0]) / 2**30:.2f} GiB "
-          f"above the runtime's import, {(peaks[1] - peaks[0]) / size:.2f}x the file", flush=True)
+          f"above the runtime's import, {(peaks[1] - peaks[0]) / size:.2f}x the file (peaks "
+          f"{peaks[0] / 2**30:.2f} and {peaks[1] / 2**30:.2f} GiB)", flush=True)
 
 
 # The grains (keys per chunk come in whole grains) the attention rows time: the rule's, two

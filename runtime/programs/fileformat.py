@@ -64,8 +64,11 @@ class ProgramFileError(EtvkError, ValueError):
 
 
 def _sha256(tensor: torch.Tensor) -> str:
-    data = tensor.contiguous().reshape(-1).view(torch.uint8).numpy().tobytes() if tensor.numel() else b""
-    return hashlib.sha256(data).hexdigest()
+    """The sha256 of the tensor's bytes, read in place (no copy of a contiguous tensor)."""
+    digest = hashlib.sha256()
+    if tensor.numel():
+        digest.update(tensor.contiguous().reshape(-1).view(torch.uint8).numpy())
+    return digest.hexdigest()
 
 
 # ---------------------------------------------------------------- writing
