@@ -26,6 +26,7 @@ HELPERS: dict[str, tuple[str, str]] = {
     "ceil_div": ("a, b", "`-(-a // b)`"),
     "int_range": ("dtype", "`(min, max)` of an integer dtype"),
     "fp32": ("x", "`x` rounded to the nearest fp32 value"),
+    "fp16": ("x", "`x` rounded to the nearest fp16 value (ties to even; +-inf beyond its range)"),
     "fp32_recip": (
         "x",
         "the fp32 reciprocal exactly as PyTorch computes `input * (1.0 / scale)` "

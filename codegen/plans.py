@@ -27,7 +27,7 @@ from codegen.model import ResolvedOp
 
 # Helpers whose result follows from their arguments alone (runtime/ops/stub_support.py).
 PURE_HELPERS = frozenset({
-    "numel", "last_dim", "tokens", "token_shape", "ceil_div", "int_range", "fp32", "fp32_recip",
+    "numel", "last_dim", "tokens", "token_shape", "ceil_div", "int_range", "fp32", "fp16", "fp32_recip",
     "fits_int32", "positive_fp32", "elementwise", "per_storage", "pair", "layout_code",
     "on_host", "layout_of", "packed_words", "pool2d_params", "global_pool_tiling", "coop_chunk",
     "broadcast", "bad_indices", "scalar_operand", "attention_split",

@@ -261,6 +261,7 @@ void tq_token_range(EtvkTeam team, out float min_neg, out float max_pos) {
   tq_reduce(team, lo, hi, min_neg, max_pos);
 }
 
+
 void main() {
   const EtvkTeam team = etvk_team(LANES, pc.tokens);
   // Uniform across the workgroup, so returning before the barriers is safe.
@@ -300,7 +301,8 @@ void main() {
     t_scales_store(token, scale);
     t_zero_points_store(token, zp);
   }
-  const vec4 inv_scale = vec4(etvk_div_rn(1.0, scale));
+  // An infinite scale (an fp16 range that overflows) has the reciprocal 0, as in PyTorch.
+  const vec4 inv_scale = vec4(isinf(scale) ? 0.0 : etvk_div_rn(1.0, scale));
   const vec4 zero_point = vec4(float(zp));
   for (uint i = 0u; i < uint(REGS); ++i) {
     const uint x = lane + i * lanes;

@@ -253,6 +253,25 @@ void tq_token_range(EtvkTeam team, out float min_neg, out float max_pos) {
   tq_reduce(team, lo, hi, min_neg, max_pos);
 }
 
+// torchao.choose_qparams_affine's steps on fp16 input, which torchao computes in fp16: each
+// step's correctly rounded fp32 result rounded again to fp16 (24 >= 2 * 11 + 2 bits, so that
+// equals rounding the exact value once, as PyTorch's CPU fp16 ops do). The op passes an EPS
+// that is an fp16 value. A range that overflows fp16 (at least 65520, which rounds to
+// infinity) gives an infinite scale and zero point -128 (min / inf is 0), as torchao's.
+void tq_affine_qparams_half(float min_neg, float max_pos, out float scale, out int zero_point) {
+  precise float range = max_pos - min_neg;
+  if (range >= 65520.0) {
+    scale = uintBitsToFloat(0x7F800000u);
+    zero_point = -128;
+    return;
+  }
+  precise float s = max(etvk_round_to_half(vec4(etvk_div_rn(etvk_round_to_half(vec4(range)).x, 255.0))).x,
+                        EPS);
+  precise float descaled_min = etvk_round_to_half(vec4(etvk_div_rn(min_neg, s))).x;
+  scale = s;
+  zero_point = int(clamp(-128.0 - roundEven(descaled_min), -128.0, 127.0));
+}
+
 void main() {
   const EtvkTeam team = etvk_team(LANES, pc.tokens);
   // Uniform across the workgroup, so returning before the barriers is safe.
@@ -287,12 +306,17 @@ void main() {
             max(max(hi4.x, hi4.y), max(hi4.z, hi4.w)), min_neg, max_pos);
   float scale;
   int zp;
-  tq_qparams(min_neg, max_pos, scale, zp);
+  if (AFFINE) {
+    tq_affine_qparams_half(min_neg, max_pos, scale, zp);
+  } else {
+    tq_qparams(min_neg, max_pos, scale, zp);
+  }
   if (lane == 0u && team.live) {
     t_scales_store(token, scale);
     t_zero_points_store(token, zp);
   }
-  const vec4 inv_scale = vec4(etvk_div_rn(1.0, scale));
+  // An infinite scale (an fp16 range that overflows) has the reciprocal 0, as in PyTorch.
+  const vec4 inv_scale = vec4(isinf(scale) ? 0.0 : etvk_div_rn(1.0, scale));
   const vec4 zero_point = vec4(float(zp));
   for (uint i = 0u; i < uint(REGS); ++i) {
     const uint x = lane + i * lanes;

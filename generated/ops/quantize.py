@@ -385,8 +385,8 @@ def quantize_affine_per_token_dynamic(stream, input, eps, *, variant=None, stora
     op = QUANTIZE_AFFINE_PER_TOKEN_DYNAMIC
     rt.check_arg(op, "input", input, "Tensor")
     rt.check_arg(op, "eps", eps, "float")
-    if not (input.dtype == torch.float32):
-        raise rt.ArgumentError(op, "input", f"must be float32 (torchao computes the parameters of other dtypes in that dtype), got {input.dtype}")
+    if input.dtype not in (torch.float32, torch.float16):
+        raise rt.ArgumentError(op, "input", f"must be float32 or float16, got {input.dtype}")
     if not (input.dim() >= 1):
         raise rt.ArgumentError(op, "input", "must have at least one dimension, got a 0-d tensor")
     if not (rt.last_dim(input) > 0 or rt.tokens(input) == 0):
@@ -395,9 +395,11 @@ def quantize_affine_per_token_dynamic(stream, input, eps, *, variant=None, stora
         raise rt.ArgumentError(op, "input", f"has a last dimension of {rt.last_dim(input)}, not a multiple of 4 (a token must fill whole units of 4 values)")
     if not (2.0 ** (-64) <= rt.fp32(eps) < math.inf):
         raise rt.ArgumentError(op, "eps", f"must be a finite fp32 value >= 2**-64, got {eps}")
+    if not (input.dtype != torch.float16 or rt.fp16(eps) == eps):
+        raise rt.ArgumentError(op, "eps", f"must be an fp16 value for float16 input (the scales are computed in fp16), got {eps}")
     lanes = rt.per_storage(input, [32, 16])
     regs = rt.per_storage(input, [8, 16])
-    v = op.select(variant, storage, {"STORAGE": (None, storage)})
+    v = op.select(variant, storage, {"STORAGE": (None, storage), "IN_DTYPE": ("input", input.dtype)})
     input = stream.upload(input, v.binding("t_in"), op.label("input"))
     out = stream.empty(input.shape, torch.int8, v.binding("t_out"), op.label("out", "output"))
     scales = stream.empty(input.shape[:-1], torch.float32, v.binding("t_scales"), op.label("scales", "output"))
@@ -418,12 +420,14 @@ QUANTIZE_AFFINE_PER_TOKEN_DYNAMIC = rt.OpDef(
     name="etvk.quantize_affine_per_token_dynamic.default",
     family="quantize",
     schema="quantize_affine_per_token_dynamic(Tensor input, float eps) -> (Tensor, Tensor, Tensor)",
-    doc="torchao.choose_qparams_affine(input, \"ASYMMETRIC\", [1, ..., 1, K], int8, -128, 127, eps, float32) then torchao.quantize_affine(input, [1, ..., 1, K], scale, zero_point, int8, -128, 127) in one dispatch, bit-identical to them: scale = max((max - min) / 255, eps), zero point = clamp(-128 - roundEven(min / scale), -128, 127), q = clamp(roundEven(x * (1 / scale)) + zero_point, -128, 127), min and max widened to include 0, every division correctly rounded. Returns (q, scales, zero_points): fp32 scales and int32 zero points of shape input.shape[:-1] (torchao's with keepdim=False; its zero points are whole numbers in [-128, 127], so a cast to its zero-point dtype is exact).",
+    doc="torchao.choose_qparams_affine(input, \"ASYMMETRIC\", [1, ..., 1, K], int8, -128, 127, eps, float32) then torchao.quantize_affine(input, [1, ..., 1, K], scale, zero_point, int8, -128, 127) in one dispatch, bit-identical to them: scale = max((max - min) / 255, eps), zero point = clamp(-128 - roundEven(min / scale), -128, 127), q = clamp(roundEven(x * (1 / scale)) + zero_point, -128, 127), min and max widened to include 0, every division correctly rounded; the parameters in the input's dtype (fp32, or fp16 with each step rounded to fp16, as torchao computes them), x * (1 / scale) in fp32. Returns (q, scales, zero_points): fp32 scales and int32 zero points of shape input.shape[:-1] (torchao's with keepdim=False; its zero points are whole numbers in [-128, 127], so a cast to its zero-point dtype is exact).",
     spec="op_specs/quantize.yaml:394",
     reference="runtime.reference.quantize:quantize_affine_per_token_dynamic",
     variants=(
         ("dynamic_quantize_per_token_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
+        ("dynamic_quantize_per_token_buffer_half", {"STORAGE": "buffer", "IN_DTYPE": "float16"}),
         ("dynamic_quantize_per_token_texture3d_float", {"STORAGE": "texture3d", "IN_DTYPE": "float32"}),
+        ("dynamic_quantize_per_token_texture3d_half", {"STORAGE": "texture3d", "IN_DTYPE": "float16"}),
     ),
     record=quantize_affine_per_token_dynamic,
     fake=_quantize_affine_per_token_dynamic_fake,

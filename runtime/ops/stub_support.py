@@ -22,7 +22,7 @@ from runtime.families.attention import attention_split
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
-from runtime.reference.quantize import fp32, fp32_recip
+from runtime.reference.quantize import fp16, fp32, fp32_recip
 from runtime.vulkan import layouts
 from runtime.vulkan.device import get_device
 from runtime.vulkan.interface import STORAGES
@@ -297,6 +297,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         ceil_div,
         int_range,
         fp32,
+        fp16,
         fp32_recip,
         fits_int32,
         positive_fp32,

@@ -25,6 +25,14 @@ def fp32(x: float) -> float:
         return math.copysign(math.inf, x)
 
 
+def fp16(x: float) -> float:
+    """Rounds a Python float to the nearest fp16 value, ties to even (overflow gives ±inf)."""
+    try:
+        return struct.unpack("<e", struct.pack("<e", x))[0]
+    except OverflowError:
+        return math.copysign(math.inf, x)
+
+
 def fp32_recip(scale: float) -> float:
     """The fp32 reciprocal PyTorch uses for ``input * (1.0 / scale)`` on fp32 input.
 
@@ -121,19 +129,21 @@ def quantize_per_token_dynamic(input, dtype):
 
 def quantize_affine_per_token_dynamic(input, eps):
     """torchao's ``choose_qparams_affine`` (asymmetric, int8 [-128, 127], one block per token,
-    `eps`, fp32 scales) then ``quantize_affine`` with those parameters, in torchao's fp32 order:
-    the zero point is rounded before it is subtracted from -128, and x is multiplied by the
-    correctly rounded reciprocal of its scale. Returns (q, scales, zero_points): int8, fp32 and
-    int32 (torchao's zero points are whole numbers in [-128, 127]), the last two of shape
-    ``input.shape[:-1]``."""
+    `eps`, fp32 scales) then ``quantize_affine`` with those parameters, in torchao's order:
+    the parameters in the input's dtype (fp32, or fp16 with every step rounded to fp16, as
+    PyTorch's fp16 ops round; `eps` then an fp16 value), the zero point rounded before it is
+    subtracted from -128, and x (as fp32) multiplied by the correctly rounded fp32 reciprocal
+    of its scale. Returns (q, scales, zero_points): int8, fp32 and int32 (torchao's zero
+    points are whole numbers in [-128, 127]), the last two of shape ``input.shape[:-1]``."""
     shape = tuple(input.shape[:-1])
     if input.numel() == 0:
         return (torch.empty(input.shape, dtype=torch.int8), torch.empty(shape, dtype=torch.float32),
                 torch.empty(shape, dtype=torch.int32))
-    x = _token_rows(input.to(torch.float32))
+    x = _token_rows(input)
     min_neg = x.amin(dim=-1, keepdim=True).clamp(max=0.0)
     max_pos = x.amax(dim=-1, keepdim=True).clamp(min=0.0)
     scale = ((max_pos - min_neg) / 255.0).clamp(min=fp32(eps))
     zero_point = (-128 - torch.round(min_neg / scale)).clamp(-128, 127).to(torch.int32)
+    scale = scale.to(torch.float32)
     q = quantize_per_token(input, scale, zero_point, -128, 127, torch.int8)
     return q, scale.reshape(shape), zero_point.reshape(shape)

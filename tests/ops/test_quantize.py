@@ -322,6 +322,45 @@ def test_affine_dynamic_quantize_bit_identical_to_torchao(storage, eps):
         assert_bit_equal(got[2].float(), zero_points, f"{name} eps={eps}: zero points against torchao")
 
 
+# fp16 rows for the torchao comparison (torchao computes fp16 parameters in fp16): the fp32
+# table's shapes that fp16 holds, constants and ranges within fp16, rows whose range overflows
+# fp16 (torchao's scale is then infinite), subnormal values.
+AFFINE_ROWS_HALF = {
+    **{name: AFFINE_ROWS[name] for name in ("random", "quantize ties", "zero-point ties", "near ties", "zeros",
+                                             "far from zero (zero point clamps)")},
+    "constant": lambda gen, rows: torch.tensor([3.0, -3.0, 6e-8, -6e-8, 6e4, -6e4, 2.5, -0.0])[
+        torch.randint(0, 8, (rows, 1), generator=gen)].expand(rows, K_AFFINE).clone(),
+    "range overflows fp16 (infinite scale)": lambda gen, rows: (torch.rand(rows, K_AFFINE, generator=gen) - 0.5) * 1.2e5,
+    "large one-sided": lambda gen, rows: torch.rand(rows, K_AFFINE, generator=gen) * 6.5e4,
+    "subnormal (scale = eps)": lambda gen, rows: torch.randn(rows, K_AFFINE, generator=gen) * 2.0**-20,
+}
+
+
+@pytest.mark.parametrize("eps", [torch.finfo(torch.float32).eps, 2.0**-24, 2.0**-10])
+@pytest.mark.parametrize("storage", ["buffer", "texture3d"])
+def test_fp16_affine_dynamic_quantize_bit_identical_to_torchao(storage, eps):
+    """On fp16 input, whose parameters torchao computes in fp16 (then returns as fp32), against
+    the reference and torchao's ops bit for bit."""
+    pytest.importorskip("torchao", reason="the comparison needs torchao's ops")
+    gen = torch.Generator().manual_seed(29)
+    op = runtime.get_op("etvk.quantize_affine_per_token_dynamic.default")
+    for name, rows in AFFINE_ROWS_HALF.items():
+        x = rows(gen, 2048 if name == "random" else 256).reshape(2, -1, K_AFFINE).half()
+        got = op(x, eps, storage=storage)
+        want = ref.quantize_affine_per_token_dynamic(x, eps)
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            assert_bit_equal(g, w, f"{name} eps={eps} output {i}")
+        block = [1, 1, K_AFFINE]
+        scales, zero_points = torch.ops.torchao.choose_qparams_affine(
+            x, "ASYMMETRIC", block, torch.int8, -128, 127, eps, torch.float32, torch.float32)
+        q = torch.ops.torchao.quantize_affine(x, block, scales, zero_points, torch.int8, -128, 127)
+        assert_bit_equal(got[0], q, f"{name} eps={eps}: q against torchao")
+        assert_bit_equal(got[1], scales, f"{name} eps={eps}: scales against torchao")
+        assert_bit_equal(got[2].float(), zero_points, f"{name} eps={eps}: zero points against torchao")
+        if name.startswith("range overflows"):
+            assert bool(torch.isinf(got[1]).any()), "no row overflowed"
+
+
 def test_per_token_parameters_in_other_dtypes_are_accepted():
     """int64 (PyTorch's choose_qparams) and whole-number float zero points, float64 scales."""
     gen = torch.Generator().manual_seed(17)
@@ -364,7 +403,7 @@ def test_registry_lists_every_op_with_its_variants():
         "etvk.dequantize_per_token.default": 12,
         "etvk.choose_qparams_per_token_asymmetric.default": 4,
         "etvk.quantize_per_token_dynamic.default": 4,
-        "etvk.quantize_affine_per_token_dynamic.default": 2,
+        "etvk.quantize_affine_per_token_dynamic.default": 4,
     }
     named = runtime.get_op("etvk.quantize_per_tensor.default").variants
     assert "quantize_per_tensor_texture3d_float_int8" in {v.name for v in named}
@@ -426,7 +465,8 @@ BAD = [
     ("choose_qparams_per_token_asymmetric", (torch.zeros(3, 0), torch.int8), {}, ValueError, "argument 'input': has an empty last dimension"),
     ("quantize_per_token_dynamic", (torch.zeros(2, 6), torch.int8), {}, ValueError, "argument 'input': has a last dimension of 6, not a multiple of 4"),
     ("quantize_per_token_dynamic", (torch.zeros(2, 8), torch.uint8), {}, ValueError, "argument 'dtype': must be torch.int8"),
-    ("quantize_affine_per_token_dynamic", (X.half(), 1e-7), {}, ValueError, "argument 'input': must be float32"),
+    ("quantize_affine_per_token_dynamic", (X.double(), 1e-7), {}, ValueError, "argument 'input': must be float32 or float16, got torch.float64"),
+    ("quantize_affine_per_token_dynamic", (X.half(), 0.01), {}, ValueError, "argument 'eps': must be an fp16 value for float16 input (the scales are computed in fp16), got 0.01"),
     ("quantize_affine_per_token_dynamic", (torch.zeros(2, 6), 1e-7), {}, ValueError, "argument 'input': has a last dimension of 6, not a multiple of 4"),
     ("quantize_affine_per_token_dynamic", (X, 0.0), {}, ValueError, "argument 'eps': must be a finite fp32 value >= 2**-64, got 0.0"),
     ("quantize_affine_per_token_dynamic", (X, 1e39), {}, ValueError, "argument 'eps': must be a finite fp32 value >= 2**-64"),
