@@ -5,7 +5,7 @@ Each function computes its op in the evaluation order docs/llm_ops.md defines
 results rounded to the input's dtype where the page says so), which is the
 order Hugging Face transformers' eager code and PyTorch's CPU kernels use:
 
-- `embedding`, `rope`, `binary`, `scalar` are bit-identical to PyTorch's
+- `embedding`, `rope`, `binary`, `scalar`, `cast` are bit-identical to PyTorch's
   eager expressions, and so are the shaders;
 - `rms_norm` is Hugging Face's order, `act_mul` PyTorch's ``act(gate) * up``
   with the activation evaluated in float64; the shaders' reduction order and
@@ -183,3 +183,8 @@ def act_mul_quantize(gate, up, activation, quant_eps):
     """`act_mul` then torchao's per-token int8 quantization of the result
     (`quantize_affine_per_token_dynamic` with ``quant_eps``): (q, scales, zero_points)."""
     return quantize_affine_per_token_dynamic(act_mul(gate, up, activation), quant_eps)
+
+
+def cast(x, dtype):
+    """``x.to(dtype)``: fp16 -> fp32 exactly, fp32 -> fp16 rounded to nearest even."""
+    return x.to(dtype)

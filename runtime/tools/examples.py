@@ -312,6 +312,7 @@ EXAMPLES = {
         )
     },
     **{f"etvk.{op}.default": examples_llm.build(f"etvk.{op}.default") for op in examples_llm.OPS},
+    "etvk.cast.default": examples_llm.build_cast,
     **{
         name: examples_attention.build(name)
         for name in ("etvk.cache_attention.default", "etvk.cache_update.default")

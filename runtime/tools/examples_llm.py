@@ -1,5 +1,5 @@
 """Example cases of the llm family (embedding, rms_norm, rope, act_mul, binary, scalar, linear,
-rms_norm_quantize, act_mul_quantize), as tables.
+rms_norm_quantize, act_mul_quantize), as tables, and the arguments of its cast (`build_cast`).
 
 Each case names a shape from a decoder LLM (shrunk so that it runs quickly on a
 CPU Vulkan driver) or one that stresses the indexing: sizes that are not
@@ -175,6 +175,15 @@ def inputs(case: Case, dtype: torch.dtype, seed: int | None = None) -> tuple:
         return _values(gen, x_shape, dtype), weight, bias
     (shape,) = case.shapes
     return _values(gen, shape, dtype, 5.0), o["value"], o["operation"]
+
+
+def build_cast(axes, shape, gen):
+    """Arguments of ``etvk.cast.default`` for a variant: values of IN_DTYPE (zeros, a tie
+    between two fp16 values, one past fp16's range among them) to OUT_DTYPE."""
+    dtypes = {"float32": torch.float32, "float16": torch.float16}
+    x = torch.randn(shape, generator=gen) * 100
+    x.view(-1)[:3] = torch.tensor([0.0, 1 + 2.0**-11, 7e4])[:x.numel()]
+    return (x.to(dtypes[axes["IN_DTYPE"]]), dtypes[axes["OUT_DTYPE"]]), {}
 
 
 def build(op_name: str):
