@@ -11,23 +11,32 @@ Int8DynamicActivationIntxWeightConfig(weight_dtype=torch.int4))`` export), with
 views/reshapes between the activation dequantize and the linear. Run it on
 what ``torch.export.export`` returns (or after ``run_decompositions({})``).
 
-It fuses only what it can prove equivalent and logs (DEBUG) why it left the rest:
+It fuses only what it can prove equivalent (fp16 linears: the same quantized
+math, see the last point) and logs (DEBUG) why it left the rest:
 
 - Weight: a constant (parameter, buffer, lifted constant or a subclass's inner
-  tensor) of integers with a declared range of at most 16 values, fp32 output,
-  groups along K that divide K and are a multiple of 8. Values and zero points
+  tensor) of integers with a declared range of at most 16 values, fp32 output
+  (or fp16, below), groups along K that divide K and are a multiple of 8. Values and zero points
   shift by one integer ``c`` onto [-8, 7] (``c = 0`` for ranges inside [-8, 7],
   else ``quant_min + 8``: 8 for uint4 [0, 15] with zero point 8), and
   ``(w - c) - (z - c) = w - z``, so every dequantized weight is identical.
   Float zero points must be integers, scales fp32 values (fp64 only if exact).
-- Activation: int8, range inside [-128, 127], fp32 output, per token. Integer
-  zero points the original keeps exact are cast to int32; int64 and float ones
+- Activation: int8, range inside [-128, 127], fp32 output (or fp16, below),
+  per token. Integer zero points the original keeps exact are cast to int32; int64 and float ones
   only when they come from a choose-qparams op (rounded, clamped to int8).
   fp64 scales are cast to fp32 (the fused op rounds the scale where the
   original rounded each dequantized value: the same 2**-24 bound); fp16/bf16
   scales only where the original promotes them exactly (torchao).
 - Both dequantizes produce fp32, so the linear is fp32 like the fused op (no
-  cast needed); fp16/bf16 models stay unfused.
+  cast needed); or, for torchao's fp16 8da4w (``precision=torch.float16``:
+  activations and weights dequantized to fp16 by ``dequantize_affine``, the
+  linear in fp16), both produce fp16: the fused op's fp32 result (plus the
+  bias, cast to fp32) is then cast to fp16 once (``aten._to_copy``). That is
+  the same integer sums and scales without the fp16 rounding of each
+  dequantized activation and weight that the original's fp16 operands
+  carry, so the result is the closer one to the exact product of the
+  quantized values; it is not bit-equal to the original (docs/llm_ops.md).
+  bf16 models stay unfused.
 
 Called by users and tests on exported programs; never touches Vulkan or the input program.
 """
@@ -67,6 +76,9 @@ _EXACT_ZERO_POINTS = {
 }
 # Activation scale dtypes each dequantize op promotes exactly to fp32 (fp64: see module docstring).
 _SCALES = {_DEQUANT_PER_TOKEN: {torch.float32, torch.float64}, _DEQUANT_AFFINE: _FLOATS}
+# The dtypes each dequantize op may produce for a fused linear (the linear's dtype).
+_OUT_DTYPES = {_DEQUANT_PER_TOKEN: {torch.float32}, _DEQUANT_GROUP: {torch.float32},
+               _DEQUANT_AFFINE: {torch.float32, torch.float16}}
 _PERSISTENT_KINDS = (sig.InputKind.PARAMETER, sig.InputKind.BUFFER)
 _CONSTANT_KINDS = (sig.InputKind.PARAMETER, sig.InputKind.BUFFER, sig.InputKind.CONSTANT_TENSOR)
 
@@ -128,8 +140,9 @@ def _fuse_linear(editor: _ProgramEditor, linear: Node) -> None:
     """Replaces one linear, or raises `_Skip` before changing anything."""
     x_dq, w_dq = linear.args[0], linear.args[1]
     bias = linear.args[2] if len(linear.args) > 2 else linear.kwargs.get("bias")
-    if _dtype(linear) != torch.float32:
-        raise _Skip(f"linear output is {_dtype(linear)}, not float32")
+    out_dtype = _dtype(linear)
+    if out_dtype not in (torch.float32, torch.float16):
+        raise _Skip(f"linear output is {out_dtype}, not float32 or float16")
     act = _activation(x_dq)
     weight, (packed, scales, zeros) = editor.weight(w_dq)
     with editor.graph.inserting_before(linear):
@@ -146,7 +159,11 @@ def _fuse_linear(editor: _ProgramEditor, linear: Node) -> None:
         fused_op = torch.ops.etvk.linear_qta8a_qga4w.default
         out = editor.call(linear, fused_op, (x, *qparams, packed, weight.group_size, scales, zeros))
         if bias is not None:
+            if _dtype(bias) != torch.float32:  # the fp32 sum takes the bias exactly
+                bias = editor.call(linear, torch.ops.aten._to_copy.default, (bias,), {"dtype": torch.float32})
             out = editor.call(linear, torch.ops.aten.add.Tensor, (out, bias))
+        if out_dtype != torch.float32:
+            out = editor.call(linear, torch.ops.aten._to_copy.default, (out,), {"dtype": out_dtype})
     linear.replace_all_uses_with(out)
     editor.erase_dead(linear)
 
@@ -177,7 +194,7 @@ def _activation(node: Node) -> _Activation:
     qmin, qmax = _quant_range(a, dtype)
     if dtype != torch.int8 or _dtype(q) != torch.int8 or qmin < -128 or qmax > 127:
         raise _Skip(f"activation is {_dtype(q)} declared {dtype} [{qmin}, {qmax}], not int8")
-    if out_dtype != torch.float32 or _dtype(scale) not in _SCALES[name]:
+    if out_dtype not in _OUT_DTYPES[name] or _dtype(scale) not in _SCALES[name]:
         raise _Skip(f"activation dequantize to {out_dtype} with {_dtype(scale)} scales")
     if _dtype(zp) not in _EXACT_ZERO_POINTS[name] and not _small_integers(zp, node.graph.owning_module):
         raise _Skip(f"cannot prove the {_dtype(zp)} activation zero points are int8-range integers")
@@ -239,7 +256,7 @@ def _weight(editor: _ProgramEditor, node: Node) -> _Weight:
             raise _Skip(f"weight block size {block} is not [1, group_size]")
         group_size = block[1]
     qmin, qmax = _quant_range(a, dtype)
-    if out_dtype != torch.float32 or qmax - qmin > 15:
+    if out_dtype not in _OUT_DTYPES[name] or qmax - qmin > 15:
         raise _Skip(f"weight dequantize to {out_dtype} from range [{qmin}, {qmax}]")
     if group_size <= 0 or group_size % 8 or k % group_size:
         raise _Skip(f"group size {group_size} must divide K={k} and be a multiple of 8")

@@ -6,7 +6,10 @@
 with explicit dequantize ops (`QuantLinear`) to reach patterns torchao does not
 emit. Each case states how many linears must fuse: a fused program must
 compute what the original does within a tight tolerance (the fused op's CPU
-kernel is the reference), and an untouched one must be unchanged.
+kernel is the reference), and an untouched one must be unchanged. `FP16_CASES`
+are fp16 linears (fp16 models quantized with ``precision=torch.float16``, and
+dequantizes to fp16): they fuse into the op and a cast of its result to fp16,
+within the fp16 roundings of the original's operands.
 """
 
 from __future__ import annotations
@@ -107,7 +110,7 @@ class QuantLinear(nn.Module):
         keep("scales", (scales * 0.02 + 1e-3).to(scale_dtype))
         zeros = torch.randint(-8, 8, (n, groups), generator=gen) if zero == "random" else torch.full((n, groups), zero)
         keep("zeros", zeros.to(zero_dtype))
-        self.bias = nn.Parameter(torch.randn(n, generator=gen)) if bias else None
+        self.bias = nn.Parameter(torch.randn(n, generator=gen).to(out_dtype)) if bias else None
         self.k, self.group_size, self.act, self.weight_op, self.qrange = k, group_size, act, weight_op, qrange
         self.dtype = torch.uint4 if storage == torch.uint8 else torch.int8
         self.flatten, self.out_dtype, self.twice = flatten, out_dtype, twice
@@ -166,7 +169,6 @@ EXPLICIT_CASES = {
     "int8 weight range": ({"qrange": (-128, 127)}, (3, 64), 0),
     "group size 4": ({"group_size": 4}, (3, 64), 0),
     "group size 12": ({"k": 96, "group_size": 12}, (3, 96), 0),
-    "fp16 dequantize": ({"out_dtype": torch.float16}, (3, 64), 0),
     "weight is an input": ({"weight_input": True}, (3, 64), 0),
     "activation zero point is an input": ({"zero_point_input": True, "zero_dtype": torch.float32}, (3, 64), 0),
 }
@@ -231,6 +233,53 @@ def test_explicit_dequantize_patterns(case):
     extra = _extra(options, shape)
     inputs = (x,) if extra is None else (x, extra)
     check(torch.export.export(model, inputs), inputs, expected)
+
+
+# id -> (QuantLinear options, input shape and dtype): linears of fp16 operands
+FP16_CASES = {
+    "fp32 input dequantized to fp16": ({"out_dtype": torch.float16}, (3, 64), torch.float32),
+    "fp16 input, fp16 scales, bias": (
+        {"out_dtype": torch.float16, "scale_dtype": torch.float16, "bias": True}, (3, 64), torch.float16),
+    "fp16 input 3-D, fp16 zero points": (
+        {"out_dtype": torch.float16, "zero": "random", "zero_dtype": torch.float16, "scale_dtype": torch.float16},
+        (2, 3, 64), torch.float16),
+}
+
+
+@pytest.mark.parametrize("case", list(FP16_CASES))
+def test_fp16_linears_fuse_with_one_cast(case):
+    """An fp16 linear becomes the op (fp32), the add of its bias cast to fp32, and one cast of
+    the sum to fp16. The original rounds each dequantized activation and weight to fp16
+    (2**-11 relative) and its result once; the fused op's operands are exact. So per output
+    ``|got - want| <= 2**-10 * S + 2**-10 * |want|`` (S the sum of |x_dq * w_dq| and |bias|,
+    from the exact dequantized values), and the fused result is the exact one rounded once to
+    fp16, within the op's fp32 error (``2**-20 * S`` is far above it)."""
+    options, shape, dtype = FP16_CASES[case]
+    model = QuantLinear(**options)
+    x = (torch.randn(shape, generator=torch.Generator().manual_seed(2)) * 3).to(dtype)
+    program = torch.export.export(model, (x,))
+    fused = fuse_quantized_ops(program)
+    assert len(fused_nodes(fused)) == 1
+    assert not [n for n in fused.graph.nodes if n.target is torch.ops.aten.linear.default]
+    casts = [n for n in fused.graph.nodes if n.target is torch.ops.aten._to_copy.default]
+    to_half = [n for n in casts if n.kwargs["dtype"] == torch.float16]
+    assert len(to_half) == 1 and to_half[0].args[0].meta["val"].dtype == torch.float32
+    with torch.no_grad():
+        want, got = program.module()(x), fused.module()(x)
+    assert got.dtype == want.dtype == torch.float16
+    block = [1] * (x.dim() - 1) + [model.k]
+    scale, zp = AO.choose_qparams_affine(x, "ASYMMETRIC", block, torch.int8, -128, 127, None, None, torch.int8)
+    q = AO.quantize_affine(x, block, scale, zp, torch.int8, -128, 127)
+    x_dq = (q.double() - zp.double().unsqueeze(-1)) * scale.double().unsqueeze(-1)
+    per_group = [t.double().repeat_interleave(model.group_size, dim=1) for t in (model.zeros, model.scales)]
+    w_dq = (model.w.double() - per_group[0]) * per_group[1]
+    bias = 0 if model.bias is None else model.bias.detach().double()
+    exact = x_dq @ w_dq.T + bias
+    magnitude = x_dq.abs() @ w_dq.abs().T + (bias.abs() if model.bias is not None else 0)
+    error = (got.double() - want.double()).abs()
+    assert bool((error <= 2.0**-10 * magnitude + 2.0**-10 * want.double().abs()).all()), float(error.max())
+    # the fused result: the exact value rounded once to fp16, but for the op's fp32 error
+    assert bool(((got.double() - exact).abs() <= 2.0**-11 * exact.abs() + 2.0**-20 * magnitude).all())
 
 
 # id -> (model, its weight constants, shift c from the declared range onto [-8, 7])
