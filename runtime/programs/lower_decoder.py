@@ -12,8 +12,12 @@ without these patterns is left as it was:
   the rows of its constants, sharing the input's quantize;
 - ``embedding(table, ids)`` -> ``etvk.embedding``;
 - ``linear(x, W, b)`` with constant float weights (and bias) -> ``etvk.linear``;
-- ``x * rsqrt(mean(x^2, -1) + eps)`` [``* w``] -> ``etvk.rms_norm``;
+- ``x * rsqrt(mean(x^2, -1) + eps)`` [``* w``] -> ``etvk.rms_norm``, in half precision
+  with the casts around it (x widened to fp32, the result narrowed back before ``* w``:
+  Llama's fp16 form) -> one fp16 ``etvk.rms_norm``;
 - ``act(a) * b`` (silu, gelu, gelu tanh) -> ``etvk.act_mul``;
+- the other casts between fp32 and fp16 (Gemma's RMSNorm in fp32, a quantized linear's fp32
+  result made fp16) -> ``etvk.cast``;
 - attention over a static cache: ``index_copy(cache, 2, pos, k)`` ->
   ``etvk.cache_update`` (in place on a cache kept on the device), the rotary
   embedding of q and k (``x*cos + rotate_half(x)*sin`` on the heads-first
@@ -48,7 +52,7 @@ from runtime.programs.input_checks import derive_input_checks
 from runtime.programs.lower_attention import lower_attention
 from runtime.programs.lower_positions import consecutive_positions, position_tables
 from runtime.programs.nodes import Const, Node, Ref, ValueSpec
-from runtime.programs.rewrite import FLOATS, Rewriter, bind
+from runtime.programs.rewrite import FLOATS, Rewriter, bind, float_cast
 from runtime.programs.split_linears import split_fused_linears
 
 _ACTIVATIONS = {"aten.silu.default": "silu", "aten.gelu.default": None}
@@ -67,7 +71,7 @@ def lower_decoder_ops(rw: Rewriter) -> None:
     lengths = {c.input: c.bound for c in derive_input_checks(rw.program) if c.kind == "position"}
     consecutive_positions(rw, lengths)
     position_tables(rw, lengths)
-    for rewrite in (_embedding, _linear, _rms_norm, _act_mul):
+    for rewrite in (_embedding, _linear, _rms_norm, _act_mul, _cast):
         for node in list(rw.program.nodes):
             if node in rw.program.nodes:
                 rewrite(rw, node)
@@ -163,7 +167,9 @@ def _linear(rw: Rewriter, node: Node) -> None:
 
 
 def _rms_norm(rw: Rewriter, node: Node) -> None:
-    """``mul(x, rsqrt(add(mean(pow(x, 2), [-1], True), eps)))`` [then ``* w``, w a [D] constant]."""
+    """``mul(x, rsqrt(add(mean(pow(x, 2), [-1], True), eps)))`` [then ``* w``, w a [D] constant];
+    in half precision the Llama form ``mul(w, cast16(that of cast32(x)))`` (x, w fp16: the fp16
+    op computes in fp32 and rounds at those points) becomes one fp16 rms_norm."""
     if node.target != "aten.mul.Tensor" or len(node.args) != 2:
         return
     for x, r in (node.args, node.args[::-1]):
@@ -179,18 +185,33 @@ def _rms_norm(rw: Rewriter, node: Node) -> None:
         if dims != [len(spec.shape) - 1] or not bind(mean).get("keepdim") or spec.dtype not in FLOATS \
                 or bind(mean).get("dtype") is not None or spec.shape[-1] % 4:
             continue
-        weight, last = None, node
-        user = rw.only_user(node)
+        passed = [node]  # the nodes the op replaces before `last`
+        widened = float_cast(rw, rw.producer(x))
+        narrowed = float_cast(rw, rw.only_user(node))
+        if widened is not None and narrowed is not None and narrowed[1] == rw.program.values[widened[0].name].dtype:
+            x, spec = widened[0], rw.program.values[widened[0].name]
+            passed.append(rw.only_user(node))
+        weight, last = None, passed.pop()
+        user = rw.only_user(last)
         if user is not None and user.target == "aten.mul.Tensor" and len(user.args) == 2:
-            other = [a for a in user.args if a != Ref(node.outputs[0])]
+            other = [a for a in user.args if a != Ref(last.outputs[0])]
             if len(other) == 1 and isinstance(other[0], Const) and \
                     rw.value_spec(other[0]).shape == (spec.shape[-1],) and rw.value_spec(other[0]).dtype == spec.dtype:
+                passed.append(last)
                 weight, last = other[0], user
-        if weight is not None:
-            rw.program.nodes.remove(node)
-            rw.refresh()
+        for unread in passed[::-1]:  # what only the op's last node read
+            rw.program.nodes.remove(unread)
+        rw.refresh()
         rw.replace_call(last, "etvk.rms_norm.default", (x, weight, add.args[1], 0.0))
         return
+
+
+def _cast(rw: Rewriter, node: Node) -> None:
+    """A cast of a value between fp32 and fp16 (``_to_copy``, ``to.dtype``, ``type_as``) ->
+    ``etvk.cast``."""
+    found = float_cast(rw, node)
+    if found is not None:
+        rw.replace_call(node, "etvk.cast.default", found)
 
 
 def _act_mul(rw: Rewriter, node: Node) -> None:

@@ -10,7 +10,8 @@ rewrites, in this order,
 - ``etvk.act_mul(g, u, a)`` -> y, ``etvk.quantize_affine_per_token_dynamic(y, e)`` -> (q, s, z)
   into ``etvk.act_mul_quantize(g, u, a, e)`` -> (q, s, z);
 
-where the quantize is y's only reader (not a program output, not a state's new value either),
+where y is fp32 (the fused ops take fp32 only; the quantize takes fp16 too) and the quantize is
+y's only reader (not a program output, not a state's new value either),
 directly or through reshapes that keep y's shape (the final norm's ``alias``), each read only
 by the next: the fused ops do not write y (docs/llm_ops.md). The fused node sits at the
 quantize's place. Then
@@ -20,12 +21,14 @@ quantize's place. Then
   place: the fused op writes x too, so x may have other readers (the next residual add).
 
 Each fused op is bit-exact against the ops it replaces on the device, and its argument checks
-are theirs (the quantize's fp32 input with a last dimension that is a multiple of 4
-included), so the rewrites change no result. Everything else is left as it was. Pure graph
+are theirs (the quantize's input with a last dimension that is a multiple of 4 included; fp32
+checked here), so the rewrites change no result. Everything else is left as it was. Pure graph
 work on a `Rewriter`, no Vulkan; called by lower.py once the quantize ops exist.
 """
 
 from __future__ import annotations
+
+import torch
 
 from runtime.programs.nodes import Node, Ref
 from runtime.programs.rewrite import Rewriter, bind
@@ -53,7 +56,7 @@ def _fuse_quantized_inputs(rw: Rewriter) -> None:
     for quantize in [n for n in program.nodes if n.target == QUANTIZE]:
         b = bind(quantize)
         found = _source(rw, b["input"], quantize)
-        if found is None:
+        if found is None or rw.value_spec(b["input"]).dtype != torch.float32:
             continue
         producer, between = found
         args = (*bind(producer).values(), b["eps"])  # every argument in schema order

@@ -52,12 +52,14 @@ def consecutive_positions(rw: Rewriter, lengths: dict[str, int]) -> None:
 
 def position_tables(rw: Rewriter, lengths: dict[str, int]) -> None:
     """A ``[1, S, D]`` value computed from a position input x ``[S]`` and constants by
-    position-wise ops alone (the rotary embedding's cos and sin) becomes a gather from the table of
-    its values at every position 0..L-1, computed now with the same ops: bit for bit the same."""
+    position-wise ops alone (the rotary embedding's cos and sin, with the scaling and cast after
+    them) becomes a gather from the table of its values at every position 0..L-1, computed now
+    with the same ops: bit for bit the same."""
     program = rw.program
     for node in list(program.nodes):
         if node.target not in ("aten.cos.default", "aten.sin.default") or node not in program.nodes:
             continue
+        node = _last_positionwise(rw, node)
         chain, sources = _positionwise_chain(rw, node)
         spec = program.values[node.outputs[0]]
         if len(sources) != 1 or len(spec.shape) != 3 or spec.shape[0] != 1 or spec.dtype not in FLOATS:
@@ -81,6 +83,17 @@ def position_tables(rw: Rewriter, lengths: dict[str, int]) -> None:
             Node(f"{node.name}_gather", "etvk.embedding.default", (constant, Ref(x)), {}, (rows,)),
             Node(f"{node.name}_view", "aten.view.default", (Ref(rows), list(spec.shape)), {}, node.outputs)]
         rw.refresh()
+
+
+def _last_positionwise(rw: Rewriter, node: Node) -> Node:
+    """`node`, or the last of the nodes after it that are each the only reader of the one
+    before, position-wise, read nothing else but constants and keep its shape (the rotary
+    module's ``* attention_scaling``, the cast to the model's dtype)."""
+    while (user := rw.only_user(node)) is not None and user.target in _POSITIONWISE \
+            and user.reads() == [node.outputs[0]] \
+            and rw.program.values[user.outputs[0]].shape == rw.program.values[node.outputs[0]].shape:
+        node = user
+    return node
 
 
 def _positionwise_chain(rw: Rewriter, node: Node) -> tuple[list[Node], set[str]]:

@@ -5,10 +5,11 @@ with ``torchao.choose_qparams_affine`` + ``torchao.quantize_affine``.
 `fuse_affine_dynamic_quantize` rewrites such a pair into the etvk op (OPS.md family 1), which
 computes torchao's numerics bit for bit, where the pair is provably the op's contract:
 
-- choose: ``"ASYMMETRIC"`` over block size ``[1, ..., 1, K]`` of an fp32 input with K a
-  multiple of 4, int8 ``[-128, 127]`` (or None: int8's bounds), an eps the op accepts (an
-  fp32 value of at least 2**-64; None, fp32's smallest normal, is below it), fp32 (or None)
-  scales, ``keepdim`` False (scales and zero points of shape ``input.shape[:-1]``);
+- choose: ``"ASYMMETRIC"`` over block size ``[1, ..., 1, K]`` of an fp32 or fp16 input with
+  K a multiple of 4, int8 ``[-128, 127]`` (or None: int8's bounds), an eps the op accepts (an
+  fp32 value of at least 2**-64, for fp16 input also an fp16 value; None, the smallest normal
+  of the input's dtype, is refused), fp32 scales (or None for fp32 input: scales of the
+  input's dtype), ``keepdim`` False (scales and zero points of shape ``input.shape[:-1]``);
 - quantize: the same input and block size, that choose's scales and zero points, int8
   ``[-128, 127]``.
 
@@ -28,7 +29,7 @@ import torch
 
 from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.rewrite import Rewriter, bind
-from runtime.reference.quantize import fp32
+from runtime.reference.quantize import fp16, fp32
 
 CHOOSE = "torchao.choose_qparams_affine.default"
 QUANTIZE = "torchao.quantize_affine.default"
@@ -60,14 +61,15 @@ def _per_token_int8(rewriter: Rewriter, b: dict) -> bool:
     """Whether a choose_qparams_affine's bound arguments are the op's (module docstring)."""
     x, eps = b["input"], b["eps"]
     spec = rewriter.program.values.get(x.name) if isinstance(x, Ref) else None
-    if spec is None or spec.dtype != torch.float32 or not spec.shape or spec.shape[-1] % 4 \
-            or spec.shape[-1] == 0:
+    if spec is None or spec.dtype not in (torch.float32, torch.float16) or not spec.shape \
+            or spec.shape[-1] % 4 or spec.shape[-1] == 0:
         return False
+    half = spec.dtype == torch.float16
     return (b["mapping_type"] == "ASYMMETRIC" and _int8_range(b) and b["target_dtype"] == torch.int8
             and list(b["block_size"]) == [1] * (len(spec.shape) - 1) + [spec.shape[-1]]
             and isinstance(eps, (int, float)) and not isinstance(eps, bool)
-            and _EPS_MIN <= fp32(eps) < math.inf
-            and b["scale_dtype"] in (None, torch.float32)
+            and _EPS_MIN <= fp32(eps) < math.inf and (not half or fp16(eps) == eps)
+            and b["scale_dtype"] in ((torch.float32,) if half else (None, torch.float32))
             and b["zero_point_dtype"] in (None, *_ZERO_POINT_DTYPES) and not b["keepdim"])
 
 

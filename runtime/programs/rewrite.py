@@ -1,9 +1,10 @@
 """What the lowering's pattern rewrites share: bound arguments, int8 qparams, a graph's state.
 
 `bind` names a node's arguments by its op's schema; `int8_per_tensor` reads a
-full-range int8 per-tensor (de)quantize with scalar qparams; `slice_range`
-reads the range a slice takes of a last dimension; `conv_activation`
-reads an activation as the conv ops' activation arguments; `Rewriter`
+full-range int8 per-tensor (de)quantize with scalar qparams; `float_cast`
+reads a cast between fp32 and fp16; `slice_range` reads the range a slice
+takes of a last dimension; `conv_activation` reads an activation as the conv
+ops' activation arguments; `Rewriter`
 keeps a program's producer and user maps current while patterns replace
 nodes, and reads symmetric per-channel weights. Pure graph work, no Vulkan;
 used by lower.py and the lower_*.py / split_linears.py pattern modules.
@@ -24,6 +25,7 @@ Q = "quantized_decomposed.quantize_per_tensor.default"
 DQ = "quantized_decomposed.dequantize_per_tensor.default"
 DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
 FLOATS = (torch.float32, torch.float16)  # the activation dtypes the float ops take
+FLOAT_CASTS = ("aten._to_copy.default", "aten.to.dtype", "aten.type_as.default")  # what `float_cast` reads
 # aten activation -> the conv ops' `activation` (hardtanh also takes its bounds)
 ACTIVATIONS = {"aten.relu.default": "relu", "aten.hardtanh.default": "hardtanh",
                "aten.hardswish.default": "hardswish"}
@@ -54,6 +56,23 @@ def int8_per_tensor(node: Node | None, target: str):
             or not isinstance(zero_point, int) or not -128 <= zero_point <= 127:
         return None
     return b["input"], scale, zero_point
+
+
+def float_cast(rw: Rewriter, node: Node | None) -> tuple[Ref, torch.dtype] | None:
+    """(x, dtype) where `node` casts the value x between fp32 and fp16 (``_to_copy``,
+    ``to.dtype`` or ``type_as`` to the other one of the two, nothing else asked); None for
+    anything else."""
+    if node is None or node.target not in FLOAT_CASTS:
+        return None
+    b = bind(node)
+    x = b["self"]
+    other = rw.value_spec(b.get("other"))  # type_as: the dtype of `other`
+    dtype = b.get("dtype") if node.target != "aten.type_as.default" else other and other.dtype
+    source = rw.program.values.get(x.name) if isinstance(x, Ref) else None
+    if source is None or {source.dtype, dtype} != set(FLOATS) \
+            or any(v not in (None, False) for k, v in b.items() if k not in ("self", "dtype", "copy", "other")):
+        return None
+    return x, dtype
 
 
 def slice_range(node: Node, size: int, rank: int) -> tuple[int, int] | None:

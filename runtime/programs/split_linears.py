@@ -4,15 +4,16 @@ one linear per slice.
 Phi-3 computes q, k and v with one projection (``qkv_proj``) whose output it slices along the
 last dimension, and gate and up with one (``gate_up_proj``) whose output it chunks in two.
 After FuseQuantizedOps each is one ``etvk.linear_qta8a_qga4w`` (a bias, where there is one, is
-the ``add`` of a constant ``[N]`` after it), and no device op slices a tensor. Output row n of
-that op reads row n of the weight, its scales and its zeros alone (OPS.md family 3; the op
-takes any N, padding its blocks of 4 rows), so the op over rows [a, b) of those constants
-computes the slice [a, b) of the fused output bit for bit. `split_fused_linears` rewrites every
-such linear into one linear per distinct range of rows the slices take (slices that overlap
-compute their common rows each), over new constants holding those rows (and the add of the
-bias's rows after it), all reading the fused linear's one per-token quantized input. The
-patterns of lower_decoder.py and lower_attention.py (q, k and v with rope and the cache,
-activation x up) then apply as they do to separate projections.
+the ``add`` of a constant ``[N]`` after it; in an fp16 model a cast of the fp32 result to fp16
+follows), and no device op slices a tensor. Output row n of that op reads row n of the weight,
+its scales and its zeros alone (OPS.md family 3; the op takes any N, padding its blocks of 4
+rows), so the op over rows [a, b) of those constants computes the slice [a, b) of the fused
+output bit for bit. `split_fused_linears` rewrites every such linear into one linear per
+distinct range of rows the slices take (slices that overlap compute their common rows each),
+over new constants holding those rows (and the add of the bias's rows and the cast after it),
+all reading the fused linear's one per-token quantized input. The patterns of
+lower_decoder.py and lower_attention.py (q, k and v with rope and the cache, activation x up)
+then apply as they do to separate projections.
 
 A slice is an ``aten.slice.Tensor`` of step 1, or an ``aten.chunk`` / ``aten.split.Tensor`` /
 ``aten.split_with_sizes``, along the last dimension. A linear that slices read is left whole,
@@ -29,7 +30,7 @@ import logging
 import torch
 
 from runtime.programs.nodes import Const, Node, Ref, ValueSpec
-from runtime.programs.rewrite import Rewriter, bind, slice_range
+from runtime.programs.rewrite import Rewriter, bind, float_cast, slice_range
 
 logger = logging.getLogger(__name__)
 
@@ -43,7 +44,8 @@ def split_fused_linears(rw: Rewriter) -> None:
     """Every quantized linear read through slices of its last dimension alone becomes one
     linear per slice (see the module docstring)."""
     for linear in [n for n in rw.program.nodes if n.target == LINEAR]:
-        output, bias_add = _biased_output(rw, linear)
+        tail = _tail(rw, linear)
+        output = (tail[-1] if tail else linear).outputs[0]
         readers = rw.users.get(output, [])
         if not any(r.target in (_SLICE, *_PIECES) for r in readers):
             continue
@@ -54,19 +56,25 @@ def split_fused_linears(rw: Rewriter) -> None:
         if isinstance(pieces, str):
             logger.debug("%s stays one linear, its slices on the CPU: %s", linear.name, pieces)
             continue
-        _split(rw, linear, bias_add, readers, pieces)
+        _split(rw, linear, tail, readers, pieces)
 
 
-def _biased_output(rw: Rewriter, linear: Node) -> tuple[str, Node | None]:
-    """The value the slices read: the linear's output, or the sum of it and a bias (its only
-    reader adding a constant fp32 ``[N]``), with that add."""
+def _tail(rw: Rewriter, linear: Node) -> list[Node]:
+    """The nodes between the linear and the value the slices read, each the only reader of the
+    one before: the add of a bias (a constant fp32 ``[N]``), then a cast of the fp32 result to
+    fp16 (an fp16 model's linear), either or both or none."""
+    tail, last = [], linear
     add = rw.only_user(linear)
     out = rw.program.values[linear.outputs[0]]
     if add is not None and add.target == _ADD and len(add.args) == 2 and bind(add)["alpha"] == 1 \
             and add.args[0] == Ref(linear.outputs[0]) and isinstance(add.args[1], Const) \
             and rw.value_spec(add.args[1]) == ValueSpec(out.shape[-1:], torch.float32):
-        return add.outputs[0], add
-    return linear.outputs[0], None
+        tail.append(add)
+        last = add
+    cast = rw.only_user(last)
+    if float_cast(rw, cast) is not None:
+        tail.append(cast)
+    return tail
 
 
 def _pieces(rw: Rewriter, value: str, readers: list[Node]) -> dict[tuple[int, int], list[str]] | str:
@@ -99,10 +107,10 @@ def _pieces(rw: Rewriter, value: str, readers: list[Node]) -> dict[tuple[int, in
     return pieces
 
 
-def _split(rw: Rewriter, linear: Node, bias_add: Node | None, readers: list[Node],
+def _split(rw: Rewriter, linear: Node, tail: list[Node], readers: list[Node],
            pieces: dict[tuple[int, int], list[str]]) -> None:
-    """`linear` (with `bias_add`) and the slicing `readers` replaced by one linear (and bias add)
-    per range of rows in `pieces`, at the linear's place."""
+    """`linear` (with its `tail`: bias add, cast) and the slicing `readers` replaced by one linear
+    (and tail) per range of rows in `pieces`, at the linear's place."""
     program = rw.program
     b = bind(linear)
 
@@ -114,20 +122,22 @@ def _split(rw: Rewriter, linear: Node, bias_add: Node | None, readers: list[Node
         out = outs[0]
         for other in outs[1:]:
             program.replace_uses(other, out)
+        values = []  # each node's output for this piece: fresh values of the piece's shape, then `out`
+        for node in (linear, *tail[:-1]) if tail else ():
+            value = f"{out}_{'linear' if node is linear else 'biased'}"
+            while value in program.values:
+                value += "_"
+            program.values[value] = ValueSpec(program.values[out].shape, program.values[node.outputs[0]].dtype)
+            values.append(value)
+        values.append(out)
         args = (b["x"], b["input_scale"], b["input_zero_point"], rows(b["weight"], start, end), b["group_size"],
                 rows(b["weight_scales"], start, end), rows(b["weight_zeros"], start, end))
-        name = f"{linear.name}_rows_{start}_{end}"
-        if bias_add is None:
-            new.append(Node(name, LINEAR, args, {}, (out,)))
-            continue
-        unbiased = f"{out}_unbiased"
-        while unbiased in program.values:
-            unbiased += "_"
-        program.values[unbiased] = program.values[out]
-        new += [Node(name, LINEAR, args, {}, (unbiased,)),
-                Node(f"{bias_add.name}_rows_{start}_{end}", _ADD,
-                     (Ref(unbiased), rows(bias_add.args[1], start, end)), {}, (out,))]
-    for node in [*readers, *([bias_add] if bias_add else [])]:
+        new.append(Node(f"{linear.name}_rows_{start}_{end}", LINEAR, args, {}, (values[0],)))
+        for node, source, value in zip(tail, values[:-1], values[1:], strict=True):
+            rest = (rows(node.args[1], start, end),) if node.target == _ADD else node.args[1:]
+            new.append(Node(f"{node.name}_rows_{start}_{end}", node.target, (Ref(source), *rest), dict(node.kwargs),
+                            (value,)))
+    for node in [*readers, *tail]:
         program.nodes.remove(node)
     at = program.nodes.index(linear)
     program.nodes[at:at + 1] = new

@@ -102,7 +102,9 @@ def decoder(source: str | Path, seed: int = 0, **overrides) -> torch.nn.Module:
 
 def quantize_8da4w(model: torch.nn.Module, group_size: int = 32) -> torch.nn.Module:
     """The model with every linear quantized by torchao's 8da4w (int8 dynamic per-token activations,
-    4-bit weights in groups of `group_size` along K).
+    4-bit weights in groups of `group_size` along K), in the model's own dtype: an fp16 model
+    (``decoder(...).half()``) gets ``precision`` and ``scales_precision`` float16, so its
+    activations stay fp16.
 
     Raises:
         ModelError: torchao is not installed.
@@ -112,9 +114,11 @@ def quantize_8da4w(model: torch.nn.Module, group_size: int = 32) -> torch.nn.Mod
         from torchao.quantization import Int8DynActInt4WeightQuantizer
     except ImportError as exc:
         raise ModelError(f"8da4w quantization needs torchao ({exc}); pip install torchao") from None
+    dtype = next(model.parameters()).dtype
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return Int8DynActInt4WeightQuantizer(groupsize=group_size).quantize(model)
+        return Int8DynActInt4WeightQuantizer(groupsize=group_size, precision=dtype,
+                                             scales_precision=dtype).quantize(model)
 
 
 def export_decoder(model: torch.nn.Module, max_cache_len: int, tokens: int = 1, dynamic: bool = False):

@@ -19,6 +19,12 @@ a ``save_pretrained`` folder. The linears' per-token activation quantization run
 once per quantized tensor (q, k and v share one), fused with the RMSNorm or activation x up
 before it, and the residual adds with the RMSNorm after them (lower_fusion.py): fewer
 dispatches, the same bits.
+
+The same families in half precision (``model.half()``, 8da4w with fp16 precision and scales):
+every node on the device too, the KV cache an fp16 tensor in device memory, fp16 logits; teacher
+forcing against PyTorch's own fp16 run of the export on the CPU (SQNR >= 30 dB: the fused linears
+skip the fp16 rounding of each dequantized operand that PyTorch's carry, docs/llm_ops.md) and
+against the program's reference run (SQNR >= 60 dB, see `test_half_teacher_forcing`).
 """
 
 from __future__ import annotations
@@ -65,6 +71,18 @@ def decoder(request, tmp_path_factory):
     llm_models.import_transformers()
     folder = tmp_path_factory.mktemp("decoders")
     model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)))
+    exported = llm_models.export_decoder(model, CACHE)
+    program = runtime.lower(exported)
+    program.save(folder / f"{request.param}.etvk")
+    return request.param, exported, program, folder / f"{request.param}.etvk"
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def half_decoder(request, tmp_path_factory):
+    """(family, exported program, lowered program, file) of the family's fp16 model."""
+    llm_models.import_transformers()
+    folder = tmp_path_factory.mktemp("half_decoders")
+    model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)).half())
     exported = llm_models.export_decoder(model, CACHE)
     program = runtime.lower(exported)
     program.save(folder / f"{request.param}.etvk")
@@ -273,3 +291,44 @@ def test_export_llm_and_generate_from_a_saved_folder(tmp_path):
     assert done.returncode == 1 and "Traceback" not in done.stderr
     assert done.stderr.strip().splitlines()[-1] == ("prompt_ids (3 tokens) and max_new_tokens (20) need "
                                                     "22 cache positions; the cache holds 16")
+
+
+# ---------------------------------------------------------------- half precision
+
+
+# etvk ops every family's fp16 program must hold at least (the fused norm / activation x up +
+# quantize ops take fp32 only, so these run unfused)
+HALF_OPS = {"etvk.embedding.default", "etvk.rms_norm.default", "etvk.act_mul.default", "etvk.binary.default",
+            "etvk.cache_update.default", "etvk.cast.default"}
+
+
+def test_half_decoder_runs_on_the_device_with_an_fp16_cache(half_decoder):
+    """The fp16 graph's casts (RMSNorm's fp32 computation, each quantized linear's fp32 result
+    narrowed to fp16) and torchao's fp16 per-token quantization all lower: nothing on the CPU."""
+    family, _, program, path = half_decoder
+    targets = [n.target for n in program.nodes]
+    assert HALF_OPS | ATTENTION_OPS <= set(targets), family
+    assert not [t for t in targets if t.startswith(("torchao.", "aten.linear", "aten._to_copy", "aten.to."))]
+    assert {program.values[name].dtype for name in program.state} == {torch.float16}
+    quantized = [n.args[0] for n in program.nodes if n.target == "etvk.quantize_affine_per_token_dynamic.default"]
+    assert quantized and {program.values[x.name].dtype for x in quantized} == {torch.float16}
+    loaded = runtime.load(path)
+    assert set(loaded.state_placement().values()) == {"vulkan"}
+    assert [(r["node"], r["target"]) for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+
+
+def test_half_teacher_forcing(half_decoder):
+    """Logits are fp16. Against PyTorch's fp16 run >= 30 dB. Against the program's reference run
+    >= 60 dB: the ops with a tolerance (rms_norm, act_mul, attention) may flip the rounding of an
+    fp16 value by one step (2**-11 relative) where the reference does not, which later layers
+    carry; 60 dB is an error of 0.1 % of the logits' magnitude, about two fp16 steps."""
+    family, exported, program, path = half_decoder
+    loaded, module, state = runtime.load(path), exported.module(), program.initial_state()
+    gen = torch.Generator().manual_seed(1)
+    for position, token in enumerate(torch.randint(0, COMMON["vocab_size"], (CACHE,), generator=gen)):
+        inputs = dict(input_ids=token.reshape(1, 1), cache_position=torch.tensor([position]))
+        got, want = loaded(**inputs), module(**inputs)
+        assert got.dtype == want.dtype == torch.float16
+        assert sqnr_db(got, program.run_reference(*inputs.values(), state=state)) >= 60, (family, position)
+        assert sqnr_db(got, want) >= 30, (family, position)
+

@@ -1,7 +1,8 @@
 """A decoder exported with a dynamic token count (``dynamic_shapes`` on ``input_ids`` and
 ``cache_position``): one file whose graphs take 1, 2, 4, ... tokens a call. A prompt of any length
 goes in one call (in chunks of those counts, largest first) and decoding goes one token a call,
-both against PyTorch's own run of the dynamic export; one token at a time gives the same logits;
+both against PyTorch's own run of the dynamic export (also of an fp16 model); one token at a time
+gives the same logits;
 bad inputs are refused before anything runs; programs that are not such decoders are refused when
 lowered.
 """
@@ -22,12 +23,15 @@ from runtime.tools import llm_models
 VOCAB = COMMON["vocab_size"]
 
 
-@pytest.fixture(scope="module", params=["llama", "gemma", "phi3_partial_rotary"])
+@pytest.fixture(scope="module", params=["llama", "gemma", "phi3_partial_rotary", "llama half"])
 def dynamic(request, tmp_path_factory):
-    """(family, exported program, lowered program, file) of a dynamic token count."""
+    """(family, exported program, lowered program, file) of a dynamic token count ("half": the
+    fp16 model)."""
     llm_models.import_transformers()
     folder = tmp_path_factory.mktemp("dynamic")
-    model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)))
+    family, _, half = request.param.partition(" ")
+    model = llm_models.decoder(config_file(folder, family))
+    model = llm_models.quantize_8da4w(model.half() if half else model)
     exported = llm_models.export_decoder(model, CACHE, dynamic=True)
     program = runtime.lower(exported)
     program.save(folder / "dynamic.etvk")
