@@ -14,8 +14,12 @@ Loading does, once:
    a program never fails to load for want of a variant;
 3. memory: the first recording logs every intermediate the ops allocate; the
    plan (memory_plan.py) lets those whose lifetimes do not overlap share a
-   buffer, and a second recording places them there. Recording creates every
-   pipeline, so a call compiles nothing.
+   buffer, and a second recording places them there. A value the host reads
+   every call (an output, what a CPU node reads) that no later device node
+   reads, larger than `DIRECT_READ_LIMIT`, gets a buffer of its own in host
+   memory instead: the GPU writes it there, and the host reads it at memory
+   speed, with no staging copy (a GPU's mapped device memory is read uncached).
+   Recording creates every pipeline, so a call compiles nothing.
 
 State (a decoder's KV cache) lives across calls: on the device when every
 node that reads it and the node that makes its update run there (updated
@@ -57,7 +61,7 @@ from runtime.programs.recording import (
 )
 from runtime.programs.token_counts import chunks
 from runtime.vulkan.device import get_device
-from runtime.vulkan.memory import Buffer
+from runtime.vulkan.memory import DIRECT_READ_LIMIT, Buffer
 from runtime.vulkan.tensor import Constant, Tensor
 
 
@@ -72,6 +76,13 @@ class _Graph:
         tracker = TrackingAllocator(device)
         first = record_program(program, device, on_cpu, tracker, source, progress, device_state, constants)
         allocs = tracker.allocs
+        root = first.aliases
+        downloaded = {root.get(n, n) for n in self._cpu_reads(first) | set(program.outputs) |
+                      {u for name, u in program.state_updates.items() if name not in device_state}}
+        read_later = self._device_reads_after(first)
+        for alloc in allocs:  # read by the host every call and by no later device node: host memory
+            alloc.host = alloc.storage == "buffer" and alloc.nbytes > DIRECT_READ_LIMIT and \
+                alloc.value in downloaded and alloc.value not in read_later
         self.plan = plan_memory(self._lifetimes([a for a in allocs if a.plannable], first))
         del first  # its tensors go back to the device's spare memory before the second recording
         self.slots = [Buffer(device, n) for n in self.plan.slot_bytes]
@@ -90,6 +101,15 @@ class _Graph:
             segment.state_copies = [(tensor, values[update]) for name, tensor in device_state.items()
                                     if (update := program.state_updates.get(name)) in made
                                     and values[update] is not tensor]
+
+    def _device_reads_after(self, recording) -> set[str]:
+        """Values (and the values their views view) that a device node reads after the node
+        that makes them."""
+        root = recording.aliases
+        made_at = {o: p for p, node in enumerate(self.program.nodes) for o in node.outputs}
+        return {root.get(name, name) for position, node in enumerate(self.program.nodes)
+                if recording.records[position].runs_on == "vulkan"
+                for name in node.reads() if made_at.get(root.get(name, name), -1) < position}
 
     def _cpu_reads(self, recording) -> set[str]:
         """Values a CPU node reads."""

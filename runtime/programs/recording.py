@@ -10,7 +10,8 @@ segment input tensor (buffer storage, in the value's layout) that each call
 overwrites. The tensors ops ask for come from an allocator:
 `TrackingAllocator` logs them (which node asked, how large, whether a node
 output or scratch) for the memory plan, `PlannedAllocator` places them in
-the planned buffers and checks that the recording repeats the logged one.
+the planned buffers (or, for those the loader marks `Alloc.host`, in host
+memory) and checks that the recording repeats the logged one.
 A node whose op cannot run here raises `Fallback`.
 
 A reshape (`VIEWS`: view, reshape, unsqueeze, flatten, contiguous, ...) of a
@@ -64,11 +65,12 @@ class Alloc:
     storage: str
     nbytes: int
     value: str | None = None  # the node output it became; None for scratch
+    host: bool = False  # placed in host memory: the host reads it every call, no later device node
 
     @property
     def plannable(self) -> bool:
-        """Buffers share planned memory; images and empty tensors do not."""
-        return self.storage == "buffer" and self.nbytes > 0
+        """Buffers share planned memory; images, empty tensors and host-placed ones do not."""
+        return self.storage == "buffer" and self.nbytes > 0 and not self.host
 
 
 @dataclass
@@ -143,6 +145,8 @@ class PlannedAllocator:
             raise RuntimeError(f"{label}: the second recording did not repeat the first one's "
                                "allocations (an op's recording is not deterministic)")
         self._next += 1
+        if expected.host:
+            return Tensor.empty(shape, dtype, storage, label, self.device, layout, placement="host")
         if not expected.plannable:
             return Tensor.empty(shape, dtype, storage, label, self.device, layout)
         return Tensor(shape, dtype, storage, label, self.device, layout, next(self._slots))

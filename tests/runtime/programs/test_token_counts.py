@@ -19,6 +19,7 @@ from runtime.programs.cpu import ProgramInputError
 from runtime.programs.from_export import LoweringError
 from runtime.programs.input_checks import InputValueError
 from runtime.tools import llm_models
+from runtime.vulkan.memory import DIRECT_READ_LIMIT
 
 VOCAB = COMMON["vocab_size"]
 
@@ -139,3 +140,22 @@ def test_token_sizes_must_hold_one(tmp_path):
         runtime.lower(exported, token_sizes=[1, 32])
     program = runtime.lower(exported, token_sizes=[1, 4])
     assert sorted(program.specializations) == [4]
+
+
+def test_large_outputs_the_host_reads_are_written_to_host_memory(dynamic):
+    """Logits larger than DIRECT_READ_LIMIT (the 16-token graph's in fp32: 6 KiB) go straight to
+    host memory, not through a staging copy; smaller ones (one token: 384 bytes) are read from
+    device memory directly; hidden states stay in the planned device buffers."""
+    family, _, program, path = dynamic
+    loaded = runtime.load(path)
+    for size in (1, 16):
+        graph = loaded._graph(size)
+        values = graph.recording.device_values
+        logits = values[graph.program.outputs[0]]
+        want = "host" if logits.nbytes > DIRECT_READ_LIMIT else "auto"
+        assert logits.memory.placement == want, (family, size)
+        hidden = [n.outputs[0] for n in graph.program.nodes if n.target == "etvk.embedding.default"]
+        assert {values[h].memory.placement for h in hidden} == {"auto"}
+    if program.values[program.outputs[0]].dtype == torch.float32:
+        graph = loaded._graph(16)
+        assert graph.recording.device_values[graph.program.outputs[0]].memory.placement == "host"
