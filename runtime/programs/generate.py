@@ -87,9 +87,12 @@ def generate_timed(loaded, prompt_ids, max_new_tokens: int, eos_token_id=None) -
         {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
     ids_dtype, positions_dtype = program.values[ids_name].dtype, program.values[positions_name].dtype
 
+    # a dynamic token count downloads the last token's logits alone
+    call = loaded.last_token if program.token_inputs else loaded
+
     def step(tokens: list[int], start: int) -> int:
-        logits = loaded(**{ids_name: torch.tensor([tokens], dtype=ids_dtype),
-                           positions_name: torch.arange(start, start + len(tokens), dtype=positions_dtype)})
+        logits = call(**{ids_name: torch.tensor([tokens], dtype=ids_dtype),
+                         positions_name: torch.arange(start, start + len(tokens), dtype=positions_dtype)})
         return int(torch.argmax(logits[0, -1]))
 
     loaded.reset()

@@ -230,14 +230,14 @@ class Buffer(_Holder):
         staging.write(source, nbytes)
         self._copy(staging, self, "buffer upload")
 
-    def read(self, destination: int, nbytes: int) -> None:
-        """Copy the first `nbytes` to host address `destination`."""
+    def read(self, destination: int, nbytes: int, offset: int = 0) -> None:
+        """Copy `nbytes` from byte `offset` on to host address `destination`."""
         self.device.require_open()
         if self.mapped is not None and not (self.uncached_reads and nbytes > DIRECT_READ_LIMIT):
-            ctypes.memmove(destination, self.mapped, nbytes)
+            ctypes.memmove(destination, self.mapped + offset, nbytes)
             return
-        staging = Buffer(self.device, self.nbytes, "host")
-        self._copy(self, staging, "buffer download")
+        staging = Buffer(self.device, nbytes, "host")
+        self._copy(self, staging, "buffer download", offset)
         staging.read(destination, nbytes)
 
     def zero(self) -> None:
@@ -258,9 +258,10 @@ class Buffer(_Holder):
         self.device.require_open()
         self._copy(source, self, "buffer copy")
 
-    def _copy(self, source: Buffer, destination: Buffer, what: str) -> None:
+    def _copy(self, source: Buffer, destination: Buffer, what: str, source_offset: int = 0) -> None:
         _, _, lib = raw.load()
-        region = raw.new("VkBufferCopy", size=min(source.nbytes, destination.nbytes))
+        region = raw.new("VkBufferCopy", srcOffset=source_offset,
+                         size=min(source.nbytes - source_offset, destination.nbytes))
         _transfer(self.device, what,
                   lambda cb: lib.vkCmdCopyBuffer(cb, source.handle, destination.handle, 1, region))
 

@@ -280,6 +280,17 @@ class Tensor:
         last = self.shape[-1] if self.dim() else 1
         return texels[..., :last].reshape(self.shape).contiguous()
 
+    def to_torch_last(self, dim: int) -> torch.Tensor:
+        """Download only the last index along `dim` (size 1 there): the bytes of that part alone
+        when it is contiguous (a buffer whose dimensions before `dim` are all 1), else the whole
+        tensor, narrowed."""
+        shape = list(self.shape)
+        if self.memory is None or self.packed or self.storage != "buffer" or math.prod(shape[:dim]) != 1:
+            return self.to_torch().narrow(dim, shape[dim] - 1, 1).contiguous()
+        out = torch.empty(shape[:dim] + [1] + shape[dim + 1:], dtype=self.dtype)
+        self.memory.read(out.data_ptr(), out.nbytes, (shape[dim] - 1) * out.nbytes)
+        return out
+
     def __repr__(self) -> str:
         return (f"Tensor(shape={list(self.shape)}, dtype={self.dtype}, storage={self.storage!r}, "
                 f"layout={self.layout!r})")

@@ -159,3 +159,24 @@ def test_large_outputs_the_host_reads_are_written_to_host_memory(dynamic):
     if program.values[program.outputs[0]].dtype == torch.float32:
         graph = loaded._graph(16)
         assert graph.recording.device_values[graph.program.outputs[0]].memory.placement == "host"
+
+
+def test_last_token_downloads_the_last_logits_alone(dynamic, tmp_path):
+    """`last_token` returns the last token's row of what a call returns, bit for bit, and writes
+    the cache as the call does (the next step agrees); a static program refuses it."""
+    _, _, _, path = dynamic
+    loaded = runtime.load(path)
+    prompt = dict(input_ids=torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]]), cache_position=torch.arange(11))
+    step = dict(input_ids=torch.tensor([[7]]), cache_position=torch.tensor([11]))
+    full = loaded(**prompt)
+    after_full = loaded(**step)
+    loaded.reset()
+    last = loaded.last_token(**prompt)
+    assert last.shape == (1, 1, VOCAB) and torch.equal(last, full[:, -1:])
+    assert torch.equal(loaded.last_token(**step), after_full)
+    llm_models.import_transformers()
+    static = runtime.lower(llm_models.export_decoder(llm_models.quantize_8da4w(
+        llm_models.decoder(config_file(tmp_path, "llama"))), CACHE))
+    static.save(tmp_path / "static.etvk")
+    with pytest.raises(ProgramInputError, match="last_token needs a program with a dynamic token count"):
+        runtime.load(tmp_path / "static.etvk").last_token(**step)

@@ -176,7 +176,7 @@ def test_large_reads_of_uncached_device_memory_go_through_staging(monkeypatch):
     data = torch.arange(3 * DIRECT_READ_LIMIT, dtype=torch.int32).to(torch.int8)
     copies = []
     copy = Buffer._copy
-    monkeypatch.setattr(Buffer, "_copy", lambda self, *args: copies.append(args[-1]) or copy(self, *args))
+    monkeypatch.setattr(Buffer, "_copy", lambda self, *args: copies.append(args[2]) or copy(self, *args))
     for uncached, nbytes, staged in ((False, data.numel(), False), (True, DIRECT_READ_LIMIT, False),
                                      (True, data.numel(), True)):
         buffer = Buffer(device, data.numel())
@@ -187,6 +187,9 @@ def test_large_reads_of_uncached_device_memory_go_through_staging(monkeypatch):
         buffer.read(out.data_ptr(), nbytes)
         assert torch.equal(out, data[:nbytes])
         assert (copies == ["buffer download"]) == (staged and buffer.mapped is not None), (uncached, nbytes)
+        tail = torch.empty(nbytes - 5, dtype=torch.int8)  # from an offset, either way
+        buffer.read(tail.data_ptr(), tail.numel(), 5)
+        assert torch.equal(tail, data[5:nbytes]), (uncached, nbytes)
 
 
 @pytest.mark.parametrize("make", [
@@ -220,3 +223,10 @@ def test_memory_collected_in_a_reference_cycle_is_not_given_back_destroyed(make)
     gc.collect()
     kept = device.spare_memory.take(key)
     assert kept is None or kept.destroy.alive, "the spare memory kept a destroyed allocation"
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_to_torch_last_downloads_the_last_index(dim):
+    value = torch.randn(1, 5, 7) if dim < 2 else torch.randn(2, 3, 6)
+    tensor = Tensor.from_torch(value)
+    assert torch.equal(tensor.to_torch_last(dim), value.narrow(dim, value.shape[dim] - 1, 1))
