@@ -16,7 +16,8 @@ they wrote read the new value, and each state's last value is its update
 (`Program.state_updates`); a state starts as zeros unless its buffer held
 other values. What a program cannot hold is refused with a `LoweringError`
 naming the node: dynamic shapes with no sizes given, parameter or input mutations, writes
-through a view, higher-order ops (but ``wrap_with_set_grad_enabled``, whose
+through a view (but in-place dropouts with train False, which change nothing),
+higher-order ops (but ``wrap_with_set_grad_enabled``, whose
 body is inlined: grad mode does not matter to inference), arguments of
 other types. A program exported with dynamic shapes is converted for given
 values of its size symbols (`sizes`): every shape and every symbolic size
@@ -251,6 +252,12 @@ _ALIAS_OPS = {"aten.alias.default", "aten.detach.default", "aten.to.dtype", "ate
               "aten.to.device", "aten.to.other"}
 
 
+# In-place dropouts, (self, p, train): with train False they change nothing (PT2E exports of
+# some torch versions keep a classifier's inplace Dropout, on a view).
+_EVAL_IDENTITIES = {"aten.dropout_.default", "aten.feature_dropout_.default", "aten.alpha_dropout_.default",
+                    "aten.feature_alpha_dropout_.default"}
+
+
 def _is_view(op: torch._ops.OpOverload) -> bool:
     """Whether `op` returns a view of an argument (its schema marks the result as an alias)."""
     return any(r.alias_info is not None and not r.alias_info.is_write for r in op._schema.returns)
@@ -282,6 +289,8 @@ def _functionalize(program: Program) -> None:
         node.args, node.kwargs = map_args(node.args, current), map_args(node.kwargs, current)
         if not node.target.startswith("aten.") or not node.outputs:
             continue
+        if node.target in _EVAL_IDENTITIES and node.args[2:3] == (False,):  # in place, and a no-op
+            node.target, node.args, node.kwargs = "aten.alias.default", node.args[:1], {}
         op = resolve_op(node.target)
         first = node.args[0] if node.args and isinstance(node.args[0], Ref) else None
         position = _written_argument(op)

@@ -133,6 +133,22 @@ def test_writes_a_program_cannot_express_are_refused(module, inputs, message):
         runtime.lower(torch.export.export(module, inputs))
 
 
+class DropoutInPlaceOnAView(nn.Module):
+    """A classifier's Dropout(inplace=True) in eval mode, as PT2E exports of some torch
+    versions keep it: an in-place write to a view, which changes nothing."""
+
+    def forward(self, x):
+        flat = torch.ops.aten.dropout_.default(x.relu().flatten(1), 0.2, False)
+        return flat * 2
+
+
+def test_an_in_place_dropout_in_eval_mode_is_no_write():
+    program = runtime.lower(torch.export.export(DropoutInPlaceOnAView(), (torch.randn(2, 3, 4),)))
+    assert "aten.dropout_.default" not in {n.target for n in program.nodes}
+    x = torch.randn(2, 3, 4)
+    assert torch.equal(program.run_reference(x), x.relu().flatten(1) * 2)
+
+
 class Total(nn.Module):
     """A running total kept in a buffer: each call adds its input and returns the new total."""
 
