@@ -34,9 +34,12 @@ A call checks the input values the program names (token ids, cache
 positions: `runtime.programs.input_checks`), writes the host values each
 segment reads into its input tensors, replays the segments in order with
 the CPU nodes between them, and downloads only what the CPU or the caller
-needs. Calls hold the device's lock, so calls from several threads are
-safe and see each other's state updates in order. Called by `runtime.load`
-and the tools.
+needs. A program with a dynamic token count (runtime.programs.token_counts)
+has every graph recorded against the same device state and constants; a
+call runs the graphs its tokens split into, its values checked whole first,
+and `last_token` downloads only the last token's outputs. Calls hold the
+device's lock, so calls from several threads are safe and see each other's
+state updates in order. Called by `runtime.load` and the tools.
 """
 
 from __future__ import annotations
