@@ -65,7 +65,7 @@ from runtime.programs.recording import (
     TrackingAllocator,
     record_program,
 )
-from runtime.programs.token_counts import chunks
+from runtime.programs.token_counts import join_outputs, split_call
 from runtime.vulkan.device import get_device
 from runtime.vulkan.memory import DIRECT_READ_LIMIT, Buffer
 from runtime.vulkan.stream import HOST_OUTPUT_BYTES
@@ -254,14 +254,7 @@ class LoadedProgram:
             parts = self._split(inputs)
             results = [self._run(graph, part)[0] for graph, part in parts]
         self._last_call = parts
-        if len(results) == 1:
-            return results[0]
-        program = self.program
-        joined = []
-        for index, dim in enumerate(program.token_outputs):
-            pieces = [r[index] if program.output_tuple else r for r in results]
-            joined.append(pieces[-1] if dim is None else torch.cat(pieces, dim))
-        return tuple(joined) if program.output_tuple else joined[0]
+        return join_outputs(self.program, results)
 
     def last_token(self, *inputs, **named):
         """A call (as `__call__`) of a program with a dynamic token count whose outputs hold only
@@ -294,14 +287,8 @@ class LoadedProgram:
         if len(inputs) != len(program.inputs):
             check_inputs(program, inputs, self.source)  # raises: the wrong count of inputs
         tokens = self._tokens(inputs)
-        parts, start = [], 0
-        for size in chunks(tokens, list(self._graphs)):
-            part = tuple(value.narrow(program.token_inputs[name], start, size)
-                         if name in program.token_inputs else value
-                         for name, value in zip(program.inputs, inputs, strict=True))
-            parts.append((self._graphs[size], tuple(check_inputs(self._graphs[size].program, part,
-                                                                 self.source))))
-            start += size
+        parts = [(self._graphs[size], tuple(check_inputs(self._graphs[size].program, part, self.source)))
+                 for size, part in split_call(program, inputs, tokens)]
         # the values of the whole call, before any chunk runs (the chunks check theirs again)
         env = dict(zip(program.inputs, inputs, strict=True))
         checks = [c for c in program.input_checks if c.kind != "consecutive"] + \

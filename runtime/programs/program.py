@@ -165,11 +165,21 @@ class Program:
     def run_reference(self, *inputs, state: dict[str, torch.Tensor] | None = None):
         """Runs every node on the CPU: etvk ops with their reference kernels (``torch.ops.etvk``).
 
-        The definition a loaded program's results are bit-exact against.
+        The definition a loaded program's results are bit-exact against. A program with a
+        dynamic token count takes any count of tokens, in chunks as a loaded program runs them.
 
         Args:
             inputs: the program's inputs, in order.
             state: for a program with state, the state to start from, updated in place
                 as a loaded program's is (`initial_state` makes one); None: a fresh one.
         """
-        return run_on_cpu(resolve_layouts(self, "other"), inputs, state)
+        name, dim = next(iter(self.token_inputs.items()), (None, 0))
+        ids = inputs[self.inputs.index(name)] if name and len(inputs) == len(self.inputs) else None
+        if not isinstance(ids, torch.Tensor) or ids.dim() <= dim:  # static shapes, or a bad call
+            return run_on_cpu(resolve_layouts(self, "other"), inputs, state)  # (refused there)
+        from runtime.programs.token_counts import join_outputs, split_call  # it imports this module
+
+        state = self.initial_state() if state is None else state
+        graphs = {self.tokens: self, **self.specializations}
+        return join_outputs(self, [run_on_cpu(resolve_layouts(graphs[size], "other"), part, state)
+                                   for size, part in split_call(self, inputs, ids.shape[dim])])
