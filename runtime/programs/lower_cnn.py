@@ -25,7 +25,9 @@ per-tensor qparams, one consumer along the chain, shapes the op takes):
   (``dq -> q`` with other qparams: the dropout PT2E quantizes on its own), the
   pooled tensor is requantized instead (``q8ta_dequantize -> q8ta_quantize``,
   the same values) and read in place;
-- ``dq, ... -> cat(dim=1) -> q`` -> a chain of two-input ``q8ta_concat``.
+- ``dq, ... -> cat(dim=1) -> q`` -> a chain of two-input ``q8ta_concat``;
+- first of all, the quantize of an fp32 channel split, shuffle or cat of dequantized int8
+  values (ShuffleNet) -> ``q8ta_channel_gather`` and ``q8ta_concat`` (lower_gather.py).
 
 Every int8 tensor these ops read or write gets the placeholder layout
 ``PACKED_INT8_CONV2D``. Pure graph work; used by lower.py.
@@ -35,6 +37,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.programs.lower_gather import lower_channel_gathers
 from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
 
@@ -297,6 +300,7 @@ _TARGETS = {
 
 def lower_cnn_ops(rw: Rewriter) -> None:
     """Every pattern of the module docstring, in program order."""
+    lower_channel_gathers(rw)
     drop_identities(rw)
     fold_clamps(rw)
     patterns = _Patterns(rw)

@@ -2,8 +2,9 @@
 
 For elementwise ops the shape is the input's; for the others it is a size
 hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
-pools, q8ta_linear, q8ta_binary and q8ta_lut: which case of `runtime.tools.examples_q8ta_pool`,
-`runtime.tools.examples_q8ta_linear`, `runtime.tools.examples_q8ta_binary` or
+pools, q8ta_linear, q8ta_binary, q8ta_channel_gather and q8ta_lut: which case of
+`runtime.tools.examples_q8ta_pool`, `runtime.tools.examples_q8ta_linear`,
+`runtime.tools.examples_q8ta_binary`, `runtime.tools.examples_q8ta_gather` or
 `runtime.tools.examples_q8ta_unary`;
 q8ta_quantize and q8ta_dequantize: the width and the packed layout).
 
@@ -25,6 +26,7 @@ from runtime.tools import (
     examples_attention,
     examples_llm,
     examples_q8ta_binary,
+    examples_q8ta_gather,
     examples_q8ta_unary,
 )
 from runtime.vulkan.layouts import PACKED_LAYOUTS
@@ -295,6 +297,7 @@ EXAMPLES = {
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,
     "etvk.q8ta_linear.default": build_q8ta_linear,
     "etvk.q8ta_lut.default": examples_q8ta_unary.build,
+    "etvk.q8ta_channel_gather.default": examples_q8ta_gather.build,
     **{
         name: examples_q8ta_binary.build(name)
         for name in ("etvk.q8ta_add.default", "etvk.q8ta_mul.default", "etvk.q8ta_concat.default")

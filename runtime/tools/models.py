@@ -102,6 +102,7 @@ TORCHVISION_MODELS = {
     "mobilenet_v3_small": "mobilenetv3",
     "mobilenet_v3_large": "mobilenetv3",
     "efficientnet_b0": "efficientnet",
+    **{name: "shufflenetv2" for name in ("shufflenet_v2_x0_5", "shufflenet_v2_x1_0")},
 }
 
 

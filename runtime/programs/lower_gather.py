@@ -1,0 +1,175 @@
+"""Channel splits and shuffles of dequantized int8 activations (ShuffleNet) as int8 ops.
+
+PT2E quantizes neither ``chunk`` nor ``cat`` nor the channel shuffle
+``view(N, g, C/g, H, W) -> transpose(1, 2) -> contiguous -> view(N, C, H, W)``
+in ShuffleNetV2: between the dequantize of one conv and the quantize before
+the next, a block's channels travel in fp32, each channel still the
+dequantized value of one int8 channel (the concats mix channels of several
+qparams). This pass takes every ``quantize_per_tensor`` whose input is such an
+fp32 *channel expression*
+
+    E := dequantize(x) | cat([E, ...], dim=1) | chunk / split / slice of E along dim 1
+       | channel shuffle of E
+
+(x a 4-D int8 value, per-tensor qparams) and computes it from the int8
+values: a cat becomes a chain of two-input ``q8ta_concat`` that requantizes
+its inputs to the quantize's qparams, a split or shuffle becomes a
+``q8ta_channel_gather`` (a copy). Each element is thereby quantized once from
+its own dequantized value to the quantize's qparams (later concats requantize
+to the same qparams: an exact copy, docs/int8_cnn_ops.md), as the graph
+computes it; an expression with no cat keeps its source's qparams and is
+requantized by a ``dequantize -> quantize`` pair (nothing where the qparams are
+the same). Each quantize gets its own ops (quantizes of one expression with
+different qparams need different values); what the fp32 nodes no longer feed
+is dropped as dead. Pure graph work; run by lower_cnn.py.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from runtime.programs.nodes import Node, Ref, ValueSpec
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor
+
+_SPLITS = ("aten.chunk.default", "aten.split.Tensor", "aten.split_with_sizes.default")
+_VIEWS = ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
+_COPIES = ("aten.contiguous.default", "aten.clone.default")
+
+
+def _channel_dim(dim) -> bool:
+    """Whether `dim` names the channels of a 4-D tensor."""
+    return dim in (1, -3)
+
+
+class _Gathers:
+    """Parses channel expressions (trees of tuples) and emits their int8 ops for one program."""
+
+    def __init__(self, rw: Rewriter):
+        self.rw = rw
+        self.count = 0
+
+    def shape(self, ref) -> tuple[int, ...]:
+        return self.rw.shape(ref)
+
+    def parse(self, ref):
+        """The channel expression `ref` holds: ``("leaf", x, scale, zero point)``,
+        ``("cat", [E, ...])`` or ``("gather", E, start, count, groups)``; None for anything else."""
+        node = self.rw.producer(ref)
+        if node is None or len(self.rw.program.values[ref.name].shape) != 4:
+            return None
+        leaf = int8_per_tensor(node, DQ)
+        if leaf is not None:
+            source = self.rw.producer(leaf[0])
+            return ("leaf", *leaf) if source is not None and len(self.shape(leaf[0])) == 4 else None
+        if node.target == "aten.cat.default":
+            b = bind(node)
+            parts = [self.parse(t) if isinstance(t, Ref) else None for t in b["tensors"]]
+            ok = _channel_dim(b["dim"]) and len(parts) >= 2 and all(p is not None for p in parts)
+            return ("cat", parts) if ok else None
+        gather = self.split(node, ref) or self.shuffle(node)
+        if gather is None:
+            return None
+        source = self.parse(gather[0])
+        return None if source is None else ("gather", source, *gather[1:])
+
+    def split(self, node: Node, ref):
+        """(source, start, count, 1) where `ref` is one part of a split, chunk or slice of the
+        channels (step 1); None otherwise."""
+        b = bind(node)
+        source = b.get("self")
+        if not isinstance(source, Ref) or len(self.shape(source)) != 4 or not _channel_dim(b.get("dim")):
+            return None
+        channels = self.shape(source)[1]
+        if node.target in _SPLITS:
+            index = node.outputs.index(ref.name)
+            start = sum(self.rw.program.values[o].shape[1] for o in node.outputs[:index])
+        elif node.target == "aten.slice.Tensor" and b["step"] == 1:
+            start = b["start"] or 0
+            start = min(max(start + channels if start < 0 else start, 0), channels)
+        else:
+            return None
+        count = self.shape(ref)[1]
+        return (source, start, count, 1) if count >= 1 else None
+
+    def shuffle(self, node: Node):
+        """(source, 0, C, g) where `node` ends ``view(N, g, C/g, H, W) -> transpose(1, 2) ->
+        [contiguous] -> view(N, C, H, W)`` of a 4-D source; None otherwise."""
+        if node.target not in _VIEWS:
+            return None
+        inner = self.rw.producer(node.args[0])
+        if inner is not None and inner.target in _COPIES and len(inner.args) == 1 and not inner.kwargs:
+            inner = self.rw.producer(inner.args[0])
+        if inner is None or not (
+                (inner.target == "aten.transpose.int" and sorted(inner.args[1:]) == [1, 2])
+                or (inner.target == "aten.permute.default" and list(inner.args[1]) == [0, 2, 1, 3, 4])):
+            return None
+        grouped = self.rw.producer(inner.args[0])
+        if grouped is None or grouped.target not in _VIEWS or not isinstance(grouped.args[0], Ref):
+            return None
+        source = grouped.args[0]
+        shape, five = self.shape(source), self.rw.program.values[grouped.outputs[0]].shape
+        if len(shape) != 4 or self.shape(Ref(node.outputs[0])) != shape or len(five) != 5 \
+                or five != (shape[0], five[1], shape[1] // five[1], *shape[2:]) \
+                or five[1] * five[2] != shape[1]:
+            return None
+        return source, 0, shape[1], five[1]
+
+    def value(self, shape, before: Node) -> str:
+        self.count += 1
+        name = f"{before.outputs[0]}_gather{self.count}"
+        self.rw.program.values[name] = ValueSpec(tuple(shape), torch.int8)
+        return name
+
+    def emit(self, tree, scale: float, zero_point: int, before: Node, nodes: list):
+        """The int8 (value, scale, zero point) of `tree`, its ops appended to `nodes`; a cat's
+        concats requantize to (`scale`, `zero_point`)."""
+        if tree[0] == "leaf":
+            return tree[1:]
+        if tree[0] == "gather":
+            x, x_scale, x_zero_point = self.emit(tree[1], scale, zero_point, before, nodes)
+            start, count, groups = tree[2:]
+            n, _, h, w = self.shape(x)
+            name = self.value((n, count, h, w), before)
+            nodes.append(Node(name, "etvk.q8ta_channel_gather.default", (x, start, count, groups), {}, (name,)))
+            return Ref(name), x_scale, x_zero_point
+        acc = self.emit(tree[1][0], scale, zero_point, before, nodes)
+        for part in tree[1][1:]:
+            part = self.emit(part, scale, zero_point, before, nodes)
+            n, c, h, w = self.shape(acc[0])
+            name = self.value((n, c + self.shape(part[0])[1], h, w), before)
+            nodes.append(Node(name, "etvk.q8ta_concat.default", (*acc, *part, scale, zero_point), {}, (name,)))
+            acc = (Ref(name), scale, zero_point)
+        return acc
+
+    def lower(self, quantize: Node) -> None:
+        """`quantize` of a channel expression other than a plain dequantize, computed in int8."""
+        found = int8_per_tensor(quantize, Q)
+        tree = None if found is None else self.parse(found[0])
+        if tree is None or tree[0] == "leaf":
+            return
+        program, (_, scale, zero_point) = self.rw.program, found
+        nodes: list[Node] = []
+        result = self.emit(tree, scale, zero_point, quantize, nodes)
+        for node in nodes:
+            self.rw.mark_packed(node.outputs[0])
+        self.rw.mark_packed(result[0].name)
+        position = program.nodes.index(quantize)
+        if result[1:] == (scale, zero_point):
+            program.nodes[position:position] = nodes
+            program.replace_uses(quantize.outputs[0], result[0].name)
+        else:  # no cat: the source's qparams, requantized
+            name = f"{quantize.outputs[0]}_gathered"
+            program.values[name] = ValueSpec(self.shape(result[0]), torch.float32)
+            requantize = Node(quantize.name, Q, (Ref(name), *quantize.args[1:]), dict(quantize.kwargs),
+                              quantize.outputs)
+            program.nodes[position:position + 1] = [
+                *nodes, Node(name, DQ, (*result, -128, 127, torch.int8), {}, (name,)), requantize]
+        self.rw.refresh()
+
+
+def lower_channel_gathers(rw: Rewriter) -> None:
+    """Every quantize of a channel expression (module docstring), in program order."""
+    gathers = _Gathers(rw)
+    for node in list(rw.program.nodes):
+        if node.target == Q and node in rw.program.nodes:
+            gathers.lower(node)
