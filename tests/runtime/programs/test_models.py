@@ -1,6 +1,6 @@
-"""Real architectures: torchvision ResNet-18, ResNet-50, MobileNetV2 (32x32) and MnasNet-0.5 (48x48,
-so its mean pools a 2x2 map) with random weights and batch-norm statistics measured on random
-inputs, quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered, saved,
+"""Real architectures: torchvision ResNet-18, ResNet-50, MobileNetV2, ShuffleNetV2-x0.5 (32x32) and
+MnasNet-0.5 (48x48, so its mean pools a 2x2 map) with random weights and batch-norm statistics measured
+on random inputs, quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered, saved,
 loaded, run, bit-exact against their CPU reference runs and in agreement with PyTorch's."""
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ def _batch_statistics(model: nn.Module, batches) -> nn.Module:
 
 
 # model -> its input size on the test device
-SIZES = {"resnet18": 32, "resnet50": 32, "mobilenet_v2": 32, "mnasnet0_5": 48}
+SIZES = {"resnet18": 32, "resnet50": 32, "mobilenet_v2": 32, "mnasnet0_5": 48, "shufflenet_v2_x0_5": 32}
 
 
 @pytest.fixture(scope="module", params=list(SIZES))
@@ -53,7 +53,8 @@ def test_the_whole_model_runs_on_the_device_bit_exact(model_file):
     loaded = runtime.load(path)
     rows = loaded.placement()
     convs = [r for r in rows if r["target"] == "etvk.q8ta_conv2d.default"]
-    assert len(convs) == {"resnet18": 20, "resnet50": 53, "mobilenet_v2": 52, "mnasnet0_5": 52}[name]
+    assert len(convs) == {"resnet18": 20, "resnet50": 53, "mobilenet_v2": 52, "mnasnet0_5": 52,
+                          "shufflenet_v2_x0_5": 56}[name]
     # int8 from the first quantize to the last dequantize: no CPU node anywhere
     assert rows[0]["target"] == "etvk.q8ta_quantize.default"
     assert rows[-1]["target"] == "etvk.dequantize_per_tensor.default"
