@@ -2,7 +2,8 @@
 graph written with explicit quantize / dequantize ops, as PT2E leaves them: chunk, cat and the
 shuffle's view -> transpose -> contiguous -> view in fp32 between a dequantize and the next
 quantize. Nothing of them stays on the CPU; device runs equal Program.run_reference bit for bit,
-and the reference equals PyTorch's run of the graph."""
+and the reference equals PyTorch's run of the graph. Near misses (no quantize after the fp32
+values, a chunk of another dimension) stay on the CPU."""
 
 from __future__ import annotations
 
@@ -86,3 +87,27 @@ def test_shuffle_blocks_run_on_the_device_bit_exact(tmp_path):
         for got, reference, pytorch in zip(loaded(*inputs), want, theirs, strict=True):
             assert torch.equal(got, reference)
             assert torch.equal(reference, pytorch)
+
+
+class NearMisses(nn.Module):
+    """What stays on the CPU: a shuffle returned in fp32 (no quantize to compute) and a chunk of
+    the height; the quantized channel chunk beside them is lowered."""
+
+    def forward(self, x):
+        qx = q(x, 0.05, 3)
+        returned = shuffle(dq(qx, 0.05, 3), 2)
+        rows = q(dq(qx, 0.05, 3).chunk(2, dim=2)[0], 0.05, 3)
+        channels = q(dq(qx, 0.05, 3).chunk(2, dim=1)[0], 0.05, 3)
+        return returned, dq(rows, 0.05, 3), dq(channels, 0.05, 3)
+
+
+def test_near_misses_stay_on_the_cpu():
+    exported = torch.export.export(NearMisses().eval(), _inputs(0))
+    program = runtime.lower(exported)
+    targets = Counter(n.target.removesuffix(".default") for n in program.nodes)
+    assert targets["aten.transpose.int"] == 1 and targets["aten.chunk"] == 1, targets
+    gathers = [n for n in program.nodes if n.target == "etvk.q8ta_channel_gather.default"]
+    assert [n.args[1:] for n in gathers] == [(0, 5, 1)]
+    inputs = _inputs(3)
+    for reference, pytorch in zip(program.run_reference(*inputs), exported.module()(*inputs), strict=True):
+        assert torch.equal(reference, pytorch)
