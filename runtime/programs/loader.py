@@ -52,6 +52,7 @@ import torch
 from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.families.conv2d_layouts import CONV_OP_ALGORITHMS, CONV_OPS
 from runtime.ops import tuning
+from runtime.programs.chunking import join_outputs, split_call
 from runtime.programs.cpu import ProgramInputError, check_inputs, run_node
 from runtime.programs.input_checks import check_input_values
 from runtime.programs.layouts import conv_geometry, resolve_layouts
@@ -65,7 +66,6 @@ from runtime.programs.recording import (
     TrackingAllocator,
     record_program,
 )
-from runtime.programs.token_counts import join_outputs, split_call
 from runtime.vulkan.device import get_device
 from runtime.vulkan.memory import DIRECT_READ_LIMIT, Buffer
 from runtime.vulkan.stream import HOST_OUTPUT_BYTES

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from runtime.programs import fileformat
+from runtime.programs.chunking import join_outputs, split_call
 from runtime.programs.cpu import run_on_cpu
 from runtime.programs.layouts import resolve_layouts
 from runtime.programs.nodes import Const, InputCheck, Node, Ref, ValueSpec, map_args
@@ -177,8 +178,6 @@ class Program:
         ids = inputs[self.inputs.index(name)] if name and len(inputs) == len(self.inputs) else None
         if not isinstance(ids, torch.Tensor) or ids.dim() <= dim:  # static shapes, or a bad call
             return run_on_cpu(resolve_layouts(self, "other"), inputs, state)  # (refused there)
-        from runtime.programs.token_counts import join_outputs, split_call  # it imports this module
-
         state = self.initial_state() if state is None else state
         graphs = {self.tokens: self, **self.specializations}
         return join_outputs(self, [run_on_cpu(resolve_layouts(graphs[size], "other"), part, state)

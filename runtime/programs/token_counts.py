@@ -9,21 +9,18 @@ export's bound and `MAX_CHUNK`) and `combine` makes them one `Program`:
 the program for the smallest count, with the others in its
 ``specializations``, all sharing its constants (the same tensors: one copy
 in the file and on the device; a constant folded differently for a count
-gets its own name) and its state. `chunks` splits a call of T
-tokens into counts the program has, largest first; the loader runs them
-in order (`split_call`), each writing its tokens into the cache before the
-next reads them, and joins the outputs along their token dimension
-(`join_outputs`); so does `Program.run_reference`.
+gets its own name) and its state. A call of T tokens runs in chunks of
+the counts the program has, largest first (runtime.programs.chunking),
+each writing its tokens into the cache before the next reads them.
 
 That is exact for a causal decoder, whose tokens see each other only
 through the cache; `combine` checks that each graph is one (state, and
 cache positions checked as consecutive on a token input) and refuses any
-other dynamic program. Pure graph work; used by lower.py, program.py and the loader.
+other dynamic program. Pure graph work; used by lower.py.
 """
 
 from __future__ import annotations
 
-import torch
 from torch.export import ExportedProgram
 from torch.export import graph_signature as sig
 
@@ -139,37 +136,3 @@ def _same(a, b) -> bool:
     if a.shape != b.shape or a.dtype != b.dtype:
         return False
     return (a.data_ptr() == b.data_ptr() and a.stride() == b.stride()) or bool((a == b).all())
-
-
-def chunks(tokens: int, sizes: list[int]) -> list[int]:
-    """`tokens` as a sum of `sizes` (which hold 1), largest first."""
-    parts = []
-    for size in sorted(sizes, reverse=True):
-        while tokens >= size:
-            parts.append(size)
-            tokens -= size
-    return parts
-
-
-def split_call(program: Program, inputs: tuple, tokens: int) -> list[tuple[int, tuple]]:
-    """A call of `tokens` tokens of a program with a dynamic token count as its chunks, in
-    order: (token count, the inputs with each token input narrowed to the chunk's tokens)."""
-    parts, start = [], 0
-    for size in chunks(tokens, [program.tokens, *program.specializations]):
-        parts.append((size, tuple(value.narrow(program.token_inputs[name], start, size)
-                                  if name in program.token_inputs else value
-                                  for name, value in zip(program.inputs, inputs, strict=True))))
-        start += size
-    return parts
-
-
-def join_outputs(program: Program, results: list):
-    """The outputs of a call from its chunks' (each a tensor or a tuple, as the program returns):
-    joined along each output's token dimension; an output without one is the last chunk's."""
-    if len(results) == 1:
-        return results[0]
-    joined = []
-    for index, dim in enumerate(program.token_outputs):
-        pieces = [r[index] if program.output_tuple else r for r in results]
-        joined.append(pieces[-1] if dim is None else torch.cat(pieces, dim))
-    return tuple(joined) if program.output_tuple else joined[0]
