@@ -76,6 +76,16 @@ def _check_x_map_size(op, x):
         raise rt.ArgumentError(op, "x", f"must have H * W <= 2^23 (so the int32 sum cannot overflow), got {x.shape[2]}x{x.shape[3]}")
 
 
+def _check_output_size_positive(op, output_size):
+    if not (rt.pair(output_size) is not None and min(rt.pair(output_size)) > 0):
+        raise rt.ArgumentError(op, "output_size", f"must be 1 or 2 ints > 0, got {output_size}")
+
+
+def _check_output_size_index_range(op, output_size, x):
+    if not ((x.shape[2] + 1) * rt.pair(output_size)[0] <= 2 ** 31 and (x.shape[3] + 1) * rt.pair(output_size)[1] <= 2 ** 31):
+        raise rt.ArgumentError(op, "output_size", f"must keep (H + 1) * H_out and (W + 1) * W_out within 2^31 (the shader's int32 window bounds), got {output_size} for a {x.shape[2]}x{x.shape[3]} input")
+
+
 def q8ta_max_pool2d(stream, x, kernel_size, stride, padding, dilation, ceil_mode, *, variant=None, storage=None):
     """Record etvk.q8ta_max_pool2d.default into `stream`; returns device tensors."""
     op = Q8TA_MAX_POOL2D
@@ -110,7 +120,7 @@ Q8TA_MAX_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_max_pool2d(Tensor x, int[] kernel_size, int[] stride, int[] padding, int[] dilation, bool ceil_mode) -> Tensor",
     doc="Int8 max_pool2d (PyTorch's geometry: an empty stride is the kernel size, padding at most half the kernel, ceil_mode) in the int8 domain; padding taps never win. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:126",
+    spec="op_specs/q8ta_pool.yaml:156",
     reference="runtime.reference.q8ta_pool:q8ta_max_pool2d",
     variants=(
         ("q8ta_pool2d_max", {"POOL": "max"}),
@@ -165,7 +175,7 @@ Q8TA_AVG_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point, int[] kernel_size, int[] stride, int[] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor",
     doc="Int8 avg_pool2d (PyTorch's geometry and divisor: count_include_pad, divisor_override, ceil_mode windows cut at size + padding): the exact int32 sum of q - input_zero_point over the taps inside the image, then float(S) * input_scale, / divisor correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:152",
+    spec="op_specs/q8ta_pool.yaml:182",
     reference="runtime.reference.q8ta_pool:q8ta_avg_pool2d",
     variants=(
         ("q8ta_pool2d_avg", {"POOL": "avg"}),
@@ -208,7 +218,7 @@ Q8TA_GLOBAL_AVG_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_global_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Int8 global average pooling to [N, C, 1, 1] (adaptive_avg_pool2d(1), mean over H and W): the exact int32 sum of q - input_zero_point over H*W by a workgroup-cooperative reduction, then float(S) * input_scale, / (H*W) correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:186",
+    spec="op_specs/q8ta_pool.yaml:216",
     reference="runtime.reference.q8ta_pool:q8ta_global_avg_pool2d",
     variants=(
         ("q8ta_global_avg_pool2d", {}),
@@ -219,8 +229,56 @@ Q8TA_GLOBAL_AVG_POOL2D = rt.OpDef(
 )
 
 
+def q8ta_adaptive_avg_pool2d(stream, x, input_scale, input_zero_point, output_scale, output_zero_point, output_size, *, variant=None, storage=None):
+    """Record etvk.q8ta_adaptive_avg_pool2d.default into `stream`; returns device tensors."""
+    op = Q8TA_ADAPTIVE_AVG_POOL2D
+    rt.check_arg(op, "x", x, "Tensor")
+    rt.check_arg(op, "input_scale", input_scale, "float")
+    rt.check_arg(op, "input_zero_point", input_zero_point, "int")
+    rt.check_arg(op, "output_scale", output_scale, "float")
+    rt.check_arg(op, "output_zero_point", output_zero_point, "int")
+    rt.check_arg(op, "output_size", output_size, "int[]")
+    _check_x_packed_int8(op, x)
+    _check_x_map_size(op, x)
+    _check_output_size_positive(op, output_size)
+    _check_output_size_index_range(op, output_size, x)
+    _check_input_scale_range(op, input_scale)
+    _check_output_scale_range(op, output_scale)
+    _check_input_zero_point_int8(op, input_zero_point)
+    _check_output_zero_point_int8(op, output_zero_point)
+    layout = rt.layout_of(x, '4C1W')
+    out_hw = rt.pair(output_size)
+    v = op.select(variant, storage, {})
+    x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
+    out = stream.empty([x.shape[0], x.shape[1], out_hw[0], out_hw[1]], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [x.shape[3], x.shape[2], x.shape[1], x.shape[0]], "out_sizes": [out_hw[1], out_hw[0], x.shape[1], x.shape[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[out_hw[1], out_hw[0], x.shape[0] * rt.ceil_div(x.shape[1], 4)])
+    return out
+
+
+def _q8ta_adaptive_avg_pool2d_fake(x, input_scale, input_zero_point, output_scale, output_zero_point, output_size):
+    out_hw = rt.pair(output_size)
+    return torch.empty([x.shape[0], x.shape[1], out_hw[0], out_hw[1]], dtype=torch.int8, device=x.device)
+
+
+Q8TA_ADAPTIVE_AVG_POOL2D = rt.OpDef(
+    name="etvk.q8ta_adaptive_avg_pool2d.default",
+    family="q8ta_pool",
+    schema="q8ta_adaptive_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point, int[] output_size) -> Tensor",
+    doc="Int8 adaptive_avg_pool2d to any output size (PyTorch's windows: along an axis of length L to L_out outputs, output i averages [floor(i*L/L_out), ceil((i+1)*L/L_out))): the exact int32 sum of q - input_zero_point over the window, then float(S) * input_scale, / (the window's taps) correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
+    spec="op_specs/q8ta_pool.yaml:244",
+    reference="runtime.reference.q8ta_pool:q8ta_adaptive_avg_pool2d",
+    variants=(
+        ("q8ta_adaptive_avg_pool2d", {}),
+    ),
+    record=q8ta_adaptive_avg_pool2d,
+    fake=_q8ta_adaptive_avg_pool2d_fake,
+    plannable=True,
+)
+
+
 OPS = (
     Q8TA_MAX_POOL2D,
     Q8TA_AVG_POOL2D,
     Q8TA_GLOBAL_AVG_POOL2D,
+    Q8TA_ADAPTIVE_AVG_POOL2D,
 )

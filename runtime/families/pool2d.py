@@ -1,6 +1,6 @@
 """Host-side geometry of the int8 pooling family (q8ta_pool).
 
-Pure Python / torch, three jobs:
+Pure Python / torch, four jobs:
 
 - `pool2d_params`: PyTorch-style pooling arguments (kernel_size, stride,
   padding, dilation as 1 or 2 ints, an empty stride meaning the kernel size,
@@ -8,6 +8,7 @@ Pure Python / torch, three jobs:
 - `avg_pool2d_divisors`: the divisor of every output pixel of
   ``avg_pool2d`` (count_include_pad, divisor_override and the windows that
   ceil_mode cuts at ``size + padding``), the table the shader computes per pixel;
+- `adaptive_windows`: adaptive_avg_pool2d's window bounds along one axis;
 - `global_pool_tiling`: how the global average pool's workgroups share the
   reduction over H*W.
 
@@ -130,6 +131,17 @@ def avg_pool2d_divisors(params: Pool2dParams, count_include_pad: bool,
     dx = _axis_divisors(params.W, params.W_out, params.KW, params.stride[1], params.padding[1],
                         count_include_pad)
     return dy[:, None] * dx[None, :]
+
+
+def adaptive_windows(size: int, out: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """adaptive_avg_pool2d's windows along an axis of `size` to `out` outputs.
+
+    Returns:
+        int64 ``(start, end)`` of length `out`: output ``i`` covers
+        ``[floor(i*size/out), ceil((i+1)*size/out))``.
+    """
+    i = torch.arange(out, dtype=torch.int64)
+    return i * size // out, ((i + 1) * size + out - 1) // out
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ per-tensor qparams, one consumer along the chain, shapes the op takes):
   or ``mean(dim=[2, 3], keepdim=True) -> q`` -> ``q8ta_global_avg_pool2d``; without
   keepdim (any spelling of H and W) the mean is first rewritten as the keepdim one
   and ``q -> dq -> flatten(1) -> q`` with one qparams (exact, as above), the
-  pooled head below;
+  pooled head below; ``dq -> adaptive_avg_pool2d(other sizes) -> q`` ->
+  ``q8ta_adaptive_avg_pool2d``;
 - ``dq -> linear(dq_per_channel weight) -> [q]`` -> ``q8ta_linear`` (int8 or
   fp32 out); a ``dq -> flatten(1) -> q`` of a pooled ``[N, C, 1, 1]`` before it is
   read in place (no copy); where the linear's input requantizes that flatten
@@ -173,7 +174,15 @@ class _Patterns:
                            [x[0], Ref(out[0].outputs[0])])
 
     def adaptive_avg_pool2d(self, node):
-        return self.global_avg_pool2d(node) if _ints(bind(node)["output_size"]) in ([1], [1, 1]) else None
+        size = _ints(bind(node)["output_size"])
+        if size in ([1], [1, 1]):
+            return self.global_avg_pool2d(node)
+        ends = self._pool_ends(node, same=False)
+        if ends is None:
+            return None
+        x, out = ends
+        return self.finish(out[0], "etvk.q8ta_adaptive_avg_pool2d.default", (*x, out[1], out[2], size),
+                           [x[0], Ref(out[0].outputs[0])])
 
     def mean(self, node):
         b = bind(node)

@@ -8,7 +8,8 @@
   ``a = float(S) * input_scale``, ``y = a / divisor`` (correctly rounded), and
   ``out = clamp(roundEven(y * float32(1 / output_scale)) + output_zero_point, -128, 127)``.
   The divisor is avg_pool2d's (`runtime.families.pool2d.avg_pool2d_divisors`);
-  H*W for the global pool.
+  H*W for the global pool, the window's taps for the adaptive pool
+  (`runtime.families.pool2d.adaptive_windows`).
 
 The integer parts are computed exactly (integer-valued float64 or int64).
 Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.families.pool2d import avg_pool2d_divisors, pool2d_params
+from runtime.families.pool2d import adaptive_windows, avg_pool2d_divisors, pool2d_params
 from runtime.reference.quantize import fp32, quantize_per_tensor
 
 INT8_MIN, INT8_MAX = -128, 127
@@ -79,3 +80,21 @@ def q8ta_global_avg_pool2d(x, input_scale, input_zero_point, output_scale, outpu
     sums = (x.to(torch.int64) - input_zero_point).sum(dim=(2, 3), keepdim=True)
     divisor = torch.tensor(x.shape[2] * x.shape[3], dtype=torch.int64)
     return average(sums, divisor, input_scale, output_scale, output_zero_point)
+
+
+def q8ta_adaptive_avg_pool2d(x, input_scale, input_zero_point, output_scale, output_zero_point,
+                             output_size):
+    """int8 adaptive average pooling with PyTorch's adaptive_avg_pool2d windows.
+
+    Returns:
+        int8 ``[N, C, H_out, W_out]``.
+    """
+    h_out, w_out = int(output_size[0]), int(output_size[-1])  # 1 or 2 ints
+    centred = x.to(torch.int64) - input_zero_point
+    # prefix sums with a leading 0 row / column: a window's sum is four lookups
+    table = torch.nn.functional.pad(centred.cumsum(2).cumsum(3), (1, 0, 1, 0))
+    (ya, yb), (xa, xb) = adaptive_windows(x.shape[2], h_out), adaptive_windows(x.shape[3], w_out)
+    sums = (table[:, :, yb[:, None], xb[None, :]] - table[:, :, ya[:, None], xb[None, :]]
+            - table[:, :, yb[:, None], xa[None, :]] + table[:, :, ya[:, None], xa[None, :]])
+    divisors = (yb - ya)[:, None] * (xb - xa)[None, :]
+    return average(sums, divisors, input_scale, output_scale, output_zero_point)

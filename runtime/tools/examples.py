@@ -205,6 +205,7 @@ def build_q8ta_pool(op_name):
         "etvk.q8ta_avg_pool2d.default": ([c for c in pool.WINDOW_CASES if c.is_avg],
                                          pool.avg_pool_args),
         "etvk.q8ta_global_avg_pool2d.default": (pool.GLOBAL_CASES, pool.global_pool_args),
+        "etvk.q8ta_adaptive_avg_pool2d.default": (pool.ADAPTIVE_CASES, pool.adaptive_pool_args),
     }[op_name]
 
     def build(axes, shape, gen):
@@ -326,6 +327,7 @@ EXAMPLES = {
             "etvk.q8ta_max_pool2d.default",
             "etvk.q8ta_avg_pool2d.default",
             "etvk.q8ta_global_avg_pool2d.default",
+            "etvk.q8ta_adaptive_avg_pool2d.default",
         )
     },
 }

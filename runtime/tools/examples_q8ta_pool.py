@@ -8,7 +8,9 @@ padding), padding up to half the kernel, asymmetric kernels and strides, an
 empty stride, dilation (max only), count_include_pad, divisor_override
 (negative too) and a window that sees only padding. `GLOBAL_CASES` are global
 average poolings, at the real sizes of ResNet-50 and MobileNetV2 and on a
-56x56 map. The argument builders give each op's arguments in schema order.
+56x56 map. `ADAPTIVE_CASES` are adaptive average poolings to VGG's and
+AlexNet's heads and to sizes that do not divide the input or exceed it. The
+argument builders give each op's arguments in schema order.
 Used by the pool tests (tests/ops), the demo (through runtime/tools/examples.py)
 and the benchmarks. Pure torch; no Vulkan.
 """
@@ -114,6 +116,31 @@ GLOBAL_CASES = [
 GLOBAL_CASES_BY_NAME = {case.name: case for case in GLOBAL_CASES}
 
 
+@dataclass(frozen=True)
+class AdaptiveCase:
+    """One adaptive average pooling of an int8 ``[N, C, H, W]`` input to ``output_size``."""
+
+    name: str
+    N: int
+    C: int
+    H: int
+    W: int
+    output_size: tuple[int, ...]
+    real: str = ""
+
+
+A = AdaptiveCase
+ADAPTIVE_CASES = [
+    A("vgg_7x7_of_5x5", 1, 6, 5, 5, (7, 7), real="VGG's head on a small input: overlapping windows"),
+    A("alexnet_6x6_of_13x13", 1, 4, 13, 13, (6,), real="AlexNet's head at 224x224 (fewer channels)"),
+    A("divides_3_of_6x6", 1, 8, 6, 6, (3,), real="an output that divides the input: avg_pool2d(2)"),
+    A("uneven_3x4_of_7x9_batch2", 2, 5, 7, 9, (3, 4), real="uneven windows, C not a multiple of 4"),
+    A("from_1x1_to_7x7", 1, 3, 1, 1, (7, 7), real="VGG at 32x32: one pixel repeated"),
+    A("same_size_4x3", 1, 4, 4, 3, (4, 3), real="output size = input size (the pool only requantizes)"),
+]
+ADAPTIVE_CASES_BY_NAME = {case.name: case for case in ADAPTIVE_CASES}
+
+
 def _generator(name: str, seed: int | None) -> torch.Generator:
     return torch.Generator().manual_seed(zlib.crc32(name.encode()) if seed is None else seed)
 
@@ -154,3 +181,10 @@ def global_pool_args(case: GlobalCase, seed: int | None = None) -> tuple:
     gen = _generator(case.name, seed)
     x = _input(case, gen)
     return (x, *_qparams(gen, 0.1))
+
+
+def adaptive_pool_args(case: AdaptiveCase, seed: int | None = None) -> tuple:
+    """Arguments of ``etvk.q8ta_adaptive_avg_pool2d`` for ``case`` (output scale 0.7 of the input's)."""
+    gen = _generator(case.name, seed)
+    x = _input(case, gen)
+    return (x, *_qparams(gen, 0.7), list(case.output_size))
