@@ -18,8 +18,7 @@ from op_testlib import assert_argument_error
 from test_q8ta_pool import (
     _agreement,
     _exact_average,
-    leave_dirty_buffer,
-    packed_bytes,
+    check_every_layout,
     pytorch_decomposed,
 )
 from torch.nn import functional as F
@@ -31,28 +30,13 @@ from runtime.tools.examples_q8ta_pool import (
     ADAPTIVE_CASES_BY_NAME,
     adaptive_pool_args,
 )
-from runtime.vulkan import layouts
-from runtime.vulkan.stream import Stream
-from runtime.vulkan.tensor import Tensor
 
 OP = "etvk.q8ta_adaptive_avg_pool2d.default"
 
 
 @pytest.mark.parametrize("case", ADAPTIVE_CASES, ids=[c.name for c in ADAPTIVE_CASES])
 def test_every_layout_matches_the_reference_bit_exactly(case, dispatch_trace):
-    op = runtime.get_op(OP)
-    args = adaptive_pool_args(case)
-    want = op.reference(*args)
-    got = op(*args)  # a host input, packed in the default layout
-    assert torch.equal(got, want), f"{case.name} host input: {(got != want).sum()} values differ"
-    for layout in layouts.PACKED_LAYOUTS:
-        leave_dirty_buffer(want.shape, layout)
-        with Stream() as stream:
-            x = Tensor.from_torch(args[0], layout=layout)
-            out = op.record(stream, x, *args[1:])
-            stream.run()
-            assert out.layout == layout
-            assert torch.equal(packed_bytes(out), layouts.pack(want, layout)), f"{case.name} {layout}"
+    check_every_layout(runtime.get_op(OP), adaptive_pool_args(case), case.name)
     assert "q8ta_adaptive_avg_pool2d" in dispatch_trace(), "the shader never reached the device"
 
 

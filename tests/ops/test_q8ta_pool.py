@@ -70,11 +70,16 @@ def packed_bytes(t: Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize(("kind", "case"), _cases())
 def test_every_layout_matches_the_reference_bit_exactly(kind, case, dispatch_trace):
-    op = runtime.get_op(OPS[kind])
-    args = BUILDERS[kind](case)
+    check_every_layout(runtime.get_op(OPS[kind]), BUILDERS[kind](case), case.name)
+    assert VARIANTS[kind] in dispatch_trace(), f"{VARIANTS[kind]} never reached the device"
+
+
+def check_every_layout(op, args: tuple, name: str) -> None:
+    """`op` on `args` from a host input (the default layout) and from a device input in each
+    packed layout, bit-exact against its reference, padding bytes included."""
     want = op.reference(*args)
     got = op(*args)  # a host input, packed in the default layout
-    assert torch.equal(got, want), f"{case.name} host input: {(got != want).sum()} values differ"
+    assert torch.equal(got, want), f"{name} host input: {(got != want).sum()} values differ"
     for layout in layouts.PACKED_LAYOUTS:
         leave_dirty_buffer(want.shape, layout)
         with Stream() as stream:
@@ -82,8 +87,7 @@ def test_every_layout_matches_the_reference_bit_exactly(kind, case, dispatch_tra
             out = op.record(stream, x, *args[1:])
             stream.run()
             assert out.layout == layout
-            assert torch.equal(packed_bytes(out), layouts.pack(want, layout)), f"{case.name} {layout}"
-    assert VARIANTS[kind] in dispatch_trace(), f"{VARIANTS[kind]} never reached the device"
+            assert torch.equal(packed_bytes(out), layouts.pack(want, layout)), f"{name} {layout}"
 
 
 def aten_pool(name: str, *geometry):

@@ -309,17 +309,24 @@ def test_affine_dynamic_quantize_bit_identical_to_torchao(storage, eps):
     op = runtime.get_op("etvk.quantize_affine_per_token_dynamic.default")
     for name, rows in AFFINE_ROWS.items():
         x = rows(gen, 2048 if name == "random" else 256).reshape(2, -1, K_AFFINE)
-        got = op(x, eps, storage=storage)
-        want = ref.quantize_affine_per_token_dynamic(x, eps)
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert_bit_equal(g, w, f"{name} eps={eps} output {i}")
-        block = [1, 1, K_AFFINE]
-        scales, zero_points = torch.ops.torchao.choose_qparams_affine(
-            x, "ASYMMETRIC", block, torch.int8, -128, 127, eps, torch.float32, torch.float32)
-        q = torch.ops.torchao.quantize_affine(x, block, scales, zero_points, torch.int8, -128, 127)
-        assert_bit_equal(got[0], q, f"{name} eps={eps}: q against torchao")
-        assert_bit_equal(got[1], scales, f"{name} eps={eps}: scales against torchao")
-        assert_bit_equal(got[2].float(), zero_points, f"{name} eps={eps}: zero points against torchao")
+        _check_affine_against_torchao(op, x, eps, storage, name)
+
+
+def _check_affine_against_torchao(op, x, eps, storage, name: str):
+    """The op's (q, scales, zero points) on `x`, checked bit for bit against the reference and
+    against torchao's choose_qparams_affine + quantize_affine; returns them."""
+    got = op(x, eps, storage=storage)
+    want = ref.quantize_affine_per_token_dynamic(x, eps)
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        assert_bit_equal(g, w, f"{name} eps={eps} output {i}")
+    block = [1, 1, K_AFFINE]
+    scales, zero_points = torch.ops.torchao.choose_qparams_affine(
+        x, "ASYMMETRIC", block, torch.int8, -128, 127, eps, torch.float32, torch.float32)
+    q = torch.ops.torchao.quantize_affine(x, block, scales, zero_points, torch.int8, -128, 127)
+    assert_bit_equal(got[0], q, f"{name} eps={eps}: q against torchao")
+    assert_bit_equal(got[1], scales, f"{name} eps={eps}: scales against torchao")
+    assert_bit_equal(got[2].float(), zero_points, f"{name} eps={eps}: zero points against torchao")
+    return got
 
 
 # fp16 rows for the torchao comparison (torchao computes fp16 parameters in fp16): the fp32
@@ -346,17 +353,7 @@ def test_fp16_affine_dynamic_quantize_bit_identical_to_torchao(storage, eps):
     op = runtime.get_op("etvk.quantize_affine_per_token_dynamic.default")
     for name, rows in AFFINE_ROWS_HALF.items():
         x = rows(gen, 2048 if name == "random" else 256).reshape(2, -1, K_AFFINE).half()
-        got = op(x, eps, storage=storage)
-        want = ref.quantize_affine_per_token_dynamic(x, eps)
-        for i, (g, w) in enumerate(zip(got, want, strict=True)):
-            assert_bit_equal(g, w, f"{name} eps={eps} output {i}")
-        block = [1, 1, K_AFFINE]
-        scales, zero_points = torch.ops.torchao.choose_qparams_affine(
-            x, "ASYMMETRIC", block, torch.int8, -128, 127, eps, torch.float32, torch.float32)
-        q = torch.ops.torchao.quantize_affine(x, block, scales, zero_points, torch.int8, -128, 127)
-        assert_bit_equal(got[0], q, f"{name} eps={eps}: q against torchao")
-        assert_bit_equal(got[1], scales, f"{name} eps={eps}: scales against torchao")
-        assert_bit_equal(got[2].float(), zero_points, f"{name} eps={eps}: zero points against torchao")
+        got = _check_affine_against_torchao(op, x, eps, storage, name)
         if name.startswith("range overflows"):
             assert bool(torch.isinf(got[1]).any()), "no row overflowed"
 
