@@ -83,9 +83,12 @@ class _Graph:
         tracker = TrackingAllocator(device)
         first = record_program(program, device, on_cpu, tracker, source, progress, device_state, constants)
         allocs = tracker.allocs
+        # what the host downloads on every call: what CPU nodes read, and the host state's updates
+        # (the second recording places the nodes as this one does)
+        self.read_by_cpu = self._cpu_reads(first) | \
+            {u for n, u in program.state_updates.items() if n not in device_state}
         root = first.aliases
-        downloaded = {root.get(n, n) for n in self._cpu_reads(first) | set(program.outputs) |
-                      {u for name, u in program.state_updates.items() if name not in device_state}}
+        downloaded = {root.get(n, n) for n in self.read_by_cpu | set(program.outputs)}
         read_later = self._device_reads_after(first)
         for alloc in allocs:  # read by the host every call and by no later device node: host memory
             alloc.host = alloc.storage == "buffer" and DIRECT_READ_LIMIT < alloc.nbytes <= HOST_OUTPUT_BYTES \
@@ -96,9 +99,6 @@ class _Graph:
         self.recording = record_program(program, device, on_cpu,
                                         PlannedAllocator(device, allocs, self.plan, self.slots),
                                         source, None, device_state, constants)
-        # what the host downloads on every call: what CPU nodes read, and the host state's updates
-        self.read_by_cpu = self._cpu_reads(self.recording) | \
-            {u for n, u in program.state_updates.items() if n not in device_state}
         needed = self.read_by_cpu | set(program.outputs)
         nodes = program.nodes
         values = self.recording.device_values
