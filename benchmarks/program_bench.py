@@ -11,10 +11,15 @@ the same run on the same machine:
   left there (`LoadedProgram.run_resident`);
 - ``device``: the sum of the dispatches' GPU timestamps of one call, and ``cpu``
   the time spent in CPU nodes;
-- ``torch fp16``: the float model on CUDA in fp16, channels_last, eager, and
-  ``compile``: the same through ``torch.compile`` (default mode), both timed
+- ``torch fp16``: the float model on CUDA in fp16, channels_last, eager;
+  ``compile``: the same through ``torch.compile`` (default mode); and ``CUDA
+  graphs``: ``torch.compile(mode="reduce-overhead")``, what a CUDA user runs for
+  small batches (the default mode swings 2x between runs at batch 1); all timed
   with CUDA events after a warm-up;
-- the share of device time per op kind (from `LoadedProgram.profile`).
+- per op kind (from `LoadedProgram.profile`): the share of device time, and
+  what it achieved: TOPS (two per multiply-add) for the convs and linears,
+  GB/s (every tensor read and written, once) for the others, next to the copy
+  bandwidth measured in the same run (runtime_bench.py's yardstick).
 
 Method (benchmarks/NOTES.md): every timed thing is first run for a second of
 continuous work (an idle GPU drops its clock); medians of ``--repeat`` runs.
@@ -37,28 +42,57 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from copy_bandwidth import copy_seconds  # noqa: E402
 from timing import drop_validation, median_seconds, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
+from runtime.programs.nodes import Const, Ref, walk_args  # noqa: E402
 from runtime.tools.models import torchvision_model  # noqa: E402
+from runtime.vulkan.device import get_device  # noqa: E402
 
 drop_validation()
 
 
-def _torch_baselines(name: str, shape, repeat: int, warmup: float, compile_too: bool):
+def _torch_baselines(name: str, shape, repeat: int, warmup: float, compile_too: bool) -> dict:
+    """Seconds of the fp16 model on CUDA: ``eager``, and with `compile_too` ``compiled``
+    (default mode) and ``graphs`` (mode "reduce-overhead"); {} without CUDA."""
     if not torch.cuda.is_available():
-        return None, None
+        return {}
     model = torchvision_model(name).half().cuda().to(memory_format=torch.channels_last)
     x = torch.randn(shape, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
     torch.backends.cudnn.benchmark = True
+    found = {}
     with torch.no_grad():
-        eager = time_cuda(lambda i: model(x), 1, repeat, warmup)
-        compiled = None
+        found["eager"] = time_cuda(lambda i: model(x), 1, repeat, warmup)
         if compile_too:
-            fast = torch.compile(model)
-            fast(x)  # compile outside the timing
-            compiled = time_cuda(lambda i: fast(x), 1, repeat, warmup)
-    return eager, compiled
+            for key, mode in (("compiled", "default"), ("graphs", "reduce-overhead")):
+                fast = torch.compile(model, mode=mode)
+                for _ in range(3):  # compile, and record the CUDA graph, outside the timing
+                    fast(x)
+                found[key] = time_cuda(lambda i, fast=fast: fast(x), 1, repeat, warmup)
+                torch._dynamo.reset()
+    return found
+
+
+# Ops whose work is counted in multiply-adds (TOPS); the others move bytes (GB/s).
+_MAC_OPS = ("etvk.q8ta_conv2d.default", "etvk.q8ta_linear.default")
+
+
+def _work(program, node) -> tuple[int, int]:
+    """(multiply-adds, bytes read and written once) of `node`: a conv's from its output, its
+    input channels per group and its kernel; a linear's from its output and input rows."""
+    def nbytes(name, table):  # a ValueSpec or a constant tensor
+        return table[name].dtype.itemsize * int(torch.Size(table[name].shape).numel())
+    moved = sum(nbytes(a.name, program.values) for a in walk_args(node.args) if isinstance(a, Ref))
+    moved += sum(nbytes(a.name, program.constants) for a in walk_args(node.args) if isinstance(a, Const))
+    moved += sum(nbytes(name, program.values) for name in node.outputs)
+    out = program.values[node.outputs[0]].shape
+    if node.target == "etvk.q8ta_conv2d.default":
+        c_in, (kh, kw), groups = program.values[node.args[0].name].shape[1], node.args[9], node.args[13]
+        return int(torch.Size(out).numel()) * c_in // groups * kh * kw, moved
+    if node.target == "etvk.q8ta_linear.default":
+        return int(torch.Size(out).numel()) * program.values[node.args[0].name].shape[1], moved
+    return 0, moved
 
 
 def _op_kind(row: dict) -> str:
@@ -77,16 +111,22 @@ def bench(name: str, path: Path, repeat: int, warmup: float, compile_too: bool) 
     resident = median_seconds(loaded.run_resident, repeat, warmup)
     warm(loaded.run_resident, warmup)
     profiles = [loaded.profile(x) for _ in range(5)]
-    per_kind: dict[str, float] = defaultdict(float)
+    per_kind: dict[str, list] = defaultdict(lambda: [0.0, 0, 0])  # seconds, multiply-adds, bytes
     device = statistics.median(sum(r["seconds"] or 0 for r in rows if r["runs_on"] == "vulkan")
                                for rows in profiles)
     cpu = statistics.median(sum(r["seconds"] for r in rows if r["runs_on"] == "cpu") for rows in profiles)
+    nodes = {node.name: node for node in loaded.program.nodes}
     for row in profiles[-1]:
-        per_kind[_op_kind(row)] += row["seconds"] or 0.0
-    eager, compiled = _torch_baselines(name, shape, repeat, warmup, compile_too)
+        kind = per_kind[_op_kind(row)]
+        macs, moved = _work(loaded.program, nodes[row["node"]])
+        kind[0] += row["seconds"] or 0.0
+        kind[1] += macs if nodes[row["node"]].target in _MAC_OPS else 0
+        kind[2] += moved
+    torch_seconds = _torch_baselines(name, shape, repeat, warmup, compile_too)
     return {"name": name, "batch": shape[0], "load": load_seconds, "call": call, "resident": resident,
-            "device": device, "cpu": cpu, "eager": eager, "compiled": compiled, "kinds": dict(per_kind),
-            "nodes": len(loaded.program.nodes),
+            "device": device, "cpu": cpu, "eager": torch_seconds.get("eager"),
+            "compiled": torch_seconds.get("compiled"), "graphs": torch_seconds.get("graphs"),
+            "kinds": dict(per_kind), "nodes": len(loaded.program.nodes),
             "on_device": sum(r["runs_on"] == "vulkan" for r in loaded.placement())}
 
 
@@ -103,25 +143,31 @@ def main() -> int:
     args = parser.parse_args()
     if open_device() is None:
         return 1
+    copy = copy_seconds(get_device(), 1 << 28, args.warmup, args.repeat)
+    bandwidth = 2 * (1 << 28) / copy if copy else None
+    print("copy bandwidth (read + written): " + (f"{bandwidth / 1e9:.0f} GB/s" if bandwidth else "n/a"))
     results = []
     for spec in args.programs:
         name, _, path = spec.partition(":")
         print(f"-- {name} {path}", flush=True)
         results.append(bench(name, Path(path), args.repeat, args.warmup, not args.no_compile))
     print("\n| model | batch | nodes on device | call ms | resident ms | device ms | CPU nodes ms "
-          "| torch fp16 eager ms | torch.compile ms | resident / eager | resident / compile |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| torch fp16 eager ms | torch.compile ms | torch.compile + CUDA graphs ms "
+          "| resident / compile | resident / CUDA graphs |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in results:
-        vs_eager = f"{r['resident'] / r['eager']:.2f}" if r["eager"] else "n/a"
-        vs_compiled = f"{r['resident'] / r['compiled']:.2f}" if r["compiled"] else "n/a"
+        ratios = [f"{r['resident'] / r[k]:.2f}" if r[k] else "n/a" for k in ("compiled", "graphs")]
         print(f"| {r['name']} | {r['batch']} | {r['on_device']}/{r['nodes']} | {_ms(r['call'])} | "
               f"{_ms(r['resident'])} | {_ms(r['device'])} | {_ms(r['cpu'])} | {_ms(r['eager'])} | "
-              f"{_ms(r['compiled'])} | {vs_eager} | {vs_compiled} |")
+              f"{_ms(r['compiled'])} | {_ms(r['graphs'])} | {' | '.join(ratios)} |")
     for r in results:
-        total = sum(r["kinds"].values()) or 1.0
-        shares = sorted(r["kinds"].items(), key=lambda kv: -kv[1])
-        print(f"\n{r['name']} batch {r['batch']} (load {r['load']:.1f} s), time per op kind: " + ", ".join(
-            f"{kind} {seconds * 1e3:.3f} ms ({100 * seconds / total:.0f} %)" for kind, seconds in shares))
+        total = sum(seconds for seconds, _, _ in r["kinds"].values()) or 1.0
+        print(f"\n{r['name']} batch {r['batch']} (load {r['load']:.1f} s), per op kind:")
+        for kind, (seconds, macs, moved) in sorted(r["kinds"].items(), key=lambda kv: -kv[1][0]):
+            rate = "n/a" if not seconds else f"{2 * macs / seconds / 1e12:.2f} TOPS" if macs else \
+                f"{moved / seconds / 1e9:.0f} GB/s" + (f" ({moved / seconds / bandwidth:.0%} of copy)"
+                                                      if bandwidth else "")
+            print(f"  {kind:<40} {seconds * 1e3:8.3f} ms ({100 * seconds / total:3.0f} %)  {rate}")
     return 0
 
 

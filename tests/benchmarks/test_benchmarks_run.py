@@ -107,7 +107,11 @@ def test_program_bench_runs(tmp_path):
     row = next(line for line in result.stdout.splitlines() if line.startswith("| small_cnn |"))
     on_device, nodes = row.split("|")[3].strip().split("/")
     assert on_device == nodes  # every node on the device
-    assert "time per op kind: " in result.stdout and "q8ta_conv2d" in result.stdout
+    assert "per op kind:" in result.stdout
+    kinds = [line.split() for line in result.stdout.splitlines() if line.startswith("  q8ta_")]
+    rates = {kind[0]: kind[-1] for kind in kinds}
+    assert any(k.startswith("q8ta_conv2d") and rates[k] == "TOPS" for k in rates), kinds
+    assert rates.get("q8ta_quantize") == "copy)", kinds  # GB/s against the copy bandwidth
 
 
 def test_coop_gemm_bench_runs_to_the_end(tmp_path):
