@@ -141,7 +141,7 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the q8ta_global_avg_pool2d tiling of `x`: `.words` (channel words per workgroup, a "
         "spec constant) and `.groups` (workgroup counts)",
     ),
-    "layout_of": ("t, default", "the packed int8 layout of a device tensor, `default` for a host tensor"),
+    "layout_of": ("t, default", "the packed int8 layout of a device tensor, `default` for a host tensor or None"),
     "layout_code": ("layout", "the shader code of a packed int8 layout: 4W4C 0, 4C 1, 4C1W 2"),
     "packed_words": ("t", "32-bit words of a device tensor in its packed int8 layout"),
     "on_host": ("t", "`True` for a torch tensor, `False` for a device tensor"),

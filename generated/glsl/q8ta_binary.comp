@@ -203,8 +203,10 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
-// Shared code of the q8ta_binary family (op_specs/q8ta_binary.yaml). Needs
-// include/numerics.glslh and include/packed_int8.glslh first.
+// The arithmetic of q8ta_add and q8ta_mul on 4 int8 values (docs/int8_cnn_ops.md),
+// shared by the q8ta_binary family and the conv's residual add
+// (include/q8ta_residual.glslh), so both give the same bits. Needs
+// include/numerics.glslh first.
 //
 // Numerics, in the fp32 order of PyTorch's decomposed path
 // (quantized_decomposed.dequantize_per_tensor -> aten op -> quantize_per_tensor):
@@ -213,15 +215,9 @@ bvec4 etvk_valid_channels(int c4, int channels) {
 // with inv_scale = fp32(1 / scale) computed on the host (float64 division).
 // `precise` keeps every product and sum rounded on its own (no contraction
 // into fma), as the reference rounds them.
-//
-// Word indices: in every packed layout the word holding channels 4*c4 ..
-// 4*c4+3 of a pixel is (outer * C4 + c4) * span + inner, where
-//   4C:   outer = (n*H + h)*W + w,     span = 1, inner = 0
-//   4C1W: outer = n*H + h,             span = W, inner = w
-//   4W4C: outer = (n*H + h)*W4 + w/4,  span = 4, inner = w % 4
-// so tensors of one N, H and W (the operands of an add, the inputs and
-// output of a concat) share outer, span and inner and differ only in C4:
-// one split of the output's word index locates the inputs' words.
+
+const int ETVK_Q8TA_ADD = 0;
+const int ETVK_Q8TA_MUL = 1;
 
 // The real values of 4 int8 values, each with its own zero point and scale.
 vec4 etvk_q8ta_dequantize4(ivec4 q, ivec4 zero_point, vec4 scale) {
@@ -234,6 +230,37 @@ ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
   precise vec4 q = roundEven(y * inv_scale) + float(zero_point);
   return etvk_to_int_clamped(q, -128, 127);
 }
+
+// q8ta_add (op ETVK_Q8TA_ADD) or q8ta_mul (ETVK_Q8TA_MUL) of the int8 values a and b
+// with their qparams: y = ra + rb (or ra * rb), y = max(y, 0) with relu, requantized
+// with inv_scale = fp32(1 / output_scale) and output_zero_point.
+ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_scale, ivec4 b,
+                        int b_zero_point, float b_scale, float inv_scale, int output_zero_point) {
+  const vec4 ra = etvk_q8ta_dequantize4(a, ivec4(a_zero_point), vec4(a_scale));
+  const vec4 rb = etvk_q8ta_dequantize4(b, ivec4(b_zero_point), vec4(b_scale));
+  precise vec4 y;
+  if (op == ETVK_Q8TA_MUL) {
+    y = ra * rb;
+  } else {
+    y = ra + rb;
+  }
+  if (relu) {
+    y = max(y, vec4(0.0));
+  }
+  return etvk_q8ta_quantize4(y, inv_scale, output_zero_point);
+}
+// Shared code of the q8ta_binary family (op_specs/q8ta_binary.yaml): where
+// the words of packed int8 tensors lie (the arithmetic is include/q8ta_arith.glslh).
+// Needs include/numerics.glslh and include/packed_int8.glslh first.
+//
+// Word indices: in every packed layout the word holding channels 4*c4 ..
+// 4*c4+3 of a pixel is (outer * C4 + c4) * span + inner, where
+//   4C:   outer = (n*H + h)*W + w,     span = 1, inner = 0
+//   4C1W: outer = n*H + h,             span = W, inner = w
+//   4W4C: outer = (n*H + h)*W4 + w/4,  span = 4, inner = w % 4
+// so tensors of one N, H and W (the operands of an add, the inputs and
+// output of a concat) share outer, span and inner and differ only in C4:
+// one split of the output's word index locates the inputs' words.
 
 struct EtvkChannelWord {
   int outer;
@@ -295,17 +322,8 @@ void main() {
       b_word = etvk_channel_word(n, p.c4, 0, etvk_channel_word_span(LAYOUT, 1), c4s);
     }
   }
-  const vec4 ra = etvk_q8ta_dequantize4(t_a_load(word), ivec4(pc.a_zero_point), vec4(pc.a_scale));
-  const vec4 rb = etvk_q8ta_dequantize4(t_b_load(b_word), ivec4(pc.b_zero_point), vec4(pc.b_scale));
-  precise vec4 y;
-  if (OP == 1) {
-    y = ra * rb;
-  } else {
-    y = ra + rb;
-  }
-  if (RELU) {
-    y = max(y, vec4(0.0));
-  }
-  const ivec4 q = etvk_q8ta_quantize4(y, pc.inv_output_scale, pc.output_zero_point);
+  const ivec4 q = etvk_q8ta_binary4(OP, RELU, t_a_load(word), pc.a_zero_point, pc.a_scale,
+                                    t_b_load(b_word), pc.b_zero_point, pc.b_scale,
+                                    pc.inv_output_scale, pc.output_zero_point);
   t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), q, valid)));
 }

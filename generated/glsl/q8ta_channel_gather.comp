@@ -189,16 +189,9 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
-// Shared code of the q8ta_binary family (op_specs/q8ta_binary.yaml). Needs
-// include/numerics.glslh and include/packed_int8.glslh first.
-//
-// Numerics, in the fp32 order of PyTorch's decomposed path
-// (quantized_decomposed.dequantize_per_tensor -> aten op -> quantize_per_tensor):
-//   r   = float(q - zero_point) * scale                 (q - zero_point is exact)
-//   out = clamp(roundEven(y * inv_scale) + zero_point, -128, 127)
-// with inv_scale = fp32(1 / scale) computed on the host (float64 division).
-// `precise` keeps every product and sum rounded on its own (no contraction
-// into fma), as the reference rounds them.
+// Shared code of the q8ta_binary family (op_specs/q8ta_binary.yaml): where
+// the words of packed int8 tensors lie (the arithmetic is include/q8ta_arith.glslh).
+// Needs include/numerics.glslh and include/packed_int8.glslh first.
 //
 // Word indices: in every packed layout the word holding channels 4*c4 ..
 // 4*c4+3 of a pixel is (outer * C4 + c4) * span + inner, where
@@ -208,18 +201,6 @@ bvec4 etvk_valid_channels(int c4, int channels) {
 // so tensors of one N, H and W (the operands of an add, the inputs and
 // output of a concat) share outer, span and inner and differ only in C4:
 // one split of the output's word index locates the inputs' words.
-
-// The real values of 4 int8 values, each with its own zero point and scale.
-vec4 etvk_q8ta_dequantize4(ivec4 q, ivec4 zero_point, vec4 scale) {
-  precise vec4 r = vec4(q - zero_point) * scale;
-  return r;
-}
-
-// 4 real values requantized to int8 (in [-128, 127]), clamped in floating point.
-ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
-  precise vec4 q = roundEven(y * inv_scale) + float(zero_point);
-  return etvk_to_int_clamped(q, -128, 127);
-}
 
 struct EtvkChannelWord {
   int outer;

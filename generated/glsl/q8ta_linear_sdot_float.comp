@@ -293,11 +293,6 @@ ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
   return mix(ivec4(0), r, ch.valid);
 }
 
-// The same, packed into one word (value j in byte j).
-uint etvk_q8ta_requantize_word(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
-  return etvk_pack_i8x4(etvk_q8ta_requantize4(acc, ch, hardswish));
-}
-
 const int PLAIN = 3;
 const int WG = int(gl_WorkGroupSize.x);
 shared ivec4 s_sum[TILE_M * WG];   // [row][invocation]: 4 channels

@@ -138,6 +138,46 @@ def _check_activation_max_bounds(op, activation_max, activation, activation_min)
         raise rt.ArgumentError(op, "activation_max", f"must be a finite fp32 number >= activation_min={activation_min} for hardtanh, got {activation_max}")
 
 
+def _check_residual_packed_int8(op, residual, x, weights, kernel_size, stride, padding, dilation, groups):
+    if not (residual is None or (residual.dtype == torch.int8 and (rt.on_host(residual) or residual.packed) and (tuple(residual.shape) == rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups).output_shape))):
+        raise rt.ArgumentError(op, "residual", f"must be None or an int8 tensor of the conv's output shape {rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups).output_shape} (on the device: in a packed layout), got {residual.dtype} of shape {tuple(residual.shape)}")
+
+
+def _check_residual_same_layout(op, residual, x):
+    if not (residual is None or rt.on_host(residual) or rt.on_host(x) or (residual.layout == x.layout)):
+        raise rt.ArgumentError(op, "residual", f"is a device tensor in {residual.layout}, but x is in {x.layout}; the residual must be in the conv output's layout, which is x's")
+
+
+def _check_residual_scale_valid(op, residual_scale, residual):
+    if not (residual is None or (math.isfinite(residual_scale) and 2.0 ** (-32) <= residual_scale <= 2.0 ** 32)):
+        raise rt.ArgumentError(op, "residual_scale", f"must be a finite number > 0 within [2^-32, 2^32], got {residual_scale}")
+
+
+def _check_residual_zero_point_int8(op, residual_zero_point, residual):
+    if not (residual is None or -128 <= residual_zero_point <= 127):
+        raise rt.ArgumentError(op, "residual_zero_point", f"must be within int8 [-128, 127], got {residual_zero_point}")
+
+
+def _check_output_scale_add_range(op, output_scale, residual):
+    if not (residual is None or 2.0 ** (-32) <= output_scale <= 2.0 ** 32):
+        raise rt.ArgumentError(op, "output_scale", f"must lie within [2^-32, 2^32] when a residual is added (the add dequantizes the conv's output with it), got {output_scale}")
+
+
+def _check_add_output_scale_valid(op, add_output_scale, residual):
+    if not (residual is None or (math.isfinite(add_output_scale) and 2.0 ** (-32) <= add_output_scale <= 2.0 ** 32)):
+        raise rt.ArgumentError(op, "add_output_scale", f"must be a finite number > 0 within [2^-32, 2^32], got {add_output_scale}")
+
+
+def _check_add_output_zero_point_int8(op, add_output_zero_point, residual):
+    if not (residual is None or -128 <= add_output_zero_point <= 127):
+        raise rt.ArgumentError(op, "add_output_zero_point", f"must be within int8 [-128, 127], got {add_output_zero_point}")
+
+
+def _check_add_activation_known(op, add_activation):
+    if add_activation not in ('none', 'relu'):
+        raise rt.ArgumentError(op, "add_activation", f"must be 'none' or 'relu', got {add_activation!r}")
+
+
 def _check_im2col_channels(op, groups, x):
     if not (x.shape[1] // groups % 4 == 0):
         raise rt.ArgumentError(op, "groups", f"im2col needs C_in / groups to be a multiple of 4, got C_in={x.shape[1]}, groups={groups}; use etvk.q8ta_conv2d_general.default")
@@ -196,7 +236,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:446",
+    spec="op_specs/conv2d.yaml:522",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -243,7 +283,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:469",
+    spec="op_specs/conv2d.yaml:545",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_buffer_float", {"STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -257,7 +297,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
 )
 
 
-def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
+def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_im2col.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_IM2COL
     rt.check_arg(op, "x", x, "Tensor")
@@ -277,6 +317,12 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     rt.check_arg(op, "activation", activation, "str")
     rt.check_arg(op, "activation_min", activation_min, "float")
     rt.check_arg(op, "activation_max", activation_max, "float")
+    rt.check_arg(op, "residual", residual, "Tensor?")
+    rt.check_arg(op, "residual_scale", residual_scale, "float")
+    rt.check_arg(op, "residual_zero_point", residual_zero_point, "int")
+    rt.check_arg(op, "add_output_scale", add_output_scale, "float")
+    rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
+    rt.check_arg(op, "add_activation", add_activation, "str")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -296,10 +342,19 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     _check_activation_known(op, activation)
     _check_activation_min_finite(op, activation_min, activation)
     _check_activation_max_bounds(op, activation_max, activation, activation_min)
+    _check_residual_packed_int8(op, residual, x, weights, kernel_size, stride, padding, dilation, groups)
+    _check_residual_same_layout(op, residual, x)
+    _check_residual_scale_valid(op, residual_scale, residual)
+    _check_residual_zero_point_int8(op, residual_zero_point, residual)
+    _check_output_scale_add_range(op, output_scale, residual)
+    _check_add_output_scale_valid(op, add_output_scale, residual)
+    _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
+    _check_add_activation_known(op, add_activation)
     _check_im2col_channels(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
-    layout = rt.layout_of(x, '4C')
+    layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
+    residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
     k = p.Cg * p.KH * p.KW
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
     choice = rt.tuned(p, 'im2col')
@@ -313,12 +368,13 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
+    residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode}, groups=tiling.groups)
     return out
 
 
-def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
+def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -326,9 +382,9 @@ def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_s
 Q8TA_CONV2D_IM2COL = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col.default",
     family="conv2d",
-    schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
+    schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:493",
+    spec="op_specs/conv2d.yaml:569",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -345,7 +401,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
 )
 
 
-def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
+def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_pw.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_PW
     rt.check_arg(op, "x", x, "Tensor")
@@ -365,6 +421,12 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "activation", activation, "str")
     rt.check_arg(op, "activation_min", activation_min, "float")
     rt.check_arg(op, "activation_max", activation_max, "float")
+    rt.check_arg(op, "residual", residual, "Tensor?")
+    rt.check_arg(op, "residual_scale", residual_scale, "float")
+    rt.check_arg(op, "residual_zero_point", residual_zero_point, "int")
+    rt.check_arg(op, "add_output_scale", add_output_scale, "float")
+    rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
+    rt.check_arg(op, "add_activation", add_activation, "str")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -384,11 +446,20 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_activation_known(op, activation)
     _check_activation_min_finite(op, activation_min, activation)
     _check_activation_max_bounds(op, activation_max, activation, activation_min)
+    _check_residual_packed_int8(op, residual, x, weights, kernel_size, stride, padding, dilation, groups)
+    _check_residual_same_layout(op, residual, x)
+    _check_residual_scale_valid(op, residual_scale, residual)
+    _check_residual_zero_point_int8(op, residual_zero_point, residual)
+    _check_output_scale_add_range(op, output_scale, residual)
+    _check_add_output_scale_valid(op, add_output_scale, residual)
+    _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
+    _check_add_activation_known(op, add_activation)
     _check_pointwise_kernel(op, kernel_size, stride, padding)
     _check_pointwise_groups(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
-    layout = rt.layout_of(x, '4C')
+    layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
+    residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
     choice = rt.tuned(p, 'pw')
     tiling = rt.gemm_tiling(p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W), rt.ceil_div(p.Cg, 4), p.C_out, choice)
@@ -398,12 +469,13 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
+    residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode}, groups=tiling.groups)
     return out
 
 
-def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
+def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H, p.W], dtype=torch.int8, device=x.device)
 
@@ -411,9 +483,9 @@ def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums,
 Q8TA_CONV2D_PW = rt.OpDef(
     name="etvk.q8ta_conv2d_pw.default",
     family="conv2d",
-    schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
+    schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:544",
+    spec="op_specs/conv2d.yaml:627",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -424,7 +496,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
 )
 
 
-def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
+def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_im2col_coop.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_IM2COL_COOP
     rt.check_arg(op, "x", x, "Tensor")
@@ -444,6 +516,12 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     rt.check_arg(op, "activation", activation, "str")
     rt.check_arg(op, "activation_min", activation_min, "float")
     rt.check_arg(op, "activation_max", activation_max, "float")
+    rt.check_arg(op, "residual", residual, "Tensor?")
+    rt.check_arg(op, "residual_scale", residual_scale, "float")
+    rt.check_arg(op, "residual_zero_point", residual_zero_point, "int")
+    rt.check_arg(op, "add_output_scale", add_output_scale, "float")
+    rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
+    rt.check_arg(op, "add_activation", add_activation, "str")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -463,12 +541,21 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     _check_activation_known(op, activation)
     _check_activation_min_finite(op, activation_min, activation)
     _check_activation_max_bounds(op, activation_max, activation, activation_min)
+    _check_residual_packed_int8(op, residual, x, weights, kernel_size, stride, padding, dilation, groups)
+    _check_residual_same_layout(op, residual, x)
+    _check_residual_scale_valid(op, residual_scale, residual)
+    _check_residual_zero_point_int8(op, residual_zero_point, residual)
+    _check_output_scale_add_range(op, output_scale, residual)
+    _check_add_output_scale_valid(op, add_output_scale, residual)
+    _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
+    _check_add_activation_known(op, add_activation)
     _check_im2col_channels(op, groups, x)
     _check_coop_groups(op, groups)
     _check_coop_im2col_extent(op, x, padding)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
-    layout = rt.layout_of(x, '4C')
+    layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
+    residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H_out * (rt.ceil_div(p.W_out, 4) * 4 if layout == '4W4C' else p.W_out)
     measured = rt.tuned(p, 'im2col_coop')
@@ -481,15 +568,16 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
+    residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
     partials = stream.empty([splits, m_padded, n_padded] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
     v = op.select(variant, storage, {}, step=1)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H_out)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H_out)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout), "RESIDUAL": residual_mode}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
-def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
+def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -497,9 +585,9 @@ def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, wei
 Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col_coop.default",
     family="conv2d",
-    schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
+    schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
     doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, C_in % 4 == 0, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:577",
+    spec="op_specs/conv2d.yaml:667",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -517,7 +605,7 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
 )
 
 
-def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
+def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_pw_coop.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_PW_COOP
     rt.check_arg(op, "x", x, "Tensor")
@@ -537,6 +625,12 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     rt.check_arg(op, "activation", activation, "str")
     rt.check_arg(op, "activation_min", activation_min, "float")
     rt.check_arg(op, "activation_max", activation_max, "float")
+    rt.check_arg(op, "residual", residual, "Tensor?")
+    rt.check_arg(op, "residual_scale", residual_scale, "float")
+    rt.check_arg(op, "residual_zero_point", residual_zero_point, "int")
+    rt.check_arg(op, "add_output_scale", add_output_scale, "float")
+    rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
+    rt.check_arg(op, "add_activation", add_activation, "str")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -556,11 +650,20 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     _check_activation_known(op, activation)
     _check_activation_min_finite(op, activation_min, activation)
     _check_activation_max_bounds(op, activation_max, activation, activation_min)
+    _check_residual_packed_int8(op, residual, x, weights, kernel_size, stride, padding, dilation, groups)
+    _check_residual_same_layout(op, residual, x)
+    _check_residual_scale_valid(op, residual_scale, residual)
+    _check_residual_zero_point_int8(op, residual_zero_point, residual)
+    _check_output_scale_add_range(op, output_scale, residual)
+    _check_add_output_scale_valid(op, add_output_scale, residual)
+    _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
+    _check_add_activation_known(op, add_activation)
     _check_pointwise_kernel(op, kernel_size, stride, padding)
     _check_coop_groups(op, groups)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
-    layout = rt.layout_of(x, '4C')
+    layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
+    residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W)
     measured = rt.tuned(p, 'pw_coop')
@@ -573,15 +676,16 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
+    residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
     partials = stream.empty([splits, m_padded, n_padded] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
     v = op.select(variant, storage, {}, step=1)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout), "RESIDUAL": residual_mode}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
-def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
+def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H, p.W], dtype=torch.int8, device=x.device)
 
@@ -589,9 +693,9 @@ def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_
 Q8TA_CONV2D_PW_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_pw_coop.default",
     family="conv2d",
-    schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
+    schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:634",
+    spec="op_specs/conv2d.yaml:736",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -609,7 +713,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
 )
 
 
-def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
+def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_general.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_GENERAL
     rt.check_arg(op, "x", x, "Tensor")
@@ -629,6 +733,12 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     rt.check_arg(op, "activation", activation, "str")
     rt.check_arg(op, "activation_min", activation_min, "float")
     rt.check_arg(op, "activation_max", activation_max, "float")
+    rt.check_arg(op, "residual", residual, "Tensor?")
+    rt.check_arg(op, "residual_scale", residual_scale, "float")
+    rt.check_arg(op, "residual_zero_point", residual_zero_point, "int")
+    rt.check_arg(op, "add_output_scale", add_output_scale, "float")
+    rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
+    rt.check_arg(op, "add_activation", add_activation, "str")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -648,9 +758,18 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     _check_activation_known(op, activation)
     _check_activation_min_finite(op, activation_min, activation)
     _check_activation_max_bounds(op, activation_max, activation, activation_min)
+    _check_residual_packed_int8(op, residual, x, weights, kernel_size, stride, padding, dilation, groups)
+    _check_residual_same_layout(op, residual, x)
+    _check_residual_scale_valid(op, residual_scale, residual)
+    _check_residual_zero_point_int8(op, residual_zero_point, residual)
+    _check_output_scale_add_range(op, output_scale, residual)
+    _check_add_output_scale_valid(op, add_output_scale, residual)
+    _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
+    _check_add_activation_known(op, add_activation)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
-    layout = rt.layout_of(x, '4C1W')
+    layout = rt.layout_of(x, rt.layout_of(residual, '4C1W'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
+    residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
     out_w = rt.conv2d_out_w(rt.tuned(p, 'general'))
     w_packed = rt.prepacked('runtime.families.conv2d:pack_direct_weights', weights, groups, p.C_in)
     v = op.select(variant, storage, {"DOT": (None, None)})
@@ -659,12 +778,13 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
+    residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "conv": [p.Cg, p.Coutg, p.direct_word_span, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "conv": [p.Cg, p.Coutg, p.direct_word_span, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "RESIDUAL": residual_mode}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
     return out
 
 
-def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
+def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -672,9 +792,9 @@ def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_
 Q8TA_CONV2D_GENERAL = rt.OpDef(
     name="etvk.q8ta_conv2d_general.default",
     family="conv2d",
-    schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
+    schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:689",
+    spec="op_specs/conv2d.yaml:803",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -685,7 +805,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
 )
 
 
-def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
+def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_dw.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_DW
     rt.check_arg(op, "x", x, "Tensor")
@@ -705,6 +825,12 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "activation", activation, "str")
     rt.check_arg(op, "activation_min", activation_min, "float")
     rt.check_arg(op, "activation_max", activation_max, "float")
+    rt.check_arg(op, "residual", residual, "Tensor?")
+    rt.check_arg(op, "residual_scale", residual_scale, "float")
+    rt.check_arg(op, "residual_zero_point", residual_zero_point, "int")
+    rt.check_arg(op, "add_output_scale", add_output_scale, "float")
+    rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
+    rt.check_arg(op, "add_activation", add_activation, "str")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -724,10 +850,19 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_activation_known(op, activation)
     _check_activation_min_finite(op, activation_min, activation)
     _check_activation_max_bounds(op, activation_max, activation, activation_min)
+    _check_residual_packed_int8(op, residual, x, weights, kernel_size, stride, padding, dilation, groups)
+    _check_residual_same_layout(op, residual, x)
+    _check_residual_scale_valid(op, residual_scale, residual)
+    _check_residual_zero_point_int8(op, residual_zero_point, residual)
+    _check_output_scale_add_range(op, output_scale, residual)
+    _check_add_output_scale_valid(op, add_output_scale, residual)
+    _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
+    _check_add_activation_known(op, add_activation)
     _check_depthwise_groups(op, groups, x, weights)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
-    layout = rt.layout_of(x, '4C1W')
+    layout = rt.layout_of(x, rt.layout_of(residual, '4C1W'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
+    residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
     out_w = rt.conv2d_out_w(rt.tuned(p, 'dw'))
     w_packed = rt.prepacked('runtime.families.conv2d:pack_depthwise_weights', weights)
     v = op.select(variant, storage, {"DOT": (None, None)})
@@ -736,12 +871,13 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
+    residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "taps4": rt.ceil_div(p.KH * p.KW, 4), "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1]}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "taps4": rt.ceil_div(p.KH * p.KW, 4), "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "RESIDUAL": residual_mode}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
     return out
 
 
-def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
+def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -749,9 +885,9 @@ def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums,
 Q8TA_CONV2D_DW = rt.OpDef(
     name="etvk.q8ta_conv2d_dw.default",
     family="conv2d",
-    schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
+    schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:721",
+    spec="op_specs/conv2d.yaml:842",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -762,7 +898,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
 )
 
 
-def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, *, variant=None, storage=None):
+def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D
     rt.check_arg(op, "x", x, "Tensor")
@@ -782,6 +918,12 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     rt.check_arg(op, "activation", activation, "str")
     rt.check_arg(op, "activation_min", activation_min, "float")
     rt.check_arg(op, "activation_max", activation_max, "float")
+    rt.check_arg(op, "residual", residual, "Tensor?")
+    rt.check_arg(op, "residual_scale", residual_scale, "float")
+    rt.check_arg(op, "residual_zero_point", residual_zero_point, "int")
+    rt.check_arg(op, "add_output_scale", add_output_scale, "float")
+    rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
+    rt.check_arg(op, "add_activation", add_activation, "str")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -794,6 +936,14 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     _check_activation_known(op, activation)
     _check_activation_min_finite(op, activation_min, activation)
     _check_activation_max_bounds(op, activation_max, activation, activation_min)
+    _check_residual_packed_int8(op, residual, x, weights, kernel_size, stride, padding, dilation, groups)
+    _check_residual_same_layout(op, residual, x)
+    _check_residual_scale_valid(op, residual_scale, residual)
+    _check_residual_zero_point_int8(op, residual_zero_point, residual)
+    _check_output_scale_add_range(op, output_scale, residual)
+    _check_add_output_scale_valid(op, add_output_scale, residual)
+    _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
+    _check_add_activation_known(op, add_activation)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     algorithm = rt.conv2d_algorithm(p)
     if algorithm == 'pw_coop':
@@ -808,10 +958,10 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
         target = Q8TA_CONV2D_IM2COL
     else:
         target = Q8TA_CONV2D_GENERAL
-    return op.route(target, variant).record(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min, activation_max, variant=variant, storage=storage)
+    return op.route(target, variant).record(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min, activation_max, residual, residual_scale, residual_zero_point, add_output_scale, add_output_zero_point, add_activation, variant=variant, storage=storage)
 
 
-def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0):
+def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -819,9 +969,9 @@ def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, we
 Q8TA_CONV2D = rt.OpDef(
     name="etvk.q8ta_conv2d.default",
     family="conv2d",
-    schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0) -> Tensor",
-    doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it).",
-    spec="op_specs/conv2d.yaml:754",
+    schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
+    doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it). Every conv op takes an optional `residual` (int8, the output's shape and layout) with its qparams and the add's; the epilogue then adds it to the conv's int8 output exactly as q8ta_add would, relu after it with add_activation \"relu\" (docs/int8_cnn_ops.md).",
+    spec="op_specs/conv2d.yaml:882",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),

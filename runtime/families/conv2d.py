@@ -80,6 +80,11 @@ class Conv2dParams:
         return self.KH * self.KW
 
     @property
+    def output_shape(self) -> tuple[int, int, int, int]:
+        """``(N, C_out, H_out, W_out)``."""
+        return (self.N, self.C_out, self.H_out, self.W_out)
+
+    @property
     def Kg(self) -> int:
         """Reduction length of one group: ``Cg * KH * KW``."""
         return self.Cg * self.taps

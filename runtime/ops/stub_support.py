@@ -250,8 +250,8 @@ def global_pool_tiling(x):
 
 
 def layout_of(t, default: str) -> str:
-    """The packed int8 layout of a device tensor ``t``, or ``default`` for a host tensor."""
-    return default if isinstance(t, torch.Tensor) or not t.packed else t.layout
+    """The packed int8 layout of a device tensor ``t``, or ``default`` for a host tensor or None."""
+    return default if t is None or isinstance(t, torch.Tensor) or not t.packed else t.layout
 
 
 def layout_code(layout: str) -> int:

@@ -13,7 +13,8 @@ decoder's KV cache). The steps:
    the layout placeholder ``PACKED_INT8_CONV2D``;
 4. lower_cnn.py lowers the other int8 CNN patterns (residual adds, gates,
    pools, ReLU6 folded into its conv, the classifier head, concatenation) and
-   drops the identities PT2E leaves between them; then lower_lut.py turns
+   drops the identities PT2E leaves between them; lower_residual.py fuses a
+   residual add of a conv's output into that conv's epilogue; then lower_lut.py turns
    ``dequantize_per_tensor -> elementwise ops -> quantize_per_tensor`` on an int8
    tensor into one ``etvk.q8ta_lut``, its 256-entry table computed by running those
    nodes on the CPU (hardswish, hardsigmoid, sigmoid, silu, gelu, tanh, clamps
@@ -53,7 +54,14 @@ from torch.export import ExportedProgram
 from runtime.families.conv2d_layouts import PLACEHOLDER
 from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
-from runtime.programs import lower_cnn, lower_fusion, lower_lut, lower_torchao, token_counts
+from runtime.programs import (
+    lower_cnn,
+    lower_fusion,
+    lower_lut,
+    lower_residual,
+    lower_torchao,
+    token_counts,
+)
 from runtime.programs.from_export import from_exported
 from runtime.programs.input_checks import derive_input_checks
 from runtime.programs.lower_decoder import lower_decoder_ops
@@ -236,6 +244,7 @@ def _lower(program: Program) -> Program:
     lower_cnn.lower_cnn_ops(lowering)
     program.remove_dead()
     lowering.refresh()
+    lower_residual.fuse_residual_adds(lowering)  # counts live readers only: after remove_dead
     lower_lut.lower_lookup_tables(lowering)
     lower_torchao.fuse_affine_dynamic_quantize(lowering)
     lowering.drop_identity_casts()

@@ -30,6 +30,9 @@ per-tensor qparams, one consumer along the chain, shapes the op takes):
 - first of all, the quantize of an fp32 channel split, shuffle or cat of dequantized int8
   values (ShuffleNet) -> ``q8ta_channel_gather`` and ``q8ta_concat`` (lower_gather.py).
 
+lower.py then fuses a ``q8ta_add`` of a conv's output into that conv's epilogue
+where it may (lower_residual.py).
+
 Every int8 tensor these ops read or write gets the placeholder layout
 ``PACKED_INT8_CONV2D``. Pure graph work; used by lower.py.
 """

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from runtime.families.conv2d import ACTIVATIONS, INT8_MAX, INT8_MIN, conv2d_params
+from runtime.reference.q8ta_binary import q8ta_add
 from runtime.reference.quantize import dequantize_per_tensor, fp32, fp32_recip, quantize_per_tensor
 from runtime.vulkan.layouts import check_layout
 
@@ -88,7 +89,9 @@ def requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
 
 def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_scales,
                 output_scale, output_zero_point, bias, kernel_size, stride, padding,
-                dilation, groups, activation, activation_min=0.0, activation_max=6.0):
+                dilation, groups, activation, activation_min=0.0, activation_max=6.0,
+                residual=None, residual_scale=1.0, residual_zero_point=0,
+                add_output_scale=1.0, add_output_zero_point=0, add_activation="none"):
     """int8 conv2d with per-tensor activations and per-channel symmetric weights.
 
     Args follow the family 2 schema: ``x`` int8 ``[N, C_in, H, W]``, ``weights``
@@ -96,7 +99,12 @@ def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_s
     ``weight_scales`` fp32 ``[C_out]``, ``bias`` fp32 ``[C_out]`` or None,
     ``kernel_size``/``stride``/``padding``/``dilation`` lists of 1 or 2 ints,
     ``activation`` one of `ACTIVATIONS`, ``activation_min``/``activation_max``
-    the bounds of hardtanh (ignored by the other activations).
+    the bounds of hardtanh (ignored by the other activations). With a
+    ``residual`` (int8 of the output's shape) the conv's int8 output goes on
+    through ``q8ta_add(out, output_scale, output_zero_point, residual,
+    residual_scale, residual_zero_point, add_output_scale,
+    add_output_zero_point, add_activation)`` (the epilogue's residual add);
+    without one the ``residual_*`` and ``add_*`` arguments are ignored.
 
     Returns:
         int8 ``[N, C_out, H_out, W_out]``.
@@ -104,9 +112,13 @@ def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_s
     params = conv2d_params(x.shape, weights.shape, kernel_size, stride, padding, dilation, groups)
     acc = conv2d_accumulators(x, input_zero_point, weights, params.stride, params.padding,
                               params.dilation, groups)
-    return requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
-                      output_scale, output_zero_point, bias, activation, activation_min,
-                      activation_max)
+    out = requantize(acc, input_scale, input_zero_point, weight_sums, weight_scales,
+                     output_scale, output_zero_point, bias, activation, activation_min,
+                     activation_max)
+    if residual is None:
+        return out
+    return q8ta_add(out, output_scale, output_zero_point, residual, residual_scale,
+                    residual_zero_point, add_output_scale, add_output_zero_point, add_activation)
 
 
 def _check_nchw(t: torch.Tensor, what: str) -> None:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.reference.conv2d import ACTIVATIONS, INT8_MAX, INT8_MIN
+from runtime.families.conv2d import ACTIVATIONS, INT8_MAX, INT8_MIN
 from runtime.reference.quantize import dequantize_per_tensor, quantize_per_tensor
 
 

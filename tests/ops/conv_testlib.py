@@ -6,7 +6,11 @@
   conv2d -> activation -> quantize (the only PyTorch path for hardswish);
 - `pytorch_conv2d`: the first for every activation it serves, else the second;
 - `steps_apart`: asserts two int8 results are at most one step apart and
-  returns the exact fraction.
+  returns the exact fraction;
+- `CONV_OPS`, `TINY` and `variant_layouts`: the algorithm ops, a tiny case of
+  each, and every variant with every input layout it reads;
+- `residual_args`: a random residual and the qparams of the add after a conv;
+- `packed_bytes`: the raw bytes of a packed device tensor.
 
 Imported by tests/ops/test_conv2d*.py (pytest puts this folder on sys.path).
 No Vulkan.
@@ -20,9 +24,24 @@ import pytest
 import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
 
+import runtime
 from runtime.tools.examples_conv2d import Conv2dInputs
+from runtime.vulkan.layouts import PACKED_LAYOUTS, packed_words
 
 MIN_EXACT = 0.995
+CONV_OPS = {
+    "general": "etvk.q8ta_conv2d_general.default",
+    "im2col": "etvk.q8ta_conv2d_im2col.default",
+    "pw": "etvk.q8ta_conv2d_pw.default",
+    "dw": "etvk.q8ta_conv2d_dw.default",
+}
+# One tiny case per algorithm; "im2col" routes to im2col on every family.
+TINY = {
+    "general": "grouped_g3_cg5_cout9",
+    "im2col": "batch2_3x3_cout10",
+    "pw": "pointwise_cin6_cout7",
+    "dw": "mobilenetv2_dw_c30_w13",
+}
 _DECOMPOSED = torch.ops.quantized_decomposed
 
 
@@ -113,3 +132,37 @@ def assert_bit_exact(got: torch.Tensor, want: torch.Tensor, what: str) -> None:
     diff = (got.to(torch.int32) - want.to(torch.int32)).abs()
     assert not diff.any(), (f"{what}: {int((diff != 0).sum())} of {diff.numel()} elements differ, "
                             f"up to {int(diff.max())} steps")
+
+
+def variant_layouts() -> list[tuple[str, str, str]]:
+    """(kind of `CONV_OPS`, variant, input layout): every variant of every op with every layout
+    it reads (the specialised im2col reads 4W4C only; the generic one serves the others)."""
+    found = []
+    for kind, op_name in CONV_OPS.items():
+        for info in runtime.get_op(op_name).variants:
+            for layout in PACKED_LAYOUTS:
+                if (info.name == "q8ta_im2col_4W4C") != (layout == "4W4C") and \
+                        info.name.startswith("q8ta_im2col"):
+                    continue
+                found.append((kind, info.name, layout))
+    return found
+
+
+def residual_args(inp: Conv2dInputs, shape, seed: int, add_activation: str) -> tuple:
+    """The residual arguments of a conv with output `shape` (schema order): a random int8
+    residual, its qparams and the add's output qparams, scaled to the conv's output scale so
+    that the sums fill the int8 range with a little saturation."""
+    gen = torch.Generator().manual_seed(seed)
+    residual = torch.randint(-128, 128, tuple(shape), generator=gen, dtype=torch.int8)
+    factors = (torch.rand(2, generator=gen, dtype=torch.float64) + 0.5).tolist()
+    zero_points = torch.randint(-20, 21, (2,), generator=gen).tolist()
+    add_zero_point = -100 if add_activation == "relu" else zero_points[1]
+    return (residual, inp.output_scale * factors[0], zero_points[0], inp.output_scale * 1.5 * factors[1],
+            add_zero_point, add_activation)
+
+
+def packed_bytes(t) -> torch.Tensor:
+    """The raw bytes of a packed device tensor, padding included."""
+    data = torch.empty(4 * packed_words(t.shape, t.layout), dtype=torch.int8)
+    t.memory.read(data.data_ptr(), data.numel())
+    return data

@@ -17,7 +17,7 @@ import json
 
 import pytest
 import torch
-from conv_testlib import MIN_EXACT, assert_bit_exact, pytorch_conv2d, steps_apart
+from conv_testlib import MIN_EXACT, assert_bit_exact, packed_bytes, pytorch_conv2d, steps_apart
 
 import runtime
 from runtime.errors import UnsupportedVariant
@@ -151,13 +151,6 @@ def test_quantize_conv_dequantize_in_one_stream():
     z_ref = ref.q8ta_conv2d(y_ref, inp.output_scale, inp.output_zero_point, *inp.args()[3:])
     want = ref.q8ta_dequantize(z_ref, inp.output_scale, inp.output_zero_point, "4C1W")
     assert torch.equal(got, want)
-
-
-def packed_bytes(t: Tensor) -> torch.Tensor:
-    """The raw bytes of a packed device tensor, padding included."""
-    data = torch.empty(4 * packed_words(t.shape, t.layout), dtype=torch.int8)
-    t.memory.read(data.data_ptr(), data.numel())
-    return data
 
 
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)

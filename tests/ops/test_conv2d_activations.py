@@ -22,11 +22,14 @@ import numpy as np
 import pytest
 import torch
 from conv_testlib import (
+    CONV_OPS,
     MIN_EXACT,
+    TINY,
     assert_bit_exact,
     decomposed_conv2d,
     qnnpack_conv2d,
     steps_apart,
+    variant_layouts,
 )
 
 import runtime
@@ -35,22 +38,8 @@ from runtime.reference import conv2d as ref
 from runtime.reference.quantize import quantize_per_tensor
 from runtime.tools.examples_conv2d import CASES, CASES_BY_NAME, make_inputs
 from runtime.vulkan.device import get_device
-from runtime.vulkan.layouts import PACKED_LAYOUTS
 from runtime.vulkan.tensor import Tensor
 
-CONV_OPS = {
-    "general": "etvk.q8ta_conv2d_general.default",
-    "im2col": "etvk.q8ta_conv2d_im2col.default",
-    "pw": "etvk.q8ta_conv2d_pw.default",
-    "dw": "etvk.q8ta_conv2d_dw.default",
-}
-# One tiny case per algorithm; "im2col" routes to im2col on every family.
-TINY = {
-    "general": "grouped_g3_cg5_cout9",
-    "im2col": "batch2_3x3_cout10",
-    "pw": "pointwise_cin6_cout7",
-    "dw": "mobilenetv2_dw_c30_w13",
-}
 # name -> (activation, activation_min, activation_max)
 SETTINGS = {
     "none": ("none", 0.0, 6.0),
@@ -153,18 +142,8 @@ def test_hardswish_evaluation_order_and_pytorch():
 
 
 def _variant_layouts():
-    params = []
-    for kind, op_name in CONV_OPS.items():
-        for info in runtime.get_op(op_name).variants:
-            for layout in PACKED_LAYOUTS:
-                # The specialised im2col reads 4W4C only; the generic one serves the others.
-                if (info.name == "q8ta_im2col_4W4C") != (layout == "4W4C") and \
-                        info.name.startswith("q8ta_im2col"):
-                    continue
-                for setting in SETTINGS:
-                    params.append(pytest.param(kind, info.name, layout, setting,
-                                               id=f"{info.name}-{layout}-{setting}"))
-    return params
+    return [pytest.param(kind, variant, layout, setting, id=f"{variant}-{layout}-{setting}")
+            for kind, variant, layout in variant_layouts() for setting in SETTINGS]
 
 
 @pytest.mark.parametrize(("kind", "variant", "layout", "setting"), _variant_layouts())

@@ -1,7 +1,8 @@
 """Real architectures: torchvision ResNet-18, ResNet-50, MobileNetV2, ShuffleNetV2-x0.5 (32x32) and
 MnasNet-0.5 (48x48, so its mean pools a 2x2 map) with random weights and batch-norm statistics measured
-on random inputs, quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered, saved,
-loaded, run, bit-exact against their CPU reference runs and in agreement with PyTorch's."""
+on random inputs, quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered (every
+residual add of the CNNs into a conv's epilogue), saved, loaded, run, bit-exact against their CPU reference
+runs and in agreement with PyTorch's."""
 
 from __future__ import annotations
 
@@ -55,6 +56,11 @@ def test_the_whole_model_runs_on_the_device_bit_exact(model_file):
     convs = [r for r in rows if r["target"] == "etvk.q8ta_conv2d.default"]
     assert len(convs) == {"resnet18": 20, "resnet50": 53, "mobilenet_v2": 52, "mnasnet0_5": 52,
                           "shufflenet_v2_x0_5": 56}[name]
+    # every residual add runs in the epilogue of the conv that writes one of its operands
+    assert not [r for r in rows if r["target"] == "etvk.q8ta_add.default"]
+    residual_convs = [n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default" and len(n.args) > 17]
+    assert len(residual_convs) == {"resnet18": 8, "resnet50": 16, "mobilenet_v2": 10, "mnasnet0_5": 10,
+                                   "shufflenet_v2_x0_5": 0}[name]
     # int8 from the first quantize to the last dequantize: no CPU node anywhere
     assert rows[0]["target"] == "etvk.q8ta_quantize.default"
     assert rows[-1]["target"] == "etvk.dequantize_per_tensor.default"
