@@ -18,6 +18,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from program_cases import sqnr_db
+from test_decoders import CACHE, COMMON, config_file, device_dispatches
 from torch import nn
 
 import runtime
@@ -26,6 +27,7 @@ from runtime.programs.input_checks import derive_input_checks
 from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.program import Program
 from runtime.programs.rewrite import Rewriter
+from runtime.tools import llm_models
 
 DIM, HIDDEN = 64, 128
 OPS = ("etvk.rms_norm_quantize.default", "etvk.add_rms_norm_quantize.default", "etvk.act_mul_quantize.default",
@@ -142,10 +144,6 @@ def test_rope_cache_update_changes_no_bit_of_a_decoder(family, tmp_path, monkeyp
     cache-write fusion: one rope_cache_update a layer instead of two ropes and two cache
     writes, 3 dispatches fewer a layer, everything on the device, and logits bit-identical to
     the unfused program's at every step (a 4-token prompt in one call, then decoding)."""
-    from test_decoders import CACHE, COMMON, config_file, device_dispatches
-
-    from runtime.tools import llm_models
-
     llm_models.import_transformers()
     name, _, half = family.partition(" ")
     model = llm_models.decoder(config_file(tmp_path, name))
