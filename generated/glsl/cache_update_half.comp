@@ -51,24 +51,29 @@ layout(set = 0, binding = 2, std430) readonly buffer t_positions_block {
 } t_positions;
 int t_positions_load(uint i) { return t_positions.data[i]; }
 
-void main() {
-  const uint unit = etvk_linear_invocation();
-  if (unit >= pc.units) {
-    return;
-  }
-  const uint S = uint(pc.sizes.x);
-  const uint HKV = uint(pc.sizes.y);
-  const int L = pc.sizes.z;
-  const uint D4 = uint(pc.sizes.w);
+// Where the KV-cache write puts a unit of value, shared by cache_update.glsl.j2 and
+// rope_cache_update.glsl.j2. Needs t_positions_load (int32 [S], one value per element).
+
+// Whether unit `unit` of value [B, S, H, D] (token-major, D4 = D / 4 units a row) has a cache
+// row: positions[s] in [0, L) (only a device tensor, which the host cannot check, may hold
+// another). If so, `at` is the unit of cache [B, H, L, D] it goes to: unit d4 of row
+// (b, h, positions[s]).
+bool cache_unit(uint unit, uint S, uint H, int L, uint D4, out uint at) {
   const uint d4 = unit % D4;
-  const uint row = unit / D4;  // (b * S + s) * Hkv + h
-  const uint h = row % HKV;
-  const uint token = row / HKV;  // b * S + s
+  const uint row = unit / D4;  // (b * S + s) * H + h
+  const uint h = row % H;
+  const uint token = row / H;  // b * S + s
   const uint s = token % S;
   const uint b = token / S;
   const int position = t_positions_load(s);
-  if (position < 0 || position >= L) {
-    return;
+  at = ((b * H + h) * uint(L) + uint(position)) * D4 + d4;
+  return position >= 0 && position < L;
+}
+
+void main() {
+  const uint unit = etvk_linear_invocation();
+  uint at;
+  if (unit < pc.units && cache_unit(unit, uint(pc.sizes.x), uint(pc.sizes.y), pc.sizes.z, uint(pc.sizes.w), at)) {
+    t_cache.data[at] = t_value.data[unit];
   }
-  t_cache.data[((b * HKV + h) * uint(L) + uint(position)) * D4 + d4] = t_value.data[unit];
 }

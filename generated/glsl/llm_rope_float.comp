@@ -61,31 +61,34 @@ vec4 t_sin_load(uint unit) {
   return t_sin.data[unit];
 }
 
+// One output unit of llm_rope (docs/llm_ops.md) of the [B, S, H, D] tensor bound as ROPE_X,
+// shared by llm_rope.glsl.j2 and rope_cache_update.glsl.j2 so that both compute every value
+// with the same operations in the same order (the fused op is bit-exact against rope by
+// construction). Include it once per tensor with the Jinja variable ROPE_X set to the binding's
+// name: it defines rope_<ROPE_X>_unit. Needs t_x_load and t_x.data (DTYPE units of 4
+// values), t_cos_load and t_sin_load (one [R] row per (b, s): row b * cos_batch_stride / R + s),
+// the spec constant ALIGNED (D % 4 == 0 and R % 8 == 0: a unit lies in the rotated part of one
+// head or in its tail, and its cos and sin and the values rotate_half puts there are whole
+// units) and the Jinja variable DTYPE.
+
 // The row of cos and sin of value i of x, times R (its first value).
-uint row_base(uint i) {
-  const uint D = uint(pc.sizes.x);
-  const uint token = i / D / uint(pc.sizes.y);  // b * S + s
-  const uint S = uint(pc.sizes.z);
-  return (token / S) * uint(pc.cos_batch_stride) + (token % S) * uint(pc.rotary);
+uint rope_t_x_row_base(uint i, uvec4 sizes, uint cos_batch_stride, uint R) {
+  const uint token = i / sizes.x / sizes.y;  // b * S + s
+  return (token / sizes.z) * cos_batch_stride + (token % sizes.z) * R;
 }
 
-float value_of_x(uint i) {
+float rope_t_x_value(uint i) {
   return t_x_load(i >> 2u)[i & 3u];
 }
 
-// Output unit `unit`: `value`, but x's own bits where `passed`.
-void store_unit(uint unit, vec4 value, bvec4 passed) {
-  t_out.data[unit] = uintBitsToFloat(mix(floatBitsToUint(value), floatBitsToUint(t_x.data[unit]), passed));
-}
-
-void main() {
-  const uint unit = etvk_linear_invocation();
+// Unit `unit` of rope(x) as the buffer stores it, for x of `numel` values and sizes = (D, H,
+// S, B): value i, at d = i % D < R, is x[i] * cos[d] + r * sin[d] with r = -x[i + R/2] for
+// d < R/2, else x[i - R/2]; each product rounded to DTYPE, then the sum (`precise`: no fma
+// contraction), PyTorch's eager order. A value at d >= R keeps x's bits (spliced in the
+// buffer's own words, never converted). Values past `numel` are any.
+vec4 rope_t_x_unit(uint unit, uint numel, uvec4 sizes, uint cos_batch_stride, uint R) {
   const uint first = 4u * unit;
-  if (first >= pc.numel) {
-    return;
-  }
-  const uint D = uint(pc.sizes.x);
-  const uint R = uint(pc.rotary);
+  const uint D = sizes.x;
   const uint half_r = R / 2u;
   const vec4 x = t_x_load(unit);
   vec4 c = vec4(0.0);
@@ -96,26 +99,34 @@ void main() {
     const uint d = first % D;
     passed = bvec4(d >= R);
     if (d < R) {
-      const uint cs = (row_base(first) + d) >> 2u;
+      const uint cs = (rope_t_x_row_base(first, sizes, cos_batch_stride, R) + d) >> 2u;
       c = t_cos_load(cs);
       s = t_sin_load(cs);
       rotated = d < half_r ? -t_x_load((first + half_r) >> 2u) : t_x_load((first - half_r) >> 2u);
     }
   } else {
     for (uint j = 0u; j < 4u; ++j) {
-      const uint i = min(first + j, pc.numel - 1u);  // past the end: any value, not stored
+      const uint i = min(first + j, numel - 1u);  // past the end: any value, not stored
       const uint d = i % D;
       passed[j] = d >= R;
       if (d < R) {
-        const uint cs = row_base(i) + d;
+        const uint cs = rope_t_x_row_base(i, sizes, cos_batch_stride, R) + d;
         c[j] = t_cos_load(cs >> 2u)[cs & 3u];
         s[j] = t_sin_load(cs >> 2u)[cs & 3u];
-        rotated[j] = d < half_r ? -value_of_x(i + half_r) : value_of_x(i - half_r);
+        rotated[j] = d < half_r ? -rope_t_x_value(i + half_r) : rope_t_x_value(i - half_r);
       }
     }
   }
   precise vec4 p = x * c;
   precise vec4 q = rotated * s;
   precise vec4 out_value = p + q;
-  store_unit(unit, out_value, passed);
+  return uintBitsToFloat(mix(floatBitsToUint(out_value), floatBitsToUint(t_x.data[unit]), passed));
+}
+
+void main() {
+  const uint unit = etvk_linear_invocation();
+  if (4u * unit >= pc.numel) {
+    return;
+  }
+  t_out.data[unit] = rope_t_x_unit(unit, pc.numel, uvec4(pc.sizes), uint(pc.cos_batch_stride), uint(pc.rotary));
 }

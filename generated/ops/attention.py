@@ -73,6 +73,31 @@ def _check_positions_distinct(op, positions):
         raise rt.ArgumentError(op, "positions", f"must not repeat a position (two tokens would write one cache row), got {positions.tolist()}")
 
 
+def _check_k_new_like_q(op, k_new, q, k_cache):
+    if not (k_new.dtype == q.dtype and k_new.dim() == 4 and (k_new.shape[0] == q.shape[0]) and (k_new.shape[1] == q.shape[1]) and (k_new.shape[2] == k_cache.shape[1]) and (k_new.shape[3] == q.shape[3])):
+        raise rt.ArgumentError(op, "k_new", f"must be a [B, S, Hkv, D] tensor of q's dtype {q.dtype} with q's B, S, D = {(q.shape[0], q.shape[1], q.shape[3])} and k_cache's Hkv = {k_cache.shape[1]}, got {k_new.dtype} of shape {tuple(k_new.shape)}")
+
+
+def _check_v_new_like_k_new(op, v_new, k_new):
+    if not (v_new.dtype == k_new.dtype and tuple(v_new.shape) == tuple(k_new.shape)):
+        raise rt.ArgumentError(op, "v_new", f"must have k_new's dtype {k_new.dtype} and shape {tuple(k_new.shape)}, got {v_new.dtype} of shape {tuple(v_new.shape)}")
+
+
+def _check_cos_rows_of_q(op, cos, q):
+    if not (cos.dtype == q.dtype and tuple(cos.shape[:-1]) in ((q.shape[0], q.shape[1]), (1, q.shape[1]), (q.shape[1],))):
+        raise rt.ArgumentError(op, "cos", f"must be a [B, S, R], [1, S, R] or [S, R] tensor of q's dtype {q.dtype} with (B, S) = {(q.shape[0], q.shape[1])}, got {cos.dtype} of shape {tuple(cos.shape)}")
+
+
+def _check_cos_rotary_of_q(op, cos, q):
+    if not (cos.shape[-1] % 2 == 0 and 0 < cos.shape[-1] <= q.shape[3]):
+        raise rt.ArgumentError(op, "cos", f"must hold R values a row (the rotated values of each head) with R even and 0 < R <= D = {q.shape[3]}, got R = {cos.shape[-1]}")
+
+
+def _check_sin_like_cos(op, sin, cos):
+    if not (sin.dtype == cos.dtype and tuple(sin.shape) == tuple(cos.shape)):
+        raise rt.ArgumentError(op, "sin", f"must have cos's dtype {cos.dtype} and shape {tuple(cos.shape)}, got {sin.dtype} of shape {tuple(sin.shape)}")
+
+
 def cache_attention(stream, q, k_cache, v_cache, positions, scale, *, variant=None, storage=None):
     """Record etvk.cache_attention.default into `stream`; returns device tensors."""
     op = CACHE_ATTENTION
@@ -113,7 +138,7 @@ CACHE_ATTENTION = rt.OpDef(
     family="attention",
     schema="cache_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor positions, float scale) -> Tensor",
     doc="out[b, s, h] = softmax_j(scale * q[b, s, h] . k_cache[b, g, j]) @ v_cache[b, g, j] over the keys j <= positions[s], g = h // (Hq / Hkv): causal grouped-query attention over a static cache; q and out [B, S, Hq, D] (token-major), caches [B, Hkv, L, D]. Scores and sums in fp32 with a max-subtracted (online) softmax; equals scaled_dot_product_attention with the kv heads repeated and mask[i, j] = j <= positions[i] within docs/attention_ops.md's tolerance. Where few (token, kv head) pairs would leave the GPU idle, their keys are split into chunks over more workgroups whose partials a second dispatch merges (flash-decoding).",
-    spec="op_specs/attention.yaml:144",
+    spec="op_specs/attention.yaml:196",
     reference="runtime.reference.attention:cache_attention",
     variants=(
         ("cache_attention_float", {"DTYPE": "float32"}),
@@ -158,7 +183,7 @@ CACHE_UPDATE = rt.OpDef(
     family="attention",
     schema="cache_update(Tensor cache, Tensor positions, Tensor value) -> Tensor",
     doc="cache[b, h, positions[s], d] = value[b, s, h, d], bit for bit: the KV-cache write of S tokens (value [B, S, Hkv, D] as the k/v projections make it, cache [B, Hkv, L, D]). The output is the cache itself: a device cache is written in place and returned; a host cache comes back as an updated copy.",
-    spec="op_specs/attention.yaml:192",
+    spec="op_specs/attention.yaml:244",
     reference="runtime.reference.attention:cache_update",
     variants=(
         ("cache_update_float", {"DTYPE": "float32"}),
@@ -170,7 +195,70 @@ CACHE_UPDATE = rt.OpDef(
 )
 
 
+def rope_cache_update(stream, q, k_new, v_new, cos, sin, k_cache, v_cache, positions, *, variant=None, storage=None):
+    """Record etvk.rope_cache_update.default into `stream`; returns device tensors."""
+    op = ROPE_CACHE_UPDATE
+    rt.check_arg(op, "q", q, "Tensor")
+    rt.check_arg(op, "k_new", k_new, "Tensor")
+    rt.check_arg(op, "v_new", v_new, "Tensor")
+    rt.check_arg(op, "cos", cos, "Tensor")
+    rt.check_arg(op, "sin", sin, "Tensor")
+    rt.check_arg(op, "k_cache", k_cache, "Tensor")
+    rt.check_arg(op, "v_cache", v_cache, "Tensor")
+    rt.check_arg(op, "positions", positions, "Tensor")
+    _check_q_float(op, q)
+    _check_q_head_dim(op, q)
+    _check_k_cache_like_q(op, k_cache, q)
+    _check_v_cache_like_k_cache(op, v_cache, k_cache)
+    _check_k_new_like_q(op, k_new, q, k_cache)
+    _check_v_new_like_k_new(op, v_new, k_new)
+    _check_cos_rows_of_q(op, cos, q)
+    _check_cos_rotary_of_q(op, cos, q)
+    _check_sin_like_cos(op, sin, cos)
+    _check_positions_per_query(op, positions, q)
+    _check_positions_in_k_cache(op, positions, k_cache)
+    _check_positions_distinct(op, positions)
+    v = op.select(variant, storage, {"DTYPE": ("q", q.dtype)})
+    q = stream.upload(q, v.binding("t_q"), op.label("q"))
+    k_new = stream.upload(k_new, v.binding("t_k"), op.label("k_new"))
+    v_new = stream.upload(v_new, v.binding("t_v"), op.label("v_new"))
+    cos = stream.upload(cos, v.binding("t_cos"), op.label("cos"))
+    sin = stream.upload(sin, v.binding("t_sin"), op.label("sin"))
+    positions = stream.upload(positions, v.binding("t_positions"), op.label("positions"))
+    q_out = stream.empty(q.shape, q.dtype, v.binding("t_q_out"), op.label("q_out", "output"))
+    k_out = stream.upload(k_cache, v.binding("t_k_cache"), op.label("k_cache"))
+    v_out = stream.upload(v_cache, v.binding("t_v_cache"), op.label("v_cache"))
+    stream.dispatch(v, op.name, bindings={"t_q_out": q_out, "t_k_cache": k_out, "t_v_cache": v_out, "t_q": q, "t_k": k_new, "t_v": v_new, "t_cos": cos, "t_sin": sin, "t_positions": positions}, push={"q_sizes": [q.shape[3], q.shape[2], q.shape[1], q.shape[0]], "k_sizes": [k_new.shape[3], k_new.shape[2], k_new.shape[1], k_new.shape[0]], "cache_len": k_cache.shape[2], "cos_batch_stride": q.shape[1] * cos.shape[-1] if len(cos.shape) == 3 and cos.shape[0] != 1 else 0, "rotary": cos.shape[-1], "q_units": rt.numel(q) // 4, "kv_units": rt.numel(k_new) // 4}, spec_constants={"ALIGNED": cos.shape[-1] % 8 == 0}, global_size=[(rt.numel(q) + 2 * rt.numel(k_new)) // 4, 1, 1])
+    return q_out, k_out, v_out
+
+
+def _rope_cache_update_fake(q, k_new, v_new, cos, sin, k_cache, v_cache, positions):
+    return (
+        torch.empty(q.shape, dtype=q.dtype, device=q.device),
+        torch.empty(k_cache.shape, dtype=k_cache.dtype, device=q.device),
+        torch.empty(v_cache.shape, dtype=v_cache.dtype, device=q.device),
+    )
+
+
+ROPE_CACHE_UPDATE = rt.OpDef(
+    name="etvk.rope_cache_update.default",
+    family="attention",
+    schema="rope_cache_update(Tensor q, Tensor k_new, Tensor v_new, Tensor cos, Tensor sin, Tensor k_cache, Tensor v_cache, Tensor positions) -> (Tensor, Tensor, Tensor)",
+    doc="(rope(q, cos, sin), cache_update(k_cache, positions, rope(k_new, cos, sin)), cache_update(v_cache, positions, v_new)) in one dispatch: the rotary embedding of q and of the new keys (llm.yaml's rope, partial rotary included) and both KV-cache writes of an attention layer, bit-identical to those four ops. q [B, S, Hq, D] and k_new, v_new [B, S, Hkv, D] token-major, caches [B, Hkv, L, D], cos and sin [B, S, R], [1, S, R] or [S, R], all of one dtype, D a multiple of 4. Returns (rope(q), k_cache, v_cache): rope(k_new) is written to the k cache only; a device cache is written in place and returned, a host cache comes back as an updated copy.",
+    spec="op_specs/attention.yaml:264",
+    reference="runtime.reference.attention:rope_cache_update",
+    variants=(
+        ("rope_cache_update_float", {"DTYPE": "float32"}),
+        ("rope_cache_update_half", {"DTYPE": "float16"}),
+    ),
+    record=rope_cache_update,
+    fake=_rope_cache_update_fake,
+    aliases=((1, "k_cache"), (2, "v_cache")),
+)
+
+
 OPS = (
     CACHE_ATTENTION,
     CACHE_UPDATE,
+    ROPE_CACHE_UPDATE,
 )

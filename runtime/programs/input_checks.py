@@ -5,7 +5,7 @@ state, must be a clear `ValueError` before anything runs, never an
 out-of-bounds read on the device. `derive_input_checks` finds, without
 looking at names: the inputs that an embedding reads as indices (``index``
 checks, bounded by the table's rows) and the inputs that the positions of
-a state's ``index_copy`` or ``etvk.cache_update`` are computed from
+a state's ``index_copy``, ``etvk.cache_update`` or ``etvk.rope_cache_update`` are computed from
 (``position`` checks, bounded by the state's length along the written
 dimension). A rewrite may add a ``consecutive`` check (positions p, p+1,
 ...) it relies on. Pure graph work; used by lower.py. The loader applies the checks (`check_input_values`).
@@ -20,10 +20,12 @@ from runtime.programs.nodes import Const, InputCheck, Ref
 from runtime.programs.program import Program
 
 _EMBEDDINGS = ("aten.embedding.default", "etvk.embedding.default")  # (table, indices, ...)
-# op writing a state at positions -> (position of the positions argument, or None: it is
-# argument 2 and the dimension argument 1)
-_STATE_WRITES = {"aten.index_copy.default": None, "etvk.cache_update.default": 1}
-_CACHE_DIM = 2  # etvk.cache_update writes a [B, H, L, D] cache along L
+# op writing states at positions -> per state it writes: (state argument, positions argument,
+# the output that is the state's new version, the dimension written: None where argument 1
+# gives it); the etvk ops write [B, H, L, D] caches along L
+_STATE_WRITES = {"aten.index_copy.default": ((0, 2, 0, None),),
+                 "etvk.cache_update.default": ((0, 1, 0, 2),),
+                 "etvk.rope_cache_update.default": ((5, 7, 1, 2), (6, 7, 2, 2))}
 
 
 class InputValueError(EtvkError, ValueError):
@@ -42,15 +44,15 @@ def derive_input_checks(program: Program) -> list[InputCheck]:
                 and node.args[1].name in program.inputs:
             key = (node.args[1].name, "index")
             checks[key] = min(checks.get(key, 1 << 62), int(program.constants[first.name].shape[0]))
-        if node.target in _STATE_WRITES and isinstance(first, Ref):
-            state = first.name if first.name in program.state else version_of.get(first.name)
+        for state_at, positions_at, output, dim in _STATE_WRITES.get(node.target, ()):
+            written = node.args[state_at]
+            state = None if not isinstance(written, Ref) else \
+                written.name if written.name in program.state else version_of.get(written.name)
             if state is None:
                 continue
-            version_of[node.outputs[0]] = state
-            where = _STATE_WRITES[node.target]
-            dim, positions = (node.args[1], node.args[2]) if where is None else (_CACHE_DIM, node.args[where])
-            length = program.values[state].shape[dim]
-            for source in _inputs_behind(positions, producers, program.inputs):
+            version_of[node.outputs[output]] = state
+            length = program.values[state].shape[node.args[1] if dim is None else dim]
+            for source in _inputs_behind(node.args[positions_at], producers, program.inputs):
                 if not program.values[source].dtype.is_floating_point:
                     key = (source, "position")
                     checks[key] = min(checks.get(key, 1 << 62), length)

@@ -33,9 +33,10 @@ decoder's KV cache). The steps:
    and splits a fused 8da4w projection read through slices into one linear
    per slice;
 6. what nothing reads is dropped; an RMSNorm or activation x up whose only
-   reader is a per-token quantize fuses with it, and a residual add with the
-   fused RMSNorm that reads it (lower_fusion.py); the checks the program's
-   inputs need on the host are derived (input_checks.py).
+   reader is a per-token quantize fuses with it, a residual add with the
+   fused RMSNorm that reads it, and an attention layer's rotary embeddings
+   of q and k with its two cache writes (lower_fusion.py); the checks the
+   program's inputs need on the host are derived (input_checks.py).
 
 A decoder exported with a dynamic token count is lowered once per token
 count and combined into one program (token_counts.py).

@@ -20,10 +20,25 @@ quantize's place. Then
   -> (q, s, z) into ``etvk.add_rms_norm_quantize(a, b, ...)`` -> (x, q, s, z), at the add's
   place: the fused op writes x too, so x may have other readers (the next residual add).
 
+Last, the rotary embeddings and cache writes of an attention layer, found from the
+``etvk.cache_attention(rq, kc', vc', ...)`` that reads them:
+
+- ``etvk.rope(q, cos, sin)`` -> rq, ``etvk.rope(k, cos, sin)`` -> rk,
+  ``etvk.cache_update(kc, p, rk)`` -> kc', ``etvk.cache_update(vc, p, v)`` -> vc' into
+  ``etvk.rope_cache_update(q, k, v, cos, sin, kc, vc, p)`` -> (rq, kc', vc') (the caches
+  written in place, as cache_update writes them), at the first of the four's place;
+
+where both ropes take the same cos and sin, both writes the same positions, rk has no other
+reader (not a program output, not a state's new value either: the fused op does not return
+it), every argument is made before that place, no other node reads kc or vc at or after it,
+and q and k share batch, token count and head dim, v has k's shape and the caches one shape
+(what the fused op checks beyond the four ops).
+
 Each fused op is bit-exact against the ops it replaces on the device, and its argument checks
 are theirs (the quantize's input with a last dimension that is a multiple of 4 included; fp32
-checked here), so the rewrites change no result. Everything else is left as it was. Pure graph
-work on a `Rewriter`, no Vulkan; called by lower.py once the quantize ops exist.
+checked here; rope_cache_update's extra ones checked here), so the rewrites change no result.
+Everything else is left as it was. Pure graph work on a `Rewriter`, no Vulkan; called by
+lower.py once the quantize ops exist.
 """
 
 from __future__ import annotations
@@ -38,6 +53,8 @@ QUANTIZE = "etvk.quantize_affine_per_token_dynamic.default"
 FUSED = {"etvk.rms_norm.default": "etvk.rms_norm_quantize.default",
          "etvk.act_mul.default": "etvk.act_mul_quantize.default"}
 ADD_NORM = "etvk.add_rms_norm_quantize.default"
+ROPE, CACHE_UPDATE = "etvk.rope.default", "etvk.cache_update.default"
+ROPE_CACHE_UPDATE = "etvk.rope_cache_update.default"
 # Reshapes (a view of the same buffer on the device); one to the shape its input has is the
 # same values.
 _VIEWS = ("aten.alias.default", "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
@@ -47,6 +64,7 @@ def fuse_decoder_ops(rw: Rewriter) -> None:
     """The rewrites of the module docstring, in its order."""
     _fuse_quantized_inputs(rw)
     _fuse_residual_adds(rw)
+    _fuse_rope_cache_writes(rw)
 
 
 def _fuse_quantized_inputs(rw: Rewriter) -> None:
@@ -117,3 +135,56 @@ def _made_before(rw: Rewriter, value, node: Node) -> bool:
     producer = rw.producer(value)
     nodes = rw.program.nodes
     return producer is None or nodes.index(producer) < nodes.index(node)
+
+
+def _fuse_rope_cache_writes(rw: Rewriter) -> None:
+    """For every cache_attention that reads rope(q) and caches cache_update wrote, rope(k)
+    with rope(q)'s cos and sin the k cache's value and the v cache written at the same
+    positions: those four nodes become one rope_cache_update node at the first one's place,
+    where the module docstring's conditions hold."""
+    program = rw.program
+    for attention in [n for n in program.nodes if n.target == "etvk.cache_attention.default"]:
+        a = bind(attention)
+        q_rope = rw.made_by(a["q"], ROPE)
+        k_update, v_update = rw.made_by(a["k_cache"], CACHE_UPDATE), rw.made_by(a["v_cache"], CACHE_UPDATE)
+        if q_rope is None or k_update is None or v_update is None:
+            continue
+        q, k, v = bind(q_rope), bind(k_update), bind(v_update)
+        k_rope = rw.made_by(k["value"], ROPE)
+        if k_rope is None or not _read_only_by(rw, k["value"].name, k_update):
+            continue
+        rotated = bind(k_rope)
+        args = (q["x"], rotated["x"], v["value"], q["cos"], q["sin"], k["cache"], v["cache"], k["positions"])
+        replaced = [q_rope, k_rope, k_update, v_update]
+        first = min(replaced, key=program.nodes.index)
+        if (rotated["cos"], rotated["sin"]) == (q["cos"], q["sin"]) and k["positions"] == v["positions"] \
+                and _fits_rope_cache_update(rw, args) \
+                and all(_made_before(rw, arg, first) for arg in args) \
+                and not any(_read_after(rw, cache, first, update)
+                            for cache, update in ((k["cache"], k_update), (v["cache"], v_update))):
+            outputs = (*q_rope.outputs, *k_update.outputs, *v_update.outputs)
+            for node in replaced:
+                if node is not first:
+                    program.nodes.remove(node)
+            del program.values[k_rope.outputs[0]]
+            rw.replace(first, Node(k_update.name, ROPE_CACHE_UPDATE, args, {}, outputs))
+
+
+def _fits_rope_cache_update(rw: Rewriter, args: tuple) -> bool:
+    """Whether rope_cache_update takes `args` wherever the ops it replaces took theirs: what
+    it checks beyond them (q and k_new of one batch, token count and head dim, v_new like
+    k_new, the caches alike and distinct values)."""
+    q, k_new, v_new, _, _, k_cache, v_cache, _ = (rw.value_spec(a) for a in args)
+    caches = args[5:7]
+    if None in (q, k_new, v_new, k_cache, v_cache) or not all(isinstance(c, Ref) for c in caches) \
+            or caches[0] == caches[1] or len(q.shape) != 4 or len(k_new.shape) != 4:
+        return False
+    return v_new == k_new and v_cache == k_cache \
+        and (q.shape[0], q.shape[1], q.shape[3]) == (k_new.shape[0], k_new.shape[1], k_new.shape[3])
+
+
+def _read_after(rw: Rewriter, cache, place: Node, update: Node) -> bool:
+    """Whether a node other than `update` (its write) reads the old `cache` at or after
+    `place`: moved there, the write would no longer come after that read."""
+    nodes = rw.program.nodes
+    return any(nodes.index(n) >= nodes.index(place) for n in rw.users.get(cache.name, []) if n is not update)

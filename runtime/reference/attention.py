@@ -7,7 +7,8 @@ within `attention_tolerance` of the exact result (docs/attention_ops.md), which
 `exact_attention` gives: PyTorch's ``scaled_dot_product_attention`` in float64
 with the kv heads repeated and the boolean causal mask over the whole cache.
 ``cache_update`` is ``index_copy`` along the cache's sequence dimension (what
-transformers' StaticCache does), bit-exact.
+transformers' StaticCache does), bit-exact; ``rope_cache_update`` is the rope
+of q and k and both cache writes of a layer, composed of the two.
 
 Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
 tests. It must not import anything from the Vulkan side, nor validate more
@@ -20,6 +21,7 @@ import math
 
 import torch
 
+from runtime.reference.llm import rope
 from runtime.reference.quantize import fp32
 
 # Bounds of docs/attention_ops.md ("Tolerances").
@@ -104,3 +106,14 @@ def cache_update(cache, positions, value):
         The updated copy, cache's shape and dtype.
     """
     return cache.index_copy(2, positions.to(torch.int64), value.transpose(1, 2))
+
+
+def rope_cache_update(q, k_new, v_new, cos, sin, k_cache, v_cache, positions):
+    """``(rope(q, cos, sin), cache_update(k_cache, positions, rope(k_new, cos, sin)),
+    cache_update(v_cache, positions, v_new))``: the three ops it fuses, bit for bit.
+
+    Returns:
+        (q rotated, the updated k cache, the updated v cache): copies.
+    """
+    return (rope(q, cos, sin), cache_update(k_cache, positions, rope(k_new, cos, sin)),
+            cache_update(v_cache, positions, v_new))

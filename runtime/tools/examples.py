@@ -319,7 +319,8 @@ EXAMPLES = {
     "etvk.cast.default": examples_llm.build_cast,
     **{
         name: examples_attention.build(name)
-        for name in ("etvk.cache_attention.default", "etvk.cache_update.default")
+        for name in ("etvk.cache_attention.default", "etvk.cache_update.default",
+                     "etvk.rope_cache_update.default")
     },
     **{
         name: build_q8ta_pool(name)

@@ -1,4 +1,4 @@
-"""Example cases of the attention family (attention over a static KV cache, the cache write).
+"""Example cases of the attention family (attention over a static KV cache, the cache writes).
 
 Each case is a shape and the cache positions of its tokens: decode (one token
 anywhere in the cache, the first and the last position), prefill from 0 and
@@ -8,11 +8,13 @@ sides of a tile boundary, caches the op splits into chunks of keys
 (runtime/families/attention.py: 64 keys here) with queries in the first, the
 second and a partly filled third chunk, a head dim over the workgroup (more
 than 64 units of 4), scores far beyond fp32's exp range (a softmax without the
-max subtracted overflows), int32 and int64 positions, no tokens at all. Cache rows past the
-largest position are NaN in the inputs (`attention_inputs`), so reading one
-shows; `sdpa_caches` gives the same caches with finite values there, for
-PyTorch's masked attention. Used by the tests (tests/ops/test_attention.py) and,
-through runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
+max subtracted overflows), int32 and int64 positions, no tokens at all. Cache
+rows past the largest position are NaN in the inputs (`attention_inputs`), so
+reading one shows; `sdpa_caches` gives the same caches with finite values there,
+for PyTorch's masked attention. The fused rope and cache write's cases add
+partial rotary (R < D, units that straddle the rotated half or the tail) and cos
+rows per batch, broadcast or shared. Used by the tests (tests/ops/test_attention.py)
+and, through runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
 """
 
 from __future__ import annotations
@@ -78,8 +80,40 @@ UPDATE_CASES = [
     UpdateCase("head_dim_128", 1, 1, 9, 128, (8, 2)),
     UpdateCase("no_tokens", 1, 2, 8, 8, ()),
 ]
+
+@dataclass(frozen=True)
+class RopeUpdateCase:
+    """q [batch, S, heads, head_dim], k_new and v_new [batch, S, kv_heads, head_dim] (S =
+    len(positions)) into caches [batch, kv_heads, cache_len, head_dim]; cos and sin hold
+    `rotary` values a row, [batch, S, R] (`cos_rows` "batch"), [1, S, R] ("one") or [S, R]
+    ("shared")."""
+
+    name: str
+    batch: int
+    heads: int
+    kv_heads: int
+    cache_len: int
+    head_dim: int
+    rotary: int
+    positions: tuple[int, ...]
+    cos_rows: str = "one"
+    positions_dtype: torch.dtype = torch.int64
+
+
+ROPE_UPDATE_CASES = [
+    RopeUpdateCase("decode_gqa4_d64", 1, 8, 2, 32, 64, 64, (17,)),
+    RopeUpdateCase("prefill_gqa3_partial_half", 1, 6, 2, 16, 32, 16, tuple(range(6))),
+    RopeUpdateCase("batch2_unordered_int32_shared_rows", 2, 4, 2, 20, 16, 16, (19, 0, 7), "shared",
+                   torch.int32),
+    RopeUpdateCase("batch2_own_rows_mha", 2, 3, 3, 12, 8, 8, (3, 4), "batch"),
+    RopeUpdateCase("partial_d80_r20_halves_straddle_units", 1, 4, 2, 10, 80, 20, (8, 2)),
+    RopeUpdateCase("partial_d12_r6_batch2_mqa", 2, 2, 1, 8, 12, 6, (1, 5), "batch"),
+    RopeUpdateCase("decode_d128_last_position", 1, 4, 1, 9, 128, 128, (8,)),
+    RopeUpdateCase("no_tokens", 1, 4, 2, 8, 8, 8, ()),
+]
 ATTENTION_BY_NAME = {c.name: c for c in ATTENTION_CASES}
 UPDATE_BY_NAME = {c.name: c for c in UPDATE_CASES}
+ROPE_UPDATE_BY_NAME = {c.name: c for c in ROPE_UPDATE_CASES}
 
 
 def _generator(name: str, seed: int | None) -> torch.Generator:
@@ -140,12 +174,30 @@ def update_inputs(case: UpdateCase, dtype: torch.dtype, seed: int | None = None)
     return cache, _positions(case), value
 
 
+def rope_update_inputs(case: RopeUpdateCase, dtype: torch.dtype, seed: int | None = None) -> tuple:
+    """Arguments of ``etvk.rope_cache_update`` for ``case`` in ``dtype``, in schema order: q and
+    k_new random (what the rotation reads), v_new and both caches starting with bit patterns
+    that must survive the copy, cos and sin of random angles."""
+    gen = _generator(case.name, seed)
+    tokens = len(case.positions)
+    q = (torch.randn(case.batch, tokens, case.heads, case.head_dim, generator=gen) * 2).to(dtype)
+    k = (torch.randn(case.batch, tokens, case.kv_heads, case.head_dim, generator=gen) * 2).to(dtype)
+    v = special_values(k.numel(), dtype, gen).reshape(k.shape)
+    cache_shape = (case.batch, case.kv_heads, case.cache_len, case.head_dim)
+    k_cache, v_cache = (special_values(math.prod(cache_shape), dtype, gen).reshape(cache_shape)
+                        for _ in range(2))
+    rows = {"batch": (case.batch, tokens), "one": (1, tokens), "shared": (tokens,)}[case.cos_rows]
+    angles = torch.rand(*rows, case.rotary, generator=gen) * 6.3
+    return q, k, v, angles.cos().to(dtype), angles.sin().to(dtype), k_cache, v_cache, _positions(case)
+
+
 def build(op_name: str):
     """A builder for ``runtime.tools.examples.EXAMPLES``: the case of the op's table at
     index (the shape's last size mod the table's length), in the variant's DTYPE."""
     cases, make = {
         "etvk.cache_attention.default": (ATTENTION_CASES, attention_inputs),
         "etvk.cache_update.default": (UPDATE_CASES, update_inputs),
+        "etvk.rope_cache_update.default": (ROPE_UPDATE_CASES, rope_update_inputs),
     }[op_name]
 
     def builder(axes, shape, gen):

@@ -10,8 +10,11 @@ filled, and chunks that do not start on a tile); a call whose keys fit one chunk
 is one dispatch, a split one two. cache_update: every case in every variant equals
 the reference (index_copy) bit for bit, special bit patterns included; a device
 cache is written in place and returned; a recorded decode step (two cache writes
-and the attention) replays with new tokens and positions, split or not. Bad
-arguments name the op and the argument.
+and the attention) replays with new tokens and positions, split or not.
+rope_cache_update: every case in every variant is one dispatch whose three results
+equal, bit for bit, the reference and the unfused device ops (rope of q and of k_new,
+two cache_update), on host and on device caches (written in place). Bad arguments
+name the op and the argument.
 """
 
 from __future__ import annotations
@@ -30,9 +33,12 @@ from runtime.tools.examples_attention import (
     ATTENTION_BY_NAME,
     ATTENTION_CASES,
     DTYPES,
+    ROPE_UPDATE_BY_NAME,
+    ROPE_UPDATE_CASES,
     UPDATE_BY_NAME,
     UPDATE_CASES,
     attention_inputs,
+    rope_update_inputs,
     sdpa_caches,
     update_inputs,
 )
@@ -41,6 +47,7 @@ from runtime.vulkan.tensor import Tensor
 
 ATTENTION = "etvk.cache_attention.default"
 UPDATE = "etvk.cache_update.default"
+ROPE_UPDATE = "etvk.rope_cache_update.default"
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16}
 # The second step of a split cache_attention, by DTYPE.
 COMBINE = {info.axes["DTYPE"]: info.name for info in runtime.get_op(ATTENTION).variants
@@ -144,6 +151,54 @@ def test_cache_update_is_a_bit_exact_index_copy(variant, dtype, case, dispatch_t
     assert torch.equal(got.view(bits), want.view(bits)), f"{variant} {case.name}: bits differ"
     assert torch.equal(cache.view(bits), before.view(bits)), "a host cache must not change"
     assert variant in dispatch_trace(), f"{variant} never reached the device"
+
+
+def assert_same_bits(got: tuple, want: tuple, what: str):
+    for name, g, w in zip(("q_out", "k_cache", "v_cache"), got, want, strict=True):
+        assert g.dtype == w.dtype and g.shape == w.shape, f"{what} {name}: {g.dtype} {tuple(g.shape)}"
+        assert torch.equal(g.view(BITS[g.dtype]), w.view(BITS[w.dtype])), f"{what} {name}: bits differ"
+
+
+def unfused(args) -> tuple:
+    """The ops rope_cache_update fuses, each its own dispatch on the device."""
+    q, k_new, v_new, cos, sin, k_cache, v_cache, positions = args
+    rope, update = runtime.get_op("etvk.rope.default"), runtime.get_op(UPDATE)
+    return (rope(q, cos, sin), update(k_cache, positions, rope(k_new, cos, sin)),
+            update(v_cache, positions, v_new))
+
+
+@pytest.mark.parametrize(("variant", "dtype", "case"), _variants(ROPE_UPDATE, ROPE_UPDATE_CASES))
+def test_rope_cache_update_is_rope_and_both_cache_writes(variant, dtype, case, dispatch_trace_path):
+    """One dispatch (none without tokens), bit-identical to the reference and to the unfused
+    ops; the host caches are left as they were."""
+    args = rope_update_inputs(case, DTYPES[dtype])
+    before = [t.clone() for t in args]
+    want = ref.rope_cache_update(*args)
+    bits = BITS[want[0].dtype]
+    untouched = [p for p in range(case.cache_len) if p not in case.positions]
+    for cache, old in ((want[1], args[5]), (want[2], args[6])):  # the rows no token writes
+        assert torch.equal(cache[:, :, untouched].view(bits), old[:, :, untouched].view(bits))
+    assert_same_bits(unfused(args), want, f"unfused {case.name}")
+    found = []
+    variants = dispatched(dispatch_trace_path,
+                          lambda: found.append(runtime.get_op(ROPE_UPDATE)(*args, variant=variant)))
+    assert_same_bits(found[0], want, f"{variant} {case.name}")
+    assert variants == ([variant] if case.positions else []), variants
+    for arg, old in zip(args, before, strict=True):
+        assert torch.equal(arg.view(torch.uint8), old.view(torch.uint8)), "an argument changed"
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_rope_cache_update_writes_device_caches_in_place(dtype):
+    args = rope_update_inputs(ROPE_UPDATE_BY_NAME["batch2_unordered_int32_shared_rows"], DTYPES[dtype])
+    op = runtime.get_op(ROPE_UPDATE)
+    assert op.opdef.aliases == ((1, "k_cache"), (2, "v_cache"))
+    device = [Tensor.from_torch(t) for t in args]
+    with Stream() as stream:
+        got = op.record(stream, *device)
+        stream.run()
+    assert got[1] is device[5] and got[2] is device[6]
+    assert_same_bits(tuple(t.to_torch() for t in got), ref.rope_cache_update(*args), "device caches")
 
 
 def test_the_reference_is_within_tolerance_on_random_shapes():
@@ -283,8 +338,17 @@ def _update_args(**changes):
     return [changes.get(name, value) for name, value in args.items()]
 
 
+def _rope_update_args(**changes):
+    names = ("q", "k_new", "v_new", "cos", "sin", "k_cache", "v_cache", "positions")
+    args = rope_update_inputs(ROPE_UPDATE_BY_NAME["prefill_gqa3_partial_half"], torch.float32)
+    return [changes.get(name, value) for name, value in zip(names, args, strict=True)]
+
+
+ARGS = {ATTENTION: _attention_args, UPDATE: _update_args, ROPE_UPDATE: _rope_update_args}
 # prefill_from_zero_gqa3: q [1, 8, 6, 16], caches [1, 2, 40, 16], positions 0..7.
 # prefill_from_zero (update): cache [1, 2, 16, 16], value [1, 6, 2, 16], positions 0..5.
+# prefill_gqa3_partial_half (rope_cache_update): q [1, 6, 6, 32], k_new and v_new
+# [1, 6, 2, 32], cos and sin [1, 6, 16], caches [1, 2, 16, 32], positions 0..5.
 BAD_ARGS = [
     (ATTENTION, "q", torch.zeros(1, 8, 6, 16, dtype=torch.int8), "float32 or float16 [B, S, Hq, D]"),
     (ATTENTION, "q", torch.zeros(8, 6, 16), "[B, S, Hq, D]"),
@@ -314,6 +378,17 @@ BAD_ARGS = [
     (UPDATE, "positions", torch.arange(11, 17), "within [0, L = 16), got values from 11 to 16"),
     (UPDATE, "positions", torch.arange(-3, 3), "got values from -3 to 2"),
     (UPDATE, "positions", torch.tensor([0, 1, 2, 2, 3, 4]), "must not repeat a position"),
+    (ROPE_UPDATE, "q", torch.zeros(1, 6, 6, 30), "multiple of 4"),
+    (ROPE_UPDATE, "k_cache", torch.zeros(1, 2, 16, 32, dtype=torch.float16), "q's dtype"),
+    (ROPE_UPDATE, "k_new", torch.zeros(1, 6, 3, 32), "k_cache's Hkv = 2"),
+    (ROPE_UPDATE, "k_new", torch.zeros(1, 5, 2, 32), "q's B, S, D = (1, 6, 32)"),
+    (ROPE_UPDATE, "v_new", torch.zeros(1, 6, 2, 32, dtype=torch.float16), "k_new's dtype"),
+    (ROPE_UPDATE, "cos", torch.zeros(2, 6, 16), "[B, S, R], [1, S, R] or [S, R]"),
+    (ROPE_UPDATE, "cos", torch.zeros(1, 6, 16, dtype=torch.float16), "q's dtype"),
+    (ROPE_UPDATE, "cos", torch.zeros(1, 6, 34), "0 < R <= D = 32"),
+    (ROPE_UPDATE, "sin", torch.zeros(1, 6, 8), "cos's dtype torch.float32 and shape (1, 6, 16)"),
+    (ROPE_UPDATE, "positions", torch.arange(11, 17), "within [0, L = 16)"),
+    (ROPE_UPDATE, "positions", torch.tensor([0, 1, 2, 2, 3, 4]), "must not repeat a position"),
 ]
 
 
@@ -321,7 +396,7 @@ BAD_ARGS = [
                          ids=[f"{o.split('.')[1]}-{a}-{t}" for o, a, _, t in BAD_ARGS])
 def test_bad_arguments_name_the_op_and_argument(op_name, arg, value, text):
     op = runtime.get_op(op_name)
-    args = (_attention_args if op_name == ATTENTION else _update_args)(**{arg: value})
+    args = ARGS[op_name](**{arg: value})
     assert_argument_error(op, args, arg, text)
 
 
@@ -348,3 +423,11 @@ def test_cases_cover_what_they_claim():
         assert {c.positions_dtype for c in cases} == {torch.int32, torch.int64}
     assert any(not c.positions for c in UPDATE_CASES)
     assert any(list(c.positions) != sorted(c.positions) for c in UPDATE_CASES)
+    # the fused rope and cache write: GQA, MHA and MQA; partial rotary aligned (R % 8 == 0)
+    # and not; every form of cos rows; batches; no tokens; both position dtypes
+    assert {c.heads // c.kv_heads for c in ROPE_UPDATE_CASES} >= {1, 2, 3, 4}
+    assert any(c.kv_heads == 1 for c in ROPE_UPDATE_CASES)
+    assert {c.rotary % 8 == 0 for c in ROPE_UPDATE_CASES if c.rotary < c.head_dim} == {True, False}
+    assert {c.cos_rows for c in ROPE_UPDATE_CASES} == {"batch", "one", "shared"}
+    assert any(c.batch > 1 for c in ROPE_UPDATE_CASES) and any(not c.positions for c in ROPE_UPDATE_CASES)
+    assert {c.positions_dtype for c in ROPE_UPDATE_CASES} == {torch.int32, torch.int64}

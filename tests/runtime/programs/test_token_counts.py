@@ -55,7 +55,13 @@ def test_one_file_holds_a_graph_per_token_count(dynamic):
 
 
 def test_every_graph_runs_on_the_device_with_one_cache(dynamic):
+    """Every graph fuses each layer's rotary embeddings and cache writes into one
+    rope_cache_update and runs wholly on the device, over one cache."""
     _, _, program, path = dynamic
+    for graph in (program, *program.specializations.values()):
+        targets = [n.target for n in graph.nodes]
+        assert targets.count("etvk.rope_cache_update.default") == COMMON["num_hidden_layers"]
+        assert not {"etvk.rope.default", "etvk.cache_update.default"} & set(targets)
     loaded = runtime.load(path)
     assert loaded.token_counts == [1, 2, 4, 8, 16]
     assert set(loaded.state_placement().values()) == {"vulkan"}
