@@ -335,10 +335,12 @@ class LoadedProgram:
     def reset(self) -> None:
         """Puts the state (the KV cache) back to its start: the next call begins a new sequence."""
         with self.device.lock:
-            fresh = self.program.initial_state()
-            self._host_state = {name: fresh[name] for name in self._host_state}
+            self._host_state = {name: self.program.initial_value(name) for name in self._host_state}
             for name, tensor in self._device_state.items():
-                tensor.copy_from(fresh[name])
+                if self.program.state[name]:  # starts as a constant
+                    tensor.copy_from(self.program.initial_value(name))
+                else:  # starts at zero: filled on the device (a decoder's KV cache: no upload)
+                    tensor.memory.zero()
             self._next_position.clear()
 
     def state_placement(self) -> dict[str, str]:

@@ -159,9 +159,13 @@ class Program:
 
     def initial_state(self) -> dict[str, torch.Tensor]:
         """Each state value as a call first sees it: new CPU tensors (zeros, or its constant)."""
-        return {name: self.constants[start].clone() if start else
-                torch.zeros(self.values[name].shape, dtype=self.values[name].dtype)
-                for name, start in self.state.items()}
+        return {name: self.initial_value(name) for name in self.state}
+
+    def initial_value(self, name: str) -> torch.Tensor:
+        """State value `name` as a call first sees it: a new CPU tensor (zeros, or its constant)."""
+        start = self.state[name]
+        return self.constants[start].clone() if start else \
+            torch.zeros(self.values[name].shape, dtype=self.values[name].dtype)
 
     def run_reference(self, *inputs, state: dict[str, torch.Tensor] | None = None):
         """Runs every node on the CPU: etvk ops with their reference kernels (``torch.ops.etvk``).
