@@ -26,7 +26,7 @@ continuous work (an idle GPU drops its clock); medians of ``--repeat`` runs.
 Validation is off. Without CUDA the torch columns print "n/a".
 
 Usage: ``python benchmarks/program_bench.py resnet50:r50_b1.etvk mobilenet_v2:mv2_b1.etvk``
-``[--repeat 20] [--warmup 1.0] [--no-compile]``
+``[--repeat 20] [--warmup 1.0] [--no-compile | --compile-modes default,reduce-overhead]``
 """
 
 from __future__ import annotations
@@ -53,9 +53,13 @@ from runtime.vulkan.device import get_device  # noqa: E402
 drop_validation()
 
 
-def _torch_baselines(name: str, shape, repeat: int, warmup: float, compile_too: bool) -> dict:
-    """Seconds of the fp16 model on CUDA: ``eager``, and with `compile_too` ``compiled``
-    (default mode) and ``graphs`` (mode "reduce-overhead"); {} without CUDA."""
+# torch.compile modes -> the key of their column
+COMPILE_MODES = {"default": "compiled", "reduce-overhead": "graphs"}
+
+
+def _torch_baselines(name: str, shape, repeat: int, warmup: float, modes) -> dict:
+    """Seconds of the fp16 model on CUDA: ``eager``, and per mode of `modes` (`COMPILE_MODES`)
+    ``compiled`` (default mode) or ``graphs`` (mode "reduce-overhead"); {} without CUDA."""
     if not torch.cuda.is_available():
         return {}
     model = torchvision_model(name).half().cuda().to(memory_format=torch.channels_last)
@@ -64,13 +68,12 @@ def _torch_baselines(name: str, shape, repeat: int, warmup: float, compile_too: 
     found = {}
     with torch.no_grad():
         found["eager"] = time_cuda(lambda i: model(x), 1, repeat, warmup)
-        if compile_too:
-            for key, mode in (("compiled", "default"), ("graphs", "reduce-overhead")):
-                fast = torch.compile(model, mode=mode)
-                for _ in range(3):  # compile, and record the CUDA graph, outside the timing
-                    fast(x)
-                found[key] = time_cuda(lambda i, fast=fast: fast(x), 1, repeat, warmup)
-                torch._dynamo.reset()
+        for mode in modes:
+            fast = torch.compile(model, mode=mode)
+            for _ in range(3):  # compile, and record the CUDA graph, outside the timing
+                fast(x)
+            found[COMPILE_MODES[mode]] = time_cuda(lambda i, fast=fast: fast(x), 1, repeat, warmup)
+            torch._dynamo.reset()
     return found
 
 
@@ -100,7 +103,7 @@ def _op_kind(row: dict) -> str:
         else f"cpu: {row['target']}"
 
 
-def bench(name: str, path: Path, repeat: int, warmup: float, compile_too: bool) -> dict:
+def bench(name: str, path: Path, repeat: int, warmup: float, modes) -> dict:
     started = time.perf_counter()
     loaded = runtime.load(path)
     load_seconds = time.perf_counter() - started
@@ -122,7 +125,7 @@ def bench(name: str, path: Path, repeat: int, warmup: float, compile_too: bool) 
         kind[0] += row["seconds"] or 0.0
         kind[1] += macs if nodes[row["node"]].target in _MAC_OPS else 0
         kind[2] += moved
-    torch_seconds = _torch_baselines(name, shape, repeat, warmup, compile_too)
+    torch_seconds = _torch_baselines(name, shape, repeat, warmup, modes)
     return {"name": name, "batch": shape[0], "load": load_seconds, "call": call, "resident": resident,
             "device": device, "cpu": cpu, "eager": torch_seconds.get("eager"),
             "compiled": torch_seconds.get("compiled"), "graphs": torch_seconds.get("graphs"),
@@ -139,10 +142,16 @@ def main() -> int:
     parser.add_argument("programs", nargs="+", help="NAME:PATH, NAME a torchvision architecture")
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of warm-up per measurement")
-    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baseline")
+    parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
+    parser.add_argument("--compile-modes", default=",".join(COMPILE_MODES),
+                        help=f"torch.compile modes timed (default {','.join(COMPILE_MODES)})")
     args = parser.parse_args()
     if open_device() is None:
         return 1
+    modes = [] if args.no_compile else args.compile_modes.split(",")
+    unknown = sorted(set(modes) - set(COMPILE_MODES))
+    if unknown:
+        parser.error(f"--compile-modes: unknown {', '.join(unknown)}; known: {', '.join(COMPILE_MODES)}")
     copy = copy_seconds(get_device(), 1 << 28, args.warmup, args.repeat)
     bandwidth = 2 * (1 << 28) / copy if copy else None
     print("copy bandwidth (read + written): " + (f"{bandwidth / 1e9:.0f} GB/s" if bandwidth else "n/a"))
@@ -150,7 +159,7 @@ def main() -> int:
     for spec in args.programs:
         name, _, path = spec.partition(":")
         print(f"-- {name} {path}", flush=True)
-        results.append(bench(name, Path(path), args.repeat, args.warmup, not args.no_compile))
+        results.append(bench(name, Path(path), args.repeat, args.warmup, modes))
     print("\n| model | batch | nodes on device | call ms | resident ms | device ms | CPU nodes ms "
           "| torch fp16 eager ms | torch.compile ms | torch.compile + CUDA graphs ms "
           "| resident / compile | resident / CUDA graphs |")
