@@ -40,14 +40,9 @@ import torch
 
 from runtime.programs.lower_gather import lower_channel_gathers
 from runtime.programs.nodes import Node, Ref, ValueSpec
-from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor, ints
 
 _CONV = "etvk.q8ta_conv2d.default"
-
-
-def _ints(value) -> list[int]:
-    """An int or a list of ints as a list (aten's int[2] arguments)."""
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 def _same_qparams(a, b) -> bool:
@@ -140,33 +135,13 @@ class _Patterns:
     def mul(self, node):
         return self.binary(node, "mul")
 
-    def _pool_ends(self, node: Node, same: bool):
+    def _pool_ends(self, node: Node):
         x = self.packed_int8(self.rw.dequantized(node.args[0]))
         out = self.rw.requantized(node)
-        if x is None or out is None or (same and x[1:] != out[1:]):
-            return None
-        return x, out
-
-    def max_pool2d(self, node):
-        ends = self._pool_ends(node, same=True)
-        if ends is None:
-            return None
-        (x, out), b = ends, bind(node)
-        args = (x[0], _ints(b["kernel_size"]), _ints(b["stride"]), _ints(b["padding"]),
-                _ints(b["dilation"]), bool(b["ceil_mode"]))
-        return self.finish(out[0], "etvk.q8ta_max_pool2d.default", args, [x[0], Ref(out[0].outputs[0])])
-
-    def avg_pool2d(self, node):
-        ends = self._pool_ends(node, same=False)
-        if ends is None:
-            return None
-        (x, out), b = ends, bind(node)
-        args = (*x, out[1], out[2], _ints(b["kernel_size"]), _ints(b["stride"]), _ints(b["padding"]),
-                bool(b["ceil_mode"]), bool(b["count_include_pad"]), b["divisor_override"])
-        return self.finish(out[0], "etvk.q8ta_avg_pool2d.default", args, [x[0], Ref(out[0].outputs[0])])
+        return None if x is None or out is None else (x, out)
 
     def global_avg_pool2d(self, node):
-        ends = self._pool_ends(node, same=False)
+        ends = self._pool_ends(node)
         if ends is None:
             return None
         x, out = ends
@@ -174,10 +149,10 @@ class _Patterns:
                            [x[0], Ref(out[0].outputs[0])])
 
     def adaptive_avg_pool2d(self, node):
-        size = _ints(bind(node)["output_size"])
+        size = ints(bind(node)["output_size"])
         if size in ([1], [1, 1]):
             return self.global_avg_pool2d(node)
-        ends = self._pool_ends(node, same=False)
+        ends = self._pool_ends(node)
         if ends is None:
             return None
         x, out = ends
@@ -191,7 +166,7 @@ class _Patterns:
         if not isinstance(dims, (list, tuple)) or sorted(d % 4 for d in dims) != [2, 3] \
                 or b.get("dtype") is not None:
             return None
-        if not b["keepdim"] and self._pool_ends(node, same=False) is not None:
+        if not b["keepdim"] and self._pool_ends(node) is not None:
             node = self._keep_dims(node)
         return self.global_avg_pool2d(node)
 
@@ -301,16 +276,15 @@ class _Patterns:
 
 
 _TARGETS = {
-    "aten.add.Tensor": "add", "aten.mul.Tensor": "mul", "aten.max_pool2d.default": "max_pool2d",
-    "aten.avg_pool2d.default": "avg_pool2d", "aten.adaptive_avg_pool2d.default": "adaptive_avg_pool2d",
+    "aten.add.Tensor": "add", "aten.mul.Tensor": "mul", "aten.adaptive_avg_pool2d.default": "adaptive_avg_pool2d",
     "aten.mean.dim": "mean", "aten.linear.default": "linear", "aten.cat.default": "cat",
 }
 
 
 def lower_cnn_ops(rw: Rewriter) -> None:
     """Every pattern of the module docstring, in program order."""
-    lower_channel_gathers(rw)
     drop_identities(rw)
+    lower_channel_gathers(rw)
     fold_clamps(rw)
     patterns = _Patterns(rw)
     for node in list(rw.program.nodes):

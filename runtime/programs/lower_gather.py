@@ -1,27 +1,34 @@
-"""Channel splits and shuffles of dequantized int8 activations (ShuffleNet) as int8 ops.
+"""Channel splits, shuffles, cats and pools of dequantized int8 activations as int8 ops.
 
 PT2E quantizes neither ``chunk`` nor ``cat`` nor the channel shuffle
 ``view(N, g, C/g, H, W) -> transpose(1, 2) -> contiguous -> view(N, C, H, W)``
-in ShuffleNetV2: between the dequantize of one conv and the quantize before
-the next, a block's channels travel in fp32, each channel still the
-dequantized value of one int8 channel (the concats mix channels of several
-qparams). This pass takes every ``quantize_per_tensor`` whose input is such an
-fp32 *channel expression*
+in ShuffleNetV2, nor the cat of an Inception block (SqueezeNet's fire,
+GoogLeNet, Inception-v3) nor the max or average pool that reads it: between
+the dequantize of one conv and the quantize before the next, the channels
+travel in fp32, each channel computed from one int8 channel alone (the concats
+mix channels of several qparams). This pass takes every ``quantize_per_tensor``
+whose input is such an fp32 *channel expression*
 
     E := dequantize(x) | cat([E, ...], dim=1) | chunk / split / slice of E along dim 1
-       | channel shuffle of E
+       | channel shuffle of E | max_pool2d(E) | avg_pool2d(E)
 
 (x a 4-D int8 value, per-tensor qparams) and computes it from the int8
-values: a cat becomes a chain of two-input ``q8ta_concat`` that requantizes
-its inputs to the quantize's qparams, a split or shuffle becomes a
-``q8ta_channel_gather`` (a copy). Each element is thereby quantized once from
-its own dequantized value to the quantize's qparams (later concats requantize
-to the same qparams: an exact copy, docs/int8_cnn_ops.md), as the graph
-computes it; an expression with no cat keeps its source's qparams and is
-requantized by a ``dequantize -> quantize`` pair (nothing where the qparams are
-the same). Each quantize gets its own ops (quantizes of one expression with
-different qparams need different values); what the fp32 nodes no longer feed
-is dropped as dead. Pure graph work; run by lower_cnn.py.
+values. A pool works per channel, so it is first pushed into the cats and
+gathers it reads (``pool(cat(a, b)) = cat(pool(a), pool(b))``): every pool then
+reads one source's channels. A cat becomes a chain of two-input
+``q8ta_concat`` that requantizes its inputs to the quantize's qparams, a split
+or shuffle a ``q8ta_channel_gather`` (a copy), a max pool ``q8ta_max_pool2d``
+in the int8 domain of its input (quantize and dequantize are monotonic, so
+they commute with max: exact), an average pool ``q8ta_avg_pool2d`` to the
+quantize's qparams (its own numerics, docs/int8_cnn_ops.md; an average of an
+average stays on the CPU). Each element is thereby quantized once from its
+own fp32 value to the quantize's qparams (later concats requantize to the same
+qparams: an exact copy), as the graph computes it; an expression with no cat
+and no average keeps its source's qparams and is requantized by a
+``dequantize -> quantize`` pair (nothing where the qparams are the same).
+Each quantize gets its own ops (quantizes of one expression with different
+qparams need different values); what the fp32 nodes no longer feed is dropped
+as dead. Pure graph work; run by lower_cnn.py.
 """
 
 from __future__ import annotations
@@ -29,16 +36,36 @@ from __future__ import annotations
 import torch
 
 from runtime.programs.nodes import Node, Ref, ValueSpec
-from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor, ints
 
 _SPLITS = ("aten.chunk.default", "aten.split.Tensor", "aten.split_with_sizes.default")
 _VIEWS = ("aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
 _COPIES = ("aten.contiguous.default", "aten.clone.default")
+_MAX_POOL, _AVG_POOL = "aten.max_pool2d.default", "aten.avg_pool2d.default"
 
 
 def _channel_dim(dim) -> bool:
     """Whether `dim` names the channels of a 4-D tensor."""
     return dim in (1, -3)
+
+
+def _exact(tree) -> bool:
+    """Whether `emit` gives `tree`'s values exactly, as int8 values of its source's qparams (no
+    cat requantizes them and no average pool rounds them)."""
+    return tree[0] == "leaf" or (tree[0] in ("gather", "max_pool") and _exact(tree[1]))
+
+
+def _pool(kind: str, tree, args, size):
+    """The pool `kind` ("max_pool" or "avg_pool"; int8 op arguments `args`, output H and W
+    `size`) of `tree`, pushed into its cats and gathers (a pool works per channel), so that
+    pools read no cat; None where an average pool would read an inexact tree (another average)."""
+    if tree[0] == "cat":
+        parts = [_pool(kind, part, args, size) for part in tree[1]]
+        return None if None in parts else ("cat", parts)
+    if tree[0] == "gather":
+        inner = _pool(kind, tree[1], args, size)
+        return None if inner is None else ("gather", inner, *tree[2:])
+    return (kind, tree, args, size) if kind == "max_pool" or _exact(tree) else None
 
 
 class _Gathers:
@@ -53,7 +80,9 @@ class _Gathers:
 
     def parse(self, ref):
         """The channel expression `ref` holds: ``("leaf", x, scale, zero point)``,
-        ``("cat", [E, ...])`` or ``("gather", E, start, count, groups)``; None for anything else."""
+        ``("cat", [E, ...])``, ``("gather", E, start, count, groups)``, ``("max_pool", E, args,
+        (H, W))`` or ``("avg_pool", E, args, (H, W))`` (the int8 pool's geometry arguments and
+        output size; pools are pushed into cats and gathers, `_pool`); None for anything else."""
         node = self.rw.producer(ref)
         if node is None or len(self.rw.program.values[ref.name].shape) != 4:
             return None
@@ -66,11 +95,26 @@ class _Gathers:
             parts = [self.parse(t) if isinstance(t, Ref) else None for t in b["tensors"]]
             ok = _channel_dim(b["dim"]) and len(parts) >= 2 and all(p is not None for p in parts)
             return ("cat", parts) if ok else None
+        if node.target in (_MAX_POOL, _AVG_POOL):
+            return self.pool(node)
         gather = self.split(node, ref) or self.shuffle(node)
         if gather is None:
             return None
         source = self.parse(gather[0])
         return None if source is None else ("gather", source, *gather[1:])
+
+    def pool(self, node: Node):
+        """The tree of a max or average pool of a channel expression (`parse`); None otherwise."""
+        b = bind(node)
+        source = self.parse(b["self"]) if isinstance(b["self"], Ref) else None
+        if source is None:
+            return None
+        geometry = [ints(b[k]) for k in ("kernel_size", "stride", "padding")]
+        size = self.shape(Ref(node.outputs[0]))[2:]
+        if node.target == _MAX_POOL:
+            return _pool("max_pool", source, (*geometry, ints(b["dilation"]), bool(b["ceil_mode"])), size)
+        args = (*geometry, bool(b["ceil_mode"]), bool(b["count_include_pad"]), b["divisor_override"])
+        return _pool("avg_pool", source, args, size)
 
     def split(self, node: Node, ref):
         """(source, start, count, 1) where `ref` is one part of a split, chunk or slice of the
@@ -125,6 +169,16 @@ class _Gathers:
         concats requantize to (`scale`, `zero_point`)."""
         if tree[0] == "leaf":
             return tree[1:]
+        if tree[0] in ("max_pool", "avg_pool"):
+            x, x_scale, x_zero_point = self.emit(tree[1], scale, zero_point, before, nodes)
+            n, c = self.shape(x)[:2]
+            name = self.value((n, c, *tree[3]), before)
+            if tree[0] == "max_pool":  # quantize is monotonic: it commutes with max
+                nodes.append(Node(name, "etvk.q8ta_max_pool2d.default", (x, *tree[2]), {}, (name,)))
+                return Ref(name), x_scale, x_zero_point
+            nodes.append(Node(name, "etvk.q8ta_avg_pool2d.default",
+                              (x, x_scale, x_zero_point, scale, zero_point, *tree[2]), {}, (name,)))
+            return Ref(name), scale, zero_point
         if tree[0] == "gather":
             x, x_scale, x_zero_point = self.emit(tree[1], scale, zero_point, before, nodes)
             start, count, groups = tree[2:]
