@@ -241,11 +241,34 @@ class _Patterns:
         x = None if weight is None or bias is False else self._rows(node)  # _rows may add nodes
         if x is None:
             return None
-        out = self.rw.requantized(node)
+        out = self.rw.requantized(node) or self._clamp_quantized(node)
         packed = [x[0]] if len(self.rw.shape(x[0])) == 4 else []
         if out is None:
             return self.finish(node, "etvk.q8ta_linear.default", (*x, *weight, bias, None, 0), packed)
         return self.finish(out[0], "etvk.q8ta_linear.default", (*x, *weight, bias, out[1], out[2]), packed)
+
+    def _clamp_quantized(self, node: Node):
+        """Where `node`'s only user is a clamp (relu, hardtanh) whose only user quantizes it:
+        ``node -> clamp -> q`` rewritten as ``node -> q -> dq -> clamp -> q`` with the one
+        qparams (exact: quantize is monotonic, so ``q(clamp(y)) = clamp(q(y), q(lo), q(hi))``,
+        which the new clamp computes from ``q(y)``; lower_lut.py makes it a table) and
+        `requantized` of `node` then; None (nothing changed) elsewhere."""
+        clamp = self.rw.only_user(node)
+        activation = conv_activation(clamp)
+        out = None if activation is None or activation[0] == "hardswish" else self.rw.requantized(clamp)
+        if out is None:
+            return None
+        program, value = self.rw.program, node.outputs[0]
+        spec, name = program.values[value], f"{value}_q"
+        program.values[name] = ValueSpec(spec.shape, torch.int8)
+        program.values[f"{name}_dq"] = ValueSpec(spec.shape, spec.dtype)
+        qparams = (out[1], out[2], -128, 127, torch.int8)
+        position = program.nodes.index(clamp)
+        program.nodes[position:position] = [Node(name, Q, (Ref(value), *qparams), {}, (name,)),
+                                            Node(f"{name}_dq", DQ, (Ref(name), *qparams), {}, (f"{name}_dq",))]
+        clamp.args = (Ref(f"{name}_dq"), *clamp.args[1:])  # its only reader
+        self.rw.refresh()
+        return self.rw.requantized(node)
 
     def cat(self, node):
         b = bind(node)

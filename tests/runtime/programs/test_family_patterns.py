@@ -1,0 +1,95 @@
+"""The patterns of torchvision's SqueezeNet, GoogLeNet, Inception-v3, VGG and AlexNet that PT2E
+leaves in fp32, on a graph written with explicit quantize / dequantize ops: a max or average pool
+of a cat of int8 tensors with different qparams (lower_gather.py pushes the pool into the cat), a
+pool of a cat inside a cat, and a classifier linear whose fp32 output goes through a relu or a
+hardtanh before its quantize (a table of the linear's int8 output, lower_cnn.py and lower_lut.py).
+Nothing of them stays on the CPU but the near miss, an average pool of an average pool; device
+runs equal Program.run_reference bit for bit, and the reference equals PyTorch's run of the graph
+(the average pools: one step apart at most, at rounding ties)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+from program_cases import sqnr_db
+from torch import nn
+from torch.nn import functional as F
+
+import runtime
+
+QD = torch.ops.quantized_decomposed
+
+
+def q(x, scale, zero_point):
+    return QD.quantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
+
+
+def dq(x, scale, zero_point):
+    return QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
+
+
+class Blocks(nn.Module):
+    """SqueezeNet's fire output pooled, Inception-v3's pool branch and its grid reduction (a max
+    pool of the block's cat inside the next cat), a near miss, and VGG's classifier clamps."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(5)
+        self.register_buffer("w", torch.randint(-127, 128, (6, 12), generator=gen, dtype=torch.int8))
+        self.register_buffer("s", torch.rand(6, generator=gen) * 0.01 + 0.002)
+        self.register_buffer("z", torch.zeros(6, dtype=torch.int64))
+        self.register_buffer("b", torch.randn(6, generator=gen))
+
+    def forward(self, x, y, z, rows):
+        a, b, c = q(x, 0.05, 3), q(y, 0.03, -7), q(z, 0.04, 0)
+        block = torch.cat((dq(a, 0.05, 3), dq(b, 0.03, -7)), dim=1)                 # 9 channels
+        fire = q(F.max_pool2d(block, 3, 2, ceil_mode=True), 0.045, -2)
+        branch = q(F.avg_pool2d(block, 3, 1, 1), 0.02, 1)
+        reduced = torch.cat((dq(c, 0.04, 0), F.max_pool2d(block, 3, 2)), dim=1)    # 5 + 9 channels
+        grid = q(reduced, 0.05, -1)
+        pooled = q(F.avg_pool2d(reduced, 3, 1, 1, count_include_pad=False), 0.03, 4)
+        twice = q(F.avg_pool2d(F.avg_pool2d(block, 2, 1), 2, 1), 0.02, 0)          # stays on the CPU
+        w = QD.dequantize_per_channel(self.w, self.s, self.z, 0, -127, 127, torch.int8)
+        r = dq(q(rows, 0.05, 0), 0.05, 0)
+        relu = q(F.relu(F.linear(r, w, self.b)), 0.04, -128)
+        clamp = q(F.hardtanh(F.linear(r, w, self.b), -1.0, 0.5), 0.01, 20)
+        return (dq(fire, 0.045, -2), dq(grid, 0.05, -1), dq(relu, 0.04, -128), dq(clamp, 0.01, 20),
+                dq(branch, 0.02, 1), dq(pooled, 0.03, 4), dq(twice, 0.02, 0))
+
+
+EXACT = 4  # the outputs without an average pool: equal to PyTorch's
+
+
+def _inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 4, 9, 11, generator=gen), torch.randn(2, 5, 9, 11, generator=gen),
+            torch.randn(2, 5, 4, 5, generator=gen), torch.randn(3, 12, generator=gen) * 2)
+
+
+def test_family_blocks_run_on_the_device_bit_exact(tmp_path):
+    exported = torch.export.export(Blocks().eval(), _inputs(0))
+    program = runtime.lower(exported)
+    targets = Counter(n.target.removesuffix(".default") for n in program.nodes)
+    # the near miss only, and the cat it reads
+    assert {t: n for t, n in targets.items() if t.startswith("aten.")} == {"aten.avg_pool2d": 2, "aten.cat": 1}
+    assert targets["etvk.q8ta_lut"] == 2 and targets["etvk.q8ta_linear"] == 2, targets
+    # pools pushed into the cats: one per source tensor
+    assert targets["etvk.q8ta_max_pool2d"] >= 3 and targets["etvk.q8ta_avg_pool2d"] >= 4, targets
+    program.save(tmp_path / "families.etvk")
+    loaded = runtime.load(tmp_path / "families.etvk")
+    cpu = [r for r in loaded.placement() if r["runs_on"] != "vulkan"]
+    assert sorted(r["target"] for r in cpu) == ["aten.avg_pool2d.default"] * 2 + ["aten.cat.default"], cpu
+    for seed in (1, 2):
+        inputs = _inputs(seed)
+        want = program.run_reference(*inputs)
+        theirs = exported.module()(*inputs)
+        for index, (got, reference, pytorch) in enumerate(zip(loaded(*inputs), want, theirs, strict=True)):
+            assert torch.equal(got, reference), index
+            if index < EXACT:
+                assert torch.equal(reference, pytorch), index
+            else:
+                step = {4: 0.02, 5: 0.03, 6: 0.02}[index]
+                assert float((reference - pytorch).abs().max()) <= step * 1.001, index
+                assert sqnr_db(reference, pytorch) >= 30, index
