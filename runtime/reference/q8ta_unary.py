@@ -3,7 +3,9 @@
 ``q8ta_lut(x, table)`` is ``table[x + 128]`` elementwise: any pointwise
 function of a per-tensor int8 input, requantized, takes one of 256 values,
 which the caller computes on the host (runtime/programs/lower_lut.py does it
-with PyTorch's own ops for the exact qparams of a lowered graph). A gather
+with PyTorch's own ops for the exact qparams of a lowered graph).
+``q8ta_channel_lut(x, table)`` is ``table[c, x[:, c] + 128]``: one such table
+per channel of an ``[N, C, H, W]`` input. A gather
 has no arithmetic, so the shader equals this bit for bit; the ``layout`` a
 device keeps the values in does not change them.
 
@@ -24,3 +26,13 @@ def q8ta_lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         int8 of ``x``'s shape.
     """
     return table[x.long() + 128]
+
+
+def q8ta_channel_lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[c, x[:, c] + 128]`` for int8 ``[N, C, H, W]`` `x` and an int8 ``[C, 256]`` `table`.
+
+    Returns:
+        int8 of ``x``'s shape.
+    """
+    channels = torch.arange(x.shape[1]).view(1, -1, 1, 1)
+    return table[channels, x.long() + 128]
