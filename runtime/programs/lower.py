@@ -237,6 +237,7 @@ def _lower(program: Program) -> Program:
     program.remove_dead()
     lowering.refresh()
     lower_lut.lower_lookup_tables(lowering)
+    lower_lut.lower_channel_tables(lowering)
     lower_torchao.fuse_affine_dynamic_quantize(lowering)
     lowering.drop_identity_casts()
     lower_decoder_ops(lowering)

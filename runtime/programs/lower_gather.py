@@ -55,6 +55,16 @@ def _exact(tree) -> bool:
     return tree[0] == "leaf" or (tree[0] in ("gather", "max_pool") and _exact(tree[1]))
 
 
+def _source(tree):
+    """The leaf an exact tree (`_exact`) reads."""
+    return tree if tree[0] == "leaf" else _source(tree[1])
+
+
+def _key(tree):
+    """`tree` as a hashable value (its lists as tuples)."""
+    return tuple(_key(t) if isinstance(t, (tuple, list)) else t for t in tree)
+
+
 def _pool(kind: str, tree, args, size):
     """The pool `kind` ("max_pool" or "avg_pool"; int8 op arguments `args`, output H and W
     `size`) of `tree`, pushed into its cats and gathers (a pool works per channel), so that
@@ -68,12 +78,13 @@ def _pool(kind: str, tree, args, size):
     return (kind, tree, args, size) if kind == "max_pool" or _exact(tree) else None
 
 
-class _Gathers:
+class Gathers:
     """Parses channel expressions (trees of tuples) and emits their int8 ops for one program."""
 
     def __init__(self, rw: Rewriter):
         self.rw = rw
         self.count = 0
+        self.raws: dict = {}  # `raw`'s results by subtree (`_key`)
 
     def shape(self, ref) -> tuple[int, ...]:
         return self.rw.shape(ref)
@@ -93,8 +104,9 @@ class _Gathers:
         if node.target == "aten.cat.default":
             b = bind(node)
             parts = [self.parse(t) if isinstance(t, Ref) else None for t in b["tensors"]]
-            ok = _channel_dim(b["dim"]) and len(parts) >= 2 and all(p is not None for p in parts)
-            return ("cat", parts) if ok else None
+            if not _channel_dim(b["dim"]) or not parts or None in parts:
+                return None
+            return ("cat", parts) if len(parts) > 1 else parts[0]  # a cat of one is its input
         if node.target in (_MAX_POOL, _AVG_POOL):
             return self.pool(node)
         gather = self.split(node, ref) or self.shuffle(node)
@@ -195,6 +207,45 @@ class _Gathers:
             acc = (Ref(name), scale, zero_point)
         return acc
 
+    def raw(self, tree, before: Node, nodes: list):
+        """(int8 value, [(scale, zero point) of each channel]) holding `tree`'s channels, each
+        channel with its source's qparams: cats copy their inputs' bytes (``q8ta_concat`` with
+        every scale 1 and zero point 0: ``q = roundEven(float(q) * 1) + 0``, exact); an average
+        pool is quantized with its input's qparams (a rounding of its own, which the graph does
+        not have where PT2E left the pool in fp32). New ops are appended to `nodes`; a subtree
+        met before (the growing cats of a dense block) reuses its value."""
+        key = _key(tree)
+        if key in self.raws:
+            return self.raws[key]
+        if tree[0] == "cat":
+            acc, qparams = self.raw(tree[1][0], before, nodes)
+            for part in tree[1][1:]:
+                x, more = self.raw(part, before, nodes)
+                n, c, h, w = self.shape(acc)
+                name = self.value((n, c + self.shape(x)[1], h, w), before)
+                nodes.append(Node(name, "etvk.q8ta_concat.default", (acc, 1.0, 0, x, 1.0, 0, 1.0, 0), {}, (name,)))
+                acc, qparams = Ref(name), qparams + more
+        elif tree[0] == "gather" and not _exact(tree):
+            x, inner = self.raw(tree[1], before, nodes)
+            start, count, groups = tree[2:]
+            n, _, h, w = self.shape(x)
+            name = self.value((n, count, h, w), before)
+            nodes.append(Node(name, "etvk.q8ta_channel_gather.default", (x, start, count, groups), {}, (name,)))
+            acc = Ref(name)
+            qparams = [inner[start + (c % groups) * (count // groups) + c // groups] for c in range(count)]
+        elif tree[0] == "max_pool" and not _exact(tree):
+            x, qparams = self.raw(tree[1], before, nodes)
+            n, c = self.shape(x)[:2]
+            name = self.value((n, c, *tree[3]), before)
+            nodes.append(Node(name, "etvk.q8ta_max_pool2d.default", (x, *tree[2]), {}, (name,)))
+            acc = Ref(name)
+        else:  # exact, or an average pool of an exact tree: one source's qparams
+            scale, zero_point = _source(tree[1] if tree[0] == "avg_pool" else tree)[2:]
+            acc, scale, zero_point = self.emit(tree, scale, zero_point, before, nodes)
+            qparams = [(scale, zero_point)] * self.shape(acc)[1]
+        self.raws[key] = acc, qparams
+        return acc, qparams
+
     def lower(self, quantize: Node) -> None:
         """`quantize` of a channel expression other than a plain dequantize, computed in int8."""
         found = int8_per_tensor(quantize, Q)
@@ -223,7 +274,7 @@ class _Gathers:
 
 def lower_channel_gathers(rw: Rewriter) -> None:
     """Every quantize of a channel expression (module docstring), in program order."""
-    gathers = _Gathers(rw)
+    gathers = Gathers(rw)
     for node in list(rw.program.nodes):
         if node.target == Q and node in rw.program.nodes:
             gathers.lower(node)

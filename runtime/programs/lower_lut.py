@@ -36,10 +36,13 @@ from __future__ import annotations
 import torch
 
 from runtime.programs.cpu import resolve_op, run_node
-from runtime.programs.nodes import Node, Ref, walk_args
-from runtime.programs.rewrite import DQ, Q, Rewriter, int8_per_tensor
+from runtime.programs.lower_gather import Gathers
+from runtime.programs.nodes import Const, Node, Ref, walk_args
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor
 
 LUT = "etvk.q8ta_lut.default"
+CHANNEL_LUT = "etvk.q8ta_channel_lut.default"
+BATCH_NORM = "aten.batch_norm.default"
 # Elementwise aten ops that PyTorch does not tag pointwise.
 ELEMENTWISE = frozenset({"aten.hardswish.default", "aten.log_sigmoid.default"})
 # The non-tensor arguments an elementwise op may take here (no constant tensors: they may broadcast).
@@ -123,5 +126,88 @@ def lower_lookup_tables(rw: Rewriter) -> None:
                 rw.mark_packed(packed)
         rw.replace(quantize, Node(f"{quantize.name}_lut", LUT, (x, rw.add_constant(f"{name}_table", table)),
                                   {}, quantize.outputs))
+    program.remove_dead()
+    rw.refresh()
+
+
+def _per_channel(node: Node | None) -> Ref | None:
+    """The tensor `node` reads where it computes each element from the same element of that one
+    tensor by a function of its channel alone: a batch norm in eval mode with constant
+    statistics, or an elementwise op (`elementwise`) of that one tensor; None otherwise."""
+    if node is None:
+        return None
+    if node.target == BATCH_NORM:
+        b = bind(node)
+        statistics = [b[k] for k in ("running_mean", "running_var")]
+        parameters = [b[k] for k in ("weight", "bias")]
+        ok = b["training"] is False and isinstance(b["input"], Ref) and all(isinstance(a, Const) for a in statistics) \
+            and all(a is None or isinstance(a, Const) for a in parameters)
+        return b["input"] if ok else None
+    reads = node.reads()
+    return Ref(reads[0]) if elementwise(node) and len(reads) == 1 else None
+
+
+def _channel_pattern(rw: Rewriter, gathers: Gathers, quantize: Node):
+    """(channel expression tree, its value, the chain's nodes in program order, the quantize last)
+    where `quantize` ends a per-channel pattern (`lower_channel_tables`); None where it does not."""
+    if int8_per_tensor(quantize, Q) is None:
+        return None
+    chain, ref = [], quantize.args[0]
+    while (source := _per_channel(rw.producer(ref))) is not None:
+        chain.append(rw.producer(ref))
+        ref = source
+    program = rw.program
+    shape = rw.shape(ref)
+    if not chain or len(shape) != 4 or 0 in shape or any(
+            program.values[n.outputs[0]].shape != shape or n.outputs[0] in program.outputs
+            or len(rw.users.get(n.outputs[0], [])) != 1 for n in chain):
+        return None
+    tree = gathers.parse(ref)
+    return None if tree is None else (tree, ref, [*chain[::-1], quantize])
+
+
+def channel_table(nodes: list[Node], x: Ref, qparams: list, constants: dict) -> torch.Tensor:
+    """The int8 ``[C, 256]`` tables of a per-channel pattern: `nodes` (the chain, the quantize
+    last) run on the CPU with `x` holding, in each channel c, the values -128 .. 127 dequantized
+    with c's (scale, zero point) from `qparams` by the graph's dequantize, along H."""
+    values = torch.arange(-128, 128, dtype=torch.int8).view(1, 1, 256, 1)
+    dequantize, parts, start = resolve_op(DQ), [], 0
+    while start < len(qparams):  # channels of one qparams together
+        end = start + 1
+        while end < len(qparams) and qparams[end] == qparams[start]:
+            end += 1
+        ints = values.expand(1, end - start, 256, 1).contiguous()
+        parts.append(dequantize(ints, *qparams[start], -128, 127, torch.int8))
+        start = end
+    env = {x.name: torch.cat(parts, dim=1)}
+    for node in nodes:
+        run_node(node, env, constants)
+    return env[nodes[-1].outputs[0]][0, :, :, 0].contiguous()
+
+
+def lower_channel_tables(rw: Rewriter) -> None:
+    """Every quantize of a chain of per-channel functions (`_per_channel`: DenseNet's batch norm
+    and relu) of a channel expression (lower_gather.py: dequantized int8 tensors, cats of them
+    with different qparams, their gathers and pools) -> the expression's int8 bytes, each
+    channel with its source's qparams (`Gathers.raw`), through one ``etvk.q8ta_channel_lut``
+    whose tables are the chain and the quantize run on the CPU over the 256 values of each
+    channel (`channel_table`); then drops what nothing reads."""
+    program, gathers = rw.program, Gathers(rw)
+    for quantize in [n for n in program.nodes if n.target == Q]:
+        found = _channel_pattern(rw, gathers, quantize)
+        if found is None:
+            continue
+        tree, x, nodes = found
+        new: list[Node] = []
+        raw, qparams = gathers.raw(tree, quantize, new)
+        table = channel_table(nodes, x, qparams, program.constants)
+        name = quantize.outputs[0]
+        for packed in (*[n.outputs[0] for n in new], raw.name, name):
+            rw.mark_packed(packed)
+        position = program.nodes.index(quantize)
+        program.nodes[position:position + 1] = [
+            *new, Node(f"{quantize.name}_channel_lut", CHANNEL_LUT,
+                       (raw, rw.add_constant(f"{name}_tables", table)), {}, quantize.outputs)]
+        rw.refresh()
     program.remove_dead()
     rw.refresh()

@@ -93,3 +93,65 @@ def test_family_blocks_run_on_the_device_bit_exact(tmp_path):
                 step = {4: 0.02, 5: 0.03, 6: 0.02}[index]
                 assert float((reference - pytorch).abs().max()) <= step * 1.001, index
                 assert sqnr_db(reference, pytorch) >= 30, index
+
+
+class Dense(nn.Module):
+    """DenseNet's layers: batch norm -> relu -> quantize of one int8 tensor, of a cat of int8
+    tensors with different qparams and of the cat grown by one more (its first concat reused), of
+    a cat of a transition's average pool PT2E leaves in fp32 and a max pool; and a near miss, a
+    batch norm whose fp32 output is also returned."""
+
+    def __init__(self):
+        super().__init__()
+        gen = torch.Generator().manual_seed(11)
+        for index, channels in enumerate((4, 9, 14, 9)):
+            self.register_buffer(f"weight{index}", torch.randn(channels, generator=gen))
+            self.register_buffer(f"bias{index}", torch.randn(channels, generator=gen))
+            self.register_buffer(f"mean{index}", torch.randn(channels, generator=gen) * 0.3)
+            self.register_buffer(f"var{index}", torch.rand(channels, generator=gen) + 0.5)
+
+    def bn(self, x, index):
+        mean, var, weight, bias = (getattr(self, f"{k}{index}") for k in ("mean", "var", "weight", "bias"))
+        return F.batch_norm(x, mean, var, weight, bias, False, 0.1, 1e-5)
+
+    def forward(self, x, y, z):
+        a, b, c = dq(q(x, 0.05, 3), 0.05, 3), dq(q(y, 0.03, -7), 0.03, -7), dq(q(z, 0.04, 0), 0.04, 0)
+        first = q(F.relu(self.bn(a, 0)), 0.02, -128)
+        second = q(F.relu(self.bn(torch.cat((a, b), 1), 1)), 0.025, -128)
+        grown = torch.cat((a, b, c), 1)
+        third = q(F.relu(self.bn(grown, 2)), 0.03, -128)
+        after = torch.cat((F.avg_pool2d(c, 2), F.max_pool2d(a, 2)), 1)            # the pool in fp32
+        fourth = q(F.relu(self.bn(after, 3)), 0.02, -128)
+        near = self.bn(grown, 2)                                                   # stays on the CPU
+        return (dq(first, 0.02, -128), dq(second, 0.025, -128), dq(third, 0.03, -128),
+                dq(fourth, 0.02, -128), dq(q(F.relu(near), 0.03, -128), 0.03, -128), near)
+
+
+def _dense_inputs(seed: int):
+    gen = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(2, c, 8, 10, generator=gen) for c in (4, 5, 5))
+
+
+def test_dense_layers_run_on_the_device_bit_exact(tmp_path):
+    exported = torch.export.export(Dense().eval(), _dense_inputs(0))
+    program = runtime.lower(exported)
+    targets = Counter(n.target.removesuffix(".default") for n in program.nodes)
+    # the near miss only: its batch norm, relu and the cat it reads
+    assert {t: n for t, n in targets.items() if t.startswith("aten.")} == {
+        "aten.cat": 1, "aten.batch_norm": 1, "aten.relu": 1}, targets
+    assert targets["etvk.q8ta_channel_lut"] == 4, targets
+    assert targets["etvk.q8ta_concat"] == 3, targets  # the grown cat reuses the first one's concat
+    program.save(tmp_path / "dense.etvk")
+    loaded = runtime.load(tmp_path / "dense.etvk")
+    cpu = sorted(r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan")
+    assert cpu == ["aten.batch_norm.default", "aten.cat.default", "aten.relu.default"], cpu
+    for seed in (1, 2):
+        inputs = _dense_inputs(seed)
+        want = program.run_reference(*inputs)
+        theirs = exported.module()(*inputs)
+        for index, (got, reference, pytorch) in enumerate(zip(loaded(*inputs), want, theirs, strict=True)):
+            assert torch.equal(got, reference), index
+            if index == 3:  # the average pool rounded to its input's qparams: a step of its own
+                assert sqnr_db(reference, pytorch) >= 30, index
+            else:
+                assert torch.equal(reference, pytorch), index
