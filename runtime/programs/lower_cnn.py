@@ -5,16 +5,21 @@ quantize / dequantize ops become their ``etvk`` twins. Each pattern is
 rewritten only where the ``etvk`` op's contract provably holds (int8
 per-tensor qparams, one consumer along the chain, shapes the op takes):
 
-- identities: ``dropout(train=False)`` goes, and ``quantize(dequantize(x))``
+- first of all, identities: ``dropout(train=False)`` goes, and ``quantize(dequantize(x))``
   with the same qparams is ``x`` (exact: |q - zp| <= 255 survives the fp32
   round trip);
+- then the quantize of an fp32 channel split, shuffle or cat of dequantized int8
+  values, or of a max or average pool of one (``dq, ... -> cat(dim=1) -> q``; ShuffleNet;
+  SqueezeNet's, GoogLeNet's and Inception-v3's pools of cats; ``dq -> max_pool2d |
+  avg_pool2d -> q`` itself) -> ``q8ta_channel_gather``, a chain of two-input
+  ``q8ta_concat``, ``q8ta_max_pool2d`` and ``q8ta_avg_pool2d``, each pool pushed into the
+  cats it reads (lower_gather.py);
 - ``conv -> q -> dq -> relu | hardtanh -> q`` with one qparams (PT2E quantizes
   ReLU6 on its own) folds into the conv's activation (a clamp of the int8
   output: exact, since quantize is monotonic);
 - ``dq, dq -> add | mul -> [relu] -> q`` -> ``q8ta_add`` / ``q8ta_mul`` (the
   second operand may be ``[N, C, 1, 1]``, broadcast);
-- ``dq -> max_pool2d -> q`` (one qparams) -> ``q8ta_max_pool2d``;
-  ``dq -> avg_pool2d -> q`` -> ``q8ta_avg_pool2d``; ``dq -> adaptive_avg_pool2d(1)``
+- ``dq -> adaptive_avg_pool2d(1)``
   or ``mean(dim=[2, 3], keepdim=True) -> q`` -> ``q8ta_global_avg_pool2d``; without
   keepdim (any spelling of H and W) the mean is first rewritten as the keepdim one
   and ``q -> dq -> flatten(1) -> q`` with one qparams (exact, as above), the
@@ -25,10 +30,9 @@ per-tensor qparams, one consumer along the chain, shapes the op takes):
   read in place (no copy); where the linear's input requantizes that flatten
   (``dq -> q`` with other qparams: the dropout PT2E quantizes on its own), the
   pooled tensor is requantized instead (``q8ta_dequantize -> q8ta_quantize``,
-  the same values) and read in place;
-- ``dq, ... -> cat(dim=1) -> q`` -> a chain of two-input ``q8ta_concat``;
-- first of all, the quantize of an fp32 channel split, shuffle or cat of dequantized int8
-  values (ShuffleNet) -> ``q8ta_channel_gather`` and ``q8ta_concat`` (lower_gather.py).
+  the same values) and read in place; a clamp (relu, hardtanh) between its fp32 output and
+  its quantize (VGG, AlexNet) becomes ``q -> dq -> clamp -> q`` with the one qparams (exact:
+  quantize is monotonic), the linear int8 out and the clamp a table (lower_lut.py).
 
 Every int8 tensor these ops read or write gets the placeholder layout
 ``PACKED_INT8_CONV2D``. Pure graph work; used by lower.py.
@@ -270,37 +274,10 @@ class _Patterns:
         self.rw.refresh()
         return self.rw.requantized(node)
 
-    def cat(self, node):
-        b = bind(node)
-        parts = [self.packed_int8(self.rw.dequantized(t)) for t in b["tensors"]]
-        out = self.rw.requantized(node)
-        if out is None or len(parts) < 2 or any(p is None for p in parts) or b["dim"] not in (1, -3):
-            return None
-        program = self.rw.program
-        acc, chain = parts[0], []
-        for index, part in enumerate(parts[1:], start=1):
-            last = index == len(parts) - 1
-            name = out[0].outputs[0] if last else f"{out[0].outputs[0]}_cat{index}"
-            if not last:
-                n, c, h, w = self.rw.shape(acc[0])
-                program.values[name] = ValueSpec((n, c + self.rw.shape(part[0])[1], h, w),
-                                                 program.values[out[0].outputs[0]].dtype)
-            chain.append(Node(f"{out[0].name}_q8ta_cat{index}", "etvk.q8ta_concat.default",
-                              (*acc, *part, out[1], out[2]), {}, (name,)))
-            acc = (Ref(name), out[1], out[2])
-        for node_ in chain:
-            self.rw.mark_packed(node_.outputs[0])
-        for part in parts:
-            self.rw.mark_packed(part[0].name)
-        position = program.nodes.index(out[0])
-        program.nodes[position:position + 1] = chain
-        self.rw.refresh()
-        return None
-
 
 _TARGETS = {
     "aten.add.Tensor": "add", "aten.mul.Tensor": "mul", "aten.adaptive_avg_pool2d.default": "adaptive_avg_pool2d",
-    "aten.mean.dim": "mean", "aten.linear.default": "linear", "aten.cat.default": "cat",
+    "aten.mean.dim": "mean", "aten.linear.default": "linear",
 }
 
 

@@ -1,4 +1,5 @@
-"""Int8 pointwise functions as lookup tables: ``dq -> elementwise ops -> q`` -> ``etvk.q8ta_lut``.
+"""Int8 pointwise functions as lookup tables: ``dq -> elementwise ops -> q`` -> ``etvk.q8ta_lut``;
+per-channel ones -> ``etvk.q8ta_channel_lut``.
 
 For a per-tensor int8 input x, ``q(f(dq(x)))`` takes one of 256 values for any
 elementwise f, so the pattern becomes one gather from a 256-entry int8 table.
@@ -23,6 +24,15 @@ is read only by the pattern's ops and quantize (not a program output), and x
 is made by a node: a 4-D x and the output are packed (the placeholder
 layout), another rank stays a plain int8 tensor. The dequantizes stay for their other
 readers; the ops, no longer read, are dropped (with every other unread node).
+
+`lower_channel_tables` extends the idea to one table per channel: the
+quantize of a chain of per-channel functions (an eval batch norm, elementwise
+ops) of a channel expression of lower_gather.py (DenseNet's ``cat -> norm ->
+relu -> q``, whose cat mixes int8 tensors of different qparams) reads the
+expression's int8 bytes, each channel with its source's qparams
+(`Gathers.raw`), through one ``etvk.q8ta_channel_lut``, whose ``[C, 256]``
+tables are the chain and the quantize run over each channel's 256 values
+dequantized with its qparams (docs/int8_cnn_ops.md).
 
 Run by lower.py after lower_cnn.py (a clamp that keeps its conv's qparams
 folds into the conv there, which costs nothing) and the removal of the nodes
