@@ -7,7 +7,9 @@ raw output words are compared with the packed reference). Every int8 value
 goes through the table in every layout; host inputs take their default
 layouts; bad arguments name the op and the argument. The per-channel table
 (q8ta_channel_lut) likewise in every packed layout, every value through each
-channel's own table.
+channel's own table; the mean of per-channel fp32 tables (q8ta_channel_lut_mean)
+in every packed layout, its plain output's tail bytes 0, within one step of
+the float64 mean.
 """
 
 from __future__ import annotations
@@ -16,8 +18,15 @@ import pytest
 import torch
 
 import runtime
-from runtime.reference.q8ta_unary import q8ta_channel_lut, q8ta_lut
-from runtime.tools.examples_q8ta_unary import LUT_BY_NAME, LUT_CASES, channel_lut_inputs, lut_inputs
+from runtime.reference.q8ta_unary import q8ta_channel_lut, q8ta_channel_lut_mean, q8ta_lut
+from runtime.reference.quantize import fp32
+from runtime.tools.examples_q8ta_unary import (
+    LUT_BY_NAME,
+    LUT_CASES,
+    channel_lut_inputs,
+    channel_mean_inputs,
+    lut_inputs,
+)
 from runtime.vulkan import layouts
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 from runtime.vulkan.stream import Stream
@@ -183,6 +192,43 @@ def test_channel_lut_host_inputs_and_bad_arguments():
                              ("table", table[:4], "int8 [C, 256] tensor with C = 5"),
                              ("table", table.view(-1), "int8 [C, 256]")):
         args = {"x": x, "table": table, arg: value}
+        with pytest.raises((ValueError, TypeError)) as info:
+            op(*args.values())
+        assert str(info.value).startswith(f"{op.name}: argument '{arg}'") and text in str(info.value)
+
+
+MEAN_OP = "etvk.q8ta_channel_lut_mean.default"
+
+
+@pytest.mark.parametrize(("name", "layout"), _channel_cases())
+def test_channel_lut_mean_case_matches_reference(name, layout):
+    x, table, scale, zero_point = channel_mean_inputs(LUT_BY_NAME[name])
+    want = q8ta_channel_lut_mean(x, table, scale, zero_point)
+    # the definition, in float64: at most one step from the fp32 order (rounding ties)
+    exact = torch.stack([table[c][x[:, c].long() + 128].double().mean((1, 2)) for c in range(x.shape[1])], 1)
+    steps = (want.int() - (exact / fp32(scale)).round().add(zero_point).clamp(-128, 127).int()).abs()
+    assert int(steps.max()) <= 1
+    with Stream() as stream:
+        out = runtime.get_op(MEAN_OP).record(stream, Tensor.from_torch(x, layout=layout), Tensor.from_torch(table),
+                                              scale, zero_point)
+        stream.run()
+        raw = torch.empty(4 * -(-x.shape[0] * x.shape[1] // 4), dtype=torch.int8)
+        out.memory.read(raw.data_ptr(), raw.numel())
+        got = out.to_torch()
+    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+    assert torch.equal(raw, _expected_bytes(want, None)), f"{name} {layout}: bytes past the end not 0"
+
+
+def test_channel_lut_mean_host_inputs_and_bad_arguments():
+    op = runtime.get_op(MEAN_OP)
+    x, table, scale, zero_point = channel_mean_inputs(LUT_BY_NAME["lut_c6_w5_batch2"])
+    want = q8ta_channel_lut_mean(x, table, scale, zero_point)
+    assert torch.equal(op(x, table, scale, zero_point), want)
+    assert torch.equal(torch.ops.etvk.q8ta_channel_lut_mean.default(x, table, scale, zero_point), want)
+    for arg, value, text in (("table", table.to(torch.float16), "fp32 [C, 256]"),
+                             ("table", table[:5], "fp32 [C, 256] tensor with C = 6"),
+                             ("output_zero_point", 128, "int8"), ("output_scale", 0.0, "within")):
+        args = {"x": x, "table": table, "output_scale": scale, "output_zero_point": zero_point, arg: value}
         with pytest.raises((ValueError, TypeError)) as info:
             op(*args.values())
         assert str(info.value).startswith(f"{op.name}: argument '{arg}'") and text in str(info.value)
