@@ -19,7 +19,8 @@ decoder's KV cache). The steps:
    nodes on the CPU (hardswish, hardsigmoid, sigmoid, silu, gelu, tanh, clamps
    whose qparams change, any chain of them), and a batch norm and elementwise
    ops on a cat of int8 tensors with different qparams (DenseNet) into one
-   ``etvk.q8ta_channel_lut`` with a table per channel;
+   ``etvk.q8ta_channel_lut`` with a table per channel (and, averaged over H
+   and W before the quantize, ``etvk.q8ta_channel_lut_mean``);
 5. the remaining quantize / dequantize / choose-qparams ops become their
    ``etvk`` twins: a 4-D int8 per-tensor quantize becomes ``q8ta_quantize``
    (packed, placeholder layout) and the dequantize of a packed tensor
