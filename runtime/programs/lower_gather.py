@@ -176,36 +176,50 @@ class Gathers:
         self.rw.program.values[name] = ValueSpec(tuple(shape), torch.int8)
         return name
 
+    def op(self, target: str, args: tuple, shape, before: Node, nodes: list) -> Ref:
+        """A call of `target` with `args` whose int8 output of `shape` is a new value, appended to
+        `nodes`."""
+        name = self.value(shape, before)
+        nodes.append(Node(name, target, args, {}, (name,)))
+        return Ref(name)
+
+    def gathered(self, x: Ref, tree, before: Node, nodes: list) -> Ref:
+        """The channel gather of the ``("gather", E, start, count, groups)`` `tree` of `x`."""
+        start, count, groups = tree[2:]
+        n, _, h, w = self.shape(x)
+        return self.op("etvk.q8ta_channel_gather.default", (x, start, count, groups), (n, count, h, w),
+                       before, nodes)
+
+    def pooled(self, target: str, args: tuple, tree, before: Node, nodes: list) -> Ref:
+        """The pool `target` (`args`, the input first) of a ``("max_pool" | "avg_pool", E, ...)``
+        `tree`."""
+        return self.op(target, args, (*self.shape(args[0])[:2], *tree[3]), before, nodes)
+
+    def concat(self, a: tuple, b: tuple, qparams: tuple, before: Node, nodes: list) -> Ref:
+        """``q8ta_concat`` of (value, scale, zero point) `a` and `b` to `qparams`."""
+        n, c, h, w = self.shape(a[0])
+        return self.op("etvk.q8ta_concat.default", (*a, *b, *qparams), (n, c + self.shape(b[0])[1], h, w),
+                       before, nodes)
+
     def emit(self, tree, scale: float, zero_point: int, before: Node, nodes: list):
         """The int8 (value, scale, zero point) of `tree`, its ops appended to `nodes`; a cat's
         concats requantize to (`scale`, `zero_point`)."""
         if tree[0] == "leaf":
             return tree[1:]
-        if tree[0] in ("max_pool", "avg_pool"):
-            x, x_scale, x_zero_point = self.emit(tree[1], scale, zero_point, before, nodes)
-            n, c = self.shape(x)[:2]
-            name = self.value((n, c, *tree[3]), before)
-            if tree[0] == "max_pool":  # quantize is monotonic: it commutes with max
-                nodes.append(Node(name, "etvk.q8ta_max_pool2d.default", (x, *tree[2]), {}, (name,)))
-                return Ref(name), x_scale, x_zero_point
-            nodes.append(Node(name, "etvk.q8ta_avg_pool2d.default",
-                              (x, x_scale, x_zero_point, scale, zero_point, *tree[2]), {}, (name,)))
-            return Ref(name), scale, zero_point
+        if tree[0] == "cat":
+            acc = self.emit(tree[1][0], scale, zero_point, before, nodes)
+            for part in tree[1][1:]:
+                part = self.emit(part, scale, zero_point, before, nodes)
+                acc = (self.concat(acc, part, (scale, zero_point), before, nodes), scale, zero_point)
+            return acc
+        x, x_scale, x_zero_point = self.emit(tree[1], scale, zero_point, before, nodes)
         if tree[0] == "gather":
-            x, x_scale, x_zero_point = self.emit(tree[1], scale, zero_point, before, nodes)
-            start, count, groups = tree[2:]
-            n, _, h, w = self.shape(x)
-            name = self.value((n, count, h, w), before)
-            nodes.append(Node(name, "etvk.q8ta_channel_gather.default", (x, start, count, groups), {}, (name,)))
-            return Ref(name), x_scale, x_zero_point
-        acc = self.emit(tree[1][0], scale, zero_point, before, nodes)
-        for part in tree[1][1:]:
-            part = self.emit(part, scale, zero_point, before, nodes)
-            n, c, h, w = self.shape(acc[0])
-            name = self.value((n, c + self.shape(part[0])[1], h, w), before)
-            nodes.append(Node(name, "etvk.q8ta_concat.default", (*acc, *part, scale, zero_point), {}, (name,)))
-            acc = (Ref(name), scale, zero_point)
-        return acc
+            return self.gathered(x, tree, before, nodes), x_scale, x_zero_point
+        if tree[0] == "max_pool":  # quantize is monotonic: it commutes with max
+            return self.pooled("etvk.q8ta_max_pool2d.default", (x, *tree[2]), tree, before, nodes), \
+                x_scale, x_zero_point
+        args = (x, x_scale, x_zero_point, scale, zero_point, *tree[2])
+        return self.pooled("etvk.q8ta_avg_pool2d.default", args, tree, before, nodes), scale, zero_point
 
     def raw(self, tree, before: Node, nodes: list):
         """(int8 value, [(scale, zero point) of each channel]) holding `tree`'s channels, each
@@ -221,24 +235,15 @@ class Gathers:
             acc, qparams = self.raw(tree[1][0], before, nodes)
             for part in tree[1][1:]:
                 x, more = self.raw(part, before, nodes)
-                n, c, h, w = self.shape(acc)
-                name = self.value((n, c + self.shape(x)[1], h, w), before)
-                nodes.append(Node(name, "etvk.q8ta_concat.default", (acc, 1.0, 0, x, 1.0, 0, 1.0, 0), {}, (name,)))
-                acc, qparams = Ref(name), qparams + more
+                acc, qparams = self.concat((acc, 1.0, 0), (x, 1.0, 0), (1.0, 0), before, nodes), qparams + more
         elif tree[0] == "gather" and not _exact(tree):
             x, inner = self.raw(tree[1], before, nodes)
+            acc = self.gathered(x, tree, before, nodes)
             start, count, groups = tree[2:]
-            n, _, h, w = self.shape(x)
-            name = self.value((n, count, h, w), before)
-            nodes.append(Node(name, "etvk.q8ta_channel_gather.default", (x, start, count, groups), {}, (name,)))
-            acc = Ref(name)
             qparams = [inner[start + (c % groups) * (count // groups) + c // groups] for c in range(count)]
         elif tree[0] == "max_pool" and not _exact(tree):
             x, qparams = self.raw(tree[1], before, nodes)
-            n, c = self.shape(x)[:2]
-            name = self.value((n, c, *tree[3]), before)
-            nodes.append(Node(name, "etvk.q8ta_max_pool2d.default", (x, *tree[2]), {}, (name,)))
-            acc = Ref(name)
+            acc = self.pooled("etvk.q8ta_max_pool2d.default", (x, *tree[2]), tree, before, nodes)
         else:  # exact, or an average pool of an exact tree: one source's qparams
             scale, zero_point = _source(tree[1] if tree[0] == "avg_pool" else tree)[2:]
             acc, scale, zero_point = self.emit(tree, scale, zero_point, before, nodes)

@@ -172,7 +172,8 @@ def _mean_of(rw: Rewriter, quantize: Node) -> Ref | None:
         if b["start_dim"] != 1 or b["end_dim"] not in (-1, 3) or rw.only_user(node) is not quantize:
             return None
         pool, keep = rw.producer(b["self"]), True
-    if pool is None or rw.only_user(pool) is not (node if keep else quantize):
+    if pool is None or pool.target not in ("aten.adaptive_avg_pool2d.default", "aten.mean.dim") \
+            or rw.only_user(pool) is not (node if keep else quantize):
         return None
     b = bind(pool)
     x = b["self"]
@@ -180,7 +181,7 @@ def _mean_of(rw: Rewriter, quantize: Node) -> Ref | None:
         return None
     if pool.target == "aten.adaptive_avg_pool2d.default":
         return x if keep and ints(b["output_size"]) in ([1], [1, 1]) else None
-    if pool.target == "aten.mean.dim" and isinstance(b["dim"], (list, tuple)) and b.get("dtype") is None:
+    if isinstance(b["dim"], (list, tuple)) and b.get("dtype") is None:  # mean
         return x if sorted(d % 4 for d in b["dim"]) == [2, 3] and b["keepdim"] == keep else None
     return None
 
