@@ -13,15 +13,16 @@ whose input is such an fp32 *channel expression*
        | channel shuffle of E | max_pool2d(E) | avg_pool2d(E)
 
 (x a 4-D int8 value, per-tensor qparams) and computes it from the int8
-values. A pool works per channel, so it is first pushed into the cats and
-gathers it reads (``pool(cat(a, b)) = cat(pool(a), pool(b))``): every pool then
-reads one source's channels. A cat becomes a chain of two-input
-``q8ta_concat`` that requantizes its inputs to the quantize's qparams, a split
-or shuffle a ``q8ta_channel_gather`` (a copy), a max pool ``q8ta_max_pool2d``
-in the int8 domain of its input (quantize and dequantize are monotonic, so
-they commute with max: exact), an average pool ``q8ta_avg_pool2d`` to the
-quantize's qparams (its own numerics, docs/int8_cnn_ops.md; an average of an
-average stays on the CPU). Each element is thereby quantized once from its
+values. A cat becomes a chain of two-input ``q8ta_concat`` that requantizes
+its inputs to the quantize's qparams, a split or shuffle a
+``q8ta_channel_gather`` (a copy), a max pool ``q8ta_max_pool2d`` in the int8
+domain of its input (quantize and dequantize are monotonic, so they commute
+with max: exact, after a cat's requantization too). An average pool works per
+channel, so it is first pushed into the cats and gathers it reads
+(``pool(cat(a, b)) = cat(pool(a), pool(b))``, and a max pool of a cat under it
+likewise) until it reads one source's channels, then becomes
+``q8ta_avg_pool2d`` to the quantize's qparams (its own numerics,
+docs/int8_cnn_ops.md; an average of an average stays on the CPU). Each element is thereby quantized once from its
 own fp32 value to the quantize's qparams (later concats requantize to the same
 qparams: an exact copy), as the graph computes it; an expression with no cat
 and no average keeps its source's qparams and is requantized by a
@@ -65,17 +66,31 @@ def _key(tree):
     return tuple(_key(t) if isinstance(t, (tuple, list)) else t for t in tree)
 
 
-def _pool(kind: str, tree, args, size):
+def _push(kind: str, tree, args, size):
     """The pool `kind` ("max_pool" or "avg_pool"; int8 op arguments `args`, output H and W
-    `size`) of `tree`, pushed into its cats and gathers (a pool works per channel), so that
-    pools read no cat; None where an average pool would read an inexact tree (another average)."""
+    `size`) of `tree`, pushed into its cats and gathers (a pool works per channel:
+    ``pool(cat(a, b)) = cat(pool(a), pool(b))``)."""
     if tree[0] == "cat":
-        parts = [_pool(kind, part, args, size) for part in tree[1]]
+        return "cat", [_push(kind, part, args, size) for part in tree[1]]
+    if tree[0] == "gather":
+        return "gather", _push(kind, tree[1], args, size), *tree[2:]
+    return kind, tree, args, size
+
+
+def _average(tree):
+    """`tree` (an average pool pushed into cats and gathers, `_push`) with every average pool
+    reading an exact tree (`_exact`): a max pool of a cat under one is pushed into the cat too;
+    None where an average would read another average."""
+    if tree[0] == "cat":
+        parts = [_average(part) for part in tree[1]]
         return None if None in parts else ("cat", parts)
     if tree[0] == "gather":
-        inner = _pool(kind, tree[1], args, size)
+        inner = _average(tree[1])
         return None if inner is None else ("gather", inner, *tree[2:])
-    return (kind, tree, args, size) if kind == "max_pool" or _exact(tree) else None
+    source = tree[1]
+    if source[0] == "max_pool" and source[1][0] in ("cat", "gather"):
+        return _average(_push("avg_pool", _push("max_pool", *source[1:]), *tree[2:]))
+    return tree if _exact(source) else None
 
 
 class Gathers:
@@ -93,7 +108,8 @@ class Gathers:
         """The channel expression `ref` holds: ``("leaf", x, scale, zero point)``,
         ``("cat", [E, ...])``, ``("gather", E, start, count, groups)``, ``("max_pool", E, args,
         (H, W))`` or ``("avg_pool", E, args, (H, W))`` (the int8 pool's geometry arguments and
-        output size; pools are pushed into cats and gathers, `_pool`); None for anything else."""
+        output size; average pools are pushed into cats and gathers, `_average`); None for
+        anything else."""
         node = self.rw.producer(ref)
         if node is None or len(self.rw.program.values[ref.name].shape) != 4:
             return None
@@ -123,10 +139,10 @@ class Gathers:
             return None
         geometry = [ints(b[k]) for k in ("kernel_size", "stride", "padding")]
         size = self.shape(Ref(node.outputs[0]))[2:]
-        if node.target == _MAX_POOL:
-            return _pool("max_pool", source, (*geometry, ints(b["dilation"]), bool(b["ceil_mode"])), size)
+        if node.target == _MAX_POOL:  # on a cat, after it: quantize is monotonic
+            return "max_pool", source, (*geometry, ints(b["dilation"]), bool(b["ceil_mode"])), size
         args = (*geometry, bool(b["ceil_mode"]), bool(b["count_include_pad"]), b["divisor_override"])
-        return _pool("avg_pool", source, args, size)
+        return _average(_push("avg_pool", source, args, size))
 
     def split(self, node: Node, ref):
         """(source, start, count, 1) where `ref` is one part of a split, chunk or slice of the

@@ -1,7 +1,7 @@
 """The patterns of torchvision's SqueezeNet, GoogLeNet, Inception-v3, VGG and AlexNet that PT2E
 leaves in fp32, on a graph written with explicit quantize / dequantize ops: a max or average pool
-of a cat of int8 tensors with different qparams (lower_gather.py pushes the pool into the cat), a
-pool of a cat inside a cat, and a classifier linear whose fp32 output goes through a relu or a
+of a cat of int8 tensors with different qparams (lower_gather.py pools after the cat's
+requantization, or pushes an average pool into the cat), a pool of a cat inside a cat, and a classifier linear whose fp32 output goes through a relu or a
 hardtanh before its quantize (a table of the linear's int8 output, lower_cnn.py and lower_lut.py).
 Nothing of them stays on the CPU but the near miss, an average pool of an average pool; device
 runs equal Program.run_reference bit for bit, and the reference equals PyTorch's run of the graph
@@ -75,7 +75,7 @@ def test_family_blocks_run_on_the_device_bit_exact(tmp_path):
     # the near miss only, and the cat it reads
     assert {t: n for t, n in targets.items() if t.startswith("aten.")} == {"aten.avg_pool2d": 2, "aten.cat": 1}
     assert targets["etvk.q8ta_lut"] == 2 and targets["etvk.q8ta_linear"] == 2, targets
-    # pools pushed into the cats: one per source tensor
+    # average pools pushed into the cats (and the max pool of a cat under one): one per source
     assert targets["etvk.q8ta_max_pool2d"] >= 3 and targets["etvk.q8ta_avg_pool2d"] >= 4, targets
     program.save(tmp_path / "families.etvk")
     loaded = runtime.load(tmp_path / "families.etvk")
