@@ -18,7 +18,10 @@ decoder's KV cache). The steps:
    ``dequantize_per_tensor -> elementwise ops -> quantize_per_tensor`` on an int8
    tensor into one ``etvk.q8ta_lut``, its 256-entry table computed by running those
    nodes on the CPU (hardswish, hardsigmoid, sigmoid, silu, gelu, tanh, clamps
-   whose qparams change, any chain of them);
+   whose qparams change, any chain of them), and a batch norm and elementwise
+   ops on a cat of int8 tensors with different qparams (DenseNet) into one
+   ``etvk.q8ta_channel_lut`` with a table per channel (and, averaged over H
+   and W before the quantize, ``etvk.q8ta_channel_lut_mean``);
 5. the remaining quantize / dequantize / choose-qparams ops become their
    ``etvk`` twins: a 4-D int8 per-tensor quantize becomes ``q8ta_quantize``
    (packed, placeholder layout) and the dequantize of a packed tensor
@@ -247,6 +250,7 @@ def _lower(program: Program) -> Program:
     lowering.refresh()
     lower_residual.fuse_residual_adds(lowering)  # counts live readers only: after remove_dead
     lower_lut.lower_lookup_tables(lowering)
+    lower_lut.lower_channel_tables(lowering)
     lower_torchao.fuse_affine_dynamic_quantize(lowering)
     lowering.drop_identity_casts()
     lower_decoder_ops(lowering)

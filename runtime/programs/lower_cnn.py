@@ -5,16 +5,21 @@ quantize / dequantize ops become their ``etvk`` twins. Each pattern is
 rewritten only where the ``etvk`` op's contract provably holds (int8
 per-tensor qparams, one consumer along the chain, shapes the op takes):
 
-- identities: ``dropout(train=False)`` goes, and ``quantize(dequantize(x))``
+- first of all, identities: ``dropout(train=False)`` goes, and ``quantize(dequantize(x))``
   with the same qparams is ``x`` (exact: |q - zp| <= 255 survives the fp32
   round trip);
+- then the quantize of an fp32 channel split, shuffle or cat of dequantized int8
+  values, or of a max or average pool of one (``dq, ... -> cat(dim=1) -> q``; ShuffleNet;
+  SqueezeNet's, GoogLeNet's and Inception-v3's pools of cats; ``dq -> max_pool2d |
+  avg_pool2d -> q`` itself) -> ``q8ta_channel_gather``, a chain of two-input
+  ``q8ta_concat``, ``q8ta_max_pool2d`` and ``q8ta_avg_pool2d``, each pool pushed into the
+  cats it reads (lower_gather.py);
 - ``conv -> q -> dq -> relu | hardtanh -> q`` with one qparams (PT2E quantizes
   ReLU6 on its own) folds into the conv's activation (a clamp of the int8
   output: exact, since quantize is monotonic);
 - ``dq, dq -> add | mul -> [relu] -> q`` -> ``q8ta_add`` / ``q8ta_mul`` (the
   second operand may be ``[N, C, 1, 1]``, broadcast);
-- ``dq -> max_pool2d -> q`` (one qparams) -> ``q8ta_max_pool2d``;
-  ``dq -> avg_pool2d -> q`` -> ``q8ta_avg_pool2d``; ``dq -> adaptive_avg_pool2d(1)``
+- ``dq -> adaptive_avg_pool2d(1)``
   or ``mean(dim=[2, 3], keepdim=True) -> q`` -> ``q8ta_global_avg_pool2d``; without
   keepdim (any spelling of H and W) the mean is first rewritten as the keepdim one
   and ``q -> dq -> flatten(1) -> q`` with one qparams (exact, as above), the
@@ -25,10 +30,9 @@ per-tensor qparams, one consumer along the chain, shapes the op takes):
   read in place (no copy); where the linear's input requantizes that flatten
   (``dq -> q`` with other qparams: the dropout PT2E quantizes on its own), the
   pooled tensor is requantized instead (``q8ta_dequantize -> q8ta_quantize``,
-  the same values) and read in place;
-- ``dq, ... -> cat(dim=1) -> q`` -> a chain of two-input ``q8ta_concat``;
-- first of all, the quantize of an fp32 channel split, shuffle or cat of dequantized int8
-  values (ShuffleNet) -> ``q8ta_channel_gather`` and ``q8ta_concat`` (lower_gather.py).
+  the same values) and read in place; a clamp (relu, hardtanh) between its fp32 output and
+  its quantize (VGG, AlexNet) becomes ``q -> dq -> clamp -> q`` with the one qparams (exact:
+  quantize is monotonic), the linear int8 out and the clamp a table (lower_lut.py).
 
 lower.py then fuses a ``q8ta_add`` of a conv's output into that conv's epilogue
 where it may (lower_residual.py).
@@ -43,14 +47,9 @@ import torch
 
 from runtime.programs.lower_gather import lower_channel_gathers
 from runtime.programs.nodes import Node, Ref, ValueSpec
-from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor, ints
 
 _CONV = "etvk.q8ta_conv2d.default"
-
-
-def _ints(value) -> list[int]:
-    """An int or a list of ints as a list (aten's int[2] arguments)."""
-    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 def _same_qparams(a, b) -> bool:
@@ -143,33 +142,13 @@ class _Patterns:
     def mul(self, node):
         return self.binary(node, "mul")
 
-    def _pool_ends(self, node: Node, same: bool):
+    def _pool_ends(self, node: Node):
         x = self.packed_int8(self.rw.dequantized(node.args[0]))
         out = self.rw.requantized(node)
-        if x is None or out is None or (same and x[1:] != out[1:]):
-            return None
-        return x, out
-
-    def max_pool2d(self, node):
-        ends = self._pool_ends(node, same=True)
-        if ends is None:
-            return None
-        (x, out), b = ends, bind(node)
-        args = (x[0], _ints(b["kernel_size"]), _ints(b["stride"]), _ints(b["padding"]),
-                _ints(b["dilation"]), bool(b["ceil_mode"]))
-        return self.finish(out[0], "etvk.q8ta_max_pool2d.default", args, [x[0], Ref(out[0].outputs[0])])
-
-    def avg_pool2d(self, node):
-        ends = self._pool_ends(node, same=False)
-        if ends is None:
-            return None
-        (x, out), b = ends, bind(node)
-        args = (*x, out[1], out[2], _ints(b["kernel_size"]), _ints(b["stride"]), _ints(b["padding"]),
-                bool(b["ceil_mode"]), bool(b["count_include_pad"]), b["divisor_override"])
-        return self.finish(out[0], "etvk.q8ta_avg_pool2d.default", args, [x[0], Ref(out[0].outputs[0])])
+        return None if x is None or out is None else (x, out)
 
     def global_avg_pool2d(self, node):
-        ends = self._pool_ends(node, same=False)
+        ends = self._pool_ends(node)
         if ends is None:
             return None
         x, out = ends
@@ -177,10 +156,10 @@ class _Patterns:
                            [x[0], Ref(out[0].outputs[0])])
 
     def adaptive_avg_pool2d(self, node):
-        size = _ints(bind(node)["output_size"])
+        size = ints(bind(node)["output_size"])
         if size in ([1], [1, 1]):
             return self.global_avg_pool2d(node)
-        ends = self._pool_ends(node, same=False)
+        ends = self._pool_ends(node)
         if ends is None:
             return None
         x, out = ends
@@ -194,7 +173,7 @@ class _Patterns:
         if not isinstance(dims, (list, tuple)) or sorted(d % 4 for d in dims) != [2, 3] \
                 or b.get("dtype") is not None:
             return None
-        if not b["keepdim"] and self._pool_ends(node, same=False) is not None:
+        if not b["keepdim"] and self._pool_ends(node) is not None:
             node = self._keep_dims(node)
         return self.global_avg_pool2d(node)
 
@@ -269,51 +248,46 @@ class _Patterns:
         x = None if weight is None or bias is False else self._rows(node)  # _rows may add nodes
         if x is None:
             return None
-        out = self.rw.requantized(node)
+        out = self.rw.requantized(node) or self._clamp_quantized(node)
         packed = [x[0]] if len(self.rw.shape(x[0])) == 4 else []
         if out is None:
             return self.finish(node, "etvk.q8ta_linear.default", (*x, *weight, bias, None, 0), packed)
         return self.finish(out[0], "etvk.q8ta_linear.default", (*x, *weight, bias, out[1], out[2]), packed)
 
-    def cat(self, node):
-        b = bind(node)
-        parts = [self.packed_int8(self.rw.dequantized(t)) for t in b["tensors"]]
-        out = self.rw.requantized(node)
-        if out is None or len(parts) < 2 or any(p is None for p in parts) or b["dim"] not in (1, -3):
+    def _clamp_quantized(self, node: Node):
+        """Where `node`'s only user is a clamp (relu, hardtanh) whose only user quantizes it:
+        ``node -> clamp -> q`` rewritten as ``node -> q -> dq -> clamp -> q`` with the one
+        qparams (exact: quantize is monotonic, so ``q(clamp(y)) = clamp(q(y), q(lo), q(hi))``,
+        which the new clamp computes from ``q(y)``; lower_lut.py makes it a table) and
+        `requantized` of `node` then; None (nothing changed) elsewhere."""
+        clamp = self.rw.only_user(node)
+        activation = conv_activation(clamp)
+        out = None if activation is None or activation[0] == "hardswish" else self.rw.requantized(clamp)
+        if out is None:
             return None
-        program = self.rw.program
-        acc, chain = parts[0], []
-        for index, part in enumerate(parts[1:], start=1):
-            last = index == len(parts) - 1
-            name = out[0].outputs[0] if last else f"{out[0].outputs[0]}_cat{index}"
-            if not last:
-                n, c, h, w = self.rw.shape(acc[0])
-                program.values[name] = ValueSpec((n, c + self.rw.shape(part[0])[1], h, w),
-                                                 program.values[out[0].outputs[0]].dtype)
-            chain.append(Node(f"{out[0].name}_q8ta_cat{index}", "etvk.q8ta_concat.default",
-                              (*acc, *part, out[1], out[2]), {}, (name,)))
-            acc = (Ref(name), out[1], out[2])
-        for node_ in chain:
-            self.rw.mark_packed(node_.outputs[0])
-        for part in parts:
-            self.rw.mark_packed(part[0].name)
-        position = program.nodes.index(out[0])
-        program.nodes[position:position + 1] = chain
+        program, value = self.rw.program, node.outputs[0]
+        spec, name = program.values[value], f"{value}_q"
+        program.values[name] = ValueSpec(spec.shape, torch.int8)
+        program.values[f"{name}_dq"] = ValueSpec(spec.shape, spec.dtype)
+        qparams = (out[1], out[2], -128, 127, torch.int8)
+        position = program.nodes.index(clamp)
+        program.nodes[position:position] = [Node(name, Q, (Ref(value), *qparams), {}, (name,)),
+                                            Node(f"{name}_dq", DQ, (Ref(name), *qparams), {}, (f"{name}_dq",))]
+        clamp.args = (Ref(f"{name}_dq"), *clamp.args[1:])  # its only reader
         self.rw.refresh()
-        return None
+        return self.rw.requantized(node)
 
 
 _TARGETS = {
-    "aten.add.Tensor": "add", "aten.mul.Tensor": "mul", "aten.max_pool2d.default": "max_pool2d",
-    "aten.avg_pool2d.default": "avg_pool2d", "aten.adaptive_avg_pool2d.default": "adaptive_avg_pool2d",
-    "aten.mean.dim": "mean", "aten.linear.default": "linear", "aten.cat.default": "cat",
+    "aten.add.Tensor": "add", "aten.mul.Tensor": "mul", "aten.adaptive_avg_pool2d.default": "adaptive_avg_pool2d",
+    "aten.mean.dim": "mean", "aten.linear.default": "linear",
 }
 
 
 def lower_cnn_ops(rw: Rewriter) -> None:
     """Every pattern of the module docstring, in program order."""
-    lower_channel_gathers(rw)
     drop_identities(rw)
+    lower_channel_gathers(rw)
     fold_clamps(rw)
     patterns = _Patterns(rw)
     for node in list(rw.program.nodes):

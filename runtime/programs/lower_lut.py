@@ -1,4 +1,5 @@
-"""Int8 pointwise functions as lookup tables: ``dq -> elementwise ops -> q`` -> ``etvk.q8ta_lut``.
+"""Int8 pointwise functions as lookup tables: ``dq -> elementwise ops -> q`` -> ``etvk.q8ta_lut``;
+per-channel ones -> ``etvk.q8ta_channel_lut``.
 
 For a per-tensor int8 input x, ``q(f(dq(x)))`` takes one of 256 values for any
 elementwise f, so the pattern becomes one gather from a 256-entry int8 table.
@@ -24,6 +25,17 @@ is made by a node: a 4-D x and the output are packed (the placeholder
 layout), another rank stays a plain int8 tensor. The dequantizes stay for their other
 readers; the ops, no longer read, are dropped (with every other unread node).
 
+`lower_channel_tables` extends the idea to one table per channel: the
+quantize of a chain of per-channel functions (an eval batch norm, elementwise
+ops) of a channel expression of lower_gather.py (DenseNet's ``cat -> norm ->
+relu -> q``, whose cat mixes int8 tensors of different qparams) reads the
+expression's int8 bytes, each channel with its source's qparams
+(`Gathers.raw`), through one ``etvk.q8ta_channel_lut``, whose ``[C, 256]``
+tables are the chain and the quantize run over each channel's 256 values
+dequantized with its qparams; where the chain's mean over H and W is quantized
+(DenseNet's head), one ``etvk.q8ta_channel_lut_mean`` averages the chain's fp32
+values the same way (docs/int8_cnn_ops.md).
+
 Run by lower.py after lower_cnn.py (a clamp that keeps its conv's qparams
 folds into the conv there, which costs nothing) and the removal of the nodes
 it left unread (a dropout it bypassed still reads its input), and before the remaining
@@ -36,10 +48,14 @@ from __future__ import annotations
 import torch
 
 from runtime.programs.cpu import resolve_op, run_node
-from runtime.programs.nodes import Node, Ref, walk_args
-from runtime.programs.rewrite import DQ, Q, Rewriter, int8_per_tensor
+from runtime.programs.lower_gather import Gathers
+from runtime.programs.nodes import Const, Node, Ref, walk_args
+from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor, ints
 
 LUT = "etvk.q8ta_lut.default"
+CHANNEL_LUT = "etvk.q8ta_channel_lut.default"
+CHANNEL_MEAN = "etvk.q8ta_channel_lut_mean.default"
+BATCH_NORM = "aten.batch_norm.default"
 # Elementwise aten ops that PyTorch does not tag pointwise.
 ELEMENTWISE = frozenset({"aten.hardswish.default", "aten.log_sigmoid.default"})
 # The non-tensor arguments an elementwise op may take here (no constant tensors: they may broadcast).
@@ -123,5 +139,130 @@ def lower_lookup_tables(rw: Rewriter) -> None:
                 rw.mark_packed(packed)
         rw.replace(quantize, Node(f"{quantize.name}_lut", LUT, (x, rw.add_constant(f"{name}_table", table)),
                                   {}, quantize.outputs))
+    program.remove_dead()
+    rw.refresh()
+
+
+def _per_channel(node: Node | None) -> Ref | None:
+    """The tensor `node` reads where it computes each element from the same element of that one
+    tensor by a function of its channel alone: a batch norm in eval mode with constant
+    statistics, or an elementwise op (`elementwise`) of that one tensor; None otherwise."""
+    if node is None:
+        return None
+    if node.target == BATCH_NORM:
+        b = bind(node)
+        statistics = [b[k] for k in ("running_mean", "running_var")]
+        parameters = [b[k] for k in ("weight", "bias")]
+        ok = b["training"] is False and isinstance(b["input"], Ref) and all(isinstance(a, Const) for a in statistics) \
+            and all(a is None or isinstance(a, Const) for a in parameters)
+        return b["input"] if ok else None
+    reads = node.reads()
+    return Ref(reads[0]) if elementwise(node) and len(reads) == 1 else None
+
+
+def _mean_of(rw: Rewriter, quantize: Node) -> Ref | None:
+    """The value whose mean over H and W `quantize` quantizes as ``[N, C]``: what
+    ``adaptive_avg_pool2d(1)`` or ``mean(dim=[2, 3], keepdim=True)`` pools before a
+    ``flatten(1)``, or ``mean(dim=[2, 3])`` reduces, each node read by the next alone (not a
+    program output); None for anything else."""
+    node = rw.producer(quantize.args[0])
+    pool, keep = node, False
+    if node is not None and node.target == "aten.flatten.using_ints":
+        b = bind(node)
+        if b["start_dim"] != 1 or b["end_dim"] not in (-1, 3) or rw.only_user(node) is not quantize:
+            return None
+        pool, keep = rw.producer(b["self"]), True
+    if pool is None or pool.target not in ("aten.adaptive_avg_pool2d.default", "aten.mean.dim") \
+            or rw.only_user(pool) is not (node if keep else quantize):
+        return None
+    b = bind(pool)
+    x = b["self"]
+    if not isinstance(x, Ref) or len(rw.shape(x)) != 4:
+        return None
+    if pool.target == "aten.adaptive_avg_pool2d.default":
+        return x if keep and ints(b["output_size"]) in ([1], [1, 1]) else None
+    if isinstance(b["dim"], (list, tuple)) and b.get("dtype") is None:  # mean
+        return x if sorted(d % 4 for d in b["dim"]) == [2, 3] and b["keepdim"] == keep else None
+    return None
+
+
+def _channel_pattern(rw: Rewriter, gathers: Gathers, quantize: Node, mean: bool):
+    """(channel expression tree, its value, the chain's nodes in program order) where `quantize`
+    ends a per-channel pattern (`lower_channel_tables`): the chain then the quantize (`mean`
+    False; the quantize last in the nodes), or the chain, its mean over H and W and the quantize
+    (`mean` True; the chain may be empty); None where it does not."""
+    if int8_per_tensor(quantize, Q) is None:
+        return None
+    ref = _mean_of(rw, quantize) if mean else quantize.args[0]
+    if ref is None:
+        return None
+    chain = []
+    while (source := _per_channel(rw.producer(ref))) is not None:
+        chain.append(rw.producer(ref))
+        ref = source
+    program = rw.program
+    shape = rw.shape(ref)
+    if (not chain and not mean) or len(shape) != 4 or 0 in shape or any(
+            program.values[n.outputs[0]].shape != shape or n.outputs[0] in program.outputs
+            or len(rw.users.get(n.outputs[0], [])) != 1 for n in chain):
+        return None
+    tree = gathers.parse(ref)
+    return None if tree is None else (tree, ref, chain[::-1] if mean else [*chain[::-1], quantize])
+
+
+def channel_table(nodes: list[Node], x: Ref, qparams: list, constants: dict) -> torch.Tensor:
+    """The ``[C, 256]`` tables of a per-channel pattern: `nodes` (the chain, then the quantize for
+    int8 tables; none or the chain for fp32 ones) run on the CPU with `x` holding, in each
+    channel c, the values -128 .. 127 dequantized with c's (scale, zero point) from `qparams` by
+    the graph's dequantize, along H."""
+    values = torch.arange(-128, 128, dtype=torch.int8).view(1, 1, 256, 1)
+    dequantize, parts, start = resolve_op(DQ), [], 0
+    while start < len(qparams):  # channels of one qparams together
+        end = start + 1
+        while end < len(qparams) and qparams[end] == qparams[start]:
+            end += 1
+        ints8 = values.expand(1, end - start, 256, 1).contiguous()
+        parts.append(dequantize(ints8, *qparams[start], -128, 127, torch.int8))
+        start = end
+    env = {x.name: torch.cat(parts, dim=1)}
+    for node in nodes:
+        run_node(node, env, constants)
+    return env[nodes[-1].outputs[0] if nodes else x.name][0, :, :, 0].contiguous()
+
+
+def lower_channel_tables(rw: Rewriter) -> None:
+    """Every quantize of a chain of per-channel functions (`_per_channel`: DenseNet's batch norm
+    and relu) of a channel expression (lower_gather.py: dequantized int8 tensors, cats of them
+    with different qparams, their gathers and pools) -> the expression's int8 bytes, each
+    channel with its source's qparams (`Gathers.raw`), through one ``etvk.q8ta_channel_lut``
+    whose tables are the chain and the quantize run on the CPU over the 256 values of each
+    channel (`channel_table`); the quantize of the mean over H and W of such a chain (DenseNet's
+    head: ``norm -> relu -> adaptive_avg_pool2d(1) -> flatten``) -> one
+    ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values. Then drops what
+    nothing reads."""
+    program, gathers = rw.program, Gathers(rw)
+    for quantize in [n for n in program.nodes if n.target == Q]:
+        mean = False
+        found = _channel_pattern(rw, gathers, quantize, mean)
+        if found is None:
+            mean = True
+            found = _channel_pattern(rw, gathers, quantize, mean)
+        if found is None:
+            continue
+        tree, x, nodes = found
+        new: list[Node] = []
+        raw, qparams = gathers.raw(tree, quantize, new)
+        table = rw.add_constant(f"{quantize.outputs[0]}_tables", channel_table(nodes, x, qparams, program.constants))
+        for packed in (*[n.outputs[0] for n in new], raw.name):
+            rw.mark_packed(packed)
+        if mean:
+            last = Node(f"{quantize.name}_channel_mean", CHANNEL_MEAN, (raw, table, *int8_per_tensor(quantize, Q)[1:]), {},
+                        quantize.outputs)
+        else:
+            rw.mark_packed(quantize.outputs[0])
+            last = Node(f"{quantize.name}_channel_lut", CHANNEL_LUT, (raw, table), {}, quantize.outputs)
+        position = program.nodes.index(quantize)
+        program.nodes[position:position + 1] = [*new, last]
+        rw.refresh()
     program.remove_dead()
     rw.refresh()

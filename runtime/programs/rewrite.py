@@ -1,6 +1,7 @@
 """What the lowering's pattern rewrites share: bound arguments, int8 qparams, a graph's state.
 
-`bind` names a node's arguments by its op's schema; `int8_per_tensor` reads a
+`bind` names a node's arguments by its op's schema; `ints` reads aten's int[2]
+arguments as lists; `int8_per_tensor` reads a
 full-range int8 per-tensor (de)quantize with scalar qparams; `float_cast`
 reads a cast between fp32 and fp16; `slice_range` reads the range a slice
 takes of a last dimension; `conv_activation` reads an activation as the conv
@@ -42,6 +43,11 @@ def bind(node: Node) -> dict:
         elif arg.has_default_value():
             bound[arg.name] = arg.default_value
     return bound
+
+
+def ints(value) -> list[int]:
+    """An int or a list of ints as a list (aten's int[2] arguments)."""
+    return [int(v) for v in value] if isinstance(value, (list, tuple)) else [int(value)]
 
 
 def int8_per_tensor(node: Node | None, target: str):

@@ -3,7 +3,12 @@
 ``q8ta_lut(x, table)`` is ``table[x + 128]`` elementwise: any pointwise
 function of a per-tensor int8 input, requantized, takes one of 256 values,
 which the caller computes on the host (runtime/programs/lower_lut.py does it
-with PyTorch's own ops for the exact qparams of a lowered graph). A gather
+with PyTorch's own ops for the exact qparams of a lowered graph).
+``q8ta_channel_lut(x, table)`` is ``table[c, x[:, c] + 128]``: one such table
+per channel of an ``[N, C, H, W]`` input. ``q8ta_channel_lut_mean(x, table,
+output_scale, output_zero_point)`` averages fp32 per-channel tables of x over
+H and W (the fp32 sum in row-major pixel order, then one correctly rounded
+division by H * W) and quantizes the mean. A gather
 has no arithmetic, so the shader equals this bit for bit; the ``layout`` a
 device keeps the values in does not change them.
 
@@ -16,6 +21,8 @@ from __future__ import annotations
 
 import torch
 
+from runtime.reference.quantize import quantize_per_tensor
+
 
 def q8ta_lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     """``table[x + 128]`` for int8 `x` of any shape and an int8 ``[256]`` `table`.
@@ -24,3 +31,30 @@ def q8ta_lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
         int8 of ``x``'s shape.
     """
     return table[x.long() + 128]
+
+
+def q8ta_channel_lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
+    """``table[c, x[:, c] + 128]`` for int8 ``[N, C, H, W]`` `x` and an int8 ``[C, 256]`` `table`.
+
+    Returns:
+        int8 of ``x``'s shape.
+    """
+    channels = torch.arange(x.shape[1]).view(1, -1, 1, 1)
+    return table[channels, x.long() + 128]
+
+
+def q8ta_channel_lut_mean(x: torch.Tensor, table: torch.Tensor, output_scale: float,
+                          output_zero_point: int) -> torch.Tensor:
+    """The mean over H and W of ``table[c, x[:, c] + 128]`` for int8 ``[N, C, H, W]`` `x` and
+    an fp32 ``[C, 256]`` `table`, quantized: the fp32 sum over the pixels in row-major order,
+    each add rounded, divided by H * W (fp32 division, correctly rounded).
+
+    Returns:
+        int8 ``[N, C]``.
+    """
+    values = q8ta_channel_lut(x, table).flatten(2)  # [N, C, H * W]: a gather keeps fp32
+    total = torch.zeros(values.shape[:2], dtype=torch.float32)
+    for p in range(values.shape[2]):
+        total = total + values[:, :, p]
+    mean = total / torch.tensor(float(values.shape[2]), dtype=torch.float32)
+    return quantize_per_tensor(mean, output_scale, output_zero_point, -128, 127, torch.int8)

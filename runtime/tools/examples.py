@@ -2,7 +2,7 @@
 
 For elementwise ops the shape is the input's; for the others it is a size
 hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
-pools, q8ta_linear, q8ta_binary, q8ta_channel_gather and q8ta_lut: which case of
+pools, q8ta_linear, q8ta_binary, q8ta_channel_gather and the lookup tables: which case of
 `runtime.tools.examples_q8ta_pool`, `runtime.tools.examples_q8ta_linear`,
 `runtime.tools.examples_q8ta_binary`, `runtime.tools.examples_q8ta_gather` or
 `runtime.tools.examples_q8ta_unary`;
@@ -298,6 +298,8 @@ EXAMPLES = {
     "etvk.q8ta_dequantize.default": build_q8ta_dequantize,
     "etvk.q8ta_linear.default": build_q8ta_linear,
     "etvk.q8ta_lut.default": examples_q8ta_unary.build,
+    "etvk.q8ta_channel_lut.default": examples_q8ta_unary.build_channel,
+    "etvk.q8ta_channel_lut_mean.default": examples_q8ta_unary.build_channel_mean,
     "etvk.q8ta_channel_gather.default": examples_q8ta_gather.build,
     **{
         name: examples_q8ta_binary.build(name)

@@ -1,4 +1,4 @@
-"""Example cases of the q8ta_unary family (the int8 lookup table), as a table, and inputs.
+"""Example cases of the q8ta_unary family (the int8 lookup tables), as a table, and inputs.
 
 Each case is a shape from a real network (the ``real`` field names the
 original, shrunk spatially so that it runs quickly on a CPU Vulkan driver)
@@ -8,7 +8,9 @@ tensors whose last word is partly past the end. A 4-D case runs in every
 packed layout; another rank is a plain tensor. The tables are random, since
 the op is a gather whatever the function (the lowering's tables come from
 PyTorch's ops: tests/runtime/programs). `lut_inputs` builds the arguments in
-schema order. Used by the tests (tests/ops) and, through
+schema order; `channel_lut_inputs` those of the per-channel table (the 4-D
+cases, one random table per channel), `channel_mean_inputs` those of the
+mean of per-channel fp32 tables. Used by the tests (tests/ops) and, through
 runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
 """
 
@@ -59,8 +61,40 @@ def lut_inputs(case: LutCase, seed: int | None = None) -> tuple[torch.Tensor, to
     return x, table
 
 
+def channel_lut_inputs(case: LutCase, seed: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Arguments of ``etvk.q8ta_channel_lut`` for the 4-D ``case``: its x (`lut_inputs`) and
+    a random int8 ``[C, 256]`` table."""
+    x, _ = lut_inputs(case, seed)
+    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) + 1 if seed is None else seed + 1)
+    return x, torch.randint(-128, 128, (case.shape[1], 256), generator=gen, dtype=torch.int8)
+
+
+def channel_mean_inputs(case: LutCase, seed: int | None = None) -> tuple:
+    """Arguments of ``etvk.q8ta_channel_lut_mean`` for the 4-D ``case``: its x (`lut_inputs`), a
+    random fp32 ``[C, 256]`` table (values about a relu's, 0 .. 4) and output qparams that
+    cover the means."""
+    x, _ = lut_inputs(case, seed)
+    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) + 2 if seed is None else seed + 2)
+    table = torch.rand(case.shape[1], 256, generator=gen) * 4
+    return x, table, 4 / 255, -128
+
+
 def build(axes, shape, gen):
     """A builder for ``runtime.tools.examples.EXAMPLES``: the case at index (the shape's last
     size mod the table's length), with a seed from ``gen``."""
     case = LUT_CASES[(shape[-1] if shape else 0) % len(LUT_CASES)]
     return lut_inputs(case, seed=int(torch.randint(0, 2**31, (), generator=gen))), {}
+
+
+def build_channel(axes, shape, gen):
+    """`build` for ``etvk.q8ta_channel_lut``: the packed cases only."""
+    packed = [case for case in LUT_CASES if case.packed]
+    case = packed[(shape[-1] if shape else 0) % len(packed)]
+    return channel_lut_inputs(case, seed=int(torch.randint(0, 2**31, (), generator=gen))), {}
+
+
+def build_channel_mean(axes, shape, gen):
+    """`build` for ``etvk.q8ta_channel_lut_mean``: the packed cases only."""
+    packed = [case for case in LUT_CASES if case.packed]
+    case = packed[(shape[-1] if shape else 0) % len(packed)]
+    return channel_mean_inputs(case, seed=int(torch.randint(0, 2**31, (), generator=gen))), {}

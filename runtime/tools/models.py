@@ -103,7 +103,16 @@ TORCHVISION_MODELS = {
     "mobilenet_v3_large": "mobilenetv3",
     "efficientnet_b0": "efficientnet",
     **{name: "shufflenetv2" for name in ("shufflenet_v2_x0_5", "shufflenet_v2_x1_0")},
+    **{name: "squeezenet" for name in ("squeezenet1_0", "squeezenet1_1")},
+    **{name: "densenet" for name in ("densenet121", "densenet161", "densenet169", "densenet201")},
+    **{name: "vgg" for name in ("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn")},
+    "alexnet": "alexnet",
+    "googlenet": "googlenet",
+    "inception_v3": "inception",
 }
+# the keyword arguments of an inference model with random weights: no auxiliary classifiers (used
+# in training only) and PyTorch's default initialisation (torchvision's own is slow and warns)
+_MODEL_KWARGS = {name: {"aux_logits": False, "init_weights": False} for name in ("googlenet", "inception_v3")}
 
 
 def torchvision_package() -> None:
@@ -145,4 +154,5 @@ def torchvision_model(name: str) -> torch.nn.Module:
     """
     if name not in TORCHVISION_MODELS:
         raise ModelError(f"unknown model {name!r}; known: {', '.join(sorted(TORCHVISION_MODELS))}")
-    return getattr(_torchvision_module(TORCHVISION_MODELS[name]), name)(weights=None).eval()
+    module = _torchvision_module(TORCHVISION_MODELS[name])
+    return getattr(module, name)(weights=None, **_MODEL_KWARGS.get(name, {})).eval()

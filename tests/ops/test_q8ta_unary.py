@@ -1,11 +1,15 @@
-"""q8ta_unary family (the int8 lookup table) on the default Vulkan device, validation on.
+"""q8ta_unary family (the int8 lookup tables) on the default Vulkan device, validation on.
 
 Every case of `runtime.tools.examples_q8ta_unary` runs with a device input
 in every packed layout (4-D cases) or plain (the others), with a random
 table, and must equal the reference bit for bit, padding bytes included (the
 raw output words are compared with the packed reference). Every int8 value
 goes through the table in every layout; host inputs take their default
-layouts; bad arguments name the op and the argument.
+layouts; bad arguments name the op and the argument. The per-channel table
+(q8ta_channel_lut) likewise in every packed layout, every value through each
+channel's own table; the mean of per-channel fp32 tables (q8ta_channel_lut_mean)
+in every packed layout, its plain output's tail bytes 0, within one step of
+the float64 mean.
 """
 
 from __future__ import annotations
@@ -14,8 +18,15 @@ import pytest
 import torch
 
 import runtime
-from runtime.reference.q8ta_unary import q8ta_lut
-from runtime.tools.examples_q8ta_unary import LUT_BY_NAME, LUT_CASES, lut_inputs
+from runtime.reference.q8ta_unary import q8ta_channel_lut, q8ta_channel_lut_mean, q8ta_lut
+from runtime.reference.quantize import fp32
+from runtime.tools.examples_q8ta_unary import (
+    LUT_BY_NAME,
+    LUT_CASES,
+    channel_lut_inputs,
+    channel_mean_inputs,
+    lut_inputs,
+)
 from runtime.vulkan import layouts
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 from runtime.vulkan.stream import Stream
@@ -126,3 +137,98 @@ def test_cases_cover_what_they_claim():
     assert any(s[1] % 4 == 0 and s[3] % 4 == 0 for s in packed)
     plain = [c.shape for c in LUT_CASES if not c.packed]
     assert {torch.Size(s).numel() % 4 for s in plain} >= {0, 1}
+
+
+CHANNEL_OP = "etvk.q8ta_channel_lut.default"
+
+
+def run_channel_lut(x, table, layout):
+    """Runs the per-channel op on a device x in `layout` and a device table; returns the output's
+    raw bytes (every word written) and values."""
+    with Stream() as stream:
+        out = runtime.get_op(CHANNEL_OP).record(stream, Tensor.from_torch(x, layout=layout),
+                                                 Tensor.from_torch(table))
+        stream.run()
+        assert out.layout == layout
+        raw = torch.empty(4 * layouts.packed_words(out.shape, layout), dtype=torch.int8)
+        out.memory.read(raw.data_ptr(), raw.numel())
+        return raw, out.to_torch()
+
+
+def _channel_cases():
+    return [pytest.param(case.name, layout, id=f"{case.name}-{layout}")
+            for case in LUT_CASES if case.packed for layout in PACKED_LAYOUTS]
+
+
+@pytest.mark.parametrize(("name", "layout"), _channel_cases())
+def test_channel_lut_case_matches_reference(name, layout, dispatch_trace):
+    x, table = channel_lut_inputs(LUT_BY_NAME[name])
+    want = q8ta_channel_lut(x, table)
+    for c in range(x.shape[1]):
+        assert torch.equal(want[:, c], table[c][x[:, c].long() + 128])
+    raw, got = run_channel_lut(x, table, layout)
+    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+    assert torch.equal(raw, layouts.pack(want, layout)), f"{name} {layout}: padding bytes not 0"
+    assert "q8ta_channel_lut" in dispatch_trace()
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+def test_channel_lut_every_int8_value_in_every_channel(layout):
+    """Each of the 256 values in each of 7 channels (a padding channel in the last word), each
+    channel through its own random table."""
+    values = torch.arange(-128, 128, dtype=torch.int8)
+    x = torch.stack([values.roll(31 * c) for c in range(7)]).reshape(1, 7, 16, 16)
+    table = torch.randint(-128, 128, (7, 256), generator=torch.Generator().manual_seed(9), dtype=torch.int8)
+    got = run_channel_lut(x, table, layout)[1]
+    assert torch.equal(got, torch.stack([table[c][x[0, c].long() + 128] for c in range(7)])[None])
+
+
+def test_channel_lut_host_inputs_and_bad_arguments():
+    op = runtime.get_op(CHANNEL_OP)
+    x, table = channel_lut_inputs(LUT_BY_NAME["lut_c5_w9"])
+    assert torch.equal(op(x, table), q8ta_channel_lut(x, table))
+    assert torch.equal(torch.ops.etvk.q8ta_channel_lut.default(x, table), q8ta_channel_lut(x, table))
+    for arg, value, text in (("x", x[0], "int8 [N, C, H, W]"), ("x", x.float(), "int8 [N, C, H, W]"),
+                             ("table", table[:4], "int8 [C, 256] tensor with C = 5"),
+                             ("table", table.view(-1), "int8 [C, 256]")):
+        args = {"x": x, "table": table, arg: value}
+        with pytest.raises((ValueError, TypeError)) as info:
+            op(*args.values())
+        assert str(info.value).startswith(f"{op.name}: argument '{arg}'") and text in str(info.value)
+
+
+MEAN_OP = "etvk.q8ta_channel_lut_mean.default"
+
+
+@pytest.mark.parametrize(("name", "layout"), _channel_cases())
+def test_channel_lut_mean_case_matches_reference(name, layout):
+    x, table, scale, zero_point = channel_mean_inputs(LUT_BY_NAME[name])
+    want = q8ta_channel_lut_mean(x, table, scale, zero_point)
+    # the definition, in float64: at most one step from the fp32 order (rounding ties)
+    exact = torch.stack([table[c][x[:, c].long() + 128].double().mean((1, 2)) for c in range(x.shape[1])], 1)
+    steps = (want.int() - (exact / fp32(scale)).round().add(zero_point).clamp(-128, 127).int()).abs()
+    assert int(steps.max()) <= 1
+    with Stream() as stream:
+        out = runtime.get_op(MEAN_OP).record(stream, Tensor.from_torch(x, layout=layout), Tensor.from_torch(table),
+                                              scale, zero_point)
+        stream.run()
+        raw = torch.empty(4 * -(-x.shape[0] * x.shape[1] // 4), dtype=torch.int8)
+        out.memory.read(raw.data_ptr(), raw.numel())
+        got = out.to_torch()
+    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+    assert torch.equal(raw, _expected_bytes(want, None)), f"{name} {layout}: bytes past the end not 0"
+
+
+def test_channel_lut_mean_host_inputs_and_bad_arguments():
+    op = runtime.get_op(MEAN_OP)
+    x, table, scale, zero_point = channel_mean_inputs(LUT_BY_NAME["lut_c6_w5_batch2"])
+    want = q8ta_channel_lut_mean(x, table, scale, zero_point)
+    assert torch.equal(op(x, table, scale, zero_point), want)
+    assert torch.equal(torch.ops.etvk.q8ta_channel_lut_mean.default(x, table, scale, zero_point), want)
+    for arg, value, text in (("table", table.to(torch.float16), "fp32 [C, 256]"),
+                             ("table", table[:5], "fp32 [C, 256] tensor with C = 6"),
+                             ("output_zero_point", 128, "int8"), ("output_scale", 0.0, "within")):
+        args = {"x": x, "table": table, "output_scale": scale, "output_zero_point": zero_point, arg: value}
+        with pytest.raises((ValueError, TypeError)) as info:
+            op(*args.values())
+        assert str(info.value).startswith(f"{op.name}: argument '{arg}'") and text in str(info.value)

@@ -1,8 +1,10 @@
-"""Real architectures: torchvision ResNet-18, ResNet-50, MobileNetV2, ShuffleNetV2-x0.5 (32x32) and
-MnasNet-0.5 (48x48, so its mean pools a 2x2 map) with random weights and batch-norm statistics measured
-on random inputs, quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered (every
-residual add of the CNNs into a conv's epilogue), saved, loaded, run, bit-exact against their CPU reference
-runs and in agreement with PyTorch's."""
+"""Real architectures: torchvision ResNet-18, ResNet-50, MobileNetV2, ShuffleNetV2-x0.5, GoogLeNet
+(32x32), MnasNet-0.5 (48x48, so its mean pools a 2x2 map), SqueezeNet-1.1 (64x64: its global pool
+reads a 3x3 map, where rounding ties are rare) and a DenseNet of torchvision's class with two blocks
+of two layers (32x32) with random weights and batch-norm statistics measured on random inputs,
+quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered (every residual add
+of the CNNs into a conv's epilogue), saved, loaded, run, bit-exact against their CPU reference runs
+and in agreement with PyTorch's."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import runtime
-from runtime.tools.models import quantize_pt2e, torchvision_model
+from runtime.tools.models import quantize_pt2e, torchvision_model, torchvision_package
 
 
 def _batch_statistics(model: nn.Module, batches) -> nn.Module:
@@ -31,8 +33,20 @@ def _batch_statistics(model: nn.Module, batches) -> nn.Module:
     return model.eval()
 
 
+def _small_densenet() -> nn.Module:
+    """torchvision's DenseNet with two dense blocks of two layers (growth 8) and one transition:
+    every pattern of DenseNet-121 (its batch norm and relu on the growing cats, the transition's
+    average pool PT2E leaves in fp32) at a size a CPU driver runs quickly."""
+    torchvision_package()
+    from torchvision.models.densenet import DenseNet
+
+    return DenseNet(growth_rate=8, block_config=(2, 2), num_init_features=16, bn_size=2).eval()
+
+
 # model -> its input size on the test device
-SIZES = {"resnet18": 32, "resnet50": 32, "mobilenet_v2": 32, "mnasnet0_5": 48, "shufflenet_v2_x0_5": 32}
+SIZES = {"resnet18": 32, "resnet50": 32, "mobilenet_v2": 32, "mnasnet0_5": 48, "shufflenet_v2_x0_5": 32,
+         "squeezenet1_1": 64, "googlenet": 32, "densenet": 32}
+BUILDERS = {"densenet": _small_densenet}
 
 
 @pytest.fixture(scope="module", params=list(SIZES))
@@ -41,7 +55,8 @@ def model_file(request, tmp_path_factory):
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     torch.manual_seed(0)
     shape = (1, 3, SIZES[request.param], SIZES[request.param])
-    model = _batch_statistics(torchvision_model(request.param), random_batches(2, (8, *shape[1:]), seed=3))
+    build = BUILDERS.get(request.param, lambda: torchvision_model(request.param))
+    model = _batch_statistics(build(), random_batches(2, (8, *shape[1:]), seed=3))
     exported = quantize_pt2e(model, random_batches(1, shape)[0], random_batches(2, shape, seed=1))
     program = runtime.lower(exported)
     path = tmp_path_factory.mktemp("models") / f"{request.param}.etvk"
@@ -55,12 +70,13 @@ def test_the_whole_model_runs_on_the_device_bit_exact(model_file):
     rows = loaded.placement()
     convs = [r for r in rows if r["target"] == "etvk.q8ta_conv2d.default"]
     assert len(convs) == {"resnet18": 20, "resnet50": 53, "mobilenet_v2": 52, "mnasnet0_5": 52,
-                          "shufflenet_v2_x0_5": 56}[name]
+                          "shufflenet_v2_x0_5": 56, "squeezenet1_1": 26, "googlenet": 57, "densenet": 10}[name]
     # every residual add runs in the epilogue of the conv that writes one of its operands
     assert not [r for r in rows if r["target"] == "etvk.q8ta_add.default"]
     residual_convs = [n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default" and len(n.args) > 17]
     assert len(residual_convs) == {"resnet18": 8, "resnet50": 16, "mobilenet_v2": 10, "mnasnet0_5": 10,
-                                   "shufflenet_v2_x0_5": 0}[name]
+                                   "shufflenet_v2_x0_5": 0, "squeezenet1_1": 0, "googlenet": 0,
+                                   "densenet": 0}[name]
     # int8 from the first quantize to the last dequantize: no CPU node anywhere
     assert rows[0]["target"] == "etvk.q8ta_quantize.default"
     assert rows[-1]["target"] == "etvk.dequantize_per_tensor.default"

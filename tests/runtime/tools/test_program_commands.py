@@ -76,7 +76,7 @@ def test_run_fails_on_validation_errors(capsys):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["export", "resnet7", "--out", "x.etvk"], "unknown model 'resnet7'; known: efficientnet_b0, mnasnet0_5"),
+    (["export", "resnet7", "--out", "x.etvk"], "unknown model 'resnet7'; known: alexnet, densenet121"),
     (["inspect", "missing.etvk"], "missing.etvk: cannot read it"),
     (["run", "missing.etvk"], "missing.etvk: cannot read it"),
 ])
