@@ -18,7 +18,8 @@ decoder's KV cache). The steps:
    ``dequantize_per_tensor -> elementwise ops -> quantize_per_tensor`` on an int8
    tensor into one ``etvk.q8ta_lut``, its 256-entry table computed by running those
    nodes on the CPU (hardswish, hardsigmoid, sigmoid, silu, gelu, tanh, clamps
-   whose qparams change, any chain of them);
+   whose qparams change, any chain of them), and lower_conv_lut.py folds a
+   lookup of a conv's output into that conv's epilogue;
 5. the remaining quantize / dequantize / choose-qparams ops become their
    ``etvk`` twins: a 4-D int8 per-tensor quantize becomes ``q8ta_quantize``
    (packed, placeholder layout) and the dequantize of a packed tensor
@@ -57,6 +58,7 @@ from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
 from runtime.programs import (
     lower_cnn,
+    lower_conv_lut,
     lower_fusion,
     lower_lut,
     lower_residual,
@@ -247,6 +249,7 @@ def _lower(program: Program) -> Program:
     lowering.refresh()
     lower_residual.fuse_residual_adds(lowering)  # counts live readers only: after remove_dead
     lower_lut.lower_lookup_tables(lowering)
+    lower_conv_lut.fold_lookup_tables(lowering)
     lower_torchao.fuse_affine_dynamic_quantize(lowering)
     lowering.drop_identity_casts()
     lower_decoder_ops(lowering)
