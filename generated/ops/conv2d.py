@@ -178,6 +178,16 @@ def _check_add_activation_known(op, add_activation):
         raise rt.ArgumentError(op, "add_activation", f"must be 'none' or 'relu', got {add_activation!r}")
 
 
+def _check_lut_256_int8(op, lut):
+    if not (lut is None or (lut.dtype == torch.int8 and tuple(lut.shape) == (256,) and (rt.on_host(lut) or (lut.storage == 'buffer' and (not lut.packed))))):
+        raise rt.ArgumentError(op, "lut", f"must be None or an int8 [256] tensor (on the device: a plain buffer), the output for each int8 value -128 .. 127 in order, got {lut.dtype} of shape {tuple(lut.shape)}")
+
+
+def _check_lut_without_residual(op, lut, residual):
+    if not (lut is None or residual is None):
+        raise rt.ArgumentError(op, "lut", "cannot go with a residual: the add would dequantize the table's values with qparams the conv does not take")
+
+
 def _check_im2col_channels(op, groups, x):
     if not (x.shape[1] // groups % 4 == 0):
         raise rt.ArgumentError(op, "groups", f"im2col needs C_in / groups to be a multiple of 4, got C_in={x.shape[1]}, groups={groups}; use etvk.q8ta_conv2d_general.default")
@@ -236,7 +246,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:522",
+    spec="op_specs/conv2d.yaml:544",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -283,7 +293,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:545",
+    spec="op_specs/conv2d.yaml:567",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_buffer_float", {"STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -297,7 +307,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
 )
 
 
-def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
+def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_im2col.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_IM2COL
     rt.check_arg(op, "x", x, "Tensor")
@@ -323,6 +333,7 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     rt.check_arg(op, "add_output_scale", add_output_scale, "float")
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
+    rt.check_arg(op, "lut", lut, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -350,6 +361,8 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     _check_add_output_scale_valid(op, add_output_scale, residual)
     _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
     _check_add_activation_known(op, add_activation)
+    _check_lut_256_int8(op, lut)
+    _check_lut_without_residual(op, lut, residual)
     _check_im2col_channels(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
@@ -369,12 +382,13 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
+    lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=tiling.groups)
     return out
 
 
-def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
+def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -382,9 +396,9 @@ def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_s
 Q8TA_CONV2D_IM2COL = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col.default",
     family="conv2d",
-    schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
+    schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:569",
+    spec="op_specs/conv2d.yaml:591",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -401,7 +415,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
 )
 
 
-def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
+def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_pw.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_PW
     rt.check_arg(op, "x", x, "Tensor")
@@ -427,6 +441,7 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "add_output_scale", add_output_scale, "float")
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
+    rt.check_arg(op, "lut", lut, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -454,6 +469,8 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_add_output_scale_valid(op, add_output_scale, residual)
     _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
     _check_add_activation_known(op, add_activation)
+    _check_lut_256_int8(op, lut)
+    _check_lut_without_residual(op, lut, residual)
     _check_pointwise_kernel(op, kernel_size, stride, padding)
     _check_pointwise_groups(op, groups, x)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
@@ -470,12 +487,13 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
+    lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=tiling.groups)
     return out
 
 
-def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
+def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H, p.W], dtype=torch.int8, device=x.device)
 
@@ -483,9 +501,9 @@ def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums,
 Q8TA_CONV2D_PW = rt.OpDef(
     name="etvk.q8ta_conv2d_pw.default",
     family="conv2d",
-    schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
+    schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:627",
+    spec="op_specs/conv2d.yaml:649",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -496,7 +514,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
 )
 
 
-def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
+def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_im2col_coop.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_IM2COL_COOP
     rt.check_arg(op, "x", x, "Tensor")
@@ -522,6 +540,7 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     rt.check_arg(op, "add_output_scale", add_output_scale, "float")
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
+    rt.check_arg(op, "lut", lut, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -549,6 +568,8 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     _check_add_output_scale_valid(op, add_output_scale, residual)
     _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
     _check_add_activation_known(op, add_activation)
+    _check_lut_256_int8(op, lut)
+    _check_lut_without_residual(op, lut, residual)
     _check_im2col_channels(op, groups, x)
     _check_coop_groups(op, groups)
     _check_coop_im2col_extent(op, x, padding)
@@ -569,15 +590,16 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
+    lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
     partials = stream.empty([splits, m_padded, n_padded] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
     v = op.select(variant, storage, {}, step=1)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H_out)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout), "RESIDUAL": residual_mode}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H_out)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout), "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
-def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
+def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -585,9 +607,9 @@ def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, wei
 Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col_coop.default",
     family="conv2d",
-    schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
+    schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, C_in % 4 == 0, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:667",
+    spec="op_specs/conv2d.yaml:689",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -605,7 +627,7 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
 )
 
 
-def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
+def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_pw_coop.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_PW_COOP
     rt.check_arg(op, "x", x, "Tensor")
@@ -631,6 +653,7 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     rt.check_arg(op, "add_output_scale", add_output_scale, "float")
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
+    rt.check_arg(op, "lut", lut, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -658,6 +681,8 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     _check_add_output_scale_valid(op, add_output_scale, residual)
     _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
     _check_add_activation_known(op, add_activation)
+    _check_lut_256_int8(op, lut)
+    _check_lut_without_residual(op, lut, residual)
     _check_pointwise_kernel(op, kernel_size, stride, padding)
     _check_coop_groups(op, groups)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
@@ -677,15 +702,16 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
+    lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
     partials = stream.empty([splits, m_padded, n_padded] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
     v = op.select(variant, storage, {}, step=1)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout), "RESIDUAL": residual_mode}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout), "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
-def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
+def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H, p.W], dtype=torch.int8, device=x.device)
 
@@ -693,9 +719,9 @@ def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_
 Q8TA_CONV2D_PW_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_pw_coop.default",
     family="conv2d",
-    schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
+    schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:736",
+    spec="op_specs/conv2d.yaml:758",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -713,7 +739,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
 )
 
 
-def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
+def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_general.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_GENERAL
     rt.check_arg(op, "x", x, "Tensor")
@@ -739,6 +765,7 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     rt.check_arg(op, "add_output_scale", add_output_scale, "float")
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
+    rt.check_arg(op, "lut", lut, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -766,6 +793,8 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     _check_add_output_scale_valid(op, add_output_scale, residual)
     _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
     _check_add_activation_known(op, add_activation)
+    _check_lut_256_int8(op, lut)
+    _check_lut_without_residual(op, lut, residual)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C1W'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
@@ -779,12 +808,13 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
+    lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "conv": [p.Cg, p.Coutg, p.direct_word_span, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "RESIDUAL": residual_mode}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "conv": [p.Cg, p.Coutg, p.direct_word_span, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
     return out
 
 
-def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
+def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -792,9 +822,9 @@ def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_
 Q8TA_CONV2D_GENERAL = rt.OpDef(
     name="etvk.q8ta_conv2d_general.default",
     family="conv2d",
-    schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
+    schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:803",
+    spec="op_specs/conv2d.yaml:825",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -805,7 +835,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
 )
 
 
-def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
+def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_dw.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_DW
     rt.check_arg(op, "x", x, "Tensor")
@@ -831,6 +861,7 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "add_output_scale", add_output_scale, "float")
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
+    rt.check_arg(op, "lut", lut, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -858,6 +889,8 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_add_output_scale_valid(op, add_output_scale, residual)
     _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
     _check_add_activation_known(op, add_activation)
+    _check_lut_256_int8(op, lut)
+    _check_lut_without_residual(op, lut, residual)
     _check_depthwise_groups(op, groups, x, weights)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C1W'))
@@ -872,12 +905,13 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     weight_scales = stream.upload(weight_scales, v.binding("t_weight_scales"), op.label("weight_scales"))
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
+    lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "taps4": rt.ceil_div(p.KH * p.KW, 4), "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "RESIDUAL": residual_mode}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "taps4": rt.ceil_div(p.KH * p.KW, 4), "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[rt.ceil_div(p.W_out, out_w), p.H_out, p.N * rt.ceil_div(p.C_out, 4)])
     return out
 
 
-def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
+def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -885,9 +919,9 @@ def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums,
 Q8TA_CONV2D_DW = rt.OpDef(
     name="etvk.q8ta_conv2d_dw.default",
     family="conv2d",
-    schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
+    schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:842",
+    spec="op_specs/conv2d.yaml:864",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -898,7 +932,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
 )
 
 
-def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', *, variant=None, storage=None):
+def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D
     rt.check_arg(op, "x", x, "Tensor")
@@ -924,6 +958,7 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     rt.check_arg(op, "add_output_scale", add_output_scale, "float")
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
+    rt.check_arg(op, "lut", lut, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -944,6 +979,8 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     _check_add_output_scale_valid(op, add_output_scale, residual)
     _check_add_output_zero_point_int8(op, add_output_zero_point, residual)
     _check_add_activation_known(op, add_activation)
+    _check_lut_256_int8(op, lut)
+    _check_lut_without_residual(op, lut, residual)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     algorithm = rt.conv2d_algorithm(p)
     if algorithm == 'pw_coop':
@@ -958,10 +995,10 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
         target = Q8TA_CONV2D_IM2COL
     else:
         target = Q8TA_CONV2D_GENERAL
-    return op.route(target, variant).record(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min, activation_max, residual, residual_scale, residual_zero_point, add_output_scale, add_output_zero_point, add_activation, variant=variant, storage=storage)
+    return op.route(target, variant).record(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min, activation_max, residual, residual_scale, residual_zero_point, add_output_scale, add_output_zero_point, add_activation, lut, variant=variant, storage=storage)
 
 
-def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none'):
+def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -969,9 +1006,9 @@ def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, we
 Q8TA_CONV2D = rt.OpDef(
     name="etvk.q8ta_conv2d.default",
     family="conv2d",
-    schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\") -> Tensor",
-    doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it). Every conv op takes an optional `residual` (int8, the output's shape and layout) with its qparams and the add's; the epilogue then adds it to the conv's int8 output exactly as q8ta_add would, relu after it with add_activation \"relu\" (docs/int8_cnn_ops.md).",
-    spec="op_specs/conv2d.yaml:882",
+    schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
+    doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it). Every conv op takes an optional `residual` (int8, the output's shape and layout) with its qparams and the add's; the epilogue then adds it to the conv's int8 output exactly as q8ta_add would, relu after it with add_activation \"relu\" (docs/int8_cnn_ops.md); or an optional `lut` (int8 [256]) that replaces each int8 output value q by lut[q + 128], as q8ta_lut would (not both).",
+    spec="op_specs/conv2d.yaml:904",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),

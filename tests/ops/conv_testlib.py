@@ -10,6 +10,7 @@
 - `CONV_OPS`, `TINY` and `variant_layouts`: the algorithm ops, a tiny case of
   each, and every variant with every input layout it reads;
 - `residual_args`: a random residual and the qparams of the add after a conv;
+- `random_lut`: a random lookup table for the conv epilogue (its entry for 0 not 0);
 - `packed_bytes`: the raw bytes of a packed device tensor.
 
 Imported by tests/ops/test_conv2d*.py (pytest puts this folder on sys.path).
@@ -159,6 +160,14 @@ def residual_args(inp: Conv2dInputs, shape, seed: int, add_activation: str) -> t
     add_zero_point = -100 if add_activation == "relu" else zero_points[1]
     return (residual, inp.output_scale * factors[0], zero_points[0], inp.output_scale * 1.5 * factors[1],
             add_zero_point, add_activation)
+
+
+def random_lut(seed: int) -> torch.Tensor:
+    """A random int8 ``[256]`` table whose entry for the value 0 is not 0, so that a padding
+    byte sent through it would show."""
+    table = torch.randint(-128, 128, (256,), generator=torch.Generator().manual_seed(seed), dtype=torch.int8)
+    table[128] = 77
+    return table
 
 
 def packed_bytes(t) -> torch.Tensor:

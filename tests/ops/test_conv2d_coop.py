@@ -6,11 +6,11 @@ reports (fake capabilities: only the exact shape, types, scope and subgroup
 size run it). On a device that runs it: both coop ops, bit-exact against the
 OPS.md reference over shapes with ragged M, K and C_out, every activation and
 every input layout, K split into ranges (K_SPLITS) in every layout, the
-epilogue's residual add, and the dispatcher routing large GEMMs to it. On a
+epilogue's residual add and lookup table, and the dispatcher routing large GEMMs to it. On a
 device without it (lavapipe) the device tests are skipped with the reason, and
 the dispatcher is checked to fall back to the existing GEMM. The split's second step, q8ta_gemm_coop_reduce,
 needs no cooperative matrices and is tested alone everywhere, with and without
-the residual add.
+the residual add or the lookup table.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import json
 
 import pytest
 import torch
-from conv_testlib import assert_bit_exact, packed_bytes, residual_args
+from conv_testlib import assert_bit_exact, packed_bytes, random_lut, residual_args
 
 import runtime
 from runtime.families import conv2d as conv2d_module
@@ -294,39 +294,43 @@ def test_coop_split_along_k(op_name, case, layout, k_splits, dispatch_trace_path
                                                       "q8ta_gemm_coop_reduce"]
 
 
+@pytest.mark.parametrize("epilogue", ["residual", "lut"])
 @pytest.mark.parametrize("k_splits", [1, 2])
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
 @pytest.mark.parametrize(("op_name", "case"),
                          [(PW, c) for c in PW_CASES if c.name in LAYOUT_CASES]
                          + [(IM2COL, c) for c in IM2COL_CASES if c.name in LAYOUT_CASES],
                          ids=lambda v: v.name if isinstance(v, Conv2dCase) else v.split(".")[1])
-def test_coop_adds_a_residual(op_name, case, layout, k_splits):
-    """The epilogue's residual add (and relu) on both coop GEMMs, in one range (the GEMM's
-    epilogue; the rule splits none of these cases) and split along K (q8ta_gemm_coop_reduce's):
-    the bytes of conv -> q8ta_add in every layout, padding included."""
+def test_coop_adds_a_residual_or_applies_a_table(op_name, case, layout, k_splits, epilogue):
+    """The epilogue's residual add (and relu) or lookup table on both coop GEMMs, in one range
+    (the GEMM's epilogue; the rule splits none of these cases) and split along K
+    (q8ta_gemm_coop_reduce's): the bytes of conv -> q8ta_add or conv -> q8ta_lut in every
+    layout, padding included."""
     _require_coop()
     inp = make_inputs(case)
-    extra = residual_args(inp, case.params.output_shape, 6, "relu")
+    extra = residual_args(inp, case.params.output_shape, 6, "relu") if epilogue == "residual" else ()
+    table = random_lut(6) if epilogue == "lut" else None
     algorithm = "pw_coop" if op_name == PW else "im2col_coop"
     forced = tuning.forcing(Conv2dChoice(algorithm, layout, (("k_splits", k_splits),))) if k_splits > 1 \
         else contextlib.nullcontext()
     with Stream() as stream, forced:
+        residual = (Tensor.from_torch(extra[0], layout=layout), *extra[1:]) if extra else ()
         out = runtime.get_op(op_name).record(stream, Tensor.from_torch(inp.x, layout=layout), *inp.args()[1:],
-                                             Tensor.from_torch(extra[0], layout=layout), *extra[1:])
+                                             *residual, lut=table)
         stream.run()
-        want = ref.q8ta_conv2d(*inp.args(), *extra)
-        assert_bit_exact(out.to_torch(), want, f"{op_name} {layout} K_SPLITS={k_splits}")
+        want = ref.q8ta_conv2d(*inp.args(), *extra, lut=table)
+        assert_bit_exact(out.to_torch(), want, f"{op_name} {layout} K_SPLITS={k_splits} {epilogue}")
         assert torch.equal(packed_bytes(out), pack(want, layout)), f"{op_name} {layout}: padding"
 
 
-@pytest.mark.parametrize("residual", [False, True], ids=["plain", "residual"])
+@pytest.mark.parametrize("epilogue", ["plain", "residual", "lut"])
 @pytest.mark.parametrize("k_splits", [1, 3])
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
 @pytest.mark.parametrize("case", [c for c in PW_CASES if c.name in SPLIT_CASES], ids=lambda c: c.name)
-def test_reduce_adds_the_ranges_and_requantizes(case, layout, k_splits, residual):
+def test_reduce_adds_the_ranges_and_requantizes(case, layout, k_splits, epilogue):
     """q8ta_gemm_coop_reduce alone (it needs no cooperative matrices, so it runs everywhere):
     the exact int32 GEMM sums cut into random ranges, junk in the tile padding, give the
-    reference conv's bytes in the output layout, with the epilogue's residual add where asked
+    reference conv's bytes in the output layout, with the epilogue's residual add or table where asked
     (padding bytes included: those of the reference packed)."""
     inp = make_inputs(case)
     p = case.params
@@ -342,7 +346,9 @@ def test_reduce_adds_the_ranges_and_requantizes(case, layout, k_splits, residual
     variant = catalog().variant("q8ta_gemm_coop_reduce")
     lo, hi = conv2d_module.conv2d_output_bounds(inp.activation, inp.activation_min, inp.activation_max,
                                                 inp.output_scale, inp.output_zero_point)
-    extra = residual_args(inp, p.output_shape, k_splits, "relu") if residual else (None, 1.0, 0, 1.0, 0, "none")
+    extra = residual_args(inp, p.output_shape, k_splits, "relu") if epilogue == "residual" \
+        else (None, 1.0, 0, 1.0, 0, "none")
+    table = random_lut(k_splits) if epilogue == "lut" else None
     with Stream() as stream:
         out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, variant.binding("t_out"), layout=layout)
         stream.dispatch(variant, "test.reduce", bindings={
@@ -350,7 +356,8 @@ def test_reduce_adds_the_ranges_and_requantizes(case, layout, k_splits, residual
             "t_weight_sums": stream.upload(inp.weight_sums, variant.binding("t_weight_sums")),
             "t_weight_scales": stream.upload(inp.weight_scales, variant.binding("t_weight_scales")),
             "t_bias": stream.upload(inp.bias, variant.binding("t_bias")),
-            "t_residual": stream.upload(extra[0], variant.binding("t_residual"), layout=layout)},
+            "t_residual": stream.upload(extra[0], variant.binding("t_residual"), layout=layout),
+            "t_lut": stream.upload(table, variant.binding("t_lut"))},
             push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [k_splits, mp, np_, wp],
                   "hardswish": int(inp.activation == "hardswish"), "input_scale": inp.input_scale,
                   "inv_output_scale": fp32_recip(inp.output_scale), "input_zero_point": inp.input_zero_point,
@@ -359,9 +366,10 @@ def test_reduce_adds_the_ranges_and_requantizes(case, layout, k_splits, residual
                   "residual_zero_point": extra[2], "add_inv_output_scale": fp32_recip(extra[3]),
                   "add_output_zero_point": extra[4]},
             global_size=[m * -(-p.C_out // 4), 1, 1],
-            spec_constants={"OUT_LAYOUT": layout_code(layout), "RESIDUAL": 2 if residual else 0})
+            spec_constants={"OUT_LAYOUT": layout_code(layout), "RESIDUAL": 2 * (epilogue == "residual"),
+                            "HAS_LUT": int(epilogue == "lut")})
         stream.run()
-        want = ref.q8ta_conv2d(*inp.args(), *extra)
+        want = ref.q8ta_conv2d(*inp.args(), *extra, lut=table)
         assert_bit_exact(out.to_torch(), want, f"reduce {layout} {k_splits}")
         assert torch.equal(packed_bytes(out), pack(want, layout)), f"reduce {layout} {k_splits}: padding"
 

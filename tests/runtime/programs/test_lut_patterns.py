@@ -3,7 +3,9 @@ an int8 tensor becomes one ``etvk.q8ta_lut``. On a graph written with explicit q
 dequantize ops (each pattern and each near miss on purpose), on a small CNN and on
 MobileNetV3-Small and EfficientNet-B0 quantized with PT2E: what is lowered, what stays on
 the CPU, tables equal to PyTorch's decomposed path, bit-exact device runs, agreement with
-PyTorch."""
+PyTorch; on the PT2E models, which lookups fold into the conv before them
+(runtime/programs/lower_conv_lut.py) and that the folded program computes the unfolded one's
+values."""
 
 from __future__ import annotations
 
@@ -152,8 +154,25 @@ class ConvActivationConv(nn.Module):
         return self.convs[-1](x)
 
 
+def _lower_unfolded(exported):
+    """`exported` lowered without folding lookups into convs (its q8ta_lut nodes kept)."""
+    from runtime.programs import lower_conv_lut
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(lower_conv_lut, "fold_lookup_tables", lambda rw: None)
+        return runtime.lower(exported)
+
+
+def _folded_convs(program) -> int:
+    """How many convs of `program` apply a lookup table (the conv schema's last argument, lut)."""
+    return len([n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default" and len(n.args) == 24
+                and n.args[23] is not None])
+
+
 @pytest.mark.parametrize("activation", [F.hardswish, F.gelu, torch.sigmoid], ids=["hardswish", "gelu", "sigmoid"])
 def test_pt2e_conv_activation_conv_runs_on_the_device(activation, tmp_path):
+    """Both activations fold into the conv before them; the device run equals the reference,
+    which equals the unfolded program's, whose every LUT equals PyTorch's int8 output."""
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     from runtime.tools.models import quantize_pt2e
 
@@ -161,31 +180,34 @@ def test_pt2e_conv_activation_conv_runs_on_the_device(activation, tmp_path):
     shape = (1, 3, 12, 12)
     exported = quantize_pt2e(ConvActivationConv(activation), random_batches(1, shape)[0],
                              random_batches(3, shape, seed=1))
-    program = runtime.lower(exported)
+    program, unfolded = runtime.lower(exported), _lower_unfolded(exported)
     targets = Counter(n.target for n in program.nodes)
-    assert targets[LUT] == 2 and targets["etvk.q8ta_conv2d.default"] == 3
+    assert targets[LUT] == 0 and targets["etvk.q8ta_conv2d.default"] == 3 and _folded_convs(program) == 2
+    assert Counter(n.target for n in unfolded.nodes)[LUT] == 2
     program.save(tmp_path / "cnn.etvk")
     loaded = runtime.load(tmp_path / "cnn.etvk")
     assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
     (x,) = random_batches(1, shape, seed=5)[0]
     got = loaded(x)
-    assert torch.equal(got, program.run_reference(x))
+    assert torch.equal(got, program.run_reference(x)) and torch.equal(got, unfolded.run_reference(x))
     assert sqnr_db(got, exported.module()(x)) >= 30
-    total, exact, worst = int8_agreement(exported, program, (x,))[LUT]
+    total, exact, worst = int8_agreement(exported, unfolded, (x,))[LUT]
     assert exact == total and worst == 0  # teacher-forced: each LUT equals PyTorch's int8 output
 
 
-# model -> (its q8ta_lut nodes, those on plain rows): MobileNetV3-Small's hardswishes and the
-# hardsigmoids of its squeeze-and-excite gates (the classifier's hardswish on plain rows),
-# EfficientNet-B0's silus and the sigmoids of its gates
-SE_MODELS = {"mobilenet_v3_small": (19 + 9, 1), "efficientnet_b0": (49 + 16, 0)}
+# model -> (its q8ta_lut nodes, those on plain rows, those folded into the conv before them):
+# MobileNetV3-Small's hardswishes and the hardsigmoids of its squeeze-and-excite gates (the
+# classifier's hardswish on plain rows, after a linear: the one not folded), EfficientNet-B0's
+# silus and the sigmoids of its gates
+SE_MODELS = {"mobilenet_v3_small": (19 + 9, 1, 19 + 9 - 1), "efficientnet_b0": (49 + 16, 0, 49 + 16)}
 
 
 @pytest.mark.parametrize("name", list(SE_MODELS))
 def test_squeeze_and_excite_models_run_on_the_device(name, tmp_path, capsys):
     """torchvision's MobileNetV3-Small and EfficientNet-B0 (random weights, 48x48): with their
-    activations as LUTs no node runs on the CPU; bit-exact against the reference run, and every
-    LUT output equal to PyTorch's (teacher-forced). The printed output SQNR is low because the
+    activations as LUTs no node runs on the CPU; every LUT after a conv folded into it;
+    bit-exact against the reference run and the unfolded program's, and every LUT output of
+    the unfolded program equal to PyTorch's (teacher-forced). The printed output SQNR is low because the
     global pools of their gates round exact ties (2x2 maps with shared qparams) where PyTorch's
     fp32 sum falls either side (docs/int8_cnn_ops.md), and the random weights amplify a step."""
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
@@ -197,16 +219,18 @@ def test_squeeze_and_excite_models_run_on_the_device(name, tmp_path, capsys):
     shape = (1, 3, 48, 48)
     model = _batch_statistics(torchvision_model(name), random_batches(2, (8, *shape[1:]), seed=3))
     exported = quantize_pt2e(model, random_batches(1, shape)[0], random_batches(2, shape, seed=1))
-    program = runtime.lower(exported)
-    luts = [n for n in program.nodes if n.target == LUT]
-    assert (len(luts), len([n for n in luts if len(program.values[n.args[0].name].shape) == 2])) == SE_MODELS[name]
+    program, unfolded = runtime.lower(exported), _lower_unfolded(exported)
+    luts = [n for n in unfolded.nodes if n.target == LUT]
+    plain = [n for n in luts if len(unfolded.values[n.args[0].name].shape) == 2]
+    assert (len(luts), len(plain), _folded_convs(program)) == SE_MODELS[name]
+    assert Counter(n.target for n in program.nodes)[LUT] == len(luts) - SE_MODELS[name][2]
     program.save(tmp_path / f"{name}.etvk")
     loaded = runtime.load(tmp_path / f"{name}.etvk")
     assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
     (x,) = random_batches(1, shape, seed=7)[0]
     got = loaded(x)
-    assert torch.equal(got, program.run_reference(x))
-    found = int8_agreement(exported, program, (x,))
+    assert torch.equal(got, program.run_reference(x)) and torch.equal(got, unfolded.run_reference(x))
+    found = int8_agreement(exported, unfolded, (x,))
     with capsys.disabled():
         print(f"\n{name} vs PyTorch, output SQNR {sqnr_db(got, exported.module()(x)):.1f} dB:")
         for target, (total, exact, worst) in sorted(found.items()):

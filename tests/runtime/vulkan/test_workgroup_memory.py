@@ -128,8 +128,8 @@ def test_pipeline_refuses_shared_memory_over_the_limit():
         block_k *= 2
     need = workgroup_memory_bytes(variant.spirv(), spec_values(variant, {"BLOCK_K": block_k}))
     message = (f"variant q8ta_gemm_fallback with IN_LAYOUT=0, OUT_LAYOUT=1, TILE_M=4, TILE_N4=1, "
-               f"THREADS_N=16, SPLIT_K=1, BLOCK_K={block_k}, RESIDUAL=0: {need} bytes of shared memory, over the "
-               f"device limit of {limit}")
+               f"THREADS_N=16, SPLIT_K=1, BLOCK_K={block_k}, RESIDUAL=0, HAS_LUT=0: {need} bytes of shared memory, "
+               f"over the device limit of {limit}")
     with pytest.raises(UnsupportedVariant, match=re.escape(message)):
         device.pipelines.get(variant, {"BLOCK_K": block_k})
     assert device.pipelines.get(variant, {"BLOCK_K": block_k // 2}).handle
