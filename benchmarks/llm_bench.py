@@ -49,7 +49,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from timing import drop_validation, median_seconds, open_device, warm  # noqa: E402
+from timing import cuda_copy_seconds, drop_validation, median_seconds, open_device, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.families import attention as split_rule  # noqa: E402
@@ -243,12 +243,8 @@ def _torch_decoder(args, model_source, weights: str):
 
 def copy_bandwidth() -> float | None:
     """Bytes per second of a device-to-device torch copy (read + written), or None without CUDA."""
-    if not torch.cuda.is_available():
-        return None
-    a = torch.empty(1 << 28, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    seconds = median_seconds(lambda: (b.copy_(a), torch.cuda.synchronize()), 20, 0.5)
-    return 2 * a.numel() / seconds
+    seconds = cuda_copy_seconds(1 << 28, 20, 0.5)
+    return None if seconds is None else 2 * (1 << 28) / seconds
 
 
 def main() -> int:

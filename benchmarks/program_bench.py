@@ -19,7 +19,8 @@ the same run on the same machine:
 - per op kind (from `LoadedProgram.profile`): the share of device time, and
   what it achieved: TOPS (two per multiply-add) for the convs and linears,
   GB/s (every tensor read and written, once) for the others, next to the copy
-  bandwidth measured in the same run (runtime_bench.py's yardstick).
+  bandwidth measured in the same run (runtime_bench.py's yardstick: the faster of
+  vkCmdCopyBuffer and torch's CUDA copy).
 
 Method (benchmarks/NOTES.md): every timed thing is first run for a second of
 continuous work (an idle GPU drops its clock); medians of ``--repeat`` runs.
@@ -43,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from copy_bandwidth import copy_seconds  # noqa: E402
-from timing import drop_validation, median_seconds, open_device, time_cuda, warm  # noqa: E402
+from timing import cuda_copy_seconds, drop_validation, median_seconds, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.programs.nodes import Const, Ref, walk_args  # noqa: E402
@@ -152,9 +153,17 @@ def main() -> int:
     unknown = sorted(set(modes) - set(COMPILE_MODES))
     if unknown:
         parser.error(f"--compile-modes: unknown {', '.join(unknown)}; known: {', '.join(COMPILE_MODES)}")
-    copy = copy_seconds(get_device(), 1 << 28, args.warmup, args.repeat)
-    bandwidth = 2 * (1 << 28) / copy if copy else None
-    print("copy bandwidth (read + written): " + (f"{bandwidth / 1e9:.0f} GB/s" if bandwidth else "n/a"))
+    # runtime_bench.py's yardstick: 1 GiB on a GPU (far past its caches), 64 MiB on a CPU driver;
+    # at least a second of copies first, or an idle GPU's clock reads low
+    # and the faster of vkCmdCopyBuffer and torch's CUDA copy kernel (the H200's copy engine
+    # reads ~0.85 TB/s where kernels reach 4 and more)
+    nbytes = 64 << 20 if get_device().caps.family in ("llvmpipe", "swiftshader") else 1 << 30
+    copies = {"vkCmdCopyBuffer": copy_seconds(get_device(), nbytes, max(1.0, args.warmup), args.repeat),
+              "torch CUDA copy": cuda_copy_seconds(nbytes, args.repeat, max(1.0, args.warmup))}
+    rates = {how: 2 * nbytes / seconds for how, seconds in copies.items() if seconds}
+    bandwidth = max(rates.values(), default=None)
+    print("copy bandwidth (read + written): " + (", ".join(
+        f"{how} {rate / 1e9:.0f} GB/s" for how, rate in rates.items()) or "n/a"))
     results = []
     for spec in args.programs:
         name, _, path = spec.partition(":")

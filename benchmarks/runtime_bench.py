@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from copy_bandwidth import copy_seconds  # noqa: E402
 from results import Results  # noqa: E402
-from timing import time_cuda, warm  # noqa: E402
+from timing import cuda_copy_seconds, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.ops.plans import plan_key, plans_for  # noqa: E402
@@ -259,10 +259,8 @@ def copy_bandwidth(nbytes: int, repeats: int, warmup: float, results: Results) -
           "(timestamps) ==")
     print(f"{'copy (bytes read + written)':<50} {2 * nbytes / 1e6:>9.2f} {seconds * 1e6:>9.1f} {gbps:>8.1f}")
     results.emit("copy", bytes=2 * nbytes, seconds=seconds, how="vkCmdCopyBuffer")
-    if torch.cuda.is_available():  # the copy kernel CUDA runs: a compute copy, not a DMA engine's
-        src, dst = torch.empty(nbytes, dtype=torch.uint8, device="cuda"), torch.empty(
-            nbytes, dtype=torch.uint8, device="cuda")
-        cuda = time_cuda(lambda i: dst.copy_(src), 1, repeats, warmup)
+    cuda = cuda_copy_seconds(nbytes, repeats, warmup)
+    if cuda is not None:
         print(f"{'torch CUDA copy_ (bytes read + written)':<50} {2 * nbytes / 1e6:>9.2f} "
               f"{cuda * 1e6:>9.1f} {2 * nbytes / cuda / 1e9:>8.1f}")
         results.emit("copy", bytes=2 * nbytes, seconds=cuda, how="torch CUDA copy_")

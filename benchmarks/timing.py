@@ -77,6 +77,16 @@ def time_cuda(fn, variants: int, calls: int, warmup: float) -> float:
     return statistics.median(start.elapsed_time(end) for start, end in events) / 1e3
 
 
+def cuda_copy_seconds(nbytes: int, repeats: int, warmup: float) -> float | None:
+    """Median seconds of a torch CUDA copy of `nbytes` bytes (the copy kernel CUDA runs: a
+    compute copy, not a DMA engine's), or None without CUDA."""
+    if not torch.cuda.is_available():
+        return None
+    source = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    destination = torch.empty_like(source)
+    return time_cuda(lambda i: destination.copy_(source), 1, repeats, warmup)
+
+
 def open_device():
     """The Vulkan device's capabilities after printing both devices, or None (and a line on
     stderr saying what to install) when there is no Vulkan."""
