@@ -3,8 +3,41 @@
 from __future__ import annotations
 
 import torch
+import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
+from torch import nn
+from torch.nn import functional as F
 
 SHAPE = (1, 3, 16, 16)
+QD = torch.ops.quantized_decomposed
+
+
+def q(x, scale, zero_point):
+    """int8 per-tensor quantize, as PT2E writes it in the pattern tests' hand-written graphs."""
+    return QD.quantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
+
+
+def dq(x, scale, zero_point):
+    """int8 per-tensor dequantize, as PT2E writes it."""
+    return QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
+
+
+class Int8Convs(nn.Module):
+    """Two seeded per-channel int8 conv weights of 6 channels, ``w3`` (3x3) and ``w1`` (1x1), for
+    hand-written quantized graphs: ``self.conv(x, "w3", padding=1)`` convolves with the
+    dequantized weight, as PT2E's graphs do."""
+
+    def __init__(self, seed: int):
+        super().__init__()
+        gen = torch.Generator().manual_seed(seed)
+        for name, shape in (("w3", (6, 6, 3, 3)), ("w1", (6, 6, 1, 1))):
+            self.register_buffer(f"{name}_w", torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8))
+            self.register_buffer(f"{name}_s", torch.rand(6, generator=gen) * 0.01 + 0.002)
+        self.register_buffer("zeros", torch.zeros(6, dtype=torch.int64))
+
+    def conv(self, x, name, **kwargs):
+        w = QD.dequantize_per_channel(getattr(self, f"{name}_w"), getattr(self, f"{name}_s"), self.zeros, 0,
+                                      -127, 127, torch.int8)
+        return F.conv2d(x, w, **kwargs)
 
 
 def random_batches(count: int, shape=SHAPE, seed: int = 0) -> list[tuple[torch.Tensor]]:

@@ -9,23 +9,12 @@ from collections import Counter
 
 import pytest
 import torch
-import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
-from program_cases import check_agreement
+from program_cases import QD, check_agreement, dq, q
 from torch import nn
 from torch.nn import functional as F
 
 import runtime
 from runtime.programs.nodes import Const, Ref
-
-QD = torch.ops.quantized_decomposed
-
-
-def q(x, scale, zero_point):
-    return QD.quantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
-
-
-def dq(x, scale, zero_point):
-    return QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
 
 
 class Patterns(nn.Module):

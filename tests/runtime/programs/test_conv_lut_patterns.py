@@ -9,26 +9,16 @@ from collections import Counter
 
 import pytest
 import torch
-import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
-from torch import nn
+from program_cases import Int8Convs, dq, q
 from torch.nn import functional as F
 
 import runtime
 from runtime.programs.nodes import Const
 
-QD = torch.ops.quantized_decomposed
 CONV, LUT, ADD = "etvk.q8ta_conv2d.default", "etvk.q8ta_lut.default", "etvk.q8ta_add.default"
 INT8 = torch.arange(-128, 128, dtype=torch.int8)
 # The conv schema's residual arguments, left at their defaults by a fold.
 NO_RESIDUAL = (None, 1.0, 0, 1.0, 0, "none")
-
-
-def q(x, scale, zero_point):
-    return QD.quantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
-
-
-def dq(x, scale, zero_point):
-    return QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
 
 
 # the folded lookups: (conv output qparams, f, lookup output qparams)
@@ -39,21 +29,11 @@ FOLDED = {
 }
 
 
-class Tables(nn.Module):
+class Tables(Int8Convs):
     """Three lookups that fold and two near misses, in a chain."""
 
     def __init__(self):
-        super().__init__()
-        gen = torch.Generator().manual_seed(7)
-        for name, shape in (("w3", (6, 6, 3, 3)), ("w1", (6, 6, 1, 1))):
-            self.register_buffer(f"{name}_w", torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8))
-            self.register_buffer(f"{name}_s", torch.rand(6, generator=gen) * 0.01 + 0.002)
-        self.register_buffer("zeros", torch.zeros(6, dtype=torch.int64))
-
-    def _conv(self, x, name, **kwargs):
-        w = QD.dequantize_per_channel(getattr(self, f"{name}_w"), getattr(self, f"{name}_s"), self.zeros, 0,
-                                      -127, 127, torch.int8)
-        return F.conv2d(x, w, **kwargs)
+        super().__init__(seed=7)
 
     def forward(self, x):
         def lut(name, source):
@@ -62,18 +42,18 @@ class Tables(nn.Module):
 
         qa = q(x, 0.05, 3)
         # EfficientNet's conv -> silu -> folds
-        s1 = lut("silu_after_3x3", q(self._conv(dq(qa, 0.05, 3), "w3", padding=1), 0.07, -4))
+        s1 = lut("silu_after_3x3", q(self.conv(dq(qa, 0.05, 3), "w3", padding=1), 0.07, -4))
         # a squeeze-and-excite gate's conv -> hardsigmoid -> folds
-        g2 = lut("gate", q(self._conv(dq(s1, 0.03, -10), "w1"), 0.05, 2))
+        g2 = lut("gate", q(self.conv(dq(s1, 0.03, -10), "w1"), 0.05, 2))
         # YOLO's bottleneck, conv -> silu -> add: the lookup folds, the add stays
-        s3 = lut("silu_before_add", q(self._conv(dq(g2, 1 / 256, -128), "w1"), 0.05, 2))
+        s3 = lut("silu_before_add", q(self.conv(dq(g2, 1 / 256, -128), "w1"), 0.05, 2))
         r3 = q(dq(s3, 0.03, -10) + dq(s1, 0.03, -10), 0.06, 0)
         # conv -> add (fused into the conv as its residual) -> silu: stays a lookup
-        c4 = q(self._conv(dq(r3, 0.06, 0), "w1"), 0.05, 2)
+        c4 = q(self.conv(dq(r3, 0.06, 0), "w1"), 0.05, 2)
         r4 = q(dq(c4, 0.05, 2) + dq(r3, 0.06, 0), 0.07, 1)
         s4 = q(F.silu(dq(r4, 0.07, 1)), 0.03, -10)
         # the conv's output also read by a max pool: stays a lookup
-        c5 = q(self._conv(dq(s4, 0.03, -10), "w1"), 0.05, 2)
+        c5 = q(self.conv(dq(s4, 0.03, -10), "w1"), 0.05, 2)
         s5 = q(torch.tanh(dq(c5, 0.05, 2)), 0.008, 0)
         p5 = q(F.max_pool2d(dq(c5, 0.05, 2), 3, 1, 1), 0.05, 2)
         return dq(s5, 0.008, 0), dq(p5, 0.05, 2)

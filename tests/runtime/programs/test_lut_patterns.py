@@ -13,25 +13,15 @@ from collections import Counter
 
 import pytest
 import torch
-import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
-from program_cases import int8_agreement, random_batches, sqnr_db
+from program_cases import dq, int8_agreement, q, random_batches, sqnr_db
 from torch import nn
 from torch.nn import functional as F
 
 import runtime
 from runtime.programs.nodes import Const
 
-QD = torch.ops.quantized_decomposed
 LUT = "etvk.q8ta_lut.default"
 INT8 = torch.arange(-128, 128, dtype=torch.int8)
-
-
-def q(x, scale, zero_point):
-    return QD.quantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
-
-
-def dq(x, scale, zero_point):
-    return QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
 
 
 # output -> (input qparams, f, output qparams): each lowered pattern, as PyTorch computes it

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
-from program_cases import check_agreement
-from torch import nn
+from program_cases import Int8Convs, check_agreement, dq, q
 from torch.nn import functional as F
 
 import runtime
@@ -17,58 +15,39 @@ from runtime.programs.layouts import resolve_layouts
 from runtime.programs.nodes import Ref
 from runtime.vulkan.device import GPU_FAMILIES
 
-QD = torch.ops.quantized_decomposed
 CONV, ADD = "etvk.q8ta_conv2d.default", "etvk.q8ta_add.default"
 
 
-def q(x, scale, zero_point):
-    return QD.quantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
-
-
-def dq(x, scale, zero_point):
-    return QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8)
-
-
-class Residuals(nn.Module):
+class Residuals(Int8Convs):
     """Three adds that fuse and four near misses, in a chain."""
 
     def __init__(self):
-        super().__init__()
-        gen = torch.Generator().manual_seed(6)
-        for name, shape in (("w3", (6, 6, 3, 3)), ("w1", (6, 6, 1, 1))):
-            self.register_buffer(f"{name}_w", torch.randint(-127, 128, shape, generator=gen, dtype=torch.int8))
-            self.register_buffer(f"{name}_s", torch.rand(6, generator=gen) * 0.01 + 0.002)
-        self.register_buffer("zeros", torch.zeros(6, dtype=torch.int64))
-
-    def _conv(self, x, name, **kwargs):
-        w = QD.dequantize_per_channel(getattr(self, f"{name}_w"), getattr(self, f"{name}_s"), self.zeros, 0,
-                                      -127, 127, torch.int8)
-        return F.conv2d(x, w, **kwargs)
+        super().__init__(seed=6)
 
     def forward(self, x, y, g):
         qa, qb, qg = q(x, 0.05, 3), q(y, 0.04, -1), q(g, 0.02, 0)
         # ResNet's block: conv output first, relu after -> fused, residual qb
-        c1 = q(self._conv(dq(qa, 0.05, 3), "w3", padding=1), 0.07, -4)
+        c1 = q(self.conv(dq(qa, 0.05, 3), "w3", padding=1), 0.07, -4)
         r1 = q(F.relu(dq(c1, 0.07, -4) + dq(qb, 0.04, -1)), 0.06, -128)
         # MobileNetV2's: the earlier tensor first, no relu -> fused, residual r1
-        c2 = q(self._conv(dq(r1, 0.06, -128), "w1"), 0.05, 2)
+        c2 = q(self.conv(dq(r1, 0.06, -128), "w1"), 0.05, 2)
         r2 = q(dq(r1, 0.06, -128) + dq(c2, 0.05, 2), 0.08, 0)
         # the other operand is written after the conv: stays an add
-        c3 = q(self._conv(dq(r2, 0.08, 0), "w1"), 0.05, 2)
+        c3 = q(self.conv(dq(r2, 0.08, 0), "w1"), 0.05, 2)
         late = q(F.max_pool2d(dq(r2, 0.08, 0), 3, 1, 1), 0.08, 0)
         r3 = q(dq(c3, 0.05, 2) + dq(late, 0.08, 0), 0.07, 1)
         # the other operand is [N, C, 1, 1] (broadcast): stays an add
-        c4 = q(self._conv(dq(r3, 0.07, 1), "w1"), 0.05, 2)
+        c4 = q(self.conv(dq(r3, 0.07, 1), "w1"), 0.05, 2)
         r4 = q(dq(c4, 0.05, 2) + dq(qg, 0.02, 0), 0.07, 1)
         # the conv's output is also a program output: stays an add
-        c5 = q(self._conv(dq(r4, 0.07, 1), "w1"), 0.05, 2)
+        c5 = q(self.conv(dq(r4, 0.07, 1), "w1"), 0.05, 2)
         r5 = q(dq(c5, 0.05, 2) + dq(r4, 0.07, 1), 0.07, 1)
         # ResNet's downsample: two convs, the later one takes the earlier one's output -> fused
-        c6 = q(self._conv(dq(r5, 0.07, 1), "w1"), 0.05, 2)
-        c7 = q(self._conv(dq(r5, 0.07, 1), "w3", padding=1), 0.06, 1)
+        c6 = q(self.conv(dq(r5, 0.07, 1), "w1"), 0.05, 2)
+        c7 = q(self.conv(dq(r5, 0.07, 1), "w3", padding=1), 0.06, 1)
         r6 = q(F.relu(dq(c6, 0.05, 2) + dq(c7, 0.06, 1)), 0.09, -128)
         # the add dequantizes the conv's output with other qparams than the conv's: stays an add
-        c8 = q(self._conv(dq(r6, 0.09, -128), "w1"), 0.05, 2)
+        c8 = q(self.conv(dq(r6, 0.09, -128), "w1"), 0.05, 2)
         r7 = q(dq(c8, 0.06, 2) + dq(r6, 0.09, -128), 0.07, 1)
         return dq(r7, 0.07, 1), dq(c5, 0.05, 2)
 
