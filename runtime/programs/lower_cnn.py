@@ -47,9 +47,16 @@ import torch
 
 from runtime.programs.lower_gather import lower_channel_gathers
 from runtime.programs.nodes import Node, Ref, ValueSpec
-from runtime.programs.rewrite import DQ, Q, Rewriter, bind, conv_activation, int8_per_tensor, ints
-
-_CONV = "etvk.q8ta_conv2d.default"
+from runtime.programs.rewrite import (
+    CONV,
+    DQ,
+    Q,
+    Rewriter,
+    bind,
+    conv_activation,
+    int8_per_tensor,
+    ints,
+)
 
 
 def _same_qparams(a, b) -> bool:
@@ -86,12 +93,12 @@ def fold_clamps(rw: Rewriter) -> None:
         x = rw.dequantized(b["self"])
         conv = rw.producer(x[0]) if x is not None else None
         out = rw.requantized(node)
-        if conv is None or conv.target != _CONV or out is None or x[1:] != out[1:] \
+        if conv is None or conv.target != CONV or out is None or x[1:] != out[1:] \
                 or len(conv.args) != 15 or conv.args[14] != "none" or conv.kwargs \
                 or len(rw.users.get(x[0].name, [])) != 1 or x[0].name in program.outputs \
                 or rw.only_user(rw.producer(b["self"])) is not node:
             continue
-        fused = Node(conv.name, _CONV, (*conv.args[:14], *activation), {}, out[0].outputs)
+        fused = Node(conv.name, CONV, (*conv.args[:14], *activation), {}, out[0].outputs)
         program.nodes.remove(conv)
         rw.mark_packed(out[0].outputs[0])
         rw.replace(out[0], fused)

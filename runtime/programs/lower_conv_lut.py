@@ -23,13 +23,7 @@ from __future__ import annotations
 
 from runtime.programs.lower_lut import LUT
 from runtime.programs.nodes import Const, Node
-from runtime.programs.rewrite import Rewriter
-
-_CONV = "etvk.q8ta_conv2d.default"
-# The conv schema's arguments from activation_min to add_activation (defaults); a conv with
-# more than the first 17 arguments has a residual.
-_DEFAULTS = (0.0, 6.0, None, 1.0, 0, 1.0, 0, "none")
-_FIRST, _CONV_ARGS = 15, 17
+from runtime.programs.rewrite import CONV, Rewriter, with_arguments
 
 
 def fold_lookup_tables(rw: Rewriter) -> None:
@@ -37,10 +31,8 @@ def fold_lookup_tables(rw: Rewriter) -> None:
     program = rw.program
     for lut in [n for n in program.nodes if n.target == LUT]:
         x, table = lut.args
-        conv = rw.producer(x)
-        if conv is None or conv.target != _CONV or conv.kwargs or len(conv.args) > _CONV_ARGS \
-                or not isinstance(table, Const) or rw.users.get(x.name) != [lut] or x.name in program.outputs:
+        conv = rw.plain_conv(x, lut)
+        if conv is None or not isinstance(table, Const):
             continue
-        args = (*conv.args, *_DEFAULTS[len(conv.args) - _FIRST:], table)
         program.nodes.remove(lut)
-        rw.replace(conv, Node(conv.name, _CONV, args, {}, lut.outputs))
+        rw.replace(conv, Node(conv.name, CONV, with_arguments(conv, lut=table), {}, lut.outputs))

@@ -23,25 +23,17 @@ lower_cnn.py.
 from __future__ import annotations
 
 from runtime.programs.nodes import Node, Ref
-from runtime.programs.rewrite import Rewriter
+from runtime.programs.rewrite import CONV, Rewriter, with_arguments
 
-_CONV = "etvk.q8ta_conv2d.default"
 _ADD = "etvk.q8ta_add.default"
-# The conv schema's arguments up to activation_max, with the defaults of the last two.
-_CONV_ARGS, _ACTIVATION_BOUNDS = 17, (0.0, 6.0)
 
 
 def _fusable_conv(rw: Rewriter, operand: tuple, other: tuple, add: Node) -> Node | None:
     """The conv writing `operand` (value, scale, zero point) of `add` where it can take
     `other` as its residual (the module docstring's conditions), else None."""
-    program = rw.program
-    conv, source = rw.producer(operand[0]), rw.producer(other[0])
-    if conv is None or conv.target != _CONV or source is None or conv.kwargs \
-            or len(conv.args) > _CONV_ARGS or tuple(conv.args[6:8]) != tuple(operand[1:]):
-        return None
-    name = operand[0].name
-    if rw.users.get(name) != [add] or name in program.outputs \
-            or program.nodes.index(source) >= program.nodes.index(conv):
+    conv, source = rw.plain_conv(operand[0], add), rw.producer(other[0])
+    if conv is None or source is None or tuple(conv.args[6:8]) != tuple(operand[1:]) \
+            or rw.program.nodes.index(source) >= rw.program.nodes.index(conv):
         return None
     return conv
 
@@ -56,7 +48,9 @@ def fuse_residual_adds(rw: Rewriter) -> None:
         for operand, other in ((a, b), (b, a)):
             conv = _fusable_conv(rw, operand, other, add)
             if conv is not None:
-                args = (*conv.args, *_ACTIVATION_BOUNDS[len(conv.args) - 15:], *other, *add.args[6:9])
+                args = with_arguments(conv, residual=other[0], residual_scale=other[1],
+                                      residual_zero_point=other[2], add_output_scale=add.args[6],
+                                      add_output_zero_point=add.args[7], add_activation=add.args[8])
                 program.nodes.remove(add)
-                rw.replace(conv, Node(conv.name, _CONV, args, {}, add.outputs))
+                rw.replace(conv, Node(conv.name, CONV, args, {}, add.outputs))
                 break

@@ -1,13 +1,15 @@
 """What the lowering's pattern rewrites share: bound arguments, int8 qparams, a graph's state.
 
-`bind` names a node's arguments by its op's schema; `ints` reads aten's int[2]
+`bind` names a node's arguments by its op's schema and `with_arguments` sets
+some by name; `ints` reads aten's int[2]
 arguments as lists; `int8_per_tensor` reads a
 full-range int8 per-tensor (de)quantize with scalar qparams; `float_cast`
 reads a cast between fp32 and fp16; `slice_range` reads the range a slice
 takes of a last dimension; `conv_activation` reads an activation as the conv
 ops' activation arguments; `Rewriter`
 keeps a program's producer and user maps current while patterns replace
-nodes, and reads symmetric per-channel weights. Pure graph work, no Vulkan;
+nodes, reads symmetric per-channel weights and finds the conv whose epilogue
+may take one more step. Pure graph work, no Vulkan;
 used by lower.py and the lower_*.py / split_linears.py pattern modules.
 """
 
@@ -25,6 +27,7 @@ from runtime.programs.program import Program
 Q = "quantized_decomposed.quantize_per_tensor.default"
 DQ = "quantized_decomposed.dequantize_per_tensor.default"
 DQ_CHANNEL = "quantized_decomposed.dequantize_per_channel.default"
+CONV = "etvk.q8ta_conv2d.default"
 FLOATS = (torch.float32, torch.float16)  # the activation dtypes the float ops take
 FLOAT_CASTS = ("aten._to_copy.default", "aten.to.dtype", "aten.type_as.default")  # what `float_cast` reads
 # aten activation -> the conv ops' `activation` (hardtanh also takes its bounds)
@@ -43,6 +46,15 @@ def bind(node: Node) -> dict:
         elif arg.has_default_value():
             bound[arg.name] = arg.default_value
     return bound
+
+
+def with_arguments(node: Node, **values) -> tuple:
+    """`node`'s positional arguments with `values` set by schema name; the arguments between
+    its last one and the last one named take their schema defaults."""
+    names = [a.name for a in resolve_op(node.target)._schema.arguments]
+    bound = {**bind(node), **values}
+    count = max(len(node.args), *(names.index(name) + 1 for name in values))
+    return tuple(bound[name] for name in names[:count])
 
 
 def ints(value) -> list[int]:
@@ -126,6 +138,16 @@ class Rewriter:
         out = node.outputs[0]
         users = self.users.get(out, [])
         return users[0] if len(users) == 1 and out not in self.program.outputs else None
+
+    def plain_conv(self, value: Ref, reader: Node) -> Node | None:
+        """The ``q8ta_conv2d`` that writes `value` where `reader` alone reads it, it is no
+        program output, and the conv's epilogue takes neither a residual nor a table yet."""
+        conv = self.producer(value)
+        if conv is None or conv.target != CONV or conv.kwargs or self.users.get(value.name) != [reader] \
+                or value.name in self.program.outputs:
+            return None
+        bound = bind(conv)
+        return conv if bound["residual"] is None and bound["lut"] is None else None
 
     def dequantized(self, ref):
         """(int8 value, scale, zero point) where `ref` is an int8 per-tensor dequantize's output."""
