@@ -45,6 +45,31 @@ def random_batches(count: int, shape=SHAPE, seed: int = 0) -> list[tuple[torch.T
     return [(torch.randn(shape, generator=gen),) for _ in range(count)]
 
 
+def lower_and_save(module: nn.Module, inputs: tuple, folder) -> tuple:
+    """(exported, lowered program, its file in `folder`): `module` in eval mode exported on
+    `inputs`, lowered and saved, as the pattern tests' fixtures take it."""
+    import runtime
+
+    exported = torch.export.export(module.eval(), inputs)
+    program = runtime.lower(exported)
+    path = folder / f"{type(module).__name__.lower()}.etvk"
+    program.save(path)
+    return exported, program, path
+
+
+def fx_values(exported, inputs: tuple) -> dict[str, torch.Tensor]:
+    """Every node's value (by FX node name) in one run of the exported module on `inputs`."""
+    env = {}
+
+    class Capture(torch.fx.Interpreter):
+        def run_node(self, n):
+            env[n.name] = super().run_node(n)
+            return env[n.name]
+
+    Capture(exported.module()).run(*inputs)
+    return env
+
+
 def int8_agreement(exported, program, inputs: tuple) -> dict[str, tuple[int, int, int]]:
     """Teacher forcing: each lowered int8 op fed PyTorch's own int8 inputs, against its int8 output.
 
@@ -62,14 +87,7 @@ def int8_agreement(exported, program, inputs: tuple) -> dict[str, tuple[int, int
     from runtime.programs.nodes import Const, Ref
 
     program = resolve_layouts(program, "other")  # any family: the values do not depend on layouts
-    env = {}
-
-    class Capture(torch.fx.Interpreter):
-        def run_node(self, n):
-            env[n.name] = super().run_node(n)
-            return env[n.name]
-
-    Capture(exported.module()).run(*inputs)
+    env = fx_values(exported, inputs)
     found: dict[str, tuple[int, int, int]] = {}
     for node in program.nodes:
         reads = [a.name for a in node.args if isinstance(a, Ref)]

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from program_cases import QD, check_agreement, dq, q
+from program_cases import QD, check_agreement, dq, lower_and_save, q
 from torch import nn
 from torch.nn import functional as F
 
@@ -62,11 +62,7 @@ def _inputs(seed: int):
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    exported = torch.export.export(Patterns().eval(), _inputs(0))
-    program = runtime.lower(exported)
-    path = tmp_path_factory.mktemp("patterns") / "patterns.etvk"
-    program.save(path)
-    return exported, program, path
+    return lower_and_save(Patterns(), _inputs(0), tmp_path_factory.mktemp("patterns"))
 
 
 def test_each_pattern_becomes_its_op(lowered):

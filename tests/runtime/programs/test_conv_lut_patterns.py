@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from program_cases import Int8Convs, dq, q
+from program_cases import Int8Convs, dq, lower_and_save, q
 from torch.nn import functional as F
 
 import runtime
@@ -65,11 +65,7 @@ def _inputs(seed: int):
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    exported = torch.export.export(Tables().eval(), _inputs(0))
-    program = runtime.lower(exported)
-    path = tmp_path_factory.mktemp("conv_luts") / "tables.etvk"
-    program.save(path)
-    return exported, program, path
+    return lower_and_save(Tables(), _inputs(0), tmp_path_factory.mktemp("conv_luts"))
 
 
 def test_the_lookups_that_may_fold_go_into_their_convs(lowered):

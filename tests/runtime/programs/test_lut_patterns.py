@@ -13,7 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
-from program_cases import dq, int8_agreement, q, random_batches, sqnr_db
+from program_cases import dq, int8_agreement, lower_and_save, q, random_batches, sqnr_db
 from torch import nn
 from torch.nn import functional as F
 
@@ -78,11 +78,7 @@ def _inputs(seed: int):
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    exported = torch.export.export(Chains().eval(), _inputs(0))
-    program = runtime.lower(exported)
-    path = tmp_path_factory.mktemp("lut") / "chains.etvk"
-    program.save(path)
-    return exported, program, path
+    return lower_and_save(Chains(), _inputs(0), tmp_path_factory.mktemp("lut"))
 
 
 def test_each_pattern_becomes_one_lookup_table(lowered):

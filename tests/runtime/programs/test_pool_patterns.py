@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from program_cases import check_agreement, int8_agreement, random_batches
+from program_cases import check_agreement, fx_values, int8_agreement, random_batches
 from torch import nn
 
 import runtime
@@ -84,14 +84,7 @@ def _adaptive_ties(exported, program, inputs) -> None:
     PyTorch's int8 output, and apart only where the exact average is within 1e-5 of a rounding tie
     (PyTorch's fp32 sum is not exact; PT2E's shared qparams make ties common, as in
     tests/ops/test_q8ta_pool.py)."""
-    env = {}
-
-    class Capture(torch.fx.Interpreter):
-        def run_node(self, n):
-            env[n.name] = super().run_node(n)
-            return env[n.name]
-
-    Capture(exported.module()).run(*inputs)
+    env = fx_values(exported, inputs)
     pool = next(n for n in program.nodes if n.target == "etvk.q8ta_adaptive_avg_pool2d.default")
     x, scale, zero_point, out_scale, out_zero_point, size = env[pool.args[0].name], *pool.args[1:]
     got = runtime.get_op(pool.target).reference(x, scale, zero_point, out_scale, out_zero_point, size)

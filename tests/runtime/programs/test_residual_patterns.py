@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from program_cases import Int8Convs, check_agreement, dq, q
+from program_cases import Int8Convs, check_agreement, dq, lower_and_save, q
 from torch.nn import functional as F
 
 import runtime
@@ -60,11 +60,7 @@ def _inputs(seed: int):
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    exported = torch.export.export(Residuals().eval(), _inputs(0))
-    program = runtime.lower(exported)
-    path = tmp_path_factory.mktemp("residuals") / "residuals.etvk"
-    program.save(path)
-    return exported, program, path
+    return lower_and_save(Residuals(), _inputs(0), tmp_path_factory.mktemp("residuals"))
 
 
 def test_the_adds_that_may_fuse_go_into_their_convs(lowered):
