@@ -81,6 +81,7 @@ UPDATE_CASES = [
     UpdateCase("no_tokens", 1, 2, 8, 8, ()),
 ]
 
+
 @dataclass(frozen=True)
 class RopeUpdateCase:
     """q [batch, S, heads, head_dim], k_new and v_new [batch, S, kv_heads, head_dim] (S =
