@@ -161,7 +161,7 @@ def test_op_picks_coop_for_many_tokens_where_the_device_has_it(dispatch_trace_pa
     tiled gemm."""
     from runtime.ops.stub_support import LINEAR_COOP_MIN_WORK
 
-    coop = catalog().variant("linear_qta8a_qga4w_coop_buffer").runnable(get_device().caps)[0]
+    coop = catalog().variant("linear_qta8a_qga4w_coop_buffer_shared").runnable(get_device().caps)[0]
     gen = torch.Generator().manual_seed(12)
     n = 2048
     enough = -(-LINEAR_COOP_MIN_WORK // n)
@@ -272,14 +272,15 @@ def test_every_work_split_gives_the_same_bits(kernel, lead, storage, dot):
 
 
 @pytest.mark.parametrize("gs", [32, 256])
-def test_every_coop_staging_gives_the_same_bits(gs):
+@pytest.mark.parametrize("epilogue", ["shared", "registers"])
+def test_every_coop_staging_gives_the_same_bits(epilogue, gs):
     """The cooperative-matrix kernel stages STEPS K steps of 32 at a time (a spec constant,
     at most 8 within 48 KB of shared memory); every value gives the reference's bits,
-    groups shorter and longer than a stage alike."""
+    groups shorter and longer than a stage alike, with either epilogue (EPILOGUE)."""
     from runtime.vulkan.tensor import Tensor
 
-    _skip_unless_runnable("linear_qta8a_qga4w_coop_buffer")
-    variant = catalog().variant("linear_qta8a_qga4w_coop_buffer")
+    _skip_unless_runnable(f"linear_qta8a_qga4w_coop_buffer_{epilogue}")
+    variant = catalog().variant(f"linear_qta8a_qga4w_coop_buffer_{epilogue}")
     k, n, tokens = 512, 70, 40
     x, s, z, w, _, ws, wz = linear_args((tokens,), k, n, gs, torch.Generator().manual_seed(15))[0]
     want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz)
@@ -297,7 +298,7 @@ def test_every_coop_staging_gives_the_same_bits(gs):
             stream.dispatch(variant, COOP, bindings=bindings, push={"sizes": [k, n, tokens, gs]},
                             spec_constants={"STEPS": steps}, groups=[-(-n // 64), -(-tokens // 32), 1])
             stream.run()
-            assert_bit_equal(out.to_torch(), want, f"STEPS={steps} group_size={gs}")
+            assert_bit_equal(out.to_torch(), want, f"{variant.name} STEPS={steps} group_size={gs}")
 
 
 @pytest.mark.parametrize("gs", [64, 128, 192, 256])

@@ -261,12 +261,12 @@ const int BN = 64;                       // output rows of a tile
 const int MAX_STEPS = 8;                 // the largest STEPS
 const int KW = STEPS * 8;                // K words (4 int8) per staged row; STEPS <= MAX_STEPS
 const int STRIDE = KW + 4;               // words per staged row (16-byte aligned, padded)
-const int CSTRIDE = 36;                  // ints per row of a subgroup's sums (32 tokens + 4)
 const int A_SLOTS = BM * KW / WG;        // activation words an invocation stages
 const int B_SLOTS = BN * STEPS / WG;     // weight units (16 bytes) an invocation stages
 const int A_MAX = BM * MAX_STEPS * 8 / WG;  // A_SLOTS at MAX_STEPS
 const int B_MAX = BN * MAX_STEPS / WG;      // B_SLOTS at MAX_STEPS
 const int SG_ROWS = 16;                  // output rows of a subgroup (BN / 4)
+const int CSTRIDE = 36;                  // ints per row of a subgroup's sums (32 tokens + 4)
 
 #define A_MAT coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
@@ -308,10 +308,10 @@ void main() {
   int b_corr[B_MAX];
   int b_scale[B_MAX];
 
-  // Epilogue ownership, within the subgroup: lane l owns token m0 + l and
-  // the subgroup's SG_ROWS rows (its accumulators' columns).
   const int lane = int(gl_SubgroupInvocationID);
-  const int row0 = sg * SG_ROWS;
+  const int row0 = sg * SG_ROWS;  // the subgroup's output rows (its accumulators' columns)
+  // Epilogue ownership, within the subgroup: lane l owns token m0 + l and
+  // the subgroup's SG_ROWS rows.
   const uint m = m0 + uint(lane);
   const int izp = m < M ? t_input_zero_point_load(m) : 0;
   float acc[SG_ROWS];
