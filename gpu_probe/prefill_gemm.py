@@ -5,16 +5,16 @@ shared memory to the lanes) and EPILOGUE registers (the same operations on the
 accumulator matrices, component-wise) at the Llama-3.2-1B prefill shapes, 8da4w: int8
 per-token activations x int4 weights in groups of 32 (the kernel the op picks there:
 the few-token kernel needs groups of 64). Each shape: the two variants recorded in two
-streams of `CALLS` back-to-back dispatches (activations, weights and output fixed; STEPS
-as given), ~1 s of warm-up, then `ROUNDS` rounds that alternate the variants, each a
+streams of `CALLS` back-to-back dispatches (activations, weights and output fixed; each
+STEPS given), ~1 s of warm-up, then `ROUNDS` rounds that alternate the variants, each a
 batch of replays; the median GPU time per dispatch over all samples. Prints µs, TOPS
 (2 M N K per second) and the new/old time ratio, and checks both outputs bit for bit
-against each other and their first `REF_TOKENS` tokens against the fp32 reference on the
-CPU. (`python -m runtime stats VARIANT --spec STEPS=2` gives each variant's registers and
+against each other, and their first `REF_TOKENS` tokens x `REF_ROWS` rows against the
+fp32 reference on the CPU. (`python -m runtime stats VARIANT --spec STEPS=2` gives each variant's registers and
 shared memory.)
 
 Usage (from the repository root, on the GPU machine):
-``PYTHONPATH=$PWD python gpu_probe/prefill_gemm.py [--steps 2] [--repeats 200]
+``PYTHONPATH=$PWD python gpu_probe/prefill_gemm.py [--steps 2,4] [--repeats 200]
 [--warmup 1.0] [--shapes 512x2048x2048,...]``. Exits 1 when any output differs.
 """
 
@@ -51,7 +51,10 @@ SHAPES = ((512, 2048, 2048), (512, 2048, 8192), (512, 8192, 2048), (512, 2048, 1
           (128, 4096, 14336))
 CALLS = 8  # dispatches per stream
 ROUNDS = 4  # alternations of the two variants
-REF_TOKENS = 40  # tokens checked against the CPU reference (two token tiles, the second partial)
+# The corner checked against the CPU reference (its tokens x rows: two token tiles, the second
+# partial, and 16 row tiles, the last partial); the rest is checked between the variants.
+REF_TOKENS = 40
+REF_ROWS = 1000
 
 
 def parse_shapes(text: str) -> tuple:
@@ -80,24 +83,37 @@ def differing(a: torch.Tensor, b: torch.Tensor) -> int:
     return int((a.view(torch.int32) != b.view(torch.int32)).sum())
 
 
-def probe(m: int, k: int, n: int, steps: int, repeats: int, warmup: float, gen) -> bool:
-    """Times and checks one shape; prints its rows; True when every output agreed."""
+def probe(m: int, k: int, n: int, steps_list, repeats: int, warmup: float, gen) -> bool:
+    """Times and checks one shape at each STEPS; prints its rows; True when every output agreed."""
     start = time.perf_counter()
     args, _ = linear_args((m,), k, n, GROUP_SIZE, gen)
     x, scale, zero_point, w, _, w_scales, w_zeros = args
-    shared = {"t_x": Tensor.from_torch(x),
-              "t_w": Tensor.from_torch(pack_linear_weights_coop(w)),
-              "t_meta": Tensor.from_torch(pack_linear_meta_coop(w, w_scales, w_zeros, GROUP_SIZE)),
-              "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
-              "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
+    bindings = {"t_x": Tensor.from_torch(x),
+                "t_w": Tensor.from_torch(pack_linear_weights_coop(w)),
+                "t_meta": Tensor.from_torch(pack_linear_meta_coop(w, w_scales, w_zeros, GROUP_SIZE)),
+                "t_input_scale": Tensor.from_torch(scale.reshape(-1)),
+                "t_input_zero_point": Tensor.from_torch(zero_point.reshape(-1))}
+    tokens, rows = min(m, REF_TOKENS), min(n, REF_ROWS)
+    want = ref.linear_qta8a_qga4w(x[:tokens], scale[:tokens], zero_point[:tokens], w[:rows], GROUP_SIZE,
+                                  w_scales[:rows], w_zeros[:rows])
+    print(f"-- M={m} K={k} N={n} group {GROUP_SIZE} (set-up and reference {time.perf_counter() - start:.1f} s)")
+    ok = True
+    for steps in steps_list:
+        ok = time_pair(m, k, n, steps, bindings, want, repeats, warmup) and ok
+    return ok
+
+
+def time_pair(m: int, k: int, n: int, steps: int, bindings: dict, want, repeats: int,
+              warmup: float) -> bool:
+    """Times the two variants at `steps`, alternating; prints the rows; True when both
+    outputs are bit-identical to each other and to `want` (their first tokens and rows)."""
     outs = {e: Tensor.empty((m, n), torch.float32, "buffer") for e in EPILOGUES}
     variants = {e: catalog().variant(f"linear_qta8a_qga4w_coop_buffer_{e}") for e in EPILOGUES}
-    setup = time.perf_counter() - start
     got = {}
     with Stream() as old, Stream() as new:
         streams = dict(zip(EPILOGUES, (old, new), strict=True))
         for e, stream in streams.items():
-            record(stream, variants[e], {**shared, "t_out": outs[e]}, m, k, n, steps)
+            record(stream, variants[e], {**bindings, "t_out": outs[e]}, m, k, n, steps)
             stream.run()
             got[e] = outs[e].to_torch()
         if not old.timings():
@@ -111,26 +127,25 @@ def probe(m: int, k: int, n: int, steps: int, repeats: int, warmup: float, gen) 
                 timed[e] += samples(stream, replays)
     ops = 2 * m * n * k
     seconds = {e: statistics.median(timed[e]) for e in EPILOGUES}
-    print(f"-- M={m} K={k} N={n} group {GROUP_SIZE} STEPS={steps} (set-up {setup:.1f} s)")
     for e in EPILOGUES:
-        print(f"   {variants[e].name:<45} {seconds[e] * 1e6:10.1f} us {ops / seconds[e] / 1e12:7.1f} TOPS"
-              f"  ({len(timed[e])} samples, min {min(timed[e]) * 1e6:.1f} us)")
-    print(f"   new/old time ratio (registers / shared): {seconds['registers'] / seconds['shared']:.3f}")
-    tokens = min(m, REF_TOKENS)
-    want = ref.linear_qta8a_qga4w(x[:tokens], scale[:tokens], zero_point[:tokens], w, GROUP_SIZE,
-                                  w_scales, w_zeros)
+        print(f"   STEPS={steps} {variants[e].name:<42} {seconds[e] * 1e6:10.1f} us "
+              f"{ops / seconds[e] / 1e12:7.1f} TOPS  ({len(timed[e])} samples, min {min(timed[e]) * 1e6:.1f} us)")
+    print(f"   STEPS={steps} new/old time ratio (registers / shared): "
+          f"{seconds['registers'] / seconds['shared']:.3f}")
+    tokens, rows = want.shape
     between = differing(got["shared"], got["registers"])
-    against = {e: differing(got[e][:tokens], want) for e in EPILOGUES}
+    against = {e: differing(got[e][:tokens, :rows], want) for e in EPILOGUES}
     ok = between == 0 and not any(against.values())
-    print(f"   bits: registers vs shared {between} of {m * n} differ; vs the reference on "
-          f"{tokens} tokens: shared {against['shared']}, registers {against['registers']} differ"
-          f" -> {'OK' if ok else 'MISMATCH'}")
+    print(f"   STEPS={steps} bits: registers vs shared {between} of {m * n} differ; vs the reference "
+          f"on {tokens} tokens x {rows} rows: shared {against['shared']}, registers "
+          f"{against['registers']} differ -> {'OK' if ok else 'MISMATCH'}")
     return ok
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=2, help="the kernel's STEPS (2, 4 or 8)")
+    parser.add_argument("--steps", type=lambda t: [int(v) for v in t.split(",")], default=[2],
+                        help="the kernel's STEPS to time, comma-separated (2, 4, 8; default 2)")
     parser.add_argument("--repeats", type=int, default=200, help="replays per variant at most")
     parser.add_argument("--warmup", type=float, default=1.0, help="seconds of replays before timing")
     parser.add_argument("--shapes", type=parse_shapes, default=SHAPES, help="MxKxN,... (default: the five)")
