@@ -308,17 +308,11 @@ void main() {
   const int lane = int(gl_SubgroupInvocationID);
   const int row0 = sg * SG_ROWS;  // the subgroup's output rows (its accumulators' columns)
   // The epilogue's matrices: izp[i] holds input_zero_point of token m0 + 16 i + r in
-  // every column of row r; acc[i] the fp32 sums of sums[i]'s elements.
-  if (t < BM) {
-    s_izp[t] = m0 + uint(t) < M ? t_input_zero_point_load(m0 + uint(t)) : 0;
-  }
-  barrier();
+  // every column of row r (loaded below); acc[i] the fp32 sums of sums[i]'s elements.
   C_MAT izp[2];
   F_MAT acc[2];
-  [[unroll]] for (int i = 0; i < 2; ++i) {
-    coopMatLoad(izp[i], s_izp, uint(16 * i), 0u, gl_CooperativeMatrixLayoutColumnMajor);
-    acc[i] = F_MAT(0.0);
-  }
+  acc[0] = F_MAT(0.0);
+  acc[1] = F_MAT(0.0);
 
   C_MAT sums[2];
   sums[0] = C_MAT(0);
@@ -346,6 +340,13 @@ void main() {
         }
       }
     }
+  // With the first stage's loads in flight.
+  if (t < BM) {
+    s_izp[t] = m0 + uint(t) < M ? t_input_zero_point_load(m0 + uint(t)) : 0;
+  }
+  barrier();
+  coopMatLoad(izp[0], s_izp, 0u, 0u, gl_CooperativeMatrixLayoutColumnMajor);
+  coopMatLoad(izp[1], s_izp, 16u, 0u, gl_CooperativeMatrixLayoutColumnMajor);
   for (uint st = 0u; st < stages; ++st) {
     barrier();  // every read of the previous stage is done
     [[unroll]] for (int r = 0; r < A_MAX; ++r) {
