@@ -1,16 +1,17 @@
-"""GPU probe (issue 40): the many-token linear kernel's two epilogues, A/B in one run.
+"""GPU probe (issue 40): the many-token linear kernel's epilogues, A/B in one run.
 
 Times `linear_qta8a_qga4w_coop` with EPILOGUE shared (each group's int32 sums through
-shared memory to the lanes) and EPILOGUE registers (the same operations on the
-accumulator matrices, component-wise) at the Llama-3.2-1B prefill shapes, 8da4w: int8
-per-token activations x int4 weights in groups of 32 (the kernel the op picks there:
-the few-token kernel needs groups of 64). Each shape: the two variants recorded in two
-streams of `CALLS` back-to-back dispatches (activations, weights and output fixed; each
-STEPS given), ~1 s of warm-up, then `ROUNDS` rounds that alternate the variants, each a
-batch of replays; the median GPU time per dispatch over all samples. Prints µs, TOPS
-(2 M N K per second) and the new/old time ratio, and checks both outputs bit for bit
-against each other, and their first `REF_TOKENS` tokens x `REF_ROWS` rows against the
-fp32 reference on the CPU. (`python -m runtime stats VARIANT --spec STEPS=2` gives each variant's registers and
+shared memory to the lanes: the old path), matrices (the same operations on the
+accumulator matrices, component-wise) and elements (element by element of the lanes'
+components, float(isum) by an exponent bias) at the Llama-3.2-1B prefill shapes, 8da4w:
+int8 per-token activations x int4 weights in groups of 32 (the kernel the op picks
+there: the few-token kernel needs groups of 64). Each shape: each variant recorded in
+its stream of `CALLS` back-to-back dispatches (activations, weights and output fixed;
+each STEPS given), ~1 s of warm-up, then `ROUNDS` rounds that alternate the variants,
+each a batch of replays; the median GPU time per dispatch over all samples. Prints µs,
+TOPS (2 M N K per second) and each new variant's time over the old one's, and checks
+every output bit for bit against the old one's, and their first `REF_TOKENS` tokens x
+`REF_ROWS` rows against the fp32 reference on the CPU. (`python -m runtime stats VARIANT --spec STEPS=2` gives each variant's registers and
 shared memory.)
 
 Usage (from the repository root, on the GPU machine):
@@ -21,6 +22,7 @@ Usage (from the repository root, on the GPU machine):
 from __future__ import annotations
 
 import argparse
+import contextlib
 import math
 import statistics
 import sys
@@ -43,7 +45,8 @@ from runtime.vulkan.tensor import Tensor  # noqa: E402
 drop_validation()
 
 COOP = "etvk.linear_qta8a_qga4w_coop.default"
-EPILOGUES = ("shared", "registers")  # old, new
+OLD = "shared"
+EPILOGUES = (OLD, "matrices", "elements")
 GROUP_SIZE = 32
 # (tokens M, K, N): q/o_proj, gate/up_proj, down_proj, lm_head of a 512-token prefill; a
 # 128-token call at 4096 -> 14336.
@@ -99,24 +102,24 @@ def probe(m: int, k: int, n: int, steps_list, repeats: int, warmup: float, gen) 
     print(f"-- M={m} K={k} N={n} group {GROUP_SIZE} (set-up and reference {time.perf_counter() - start:.1f} s)")
     ok = True
     for steps in steps_list:
-        ok = time_pair(m, k, n, steps, bindings, want, repeats, warmup) and ok
+        ok = time_variants(m, k, n, steps, bindings, want, repeats, warmup) and ok
     return ok
 
 
-def time_pair(m: int, k: int, n: int, steps: int, bindings: dict, want, repeats: int,
-              warmup: float) -> bool:
-    """Times the two variants at `steps`, alternating; prints the rows; True when both
-    outputs are bit-identical to each other and to `want` (their first tokens and rows)."""
+def time_variants(m: int, k: int, n: int, steps: int, bindings: dict, want, repeats: int,
+                  warmup: float) -> bool:
+    """Times the variants at `steps`, alternating; prints the rows; True when every output is
+    bit-identical to the old variant's and to `want` (their first tokens and rows)."""
     outs = {e: Tensor.empty((m, n), torch.float32, "buffer") for e in EPILOGUES}
     variants = {e: catalog().variant(f"linear_qta8a_qga4w_coop_buffer_{e}") for e in EPILOGUES}
     got = {}
-    with Stream() as old, Stream() as new:
-        streams = dict(zip(EPILOGUES, (old, new), strict=True))
+    with contextlib.ExitStack() as stack:
+        streams = {e: stack.enter_context(Stream()) for e in EPILOGUES}
         for e, stream in streams.items():
             record(stream, variants[e], {**bindings, "t_out": outs[e]}, m, k, n, steps)
             stream.run()
             got[e] = outs[e].to_torch()
-        if not old.timings():
+        if not streams[OLD].timings():
             print("device has no timestamp queries: nothing to time")
             return False
         per_replay = {e: warm(stream.replay, warmup) for e, stream in streams.items()}
@@ -130,15 +133,17 @@ def time_pair(m: int, k: int, n: int, steps: int, bindings: dict, want, repeats:
     for e in EPILOGUES:
         print(f"   STEPS={steps} {variants[e].name:<42} {seconds[e] * 1e6:10.1f} us "
               f"{ops / seconds[e] / 1e12:7.1f} TOPS  ({len(timed[e])} samples, min {min(timed[e]) * 1e6:.1f} us)")
-    print(f"   STEPS={steps} new/old time ratio (registers / shared): "
-          f"{seconds['registers'] / seconds['shared']:.3f}")
+    print(f"   STEPS={steps} new/old time ratios: " + ", ".join(
+        f"{e} / {OLD} {seconds[e] / seconds[OLD]:.3f}" for e in EPILOGUES if e != OLD))
     tokens, rows = want.shape
-    between = differing(got["shared"], got["registers"])
+    between = {e: differing(got[OLD], got[e]) for e in EPILOGUES if e != OLD}
     against = {e: differing(got[e][:tokens, :rows], want) for e in EPILOGUES}
-    ok = between == 0 and not any(against.values())
-    print(f"   STEPS={steps} bits: registers vs shared {between} of {m * n} differ; vs the reference "
-          f"on {tokens} tokens x {rows} rows: shared {against['shared']}, registers "
-          f"{against['registers']} differ -> {'OK' if ok else 'MISMATCH'}")
+    ok = not any(between.values()) and not any(against.values())
+    print(f"   STEPS={steps} bits differing from {OLD}'s ({m * n} values): "
+          + ", ".join(f"{e} {count}" for e, count in between.items())
+          + f"; from the reference on {tokens} tokens x {rows} rows: "
+          + ", ".join(f"{e} {count}" for e, count in against.items())
+          + f" -> {'OK' if ok else 'MISMATCH'}")
     return ok
 
 

@@ -64,6 +64,9 @@ CASES = [
     ((33,), 96, 65, 32),
     ((40,), 512, 130, 128),
     ((2, 35), 512, 70, 256),
+    # A group over 1096 values, whose largest sums (the first token's) pass 2^22: the
+    # cooperative-matrix kernel's EPILOGUE elements converts them with float(isum).
+    ((33,), 2304, 65, 1152),
 ]
 # Calls of at least FEW_SPLIT2_MIN_TILES tiles of 16 rows x 8 tokens, which the few-token
 # kernel's rule gives its SPLIT-2 variant (GPU only: only the few-token variants take them).
@@ -272,7 +275,7 @@ def test_every_work_split_gives_the_same_bits(kernel, lead, storage, dot):
 
 
 @pytest.mark.parametrize("gs", [32, 256])
-@pytest.mark.parametrize("epilogue", ["shared", "registers"])
+@pytest.mark.parametrize("epilogue", ["shared", "matrices", "elements"])
 def test_every_coop_staging_gives_the_same_bits(epilogue, gs):
     """The cooperative-matrix kernel stages STEPS K steps of 32 at a time (a spec constant,
     at most 8 within 48 KB of shared memory); every value gives the reference's bits,

@@ -274,7 +274,9 @@ const int OSTRIDE = 20;
 #define A_MAT coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define F_MAT coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define ACC_MAT C_MAT  // the fp32 sums' bits
+// Group sizes whose sums stay under 2^22 in magnitude (3825 gs < 2^22: gs <= 1096).
+const uint EXACT_BIAS_MAX_GS = 1096u;
 
 shared uint s_a[BM * STRIDE];     // [token][K word]: int8 x
 shared uint s_b[BN * STRIDE];     // [row][K word]: int8 w - weight_zeros
@@ -317,9 +319,10 @@ void main() {
   // The epilogue's matrices: izp[i] holds input_zero_point of token m0 + 16 i + r in
   // every column of row r (loaded below); acc[i] the fp32 sums of sums[i]'s elements.
   C_MAT izp[2];
-  F_MAT acc[2];
-  acc[0] = F_MAT(0.0);
-  acc[1] = F_MAT(0.0);
+  ACC_MAT acc[2];
+  acc[0] = ACC_MAT(0);
+  acc[1] = ACC_MAT(0);
+  const bool exact_bias = lin_gs() <= EXACT_BIAS_MAX_GS;
 
   C_MAT sums[2];
   sums[0] = C_MAT(0);
@@ -414,16 +417,32 @@ void main() {
           sums[1] = coopMatMulAdd(a1, b, sums[1]);
           if ((step + 1u) % group_steps == 0u) {
             C_MAT corr;
-            F_MAT scale;
+            C_MAT scale;  // bits
             coopMatLoad(corr, s_corr, uint(kk * BN + row0), 0u, gl_CooperativeMatrixLayoutRowMajor);
             coopMatLoad(scale, s_scale, uint(kk * BN + row0), 0u, gl_CooperativeMatrixLayoutRowMajor);
-            [[unroll]] for (int i = 0; i < 2; ++i) {
-              const C_MAT isum = sums[i] - izp[i] * corr;
-              precise F_MAT p = scale * F_MAT(isum);
-              precise F_MAT a = acc[i] + p;
-              acc[i] = a;
-              sums[i] = C_MAT(0);
+            if (exact_bias) {  // uniform
+              [[unroll]] for (int i = 0; i < 2; ++i) {
+                [[unroll]] for (int e = 0; e < sums[i].length(); ++e) {
+                  const int isum = sums[i][e] - izp[i][e] * corr[e];
+                  precise float f = intBitsToFloat(isum + 0x4B400000) - 12582912.0;
+                  precise float p = intBitsToFloat(scale[e]) * f;
+                  precise float a = intBitsToFloat(acc[i][e]) + p;
+                  acc[i][e] = floatBitsToInt(a);
+                }
+              }
+            } else {
+              [[unroll]] for (int i = 0; i < 2; ++i) {
+                [[unroll]] for (int e = 0; e < sums[i].length(); ++e) {
+                  const int isum = sums[i][e] - izp[i][e] * corr[e];
+                  precise float f = float(isum);
+                  precise float p = intBitsToFloat(scale[e]) * f;
+                  precise float a = intBitsToFloat(acc[i][e]) + p;
+                  acc[i][e] = floatBitsToInt(a);
+                }
+              }
             }
+            sums[0] = C_MAT(0);
+            sums[1] = C_MAT(0);
           }
         }
       }

@@ -268,6 +268,7 @@ const int OSTRIDE = 20;
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 #define F_MAT coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define ACC_MAT F_MAT
 
 shared uint s_a[BM * STRIDE];     // [token][K word]: int8 x
 shared uint s_b[BN * STRIDE];     // [row][K word]: int8 w - weight_zeros
@@ -310,9 +311,9 @@ void main() {
   // The epilogue's matrices: izp[i] holds input_zero_point of token m0 + 16 i + r in
   // every column of row r (loaded below); acc[i] the fp32 sums of sums[i]'s elements.
   C_MAT izp[2];
-  F_MAT acc[2];
-  acc[0] = F_MAT(0.0);
-  acc[1] = F_MAT(0.0);
+  ACC_MAT acc[2];
+  acc[0] = ACC_MAT(0);
+  acc[1] = ACC_MAT(0);
 
   C_MAT sums[2];
   sums[0] = C_MAT(0);
