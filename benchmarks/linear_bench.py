@@ -13,8 +13,7 @@ streaming floor: a dispatch that only reads as many bytes, rotated the same way
 ``--sweep`` also times every work split (C invocations per tile, GL group
 lanes: the shader's push constants, all bit-identical) of the kernel each
 row runs, and for more than one token the cooperative-matrix kernel at every
-STEPS (its spec constant) with each EPILOGUE (its axis), to choose the op's
-rules by measurement.
+STEPS (its spec constant), to choose the op's rules by measurement.
 
 Weights are ROTATED beyond the L2 cache (50 MB on an H100): several distinct
 weight sets (8 for N = 4096, ~9.4 MB each; 4 for N = 14336, ~33 MB each) are
@@ -78,8 +77,7 @@ LEAVES = ("etvk.linear_qta8a_qga4w_tiled.default", "etvk.linear_qta8a_qga4w_coop
 GROUP_SIZE = 128
 CALLS = 16  # calls recorded back to back per stream, cycling through the weight copies
 ROTATED_BYTES = 67e6  # weights per rotation for an N of one's own (--n): beyond a 50-60 MB L2
-COOP_STEPS = (2, 4, 8)  # the cooperative-matrix kernel's STEPS a sweep times (8: 39 KB of shared memory)
-COOP_EPILOGUES = ("shared", "matrices", "elements")  # and its axis EPILOGUE
+COOP_STEPS = (2, 4, 8)  # the cooperative-matrix kernel's STEPS a sweep times (8: 30 KB of shared memory)
 TIMED_SECONDS = 0.5  # replays after the warm-up: about this long, `--repeats` at most
 TARGET = "target: M=1 4096->14336 under 13 us (tinygemm 18.3 us on an H100)"
 
@@ -130,12 +128,11 @@ def time_split(kernel: str, m: int, k: int, n: int, packed: list, gen, split, re
         return time_stream(stream, repeats, warmup)
 
 
-def time_coop(m: int, k: int, n: int, weights: list, gen, steps: int, epilogue: str, repeats, warmup,
+def time_coop(m: int, k: int, n: int, weights: list, gen, steps: int, repeats, warmup,
               storage: str):
     """Median GPU seconds of one dispatch of the cooperative-matrix kernel (activations and
-    output in `storage`) staging `steps` K steps of 32 at a time (its spec constant STEPS),
-    with the epilogue `epilogue` (its axis EPILOGUE)."""
-    variant = catalog().variant(f"linear_qta8a_qga4w_coop_{storage}_{epilogue}")
+    output in `storage`) staging `steps` K steps of 32 at a time (its spec constant STEPS)."""
+    variant = catalog().variant(f"linear_qta8a_qga4w_coop_{storage}")
     packed = [(Tensor.from_torch(pack_linear_weights_coop(w)),
                Tensor.from_torch(pack_linear_meta_coop(w, ws, wz, GROUP_SIZE))) for w, ws, wz in weights]
     with Stream() as stream:
@@ -292,7 +289,7 @@ def main() -> int:
         sizes = dict.fromkeys(sizes, options.copies)
     warmup = options.warmup if options.warmup is not None else (0.05 if options.quick else 1.0)
     op = runtime.get_op(OP)
-    coop_runs = catalog().variant("linear_qta8a_qga4w_coop_buffer_shared").runnable(caps)[0]
+    coop_runs = catalog().variant("linear_qta8a_qga4w_coop_buffer").runnable(caps)[0]
     gen = torch.Generator().manual_seed(0)
     record = Results("linear")
     record.device(caps)
@@ -339,12 +336,10 @@ def main() -> int:
                     continue
                 emit(m, n, f"  {other}", seconds, our_bytes, ours)
             if options.sweep and m > 1 and coop_runs:
-                for epilogue in COOP_EPILOGUES:
-                    for steps in COOP_STEPS:
-                        seconds, _ = time_coop(m, k, n, weights, gen, steps, epilogue, repeats,
-                                               min(warmup, 0.3), options.storage)
-                        emit(m, n, f"  sweep coop EPILOGUE={epilogue} STEPS={steps}", seconds,
-                             our_bytes, ours)
+                for steps in COOP_STEPS:
+                    seconds, _ = time_coop(m, k, n, weights, gen, steps, repeats, min(warmup, 0.3),
+                                           options.storage)
+                    emit(m, n, f"  sweep coop STEPS={steps}", seconds, our_bytes, ours)
             if target_row:
                 target_ours = ours
             if options.sweep and m <= 8:

@@ -32,7 +32,7 @@ from runtime.vulkan.tensor import Tensor, texture_extent
 
 # the variants `_gemm_coop` checks the device against, by the rule's algorithm
 COOP_GEMM_VARIANTS = {"pw": "q8ta_gemm_coop_k64_w4", "im2col": "q8ta_gemm_coop_im2col_k64_w4"}
-LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer_shared"  # and `linear_uses_coop` (both EPILOGUEs require the same)
+LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # Tokens x output rows from which linear_qta8a_qga4w runs on cooperative matrices: on the
 # H100 the kernel takes 70-80 us up to 32 x 14336 and beats the tiled gemm from 16 x 14336
 # and 64 x 4096 on (benchmarks/linear_bench.py; NOTES.md).

@@ -50,9 +50,7 @@ def test_shared_memory_follows_the_specialization():
 @pytest.mark.parametrize("name, specs", [
     ("q8ta_gemm_fallback", {"BLOCK_K": 16}), ("q8ta_gemm_fallback", {"SPLIT_K": 4, "BLOCK_K": 4}),
     ("linear_qta8a_qga4w_gemm_fallback_buffer_buffer", {}),
-    ("linear_qta8a_qga4w_coop_buffer_shared", {"STEPS": 4}),
-    ("linear_qta8a_qga4w_coop_buffer_matrices", {"STEPS": 4}),
-    ("linear_qta8a_qga4w_coop_buffer_elements", {"STEPS": 4}), ("q8ta_gemm_coop_k128_w16", {})])
+    ("linear_qta8a_qga4w_coop_buffer", {"STEPS": 4}), ("q8ta_gemm_coop_k128_w16", {})])
 def test_reported_shared_memory_within_the_spirv_figure(name, specs):
     """What the driver reports never exceeds what runtime/vulkan/workgroup_memory.py reads from
     the SPIR-V for the same specialization: the Vulkan spec bounds a device's use by that

@@ -90,15 +90,12 @@ def test_gemm_tilings_as_the_template_declares(tiling):
 
 
 @pytest.mark.parametrize("steps", [2, 4, 8])
-@pytest.mark.parametrize("epilogue", ["shared", "matrices", "elements"])
-def test_coop_linear_epilogues_as_the_template_declares(epilogue, steps):
-    """linear_qta8a_qga4w_coop's staging (templates/linear_qta8a_qga4w_coop.glsl.j2): 32
-    token rows and 64 weight rows of 8 STEPS + 4 words, each step's 64 scales and c; then
-    EPILOGUE shared's sums (64 rows of 36 ints), or the 32 zero points of the epilogues in
-    registers (matrices, elements). At STEPS 2: 17,920 bytes against 8,832."""
-    want = (32 + 64) * (8 * steps + 4) * 4 + 2 * steps * 64 * 4
-    want += 64 * 36 * 4 if epilogue == "shared" else 32 * 4
-    variant = catalog().variant(f"linear_qta8a_qga4w_coop_buffer_{epilogue}")
+def test_coop_linear_as_the_template_declares(steps):
+    """linear_qta8a_qga4w_coop's shared memory (templates/linear_qta8a_qga4w_coop.glsl.j2): 32
+    token rows and 64 weight rows of 8 STEPS + 4 words, each step's 64 scales and c, and the
+    tile's 32 zero points (its epilogue scales the sums in registers). 8,832 bytes at STEPS 2."""
+    want = (32 + 64) * (8 * steps + 4) * 4 + 2 * steps * 64 * 4 + 32 * 4
+    variant = catalog().variant("linear_qta8a_qga4w_coop_buffer")
     assert workgroup_memory_bytes(variant.spirv(), spec_values(variant, {"STEPS": steps})) == want
 
 

@@ -39,12 +39,18 @@ vec4 etvk_round_to_half(vec4 v) {
   return vec4(etvk_half_value(h.x & 0xFFFFu), etvk_half_value(h.x >> 16u),
               etvk_half_value(h.y & 0xFFFFu), etvk_half_value(h.y >> 16u));
 }
-layout(set = 0, binding = 0, rgba32f) uniform writeonly image3D t_out;
-ivec3 t_out_extents() { return imageSize(t_out); }
-void t_out_store(ivec3 texel, vec4 v) { imageStore(t_out, texel, v); }
-layout(set = 0, binding = 1, rgba8i) uniform readonly iimage3D t_x;
-ivec3 t_x_extents() { return imageSize(t_x); }
-ivec4 t_x_load(ivec3 texel) { return imageLoad(t_x, texel); }
+layout(set = 0, binding = 0, std430) writeonly buffer t_out_block {
+  float data[];
+} t_out;
+void t_out_store(uint i, float v) { t_out.data[i] = v; }
+layout(set = 0, binding = 1, std430) readonly buffer t_x_block {
+  uint data[];
+} t_x;
+ivec4 t_x_load(uint unit) {
+  const int u = int(t_x.data[unit]);
+  return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
+}
+uint t_x_load_word(uint unit) { return t_x.data[unit]; }
 layout(set = 0, binding = 2, std430) readonly buffer t_w_block {
   ivec4 data[];
 } t_w;
@@ -175,8 +181,7 @@ uint lin_R() { return (lin_J() + 2u) * lin_G(); }                  // texels per
 
 // The activation word x[m, 4 * kw .. 4 * kw + 3] (4 int8, little-endian).
 uint lin_x_word(uint m, uint kw) {
-  const uint h = uint(t_x_extents().y);
-  return etvk_pack_i8x4(t_x_load(ivec3(int(kw), int(m % h), int(m / h))));
+  return t_x_load_word(m * (lin_K() >> 2) + kw);
 }
 
 // Texel t of the row of prepacked weights of block b (4 output rows).
@@ -239,9 +244,11 @@ vec4 lin_add(vec4 acc, vec4 p) {
 // Stores out[m, 4b .. 4b+3] (values past N dropped; texture padding 0).
 void lin_store(uint m, uint b, vec4 v) {
   const uint n0 = 4u * b;
-  const uint h = uint(t_out_extents().y);
-  const bvec4 inside = lessThan(uvec4(n0) + uvec4(0u, 1u, 2u, 3u), uvec4(lin_N()));
-  t_out_store(ivec3(int(b), int(m % h), int(m / h)), mix(vec4(0.0), v, inside));
+  for (uint r = 0u; r < 4u; ++r) {
+    if (n0 + r < lin_N()) {
+      t_out_store(m * lin_N() + n0 + r, v[r]);
+    }
+  }
 }
 
 // Every register array is indexed by the counter of an [[unroll]] loop over a
@@ -268,7 +275,6 @@ const int OSTRIDE = 20;
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 #define F_MAT coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
-#define ACC_MAT F_MAT
 
 shared uint s_a[BM * STRIDE];     // [token][K word]: int8 x
 shared uint s_b[BN * STRIDE];     // [row][K word]: int8 w - weight_zeros
@@ -311,9 +317,9 @@ void main() {
   // The epilogue's matrices: izp[i] holds input_zero_point of token m0 + 16 i + r in
   // every column of row r (loaded below); acc[i] the fp32 sums of sums[i]'s elements.
   C_MAT izp[2];
-  ACC_MAT acc[2];
-  acc[0] = ACC_MAT(0);
-  acc[1] = ACC_MAT(0);
+  F_MAT acc[2];
+  acc[0] = F_MAT(0);
+  acc[1] = F_MAT(0);
 
   C_MAT sums[2];
   sums[0] = C_MAT(0);
