@@ -183,6 +183,28 @@ uint etvk_packed_word(int layout_code, ivec4 sizes, int n, int c4, int h, int w)
   return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x + w);
 }
 
+// The outputs of one invocation of a row-walking conv (direct, depthwise): widths ox0 ..
+// ox0 + out_w - 1 of row oy, channel word c4 of batch entry n. The grid is 1-D:
+// invocation ((n * C4 + c4) * H + oy) * ceil(W / out_w) + ox0 / out_w for `sizes` (W, H, C4, N)
+// of the output, so consecutive invocations walk whole rows and a workgroup spans rows
+// (a narrow map leaves no invocation idle); `valid` is false past the last.
+struct EtvkOutputRun {
+  int ox0;
+  int oy;
+  int n;
+  int c4;
+  bool valid;
+};
+
+EtvkOutputRun etvk_output_run(uint item, ivec4 sizes, int out_w) {
+  const int groups_x = (sizes.x + out_w - 1) / out_w;
+  const int row = int(item) / groups_x;     // (n * C4 + c4) * H + oy
+  const int z = row / sizes.y;              // n * C4 + c4
+  const int n = z / sizes.z;
+  return EtvkOutputRun((int(item) - row * groups_x) * out_w, row - z * sizes.y, n,
+                       z - n * sizes.z, n < sizes.w);
+}
+
 // etvk_packed_word split in two, so a loop over widths computes the row part
 // once: etvk_packed_row(layout_code, sizes, n, c4, h) + etvk_packed_col(layout_code, sizes, w)
 // == etvk_packed_word(layout_code, sizes, n, c4, h, w).
@@ -416,17 +438,15 @@ uint load_x(uint row, bool row_in, int ix, ivec4 in4, uint zp_word) {
 
 void main() {
   const int c4_count = (pc.out_sizes.z + 3) >> 2;
-  const int groups_x = (pc.out_sizes.x + OUT_W - 1) / OUT_W;
-  const int item = int(etvk_linear_invocation());
-  const int row_item = item / groups_x;                  // (n * c4_count + c4) * H_out + oy
-  const int z = row_item / pc.out_sizes.y;               // n * c4_count + c4
-  if (z >= pc.out_sizes.w * c4_count) {
+  const EtvkOutputRun run = etvk_output_run(etvk_linear_invocation(),
+                                            ivec4(pc.out_sizes.xy, c4_count, pc.out_sizes.w), OUT_W);
+  if (!run.valid) {
     return;
   }
-  const int ox0 = (item - row_item * groups_x) * OUT_W;
-  const int oy = row_item - z * pc.out_sizes.y;
-  const int n = z / c4_count;
-  const int c4 = z - n * c4_count;
+  const int ox0 = run.ox0;
+  const int oy = run.oy;
+  const int n = run.n;
+  const int c4 = run.c4;
   const int kw = pc.kernel.x;
   const int kh = pc.kernel.y;
   const int sx = pc.kernel.z;

@@ -171,6 +171,28 @@ uint etvk_packed_word(int layout_code, ivec4 sizes, int n, int c4, int h, int w)
   return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x + w);
 }
 
+// The outputs of one invocation of a row-walking conv (direct, depthwise): widths ox0 ..
+// ox0 + out_w - 1 of row oy, channel word c4 of batch entry n. The grid is 1-D:
+// invocation ((n * C4 + c4) * H + oy) * ceil(W / out_w) + ox0 / out_w for `sizes` (W, H, C4, N)
+// of the output, so consecutive invocations walk whole rows and a workgroup spans rows
+// (a narrow map leaves no invocation idle); `valid` is false past the last.
+struct EtvkOutputRun {
+  int ox0;
+  int oy;
+  int n;
+  int c4;
+  bool valid;
+};
+
+EtvkOutputRun etvk_output_run(uint item, ivec4 sizes, int out_w) {
+  const int groups_x = (sizes.x + out_w - 1) / out_w;
+  const int row = int(item) / groups_x;     // (n * C4 + c4) * H + oy
+  const int z = row / sizes.y;              // n * C4 + c4
+  const int n = z / sizes.z;
+  return EtvkOutputRun((int(item) - row * groups_x) * out_w, row - z * sizes.y, n,
+                       z - n * sizes.z, n < sizes.w);
+}
+
 // etvk_packed_word split in two, so a loop over widths computes the row part
 // once: etvk_packed_row(layout_code, sizes, n, c4, h) + etvk_packed_col(layout_code, sizes, w)
 // == etvk_packed_word(layout_code, sizes, n, c4, h, w).

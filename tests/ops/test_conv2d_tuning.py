@@ -74,10 +74,8 @@ def settings_reached(choice: Conv2dChoice, p, dispatches: list[dict]) -> bool:
         w = -(-(p.W_out if choice.algorithm == "im2col" else p.W) // 4) * 4 if padded else p.W
         h = p.H_out if choice.algorithm == "im2col" else p.H
         return not s or dispatch["groups"] == gemm_tiling(p.N * h * w, 1, p.C_out, s).groups
-    groups_x = -(-p.W_out // s.get("out_w", 4))
-    if choice.algorithm == "dw":  # one 1-D item per width group, row and channel word
-        return dispatch["global"][0] == groups_x * p.H_out * p.N * -(-p.C_out // 4)
-    return dispatch["global"][0] == groups_x
+    # general and dw: one invocation per width group, row, channel word and batch entry
+    return dispatch["global"][0] == -(-p.W_out // s.get("out_w", 4)) * p.H_out * p.N * -(-p.C_out // 4)
 
 
 @pytest.mark.parametrize("name", SHAPES)
