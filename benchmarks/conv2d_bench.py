@@ -6,7 +6,8 @@ every conv op that accepts the shape, with the op's default variant:
 - ``etvk.q8ta_conv2d_im2col.default`` (im2col + pointwise GEMM, 2 dispatches per call),
 - ``etvk.q8ta_conv2d_general.default`` (direct),
 - ``etvk.q8ta_conv2d_pw.default`` (1x1, stride 1, padding 0),
-- ``etvk.q8ta_conv2d_dw.default`` (groups == C_in == C_out),
+- ``etvk.q8ta_conv2d_dw.default`` (groups == C_in == C_out), on 4C1W input and, as "dw/4C",
+  on 4C (the layout its pointwise neighbours give it in a program),
 
 next to cuDNN fp16 (``torch.nn.functional.conv2d`` on CUDA, half, channels_last,
 ``cudnn.benchmark``) measured in the same run with CUDA events; without CUDA
@@ -86,6 +87,8 @@ OPS = {
     "direct": ("etvk.q8ta_conv2d_general.default", "4C1W", lambda p: True),
     "pw": ("etvk.q8ta_conv2d_pw.default", "4C", lambda p: p.is_pointwise),
     "dw": ("etvk.q8ta_conv2d_dw.default", "4C1W", lambda p: p.is_depthwise),
+    # the layout a program's depthwise convs mostly get: their pointwise neighbours' 4C
+    "dw/4C": ("etvk.q8ta_conv2d_dw.default", "4C", lambda p: p.is_depthwise),
 }
 ALGORITHM_NAMES = {"im2col": "im2col", "general": "direct", "pw": "pw", "dw": "dw"}
 
@@ -208,7 +211,7 @@ def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict,
         note = ""
         if short == "im2col" and len(parts) == 2:
             note = f"im2col {parts[0] / seconds:.0%}"
-        if short == "dw":  # bytes moved: the input and output activations (weights are small)
+        if short.startswith("dw"):  # bytes moved: the input and output activations (weights are small)
             moved = p.N * p.C_in * (p.H * p.W + p.H_out * p.W_out)
             note = f"{moved / seconds / 1e9:.0f} GB/s" + (f", {moved / seconds / s.copy_rate:.0%} of copy"
                                                          if s.copy_rate else "")
