@@ -6,7 +6,8 @@ every conv op that accepts the shape, with the op's default variant:
 - ``etvk.q8ta_conv2d_im2col.default`` (im2col + pointwise GEMM, 2 dispatches per call),
 - ``etvk.q8ta_conv2d_general.default`` (direct),
 - ``etvk.q8ta_conv2d_pw.default`` (1x1, stride 1, padding 0),
-- ``etvk.q8ta_conv2d_dw.default`` (groups == C_in == C_out),
+- ``etvk.q8ta_conv2d_dw.default`` (groups == C_in == C_out), on 4C1W input and, as "dw/4C",
+  on 4C (the layout its pointwise neighbours give it in a program),
 
 next to cuDNN fp16 (``torch.nn.functional.conv2d`` on CUDA, half, channels_last,
 ``cudnn.benchmark``) measured in the same run with CUDA events; without CUDA
@@ -17,7 +18,9 @@ Method (benchmarks/NOTES.md): x is uploaded once in the op's preferred layout
 stream records several back-to-back calls, is replayed for ~1 s of continuous
 work (an idle H100 drops its clock), then replayed a few times more; a call's
 GPU time is the sum of its dispatches' timestamps, and the row reports the
-median call. TOPS = 2 * MACs / GPU seconds. The cuDNN side is warmed the same
+median call. TOPS = 2 * MACs / GPU seconds; depthwise rows also print the GB/s their
+activations move (input read + output written), as a share of a 1 GiB torch CUDA copy timed at
+the start of the run. The cuDNN side is warmed the same
 way and timed per call with CUDA events, queued behind a GPU spin so that
 host launch overhead does not leak into the kernel times.
 
@@ -41,7 +44,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from results import Results  # noqa: E402
-from timing import drop_validation, open_device, time_cuda, warm  # noqa: E402
+from timing import cuda_copy_seconds, drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.ops.stub_support import conv2d_algorithm  # noqa: E402
@@ -52,6 +55,14 @@ from runtime.vulkan.tensor import Tensor  # noqa: E402
 drop_validation()
 
 C = Conv2dCase
+# MobileNetV2's other depthwise layers (3x3, relu6 as a clamp), for issue 41's "depthwise at the
+# bandwidth limit": their rows print GB/s against a torch CUDA copy timed in the same run.
+DEPTHWISE_SHAPES = [
+    C(f"mbv2 dw 3x3{'/2' if s == 2 else ''} {c} {hw}", 1, c, hw, hw, c, (3, 3), (s, s), (1, 1),
+      groups=c, activation="relu")
+    for c, hw, s in ((32, 112, 1), (96, 112, 2), (192, 28, 1), (192, 28, 2), (384, 14, 1),
+                     (576, 14, 1), (576, 14, 2), (960, 7, 1))
+]
 # Real layer shapes at batch 1; the batch is replaced per run.
 SHAPES = [
     C("resnet50 stem 7x7/2 3->64 224", 1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3), activation="relu"),
@@ -65,6 +76,7 @@ SHAPES = [
     C("mbv2 dw 3x3 144 56", 1, 144, 56, 56, 144, (3, 3), padding=(1, 1), groups=144, activation="relu"),
     C("mbv2 dw 3x3/2 144 56->28", 1, 144, 56, 56, 144, (3, 3), (2, 2), (1, 1), groups=144,
       activation="relu"),
+    *DEPTHWISE_SHAPES,
     C("mbv2 project 1x1 144->24 56", 1, 144, 56, 56, 24, (1, 1)),
     C("mbv2 1x1 320->1280 7", 1, 320, 7, 7, 1280, (1, 1), activation="relu"),
 ]
@@ -75,12 +87,15 @@ OPS = {
     "direct": ("etvk.q8ta_conv2d_general.default", "4C1W", lambda p: True),
     "pw": ("etvk.q8ta_conv2d_pw.default", "4C", lambda p: p.is_pointwise),
     "dw": ("etvk.q8ta_conv2d_dw.default", "4C1W", lambda p: p.is_depthwise),
+    # the layout a program's depthwise convs mostly get: their pointwise neighbours' 4C
+    "dw/4C": ("etvk.q8ta_conv2d_dw.default", "4C", lambda p: p.is_depthwise),
 }
 ALGORITHM_NAMES = {"im2col": "im2col", "general": "direct", "pw": "pw", "dw": "dw"}
 
 MAX_CALLS = 10  # back-to-back calls per recorded stream (fewer when outputs are big)
 STREAM_BYTES = 256 << 20  # outputs + im2col scratch of one recorded stream, at most
 TIMED_SECONDS = 0.5  # replays after the warm-up: about this long, `--repeats` at most
+COPY_BYTES = 1 << 30  # the copy yardstick of the depthwise rows' GB/s
 
 
 @dataclasses.dataclass
@@ -88,6 +103,7 @@ class Settings:
     repeats: int
     warmup: float
     max_calls: int
+    copy_rate: float | None = None  # bytes read + written per second by a torch CUDA copy
 
 
 def shrink(case: Conv2dCase, batch: int, quick: bool) -> Conv2dCase:
@@ -195,6 +211,10 @@ def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict,
         note = ""
         if short == "im2col" and len(parts) == 2:
             note = f"im2col {parts[0] / seconds:.0%}"
+        if short.startswith("dw"):  # bytes moved: the input and output activations (weights are small)
+            moved = p.N * p.C_in * (p.H * p.W + p.H_out * p.W_out)
+            note = f"{moved / seconds / 1e9:.0f} GB/s" + (f", {moved / seconds / s.copy_rate:.0%} of copy"
+                                                         if s.copy_rate else "")
         results[(case.name, p.N, short)] = seconds
         record.kernel("conv2d", f"{case.name} b{p.N}", f"etvk {short}", seconds, ops=2 * case.macs)
         ratio = seconds / cudnn if cudnn else None
@@ -243,6 +263,10 @@ def main() -> int:
     s = Settings(repeats=3 if options.quick and options.repeats == 20 else options.repeats,
                  warmup=warmup, max_calls=2 if options.quick else MAX_CALLS)
     only = re.compile(options.only)
+    copy = cuda_copy_seconds(COPY_BYTES, s.repeats, s.warmup)
+    s.copy_rate = 2 * COPY_BYTES / copy if copy else None
+    if s.copy_rate:
+        print(f"torch CUDA copy of {COPY_BYTES >> 20} MiB: {s.copy_rate / 1e9:.0f} GB/s read + written")
     print(f"\n== int8 conv ops vs cuDNN fp16, median GPU time per call ({s.max_calls} back-to-back "
           f"calls per stream, <= {s.repeats} replays after {s.warmup:g} s warm-up each) ==")
     print("op: algorithm/dot of the default variant; * = what etvk.q8ta_conv2d.default picks here. "

@@ -93,6 +93,40 @@ uint etvk_packed_word(int layout_code, ivec4 sizes, int n, int c4, int h, int w)
   return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x + w);
 }
 
+// The outputs of one invocation of a row-walking conv (direct, depthwise): widths ox0 ..
+// ox0 + out_w - 1 of row oy, channel word c4 of batch entry n, for `sizes` (W, H, C4, N) of
+// the output and G = ceil(W / out_w). The grid is 1-D, so a workgroup spans rows and a narrow
+// map leaves no invocation idle. Invocation
+//   ((n * C4 + c4) * H + oy) * G + ox0 / out_w   in 4C1W (widths fastest: a row's words lie
+//                                                 together there),
+//   ((n * H + oy) * G + ox0 / out_w) * C4 + c4    in 4C and 4W4C (channel words fastest: a
+//                                                 pixel's words lie together there);
+// `valid` is false past the last.
+struct EtvkOutputRun {
+  int ox0;
+  int oy;
+  int n;
+  int c4;
+  bool valid;
+};
+
+EtvkOutputRun etvk_output_run(int layout_code, uint item, ivec4 sizes, int out_w) {
+  const int groups_x = (sizes.x + out_w - 1) / out_w;
+  const int i = int(item);
+  if (layout_code == ETVK_4C1W) {
+    const int row = i / groups_x;  // (n * C4 + c4) * H + oy
+    const int z = row / sizes.y;   // n * C4 + c4
+    const int n = z / sizes.z;
+    return EtvkOutputRun((i - row * groups_x) * out_w, row - z * sizes.y, n, z - n * sizes.z,
+                         n < sizes.w);
+  }
+  const int group = i / sizes.z;      // (n * H + oy) * G + ox0 / out_w
+  const int row = group / groups_x;   // n * H + oy
+  const int n = row / sizes.y;
+  return EtvkOutputRun((group - row * groups_x) * out_w, row - n * sizes.y, n, i - group * sizes.z,
+                       n < sizes.w);
+}
+
 // etvk_packed_word split in two, so a loop over widths computes the row part
 // once: etvk_packed_row(layout_code, sizes, n, c4, h) + etvk_packed_col(layout_code, sizes, w)
 // == etvk_packed_word(layout_code, sizes, n, c4, h, w).

@@ -63,7 +63,7 @@ def dispatches_since(trace, start: int) -> list[dict]:
 def settings_reached(choice: Conv2dChoice, p, dispatches: list[dict]) -> bool:
     """Whether the dispatches of `choice` ran with its settings (the rule's when it has none):
     the coop GEMM's chunk (its variant) and K ranges (workgroups along z), or the last
-    dispatch's workgroups."""
+    dispatch's workgroups (or invocations, whose count follows OUT_W)."""
     s = dict(choice.settings)
     dispatch = dispatches[-1]
     if choice.algorithm in COOP_ALGORITHMS:
@@ -74,7 +74,8 @@ def settings_reached(choice: Conv2dChoice, p, dispatches: list[dict]) -> bool:
         w = -(-(p.W_out if choice.algorithm == "im2col" else p.W) // 4) * 4 if padded else p.W
         h = p.H_out if choice.algorithm == "im2col" else p.H
         return not s or dispatch["groups"] == gemm_tiling(p.N * h * w, 1, p.C_out, s).groups
-    return dispatch["global"][0] == -(-p.W_out // s.get("out_w", 4))
+    # general and dw: one invocation per width group, row, channel word and batch entry
+    return dispatch["global"][0] == -(-p.W_out // s.get("out_w", 4)) * p.H_out * p.N * -(-p.C_out // 4)
 
 
 @pytest.mark.parametrize("name", SHAPES)
