@@ -295,22 +295,26 @@ const int BN = 64;                       // output rows of a tile
 const int MAX_STEPS = 8;                 // the largest STEPS
 const int KW = STEPS * 8;                // K words (4 int8) per staged row; STEPS <= MAX_STEPS
 const int STRIDE = KW + 4;               // words per staged row (16-byte aligned, padded)
-const int CSTRIDE = 36;                  // ints per row of a subgroup's sums (32 tokens + 4)
 const int A_SLOTS = BM * KW / WG;        // activation words an invocation stages
 const int B_SLOTS = BN * STEPS / WG;     // weight units (16 bytes) an invocation stages
 const int A_MAX = BM * MAX_STEPS * 8 / WG;  // A_SLOTS at MAX_STEPS
 const int B_MAX = BN * MAX_STEPS / WG;      // B_SLOTS at MAX_STEPS
 const int SG_ROWS = 16;                  // output rows of a subgroup (BN / 4)
+// Floats per row of a subgroup's final sums in its rows of s_b (a multiple of 16 bytes, as
+// matrix loads and stores need); lanes 0-15 and 16-31 read rows 4 apart, 80 words (16
+// banks), so without conflicts.
+const int OSTRIDE = 20;
 
 #define A_MAT coopmat<int8_t, gl_ScopeSubgroup, 16, 32, gl_MatrixUseA>
 #define B_MAT coopmat<int8_t, gl_ScopeSubgroup, 32, 16, gl_MatrixUseB>
 #define C_MAT coopmat<int32_t, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
+#define F_MAT coopmat<float, gl_ScopeSubgroup, 16, 16, gl_MatrixUseAccumulator>
 
 shared uint s_a[BM * STRIDE];     // [token][K word]: int8 x
 shared uint s_b[BN * STRIDE];     // [row][K word]: int8 w - weight_zeros
 shared float s_scale[STEPS * BN];  // [step][row]: weight_scales of the step's group
 shared int s_corr[STEPS * BN];    // [step][row]: c of the step's group
-shared int s_c[BN * CSTRIDE];     // [row][token]: a group's int32 sums, each subgroup its rows
+shared int s_izp[BM];             // [token]: input_zero_point (0 past M)
 
 // Four int8 q - zq from the nibbles q in the low 4 bits of each byte of `q4`:
 // per byte q + 128 - zq lies in [113, 143] (no borrow between bytes), and
@@ -342,16 +346,14 @@ void main() {
   int b_corr[B_MAX];
   int b_scale[B_MAX];
 
-  // Epilogue ownership, within the subgroup: lane l owns token m0 + l and
-  // the subgroup's SG_ROWS rows (its accumulators' columns).
   const int lane = int(gl_SubgroupInvocationID);
-  const int row0 = sg * SG_ROWS;
-  const uint m = m0 + uint(lane);
-  const int izp = m < M ? t_input_zero_point_load(m) : 0;
-  float acc[SG_ROWS];
-  [[unroll]] for (int r = 0; r < SG_ROWS; ++r) {
-    acc[r] = 0.0;
-  }
+  const int row0 = sg * SG_ROWS;  // the subgroup's output rows (its accumulators' columns)
+  // The epilogue's matrices: izp[i] holds input_zero_point of token m0 + 16 i + r in
+  // every column of row r (loaded below); acc[i] the fp32 sums of sums[i]'s elements.
+  C_MAT izp[2];
+  F_MAT acc[2];
+  acc[0] = F_MAT(0);
+  acc[1] = F_MAT(0);
 
   C_MAT sums[2];
   sums[0] = C_MAT(0);
@@ -379,6 +381,13 @@ void main() {
         }
       }
     }
+  // With the first stage's loads in flight.
+  if (t < BM) {
+    s_izp[t] = m0 + uint(t) < M ? t_input_zero_point_load(m0 + uint(t)) : 0;
+  }
+  barrier();
+  coopMatLoad(izp[0], s_izp, 0u, 0u, gl_CooperativeMatrixLayoutColumnMajor);
+  coopMatLoad(izp[1], s_izp, 16u, 0u, gl_CooperativeMatrixLayoutColumnMajor);
   for (uint st = 0u; st < stages; ++st) {
     barrier();  // every read of the previous stage is done
     [[unroll]] for (int r = 0; r < A_MAX; ++r) {
@@ -438,34 +447,46 @@ void main() {
           sums[0] = coopMatMulAdd(a0, b, sums[0]);
           sums[1] = coopMatMulAdd(a1, b, sums[1]);
           if ((step + 1u) % group_steps == 0u) {
-            coopMatStore(sums[0], s_c, uint(row0 * CSTRIDE), uint(CSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
-            coopMatStore(sums[1], s_c, uint(row0 * CSTRIDE + 16), uint(CSTRIDE),
-                         gl_CooperativeMatrixLayoutColumnMajor);
-            sums[0] = C_MAT(0);
-            sums[1] = C_MAT(0);
-            controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                           gl_SemanticsAcquireRelease);
-            [[unroll]] for (int r = 0; r < SG_ROWS; ++r) {
-              const int isum = s_c[(row0 + r) * CSTRIDE + lane] - izp * s_corr[kk * BN + row0 + r];
-              precise float p = s_scale[kk * BN + row0 + r] * float(isum);
-              precise float a = acc[r] + p;
-              acc[r] = a;
+            C_MAT corr;
+            F_MAT scale;
+            coopMatLoad(corr, s_corr, uint(kk * BN + row0), 0u, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(scale, s_scale, uint(kk * BN + row0), 0u, gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (int i = 0; i < 2; ++i) {
+              const C_MAT isum = sums[i] - izp[i] * corr;
+              precise F_MAT p = scale * F_MAT(isum);
+              precise F_MAT a = acc[i] + p;
+              acc[i] = a;
+              sums[i] = C_MAT(0);
             }
-            // s_c is read before the next group stores to it.
-            controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
-                           gl_SemanticsAcquireRelease);
           }
         }
       }
   }
 
-  // out = input_scale * acc: lane l stores its token's SG_ROWS outputs, 4 rows at a time.
-  if (m < M) {
-    const float s_in = t_input_scale_load(m);
-    [[unroll]] for (int q = 0; q < SG_ROWS / 4; ++q) {
-      const uint b = (n0 + uint(row0)) / 4u + uint(q);
-      if (b < (N + 3u) / 4u) {
-        lin_store(m, b, s_in * vec4(acc[4 * q], acc[4 * q + 1], acc[4 * q + 2], acc[4 * q + 3]));
+  // out = input_scale * acc: acc[i] goes through the subgroup's own rows of s_b (no other
+  // subgroup reads them, and no stage is staged any more) to lane l, which stores token
+  // m0 + 16 i + (l & 15) at its rows 8 q + 4 (l >> 4) .. + 3, q = 0, 1.
+  const uint o_at = uint(row0 * STRIDE);  // 16 rows of STRIDE >= 20 words hold 15 * OSTRIDE + 16
+  const int tok = lane & 15;
+  const int side = lane >> 4;
+  [[unroll]] for (int i = 0; i < 2; ++i) {
+    // The subgroup's loads from these rows (or, for i = 1, reads of acc[0]) are done.
+    controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
+                   gl_SemanticsAcquireRelease);
+    coopMatStore(acc[i], s_b, o_at, uint(OSTRIDE), gl_CooperativeMatrixLayoutColumnMajor);
+    controlBarrier(gl_ScopeSubgroup, gl_ScopeSubgroup, gl_StorageSemanticsShared,
+                   gl_SemanticsAcquireRelease);
+    const uint m = m0 + uint(16 * i + tok);
+    if (m < M) {
+      const float s_in = t_input_scale_load(m);
+      [[unroll]] for (int q = 0; q < 2; ++q) {
+        const uint b = (n0 + uint(row0)) / 4u + uint(2 * q + side);
+        const uint at = o_at + uint((8 * q + 4 * side) * OSTRIDE + tok);
+        const vec4 v = uintBitsToFloat(uvec4(s_b[at], s_b[at + uint(OSTRIDE)], s_b[at + uint(2 * OSTRIDE)],
+                                             s_b[at + uint(3 * OSTRIDE)]));
+        if (b < (N + 3u) / 4u) {
+          lin_store(m, b, s_in * v);
+        }
       }
     }
   }

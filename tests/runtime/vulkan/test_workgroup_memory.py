@@ -89,6 +89,16 @@ def test_gemm_tilings_as_the_template_declares(tiling):
     assert workgroup_memory_bytes(variant.spirv(), specs) == want
 
 
+@pytest.mark.parametrize("steps", [2, 4, 8])
+def test_coop_linear_as_the_template_declares(steps):
+    """linear_qta8a_qga4w_coop's shared memory (templates/linear_qta8a_qga4w_coop.glsl.j2): 32
+    token rows and 64 weight rows of 8 STEPS + 4 words, each step's 64 scales and c, and the
+    tile's 32 zero points (its epilogue scales the sums in registers). 8,832 bytes at STEPS 2."""
+    want = (32 + 64) * (8 * steps + 4) * 4 + 2 * steps * 64 * 4 + 32 * 4
+    variant = catalog().variant("linear_qta8a_qga4w_coop_buffer")
+    assert workgroup_memory_bytes(variant.spirv(), spec_values(variant, {"STEPS": steps})) == want
+
+
 def test_not_spirv():
     with pytest.raises(SpirvError, match="not a SPIR-V module: magic 0x64636261"):
         workgroup_memory_bytes(b"abcd" * 8)
