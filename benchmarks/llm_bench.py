@@ -13,8 +13,10 @@ measured in the same run:
   call; dispatches per token, and GPU time per op kind;
   where the KV cache lives; prefill: a prompt of ``--prefill`` tokens in one
   call from an empty cache (wall time, median), as `generate` makes it
-  (``last_token``: the last token's logits downloaded) and as a plain call
-  (every token's logits downloaded);
+  (``last_token``: the last-token graph, its final norm and lm_head on the
+  last row alone, that row's logits downloaded) and as a plain call (every
+  token's logits computed and downloaded), with the GPU time of both graphs
+  and per op kind of the last-token graph;
 - PyTorch on CUDA (when present), the same architecture with a static cache,
   in bf16 and with torchao's int4 weight-only quantization (group 32, the
   tinygemm ``_weight_int4pack_mm`` kernel): eager and ``torch.compile(mode=
@@ -104,11 +106,13 @@ def ours(args, path: Path) -> dict:
             loaded.reset()
             call(**prompt)
         results[key] = median_seconds(prefill, max(3, args.repeat // 4), args.warmup)
-    loaded.reset()
-    kinds = defaultdict(float)
-    for row in loaded.profile(*prompt.values()):
-        kinds[row["op"] if row["runs_on"] == "vulkan" else f"cpu: {row['target']}"] += row["seconds"] or 0
-    results["prefill_kinds"] = kinds
+    # GPU time of the last-token graph (what `last_token` runs) and of the full one
+    for key, last in (("prefill_kinds", True), ("prefill_all_kinds", False)):
+        loaded.reset()
+        kinds = defaultdict(float)
+        for row in loaded.profile(*prompt.values(), last_token=last):
+            kinds[row["op"] if row["runs_on"] == "vulkan" else f"cpu: {row['target']}"] += row["seconds"] or 0
+        results[key] = kinds
     # read once a token: every constant but the embedding tables (one row each)
     tables = {n.args[0].name for n in loaded.program.nodes if n.target == "etvk.embedding.default"}
     results["weight_bytes"] = sum(t.numel() * t.element_size() for name, t in loaded.program.constants.items()
@@ -309,12 +313,15 @@ def main() -> int:
           f"the host: {ms(found['prefill_all'])})" +
           "".join(f"; {w} {m} {ms(baselines.get((w, m, 'prefill')))}" for w, m in columns) +
           (f"; ours / bf16 compile {found['prefill'] / bf16:.2f}" if bf16 else ""))
+    print(f"prefill GPU time, ms: last-token graph {ms(sum(found['prefill_kinds'].values()))}, full graph "
+          f"{ms(sum(found['prefill_all_kinds'].values()))}")
     for position in (*args.positions, "prefill"):
         kinds = found["prefill_kinds"] if position == "prefill" else found[position][2]
         total = sum(kinds.values()) or 1.0
         print(f"time per op kind at position {position} (GPU timestamps; CPU nodes: wall):"
               if position != "prefill" else
-              f"time per op kind, prefill of {args.prefill} tokens (GPU timestamps, {total * 1e3:.2f} ms "
+              f"time per op kind, prefill of {args.prefill} tokens, last-token graph (GPU timestamps, "
+              f"{total * 1e3:.2f} ms "
               "in all; the rest of the call's wall time is the host's: uploads, logits download):")
         for kind, seconds in sorted(kinds.items(), key=lambda kv: -kv[1])[:12]:
             print(f"  {kind:<48} {seconds * 1e6:10.1f} us  {100 * seconds / total:5.1f} %")

@@ -87,7 +87,7 @@ def generate_timed(loaded, prompt_ids, max_new_tokens: int, eos_token_id=None) -
         {int(eos_token_id)} if isinstance(eos_token_id, int) else {int(t) for t in eos_token_id}
     ids_dtype, positions_dtype = program.values[ids_name].dtype, program.values[positions_name].dtype
 
-    # a dynamic token count downloads the last token's logits alone
+    # a dynamic token count: the last-token graphs, the last token's logits alone downloaded
     call = loaded.last_token if program.token_inputs else loaded
 
     def step(tokens: list[int], start: int) -> int:

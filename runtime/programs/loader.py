@@ -36,8 +36,12 @@ segment reads into its input tensors, replays the segments in order with
 the CPU nodes between them, and downloads only what the CPU or the caller
 needs. A program with a dynamic token count (runtime.programs.token_counts)
 has every graph recorded against the same device state and constants; a
-call runs the graphs its tokens split into, its values checked whole first,
-and `last_token` downloads only the last token's outputs. Calls hold the
+call runs the graphs its tokens split into, its values checked whole first.
+`last_token` runs, for each count of more than one token, its last-token
+graph (runtime.programs.last_token: the per-token tail on the last row
+alone), recorded beside the full graph in the full graph's planned buffers
+where they fit (the two never run at once), and downloads only the last
+token's outputs. Calls hold the
 device's lock, so calls from several threads are safe and see each other's
 state updates in order. Called by `runtime.load` and the tools.
 """
@@ -55,6 +59,7 @@ from runtime.ops import tuning
 from runtime.programs.chunking import join_outputs, split_call
 from runtime.programs.cpu import ProgramInputError, check_inputs, run_node
 from runtime.programs.input_checks import check_input_values
+from runtime.programs.last_token import last_token_program
 from runtime.programs.layouts import conv_geometry, resolve_layouts
 from runtime.programs.memory_plan import Request, plan_memory
 from runtime.programs.nodes import InputCheck
@@ -78,7 +83,7 @@ class _Graph:
 
     def __init__(self, program: Program, device, source: str, on_cpu: dict[str, str],
                  device_state: dict[str, Tensor], constants: dict,
-                 progress: Callable[[str], None] | None):
+                 progress: Callable[[str], None] | None, spare: list[Buffer] = ()):
         self.program = program
         tracker = TrackingAllocator(device)
         first = record_program(program, device, on_cpu, tracker, source, progress, device_state, constants)
@@ -95,7 +100,7 @@ class _Graph:
                 and alloc.value in downloaded and alloc.value not in read_later
         self.plan = plan_memory(self._lifetimes([a for a in allocs if a.plannable], first))
         del first  # its tensors go back to the device's spare memory before the second recording
-        self.slots = [Buffer(device, n) for n in self.plan.slot_bytes]
+        self.slots = _slot_buffers(device, self.plan.slot_bytes, spare)
         self.recording = record_program(program, device, on_cpu,
                                         PlannedAllocator(device, allocs, self.plan, self.slots),
                                         source, None, device_state, constants)
@@ -169,19 +174,27 @@ class LoadedProgram:
         self.program = resolve_layouts(program, family, tuning.lookup)
         programs = {self.program.tokens: self.program} | \
             {size: resolve_layouts(p, family, tuning.lookup) for size, p in sorted(program.specializations.items())}
+        # a token count's graph with its per-token tail on the last row, for `last_token`
+        lasts = {size: last for size, p in programs.items()
+                 if (last := last_token_program(p, self.program)) is not None}
         # the constants, uploaded once for every graph's recordings
         self._constants = {id(t): Constant(t) for t in self.program.constants.values()}
         started = time.perf_counter()
-        on_cpu: dict[int | None, dict[str, str]] = {size: {} for size in programs}
+        keyed = programs | {("last", size): p for size, p in lasts.items()}
+        on_cpu: dict[object, dict[str, str]] = {key: {} for key in keyed}
         with self.device.lock:
             while True:
-                self._device_state = self._state_on_device(programs, on_cpu)
+                self._device_state = self._state_on_device(keyed, on_cpu)
                 try:
                     self._graphs = {size: self._record(size, p, on_cpu[size], progress)
                                     for size, p in programs.items()}
+                    # they share the slots of the full graph's (the two never run at once)
+                    self._last_graphs = {size: self._record(("last", size), p, on_cpu["last", size], progress,
+                                                            self._graphs[size].slots)
+                                         for size, p in lasts.items()}
                     break
                 except _GraphFallback as fallback:
-                    on_cpu[fallback.size][fallback.node] = fallback.reason
+                    on_cpu[fallback.key][fallback.node] = fallback.reason
                     if progress:
                         progress(f"{fallback.node} runs on the CPU: {fallback.reason}")
         self._host_state = {name: tensor for name, tensor in self.program.initial_state().items()
@@ -190,25 +203,26 @@ class LoadedProgram:
         self._last_call: list = []
         self.load_seconds = time.perf_counter() - started
         if progress:
-            segments = sum(len(g.recording.segments) for g in self._graphs.values())
-            counts = f", {len(programs)} token counts" if len(programs) > 1 else ""
+            segments = sum(len(g.recording.segments) for g in (*self._graphs.values(), *self._last_graphs.values()))
+            counts = f", {len(programs)} token counts ({len(lasts)} last-token graphs)" if len(programs) > 1 else ""
             progress(f"loaded {source}: {len(self.program.nodes)} nodes, {segments} device segments"
                      f"{counts}, in {self.load_seconds:.1f} s")
 
-    def _record(self, size, program: Program, on_cpu: dict[str, str], progress) -> _Graph:
-        """The `_Graph` of one token count's program."""
+    def _record(self, key, program: Program, on_cpu: dict[str, str], progress, spare=()) -> _Graph:
+        """The `_Graph` of one graph's program (`key`: as `_GraphFallback`'s), its memory in
+        buffers of `spare` where they fit."""
         try:
             return _Graph(program, self.device, self.source, on_cpu, self._device_state, self._constants,
-                          progress)
+                          progress, spare)
         except Fallback as fallback:
-            raise _GraphFallback(size, fallback.node, fallback.reason) from None
+            raise _GraphFallback(key, fallback.node, fallback.reason) from None
 
     def _state_on_device(self, programs: dict, on_cpu: dict) -> dict[str, Tensor]:
         """A device tensor, at its start, for each state that only device nodes read and update
         (in every graph)."""
         found = {}
         for name, start in self.program.state.items():
-            if not all(self._device_only(p, name, on_cpu[size]) for size, p in programs.items()):
+            if not all(self._device_only(p, name, on_cpu[key]) for key, p in programs.items()):
                 continue
             spec = self.program.values[name]
             try:
@@ -259,8 +273,14 @@ class LoadedProgram:
     def last_token(self, *inputs, **named):
         """A call (as `__call__`) of a program with a dynamic token count whose outputs hold only
         the call's last token along their token dimension: what generation reads (the next
-        token from the last logits). Only that part is downloaded, and earlier chunks download
-        nothing: a 512-token prompt's logits are 263 MB at Llama-3.2-1B's vocabulary.
+        token from the last logits), bit for bit the last row of a call's.
+
+        Every chunk runs its token count's last-token graph (runtime.programs.last_token), where
+        the per-token tail (the final norm and the lm_head, and the last layer's projection
+        and MLP before them) runs on the chunk's last row alone; only the last chunk's outputs
+        are downloaded, and earlier chunks download nothing (a 512-token prompt's logits are
+        263 MB at Llama-3.2-1B's vocabulary). A count without one (one token, or a graph
+        without such a tail) runs its full graph, its last row downloaded.
 
         Raises:
             ProgramInputError: the program has static shapes (its outputs hold every token of a
@@ -271,7 +291,7 @@ class LoadedProgram:
                                     "count; this one has static shapes")
         inputs = self._bind(inputs, named)
         with self.device.lock:
-            parts = self._split(inputs)
+            parts = [(self._last_graphs.get(graph.program.tokens, graph), part) for graph, part in self._split(inputs)]
             for graph, part in parts[:-1]:
                 self._run(graph, part, download="none")
             result = self._run(*parts[-1], download="last")[0]
@@ -410,9 +430,9 @@ class LoadedProgram:
             segment.timed_stream = segment.stream.timed_twin()
         return segment.timed_stream
 
-    def profile(self, *inputs) -> list[dict]:
+    def profile(self, *inputs, last_token: bool = False) -> list[dict]:
         """Runs the program once and times every node (for a dynamic token count, a call of one
-        of its `token_counts`).
+        of its `token_counts`; `last_token`: of its last-token graph, as `last_token` runs it).
 
         Returns:
             One dict per node: ``node``, ``runs_on``, ``op`` and ``variant`` (as in
@@ -428,6 +448,8 @@ class LoadedProgram:
                 raise ProgramInputError(f"{self.source}: profile takes a call of one graph: "
                                         f"{', '.join(map(str, self.token_counts))} tokens")
             (graph, part), = parts
+            if last_token:
+                graph = self._graph(graph.program.tokens, last_token)
             _, cpu_seconds, timings = self._run(graph, part, timed=True)
         gpu = {}
         for segment, stamps in zip(graph.recording.segments, timings, strict=True):
@@ -443,17 +465,18 @@ class LoadedProgram:
 
     # -- reports ------------------------------------------------------------------------------
 
-    def _graph(self, tokens: int | None) -> _Graph:
+    def _graph(self, tokens: int | None, last_token: bool = False) -> _Graph:
         if tokens is None:
-            return self._graphs[self.program.tokens]
+            tokens = self.program.tokens
         if tokens not in self._graphs:
             raise ValueError(f"{self.source}: no graph for {tokens} tokens a call; it has "
                              f"{', '.join(map(str, self.token_counts)) or 'static shapes'}")
-        return self._graphs[tokens]
+        return self._last_graphs.get(tokens, self._graphs[tokens]) if last_token else self._graphs[tokens]
 
-    def placement(self, tokens: int | None = None) -> list[dict]:
+    def placement(self, tokens: int | None = None, last_token: bool = False) -> list[dict]:
         """One dict per node, in program order (of the graph for `tokens` tokens a call, for a
-        dynamic token count; default: the smallest).
+        dynamic token count; default: the smallest; `last_token`: the graph `last_token` runs
+        for that count).
 
         Keys: ``node``, ``target``, ``runs_on`` ("vulkan" or "cpu"), ``op`` (what
         ran: for a dispatcher the op it routed to), ``variant`` (the variants it
@@ -463,7 +486,7 @@ class LoadedProgram:
         measured choice of the algorithm it ran), else "rule"; None for other nodes) and ``reason`` (why it runs on the CPU;
         "" on the device).
         """
-        return self._placement(self._graph(tokens))
+        return self._placement(self._graph(tokens, last_token))
 
     def _placement(self, graph: _Graph) -> list[dict]:
         rows = []
@@ -491,12 +514,13 @@ class LoadedProgram:
         choice = tuning.lookup(conv_geometry(program, node), algorithm)
         return f"measured: {choice.label}" if choice else "rule"
 
-    def memory_plan(self, tokens: int | None = None) -> dict:
+    def memory_plan(self, tokens: int | None = None, last_token: bool = False) -> dict:
         """The intermediates' memory of the graph for `tokens` tokens a call (as `placement`):
         ``tensors``, ``unshared_bytes`` (each alone), ``planned_bytes`` (the shared buffers),
         ``buffers`` and ``peak_bytes`` (the most live at once, a lower bound); ``input_bytes``
-        (the segments' input tensors)."""
-        graph = self._graph(tokens)
+        (the segments' input tensors). A last-token graph's buffers are its full graph's where
+        they fit."""
+        graph = self._graph(tokens, last_token)
         inputs = sum(t.memory.nbytes for s in graph.recording.segments for _, t in s.inputs
                      if t.memory is not None)
         plan = graph.plan
@@ -506,11 +530,22 @@ class LoadedProgram:
 
 
 class _GraphFallback(Exception):
-    """A `Fallback` in the graph for `size` tokens a call (None: the only graph)."""
+    """A `Fallback` in the graph of key `key`: its tokens a call (None: the only graph), or
+    ``("last", tokens)`` for a last-token graph."""
 
-    def __init__(self, size, node: str, reason: str):
-        super().__init__(size, node, reason)
-        self.size, self.node, self.reason = size, node, reason
+    def __init__(self, key, node: str, reason: str):
+        super().__init__(key, node, reason)
+        self.key, self.node, self.reason = key, node, reason
+
+
+def _slot_buffers(device, sizes: list[int], spare) -> list[Buffer]:
+    """A buffer for each planned slot of `sizes`: one of `spare` (another graph's slots, never in
+    use while this graph runs) that holds it, the largest slots first, else a new one."""
+    free = sorted(spare, key=lambda b: b.nbytes, reverse=True)
+    buffers: list[Buffer | None] = [None] * len(sizes)
+    for slot in sorted(range(len(sizes)), key=lambda i: sizes[i], reverse=True):
+        buffers[slot] = free.pop(0) if free and free[0].nbytes >= sizes[slot] else Buffer(device, sizes[slot])
+    return buffers
 
 
 def _narrowed(value, tensor: Tensor, name: str, source: str):

@@ -15,9 +15,12 @@ from program_cases import sqnr_db
 from test_decoders import CACHE, COMMON, config_file, greedy_reference
 
 import runtime
+from runtime.programs.chunking import chunks
 from runtime.programs.cpu import ProgramInputError
 from runtime.programs.from_export import LoweringError
 from runtime.programs.input_checks import InputValueError
+from runtime.programs.last_token import last_token_program
+from runtime.programs.nodes import ValueSpec
 from runtime.tools import llm_models
 from runtime.vulkan.memory import DIRECT_READ_LIMIT
 
@@ -188,3 +191,66 @@ def test_last_token_downloads_the_last_logits_alone(dynamic, tmp_path):
     static.save(tmp_path / "static.etvk")
     with pytest.raises(ProgramInputError, match="last_token needs a program with a dynamic token count"):
         runtime.load(tmp_path / "static.etvk").last_token(**step)
+
+
+def test_the_last_token_graph_runs_the_tail_on_the_last_row(dynamic, tmp_path):
+    """Lowered for 1, 2 and 4 tokens, each count of more than one token gets a last-token graph:
+    the last layer's output projection and MLP, the final norm and the lm_head on one row, in the
+    full graph's buffers. `last_token` runs them for every chunk of prompts of 1 to 16 tokens
+    (16: four chunks of 4), bit-identical to the last row of a full call, and leaves the same
+    cache (the next decode step agrees bit for bit)."""
+    family, exported, _, _ = dynamic
+    runtime.lower(exported, token_sizes=[1, 2, 4]).save(tmp_path / "small.etvk")
+    loaded = runtime.load(tmp_path / "small.etvk")
+    layers = COMMON["num_hidden_layers"]
+    for size in (2, 4):
+        full, last = loaded._graph(size), loaded._graph(size, last_token=True)
+        assert last is not full and last.program.tokens == size
+        rows = {n.name: last.program.values[n.outputs[0]].shape for n in last.program.nodes}
+        attention = [n.name for n in last.program.nodes if n.target == "etvk.cache_attention.default"]
+        linears = [n.name for n in last.program.nodes if n.target == "etvk.linear_qta8a_qga4w.default"]
+        assert len(attention) == layers and all(rows[a][1] == size for a in attention), family
+        # per layer q, k, v, o, gate, up, down (Phi-3's fused ones split), then the lm_head: after
+        # the last attention the output projection, the MLP and the lm_head hold one row
+        assert [rows[n][1] for n in linears[-5:]] == [1] * 5 and rows[linears[-6]][1] == size, family
+        assert last.program.values[last.program.outputs[0]].shape == (1, 1, VOCAB)
+        assert [r["node"] for r in loaded.placement(size, last_token=True) if r["runs_on"] != "vulkan"] == []
+        # the memory plan does not grow, and its buffers are the full graph's
+        plan, full_plan = loaded.memory_plan(size, last_token=True), loaded.memory_plan(size)
+        assert plan["planned_bytes"] <= full_plan["planned_bytes"], family
+        assert {id(b) for b in last.slots} <= {id(b) for b in full.slots}, family
+    assert loaded._graph(1, last_token=True) is loaded._graph(1)  # one token: the full graph
+    step = dict(input_ids=torch.tensor([[7]]))
+    for tokens in (1, 2, 3, 4, 5, 7, 11, 16):
+        ids = torch.randint(0, VOCAB, (1, tokens), generator=torch.Generator().manual_seed(tokens))
+        prompt = dict(input_ids=ids, cache_position=torch.arange(tokens))
+        loaded.reset()
+        full = loaded(**prompt)
+        after_full = loaded(**step, cache_position=torch.tensor([tokens])) if tokens < CACHE else None
+        loaded.reset()
+        last = loaded.last_token(**prompt)
+        assert last.shape == (1, 1, VOCAB) and torch.equal(last, full[:, -1:]), (family, tokens)
+        ran = [graph for graph, _ in loaded._last_call]
+        assert [g.program.tokens for g in ran] == chunks(tokens, [1, 2, 4]), (family, tokens)
+        assert all(g is loaded._graph(g.program.tokens, last_token=True) for g in ran)
+        if after_full is not None:
+            assert torch.equal(loaded(**step, cache_position=torch.tensor([tokens])), after_full), (family, tokens)
+
+
+def test_a_cut_that_cannot_be_copied_stays_out_of_the_tail(dynamic):
+    """Where a value the tail reads cannot be copied row by row (here marked int8 in both graphs),
+    its readers keep every row and the tail starts after them; the lm_head still runs on one row.
+    A one-token graph has no last-token graph."""
+    _, _, program, _ = dynamic
+    graph = program.specializations[4]
+    cuts = [n.args[0].name for n in last_token_program(graph, program).nodes if n.name.endswith("__rows")]
+    stuck = cuts[-1]
+    graph, decode = graph.copy(), program.copy()
+    for p in (graph, decode):
+        p.values[stuck] = ValueSpec(p.values[stuck].shape, torch.int8)
+    last = last_token_program(graph, decode)
+    assert stuck not in [n.args[0].name for n in last.nodes if n.name.endswith("__rows")]
+    readers = [n for n in last.nodes if stuck in n.reads()]
+    assert readers and all(last.values[o] == graph.values[o] for n in readers for o in n.outputs)
+    assert last.values[last.outputs[0]].shape == (1, 1, VOCAB)
+    assert last_token_program(program, program) is None
