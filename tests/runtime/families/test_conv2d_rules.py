@@ -27,6 +27,7 @@ from runtime.families.conv2d import (
     weight_sums,
 )
 from runtime.families.conv2d_layouts import PLACEHOLDER, PackedOp, resolve_packed_int8_conv2d
+from runtime.families.conv2d_tuning import candidate_algorithms
 from runtime.reference.conv2d import conv2d_accumulators
 from runtime.vulkan.device import GPU_FAMILIES
 
@@ -233,6 +234,11 @@ def test_first_conv_in_program_order_decides_a_shared_input():
 def test_conv_ops_are_matched_by_exact_name(target):
     ops = [PackedOp(target, {"x": P})]
     assert layouts_of(resolve_packed_int8_conv2d(ops, "mali")) == [{"x": "4C1W"}]
+
+
+def test_tuning_candidates_of_a_stem_include_the_im2col_gemms():
+    assert candidate_algorithms(stem(1, 64, 7, 2, 3)) == ["im2col", "general", "im2col_coop"]
+    assert candidate_algorithms(RULES["grouped_g2_cg6"][0]) == ["general"]
 
 
 def test_resolver_follows_the_coop_route():
