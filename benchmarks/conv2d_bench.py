@@ -8,6 +8,8 @@ every conv op that accepts the shape, with the op's default variant:
 - ``etvk.q8ta_conv2d_pw.default`` (1x1, stride 1, padding 0),
 - ``etvk.q8ta_conv2d_dw.default`` (groups == C_in == C_out), on 4C1W input and, as "dw/4C",
   on 4C (the layout its pointwise neighbours give it in a program),
+- ``etvk.q8ta_conv2d_im2col_coop.default`` and ``etvk.q8ta_conv2d_pw_coop.default`` (the
+  cooperative-matrix GEMMs; one group), where the device runs them,
 
 next to cuDNN fp16 (``torch.nn.functional.conv2d`` on CUDA, half, channels_last,
 ``cudnn.benchmark``) measured in the same run with CUDA events; without CUDA
@@ -25,7 +27,8 @@ way and timed per call with CUDA events, queued behind a GPU spin so that
 host launch overhead does not leak into the kernel times.
 
 Usage: ``python benchmarks/conv2d_bench.py [--quick] [--repeats R] [--batches 1,32] [--only REGEX]``
-(``--quick``: tiny spatial sizes, batch 1 and 2, short warm-up; runs on lavapipe.)
+(``--quick``: tiny spatial sizes, batch 1 and 2, short warm-up; runs on lavapipe.) The stems
+(3 input channels) alone: ``--only stem``.
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ from results import Results  # noqa: E402
 from timing import cuda_copy_seconds, drop_validation, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.ops.stub_support import conv2d_algorithm  # noqa: E402
+from runtime.ops.stub_support import conv2d_algorithm, coop_gemm_kernels  # noqa: E402
 from runtime.tools.examples_conv2d import Conv2dCase, make_inputs  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
@@ -66,6 +69,7 @@ DEPTHWISE_SHAPES = [
 # Real layer shapes at batch 1; the batch is replaced per run.
 SHAPES = [
     C("resnet50 stem 7x7/2 3->64 224", 1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3), activation="relu"),
+    C("mbv2 stem 3x3/2 3->32 224", 1, 3, 224, 224, 32, (3, 3), (2, 2), (1, 1), activation="hardtanh"),
     C("resnet50 l1 1x1 256->64 56", 1, 256, 56, 56, 64, (1, 1), activation="relu"),
     C("resnet50 l1 3x3 64->64 56", 1, 64, 56, 56, 64, (3, 3), padding=(1, 1), activation="relu"),
     C("resnet50 l2 3x3 128->128 28", 1, 128, 28, 28, 128, (3, 3), padding=(1, 1), activation="relu"),
@@ -84,13 +88,18 @@ SHAPES = [
 # op short name -> (op, layout x is uploaded in, accepts(params))
 OPS = {
     "im2col": ("etvk.q8ta_conv2d_im2col.default", "4C", lambda p: p.im2col_eligible),
+    "im2col_coop": ("etvk.q8ta_conv2d_im2col_coop.default", "4C", lambda p: p.im2col_coop_eligible),
     "direct": ("etvk.q8ta_conv2d_general.default", "4C1W", lambda p: True),
     "pw": ("etvk.q8ta_conv2d_pw.default", "4C", lambda p: p.is_pointwise),
+    "pw_coop": ("etvk.q8ta_conv2d_pw_coop.default", "4C", lambda p: p.is_pointwise and p.groups == 1),
     "dw": ("etvk.q8ta_conv2d_dw.default", "4C1W", lambda p: p.is_depthwise),
     # the layout a program's depthwise convs mostly get: their pointwise neighbours' 4C
     "dw/4C": ("etvk.q8ta_conv2d_dw.default", "4C", lambda p: p.is_depthwise),
 }
-ALGORITHM_NAMES = {"im2col": "im2col", "general": "direct", "pw": "pw", "dw": "dw"}
+# the coop ops' GEMM kernel (stub_support.coop_gemm_kernels): rows only where the device runs it
+COOP_KERNELS = {"im2col_coop": "im2col", "pw_coop": "pw"}
+ALGORITHM_NAMES = {"im2col": "im2col", "general": "direct", "pw": "pw", "dw": "dw",
+                   "im2col_coop": "im2col_coop", "pw_coop": "pw_coop"}
 
 MAX_CALLS = 10  # back-to-back calls per recorded stream (fewer when outputs are big)
 STREAM_BYTES = 256 << 20  # outputs + im2col scratch of one recorded stream, at most
@@ -103,6 +112,7 @@ class Settings:
     repeats: int
     warmup: float
     max_calls: int
+    coop: frozenset[str] = frozenset()  # the GEMM kernels the device runs on cooperative matrices
     copy_rate: float | None = None  # bytes read + written per second by a torch CUDA copy
 
 
@@ -184,6 +194,8 @@ def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict,
     for short, (name, layout, accepts) in OPS.items():
         if not accepts(p) or not only.search(f"{case.name} {short}"):
             continue
+        if short in COOP_KERNELS and COOP_KERNELS[short] not in s.coop:
+            continue
         if not ran_cudnn:
             try:
                 cudnn = time_cudnn(case, s)
@@ -196,17 +208,19 @@ def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict,
         args[0] = Tensor.from_torch(inputs.x, layout=layout, label=f"{case.name} x")
         call_bytes = p.N * p.C_out * p.H_out * p.W_out
         if short == "im2col":
-            call_bytes += p.N * p.groups * p.Kg * p.H_out * p.W_out
+            call_bytes += p.N * p.groups * p.gemm_k * p.H_out * p.W_out
         try:
             measured = time_ours(op, tuple(args), call_bytes, s)
         except runtime.EtvkError as error:
-            print(f"{case.name:<34} {p.N:>5} {short:<14} failed: {error}")
+            print(f"{case.name:<34} {p.N:>5} {short:<20} failed: {error}")
             continue
         if measured is None:
             print("device has no timestamp queries: nothing to time")
             sys.exit(1)
         seconds, parts, variants = measured
-        dot = variants[-1].rsplit("_", 1)[-1]
+        # the dot product of the GEMM, or the coop GEMM's K chunk and input loads ("k128_w4")
+        dot = "_".join(variants[0].rsplit("_", 2)[1:]) if short in COOP_KERNELS \
+            else variants[-1].rsplit("_", 1)[-1]
         label = f"{short}/{dot}" + ("*" if short == chosen else "")
         note = ""
         if short == "im2col" and len(parts) == 2:
@@ -218,7 +232,7 @@ def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict,
         results[(case.name, p.N, short)] = seconds
         record.kernel("conv2d", f"{case.name} b{p.N}", f"etvk {short}", seconds, ops=2 * case.macs)
         ratio = seconds / cudnn if cudnn else None
-        print(f"{case.name:<34} {p.N:>5} {label:<14} {seconds * 1e6:>10.1f} "
+        print(f"{case.name:<34} {p.N:>5} {label:<20} {seconds * 1e6:>10.1f} "
               f"{fmt(tops(case.macs, seconds), '.3g', 8)} {fmt(cudnn and cudnn * 1e6, '.1f', 10)} "
               f"{fmt(tops(case.macs, cudnn), '.3g', 8)} {fmt(ratio, '.2f', 11)}  {note}", flush=True)
 
@@ -261,7 +275,8 @@ def main() -> int:
     batches = [int(b) for b in (options.batches or ("1,2" if options.quick else "1,32")).split(",")]
     warmup = options.warmup if options.warmup is not None else (0.05 if options.quick else 1.0)
     s = Settings(repeats=3 if options.quick and options.repeats == 20 else options.repeats,
-                 warmup=warmup, max_calls=2 if options.quick else MAX_CALLS)
+                 warmup=warmup, max_calls=2 if options.quick else MAX_CALLS,
+                 coop=coop_gemm_kernels(caps))
     only = re.compile(options.only)
     copy = cuda_copy_seconds(COPY_BYTES, s.repeats, s.warmup)
     s.copy_rate = 2 * COPY_BYTES / copy if copy else None
@@ -269,9 +284,12 @@ def main() -> int:
         print(f"torch CUDA copy of {COPY_BYTES >> 20} MiB: {s.copy_rate / 1e9:.0f} GB/s read + written")
     print(f"\n== int8 conv ops vs cuDNN fp16, median GPU time per call ({s.max_calls} back-to-back "
           f"calls per stream, <= {s.repeats} replays after {s.warmup:g} s warm-up each) ==")
-    print("op: algorithm/dot of the default variant; * = what etvk.q8ta_conv2d.default picks here. "
-          "ours/cuDNN: GPU time ratio (< 1: ours faster)")
-    print(f"{'layer':<34} {'batch':>5} {'op':<14} {'GPU us':>10} {'TOPS':>8} {'cuDNN us':>10} "
+    print("op: algorithm/dot of the default variant (coop: the cooperative-matrix GEMM's chunk and "
+          "loads); * = what etvk.q8ta_conv2d.default picks here. ours/cuDNN: GPU time ratio "
+          "(< 1: ours faster)")
+    if not s.coop:
+        print("(no _coop rows: this device does not run the cooperative-matrix GEMMs)")
+    print(f"{'layer':<34} {'batch':>5} {'op':<20} {'GPU us':>10} {'TOPS':>8} {'cuDNN us':>10} "
           f"{'TOPS':>8} {'ours/cuDNN':>11}  note")
     results: dict = {}
     record = Results("conv2d")

@@ -2,7 +2,8 @@
 
 Rows, all in one run:
 
-- batch-32 ResNet-50 3x3 layers through im2col (``etvk.q8ta_conv2d_im2col_coop`` against
+- batch-32 ResNet-50 and MobileNetV2 stems (3 input channels) and ResNet-50 3x3 layers
+  through im2col (``etvk.q8ta_conv2d_im2col_coop`` against
   ``etvk.q8ta_conv2d_im2col``, whose GEMM is the int8 dot-product variant) and 1x1 layers
   through the pointwise GEMM (``..._pw_coop`` against ``..._pw``), next to cuDNN fp16
   (channels_last, ``cudnn.benchmark``);
@@ -49,6 +50,11 @@ drop_validation()
 C = Conv2dCase
 BATCH = 32
 LAYERS = [
+    # The stems: 3 input channels, one channel word per tap (K = 49 x 4 and 9 x 4 bytes).
+    C("resnet50 stem 7x7/2 3->64 224", BATCH, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3),
+      activation="relu"),
+    C("mbv2 stem 3x3/2 3->32 224", BATCH, 3, 224, 224, 32, (3, 3), (2, 2), (1, 1),
+      activation="hardtanh"),
     C("resnet50 l1 3x3 64->64 56", BATCH, 64, 56, 56, 64, (3, 3), padding=(1, 1), activation="relu"),
     C("resnet50 l2 3x3 128->128 28", BATCH, 128, 28, 28, 128, (3, 3), padding=(1, 1),
       activation="relu"),
@@ -82,7 +88,7 @@ def time_op(name: str, case: Conv2dCase, s: Settings, layout: str):
     inputs = make_inputs(case)
     args = list(inputs.args())
     args[0] = Tensor.from_torch(inputs.x, layout=layout, label=f"{case.name} x")
-    call_bytes = p.N * p.C_out * p.H_out * p.W_out + p.N * p.Kg * p.H_out * p.W_out
+    call_bytes = p.N * p.C_out * p.H_out * p.W_out + p.N * p.gemm_k * p.H_out * p.W_out
     measured = time_ours(runtime.get_op(name), tuple(args), call_bytes, s)
     if measured is None:
         sys.exit("device has no timestamp queries: nothing to time")

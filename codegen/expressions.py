@@ -69,8 +69,8 @@ HELPERS: dict[str, tuple[str, str]] = {
         "params",
         "`\"pw\"`, `\"dw\"`, `\"im2col\"`, `\"general\"`, `\"pw_coop\"` or "
         "`\"im2col_coop\"`: the winner measured on this device (`python -m runtime tune`), else "
-        "OPS.md's choice for its GPU family, pw and im2col moved to the cooperative-matrix GEMM "
-        "where the shape suits it and the device runs it",
+        "OPS.md's choice for its GPU family, pw moved to the cooperative-matrix GEMM and im2col "
+        "or direct to its implicit im2col where the shape suits it and the device runs it",
     ),
     "tuned": (
         "params, algorithm",

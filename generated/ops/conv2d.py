@@ -189,8 +189,8 @@ def _check_lut_without_residual(op, lut, residual):
 
 
 def _check_im2col_channels(op, groups, x):
-    if not (x.shape[1] // groups % 4 == 0):
-        raise rt.ArgumentError(op, "groups", f"im2col needs C_in / groups to be a multiple of 4, got C_in={x.shape[1]}, groups={groups}; use etvk.q8ta_conv2d_general.default")
+    if not (groups == 1 or x.shape[1] // groups % 4 == 0):
+        raise rt.ArgumentError(op, "groups", f"im2col needs groups == 1 or C_in / groups a multiple of 4, got C_in={x.shape[1]}, groups={groups}; use etvk.q8ta_conv2d_general.default")
 
 
 def _check_pointwise_kernel(op, kernel_size, stride, padding):
@@ -246,7 +246,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:544",
+    spec="op_specs/conv2d.yaml:546",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -293,7 +293,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:567",
+    spec="op_specs/conv2d.yaml:569",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_buffer_float", {"STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -368,14 +368,14 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
-    k = p.Cg * p.KH * p.KW
+    k = p.gemm_k
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_weights', weights, groups)
     choice = rt.tuned(p, 'im2col')
     tiling = rt.gemm_tiling(p.N * p.H_out * rt.ceil_div(p.W_out, 4) * 4, k // 4, p.C_out, choice)
     v = op.select(variant, storage, {"INPUT": ("x", '4W4C' if layout == '4W4C' else 'any_layout')}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     cols = stream.empty([p.N, p.groups * k, p.H_out, p.W_out], torch.int8, v.binding("t_cols"), op.label("cols", "scratch"), layout='4W4C', scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_cols": cols, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "group_in_channels": p.Cg, "group_k": k, "input_zero_point": input_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout)}, global_size=[rt.ceil_div(p.W_out, 4), p.H_out, p.N * p.groups * k // 4])
+    stream.dispatch(v, op.name, bindings={"t_cols": cols, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "group_in_channels": p.gemm_group_channels, "group_k": k, "input_zero_point": input_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout)}, global_size=[rt.ceil_div(p.W_out, 4), p.H_out, p.N * p.groups * k // 4])
     v = op.select(variant, storage, {"DOT": (None, None)}, step=1)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
@@ -397,8 +397,8 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col.default",
     family="conv2d",
     schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
-    doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs C_in / groups % 4 == 0. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:591",
+    doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs groups == 1 or C_in / groups % 4 == 0 (one group of any C_in reads its padding channels, times zero weights). A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
+    spec="op_specs/conv2d.yaml:593",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -503,7 +503,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:649",
+    spec="op_specs/conv2d.yaml:652",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -580,10 +580,10 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H_out * (rt.ceil_div(p.W_out, 4) * 4 if layout == '4W4C' else p.W_out)
     measured = rt.tuned(p, 'im2col_coop')
-    splits = rt.coop_k_splits('im2col', m, p.Kg, p.C_out, measured)
+    splits = rt.coop_k_splits('im2col', m, p.gemm_k, p.C_out, measured)
     m_padded = rt.ceil_div(m, 64) * 64
     n_padded = rt.ceil_div(p.C_out, 64) * 64
-    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.Kg, p.C_out, measured)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
+    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('im2col', m, p.gemm_k, p.C_out, measured)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
@@ -593,7 +593,7 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
     partials = stream.empty([splits, m_padded, n_padded] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.Kg // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [p.gemm_k // 4, p.C_out, 1, int(activation == 'hardswish')], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
     v = op.select(variant, storage, {}, step=1)
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H_out)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout), "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
@@ -608,8 +608,8 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col_coop.default",
     family="conv2d",
     schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
-    doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, C_in % 4 == 0, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:689",
+    doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
+    spec="op_specs/conv2d.yaml:692",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -692,10 +692,10 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     w_packed = rt.prepacked('runtime.families.conv2d:pack_gemm_coop_weights', weights)
     m = p.N * p.H * (rt.ceil_div(p.W, 4) * 4 if layout == '4W4C' else p.W)
     measured = rt.tuned(p, 'pw_coop')
-    splits = rt.coop_k_splits('pw', m, p.Kg, p.C_out, measured)
+    splits = rt.coop_k_splits('pw', m, p.gemm_k, p.C_out, measured)
     m_padded = rt.ceil_div(m, 64) * 64
     n_padded = rt.ceil_div(p.C_out, 64) * 64
-    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.Kg, p.C_out, measured)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
+    v = op.select(variant, storage, {"CHUNK": ("x", rt.coop_chunk('pw', m, p.gemm_k, p.C_out, measured)), "A_LOAD": ("x", rt.coop_a_load(layout, p.C_in))}, step=0)
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
     weight_sums = stream.upload(weight_sums, v.binding("t_weight_sums"), op.label("weight_sums"))
@@ -721,7 +721,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:758",
+    spec="op_specs/conv2d.yaml:761",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -824,7 +824,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:825",
+    spec="op_specs/conv2d.yaml:828",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -921,7 +921,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:864",
+    spec="op_specs/conv2d.yaml:867",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -1008,7 +1008,7 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it). Every conv op takes an optional `residual` (int8, the output's shape and layout) with its qparams and the add's; the epilogue then adds it to the conv's int8 output exactly as q8ta_add would, relu after it with add_activation \"relu\" (docs/int8_cnn_ops.md); or an optional `lut` (int8 [256]) that replaces each int8 output value q by lut[q + 128], as q8ta_lut would (not both).",
-    spec="op_specs/conv2d.yaml:904",
+    spec="op_specs/conv2d.yaml:907",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),

@@ -6,9 +6,11 @@ Three jobs, all pure torch / Python:
   `Conv2dParams` (output size, groups, pointwise / depthwise / im2col flags);
 - epilogue: `conv2d_output_bounds`, the int8 bounds that apply relu and hardtanh as
   a clamp of the quantized output;
-- device rules: `prefers_im2col` and `choose_algorithm` (OPS.md rules 1-2 and
-  the dispatcher op's choice; conv2d_layouts.py resolves the
-  ``PACKED_INT8_CONV2D`` placeholder with them);
+- device rules: `prefers_im2col` and `choose_algorithm` (OPS.md rules 1-2,
+  rule 1 widened to groups == 1 at any C_in (docs/int8_cnn_ops.md "Channel
+  padding"), and the dispatcher op's choice, the cooperative-matrix GEMMs
+  included; conv2d_layouts.py resolves the ``PACKED_INT8_CONV2D`` placeholder
+  with them);
 - weight formats: the int8 weight packings the GEMM, direct and depthwise
   shaders read, returned as int32 words (4 int8 bytes each, little-endian;
   an ivec4 is 4 consecutive words).
@@ -21,10 +23,12 @@ the conv references in runtime/reference/conv2d.py, and the tests.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 
 import torch
 
+from runtime.families.conv2d_tiling import prefers_coop_gemm
 from runtime.reference.quantize import quantize_per_tensor
 from runtime.vulkan.device import GPU_FAMILIES
 
@@ -110,9 +114,23 @@ class Conv2dParams:
         return direct_word_span(self.C_in, self.groups)
 
     @property
+    def gemm_group_channels(self) -> int:
+        """Input channels of a group per tap in the im2col GEMMs' K: ``Cg`` rounded up to whole
+        channel words (4), the padding channels' weights 0 (docs/int8_cnn_ops.md "Channel
+        padding")."""
+        return _ceil4(self.Cg) * 4
+
+    @property
+    def gemm_k(self) -> int:
+        """K bytes of a group in the im2col and pointwise GEMMs: ``gemm_group_channels * KH * KW``."""
+        return self.gemm_group_channels * self.taps
+
+    @property
     def im2col_eligible(self) -> bool:
-        """OPS.md rule 1: ``(C_in / groups) % 4 == 0``."""
-        return self.Cg % 4 == 0
+        """OPS.md rule 1, widened: ``(C_in / groups) % 4 == 0`` or one group. A group of whole
+        channel words is a run of words of the packed input; one group of any C_in reads its
+        padding channels too, times the zero weights of `gemm_group_channels`."""
+        return self.Cg % 4 == 0 or self.groups == 1
 
     @property
     def im2col_coop_eligible(self) -> bool:
@@ -210,14 +228,30 @@ def prefers_im2col(params: Conv2dParams, family: str) -> bool:
     )
 
 
-def choose_algorithm(params: Conv2dParams, family: str) -> str:
-    """The algorithm ``etvk.q8ta_conv2d.default`` runs: "pw", "dw", "im2col" or "general"."""
+def choose_algorithm(params: Conv2dParams, family: str, coop: Collection[str] = ()) -> str:
+    """The algorithm ``etvk.q8ta_conv2d.default`` runs with nothing measured: "pw", "dw",
+    "im2col" or "general" by the family's rule, or "pw_coop" / "im2col_coop".
+
+    `coop` names the GEMM kernels ("pw", "im2col") the device runs on cooperative matrices.
+    Where the shape suits them (`conv2d_tiling.prefers_coop_gemm` over `Conv2dParams.gemm_k`),
+    pw moves to pw_coop, and im2col or general to im2col_coop (`im2col_coop_eligible`):
+    rule 2 weighs the im2col scratch's round trip against the direct conv, and the implicit
+    im2col of the coop GEMM makes none (a stem, 3 channels at 112x112 outputs, is direct by
+    rule 2 and im2col_coop here).
+    """
     check_family(family)
     if params.is_pointwise and params.groups == 1:
-        return "pw"
-    if params.is_depthwise:
+        rule = "pw"
+    elif params.is_depthwise:
         return "dw"
-    return "im2col" if prefers_im2col(params, family) else "general"
+    else:
+        rule = "im2col" if prefers_im2col(params, family) else "general"
+    kernel = "pw" if rule == "pw" else "im2col"
+    eligible = rule == "pw" or params.im2col_coop_eligible
+    m = params.N * params.H_out * params.W_out
+    if kernel in coop and eligible and prefers_coop_gemm(m, params.gemm_k, params.C_out, params.groups):
+        return f"{kernel}_coop"
+    return rule
 
 
 def _check_weights(w: torch.Tensor) -> None:
@@ -235,29 +269,41 @@ def _words(blocks: torch.Tensor) -> torch.Tensor:
     return blocks.contiguous().view(torch.int32).reshape(-1)
 
 
+def _gemm_rows(w: torch.Tensor) -> torch.Tensor:
+    """``[C_out, Cg4 * KH * KW]``: each row ``w[oc]`` in K order ``k = (ky*KW + kx)*Cg4 + ic``
+    (ic fastest), its input channels zero padded to ``Cg4 = ceil(Cg / 4) * 4`` per tap."""
+    c_out, cg = w.shape[:2]
+    padded = torch.nn.functional.pad(w, (0, 0, 0, 0, 0, _ceil4(cg) * 4 - cg))
+    return padded.permute(0, 2, 3, 1).reshape(c_out, -1)
+
+
 def pack_gemm_weights(w: torch.Tensor, groups: int) -> torch.Tensor:
     """Weights of the im2col / pointwise GEMM.
 
-    Row ``oc`` is ``w[oc]`` in K order ``k = (ky*KW + kx)*Cg + ic`` (ic
-    fastest), zero padded to ``Kg4 = ceil(Cg*KH*KW / 4)`` words. ivec4
-    ``oc4 * Kg4 + k4`` holds in component ``j`` the word of row ``oc4*4 + j``
-    for K values ``4*k4 .. 4*k4+3`` (byte ``k % 4``); rows ``>= C_out`` are 0.
+    Row ``oc`` is ``w[oc]`` in K order ``k = (ky*KW + kx)*Cg4 + ic`` (ic
+    fastest), each tap's input channels zero padded to ``Cg4 = ceil(Cg / 4) *
+    4``, so a row has ``Kg4 = Cg4 / 4 * KH * KW`` words and each word is one
+    tap's 4 input channels (`Conv2dParams.gemm_k`). ivec4 ``oc4 * Kg4 + k4``
+    holds in component ``j`` the word of row ``oc4*4 + j`` for K values
+    ``4*k4 .. 4*k4+3`` (byte ``k % 4``); rows ``>= C_out`` are 0.
 
     Args:
         w: int8 ``[C_out, Cg, KH, KW]``.
-        groups: the conv's groups (each row is its own group's K vector).
+        groups: the conv's groups (each row is its own group's K vector); with
+            more than one, Cg must be a multiple of 4 (`Conv2dParams.im2col_eligible`).
 
     Returns:
         int32 ``[ceil(C_out/4) * Kg4 * 4]``.
     """
     _check_weights(w)
-    c_out, cg, kh, kw = w.shape
+    c_out, cg = w.shape[:2]
     if groups < 1 or c_out % groups:
         raise ValueError(f"groups={groups} must divide C_out={c_out}")
-    kg = cg * kh * kw
-    rows = w.permute(0, 2, 3, 1).reshape(c_out, kg)
-    o4, k4 = _ceil4(c_out), _ceil4(kg)
-    rows = torch.nn.functional.pad(rows, (0, k4 * 4 - kg, 0, o4 * 4 - c_out))
+    if groups > 1 and cg % 4:
+        raise ValueError(f"the GEMM weights of {groups} groups need C_in/groups a multiple of 4, got {cg}")
+    rows = _gemm_rows(w)
+    o4, k4 = _ceil4(c_out), rows.shape[1] // 4
+    rows = torch.nn.functional.pad(rows, (0, 0, 0, o4 * 4 - c_out))
     return _words(rows.reshape(o4, 4, k4, 4).permute(0, 2, 1, 3))
 
 
@@ -269,8 +315,9 @@ COOP_ROWS, COOP_K = 64, 128
 def pack_gemm_coop_weights(w: torch.Tensor) -> torch.Tensor:
     """Weights of the cooperative-matrix GEMM (``q8ta_gemm_coop``; groups == 1).
 
-    Row ``oc`` is ``w[oc]`` in K order ``k = (ky*KW + kx)*C_in + ic`` (ic
-    fastest, as `pack_gemm_weights`), zero padded to ``KP = ceil(K / 128) *
+    Row ``oc`` is ``w[oc]`` in K order ``k = (ky*KW + kx)*C4 + ic`` (ic
+    fastest, input channels zero padded to ``C4 = ceil(C_in / 4) * 4`` per tap, as
+    `pack_gemm_weights`: ``K = C4 * KH * KW``), zero padded to ``KP = ceil(K / 128) *
     128`` bytes (the shader's K chunk); rows are zero padded to a multiple of 64. Byte ``k`` of row
     ``oc`` is byte ``k % 4`` of word ``oc * KP / 4 + k / 4``.
 
@@ -281,9 +328,9 @@ def pack_gemm_coop_weights(w: torch.Tensor) -> torch.Tensor:
         int32 ``[ceil(C_out/64)*64 * KP/4]``.
     """
     _check_weights(w)
-    c_out, cg, kh, kw = w.shape
-    k = cg * kh * kw
-    rows = w.permute(0, 2, 3, 1).reshape(c_out, k)
+    c_out = w.shape[0]
+    rows = _gemm_rows(w)
+    k = rows.shape[1]
     kp = -(-k // COOP_K) * COOP_K
     n_pad = -(-c_out // COOP_ROWS) * COOP_ROWS
     return _words(torch.nn.functional.pad(rows, (0, kp - k, 0, n_pad - c_out)))

@@ -14,8 +14,9 @@ Per class:
    layout: the one its measured choice reads where the tuner measured its
    geometry on this device (the winner's for the dispatcher, the algorithm's
    own best for an algorithm op: the `tuned` lookup), else the layout its
-   algorithm reads (`choose_algorithm` for the dispatcher: im2col and pw read
-   4C, direct and depthwise 4C1W); the layout most of the class's convs want
+   algorithm reads (`choose_algorithm` for the dispatcher, with the GEMM
+   kernels the device runs on cooperative matrices: im2col and pw read 4C,
+   on cooperative matrices too, direct and depthwise 4C1W); the layout most of the class's convs want
    wins, the earliest conv in program order breaking a tie;
 3. else (no conv reads the class) 4C1W.
 
@@ -27,7 +28,7 @@ callable (runtime/ops/tuning.py's `lookup`). Called by the program loader
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -38,7 +39,8 @@ from runtime.vulkan.layouts import PACKED_LAYOUTS
 PLACEHOLDER = "PACKED_INT8_CONV2D"
 DISPATCH_OP = "etvk.q8ta_conv2d.default"
 # The input layout each conv algorithm reads (rule 3).
-ALGORITHM_INPUT_LAYOUT = {"pw": "4C", "im2col": "4C", "general": "4C1W", "dw": "4C1W"}
+ALGORITHM_INPUT_LAYOUT = {"pw": "4C", "im2col": "4C", "pw_coop": "4C", "im2col_coop": "4C",
+                          "general": "4C1W", "dw": "4C1W"}
 CONV_OP_ALGORITHMS = {
     "etvk.q8ta_conv2d_pw.default": "pw",
     "etvk.q8ta_conv2d_im2col.default": "im2col",
@@ -76,9 +78,11 @@ class PackedOp:
         object.__setattr__(self, "layouts", MappingProxyType(dict(self.layouts)))
 
 
-def wanted_input_layout(op: PackedOp, family: str, tuned: TunedLookup | None = None) -> str | None:
+def wanted_input_layout(op: PackedOp, family: str, tuned: TunedLookup | None = None,
+                        coop: Collection[str] = ()) -> str | None:
     """Rule 3: the input layout a conv op wants on `family` (a measured choice's where `tuned`
-    knows one), or None for any other op.
+    knows one; `coop`: the GEMM kernels the device runs on cooperative matrices, as
+    `choose_algorithm` takes them), or None for any other op.
 
     Raises:
         ValueError: a conv op without its input among its packed tensors, or
@@ -94,7 +98,7 @@ def wanted_input_layout(op: PackedOp, family: str, tuned: TunedLookup | None = N
     choice = tuned(op.conv, algorithm) if tuned is not None and op.conv is not None else None
     if choice is not None:
         return choice.layout
-    return ALGORITHM_INPUT_LAYOUT[algorithm or choose_algorithm(op.conv, family)]
+    return ALGORITHM_INPUT_LAYOUT[algorithm or choose_algorithm(op.conv, family, coop)]
 
 
 class _Classes:
@@ -131,13 +135,16 @@ class _Classes:
 
 
 def resolve_packed_int8_conv2d(ops: Sequence[PackedOp], family: str,
-                               tuned: TunedLookup | None = None) -> list[PackedOp]:
+                               tuned: TunedLookup | None = None,
+                               coop: Collection[str] = ()) -> list[PackedOp]:
     """Replaces every `PLACEHOLDER` layout of a program's ops (module docstring: classes, rules 3-4).
 
     Args:
         ops: the program's ops that touch packed int8 tensors, in program order.
         family: the device's GPU family (`runtime.vulkan.device.GPU_FAMILIES`).
         tuned: the measured choices' lookup (None: the rule alone).
+        coop: the GEMM kernels ("pw", "im2col") the device runs on cooperative
+            matrices (`choose_algorithm`'s argument).
 
     Returns:
         New `PackedOp`s, in the same order, with concrete layouts only.
@@ -162,7 +169,7 @@ def resolve_packed_int8_conv2d(ops: Sequence[PackedOp], family: str,
     votes: dict[str, Counter] = {}
     first: dict[str, dict[str, int]] = {}
     for index, op in enumerate(ops):
-        wanted = wanted_input_layout(op, family, tuned)
+        wanted = wanted_input_layout(op, family, tuned, coop)
         if wanted is not None:
             root = classes.find(op.input_arg)
             votes.setdefault(root, Counter())[wanted] += 1

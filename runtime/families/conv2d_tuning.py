@@ -131,7 +131,7 @@ def choice_from_json(data) -> Conv2dChoice:
 
 def candidate_algorithms(p: Conv2dParams) -> list[str]:
     """The algorithms whose op accepts the geometry: pw (1x1, stride 1, padding 0), dw
-    (depthwise), im2col (``C_in / groups % 4 == 0``), general (any), and pw and im2col on the
+    (depthwise), im2col (one group, or ``C_in / groups % 4 == 0``), general (any), and pw and im2col on the
     cooperative-matrix GEMM (one group, and for im2col `Conv2dParams.im2col_coop_eligible`; the
     tuner skips them where the device cannot run them)."""
     valid = {"pw": p.is_pointwise, "dw": p.is_depthwise, "im2col": p.im2col_eligible, "general": True,

@@ -30,7 +30,7 @@ from runtime.vulkan.tensor import Tensor, texture_extent
 
 # ---------------------------------------------------------------- helpers
 
-# the variants `_gemm_coop` checks the device against, by the rule's algorithm
+# the variants `coop_gemm_kernels` checks a device against, by GEMM kernel
 COOP_GEMM_VARIANTS = {"pw": "q8ta_gemm_coop_k64_w4", "im2col": "q8ta_gemm_coop_im2col_k64_w4"}
 LINEAR_COOP_VARIANT = "linear_qta8a_qga4w_coop_buffer"  # and `linear_uses_coop`
 # Tokens x output rows from which linear_qta8a_qga4w runs on cooperative matrices: on the
@@ -153,10 +153,18 @@ def conv2d_algorithm(params) -> str:
 
 def rule_algorithm(params) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs with nothing measured: the rule for this
-    device's GPU family (pw, dw, im2col, general), pw and im2col on the cooperative-matrix
-    GEMM (pw_coop, im2col_coop) where `_gemm_coop` says so."""
-    rule = conv2d.choose_algorithm(params, get_device().caps.family)
-    return f"{rule}_coop" if _gemm_coop(params, rule) else rule
+    device's GPU family (pw, dw, im2col, general), moved to the cooperative-matrix GEMMs
+    (pw_coop, im2col_coop) where the shape suits them and this device runs them
+    (`runtime.families.conv2d.choose_algorithm`)."""
+    caps = get_device().caps
+    return conv2d.choose_algorithm(params, caps.family, coop_gemm_kernels(caps))
+
+
+def coop_gemm_kernels(caps) -> frozenset[str]:
+    """The GEMM kernels ("pw", "im2col") a device with capabilities `caps` runs on cooperative
+    matrices."""
+    return frozenset(kernel for kernel, variant in COOP_GEMM_VARIANTS.items()
+                     if catalog().variant(variant).runnable(caps)[0])
 
 
 def tuned(params, algorithm: str):
@@ -189,20 +197,6 @@ def conv2d_out_w(choice) -> int:
     """OUT_W of the direct and depthwise shaders: a measured choice's, else the default."""
     out_w = choice.setting("out_w") if choice else None
     return out_w or conv2d_tuning.DIRECT_OUT_W
-
-
-def _gemm_coop(params, algorithm: str) -> bool:
-    """Whether the rule's `algorithm` ("pw" or "im2col") runs on the cooperative-matrix
-    GEMM: the shape suits it (`conv2d_tiling.prefers_coop_gemm`; im2col also needs
-    `Conv2dParams.im2col_coop_eligible`) and this device runs the algorithm's variant."""
-    if algorithm not in COOP_GEMM_VARIANTS:
-        return False
-    if algorithm == "im2col" and not params.im2col_coop_eligible:
-        return False
-    m = params.N * params.H_out * params.W_out
-    if not conv2d_tiling.prefers_coop_gemm(m, params.Kg, params.C_out, params.groups):
-        return False
-    return catalog().variant(COOP_GEMM_VARIANTS[algorithm]).runnable(get_device().caps)[0]
 
 
 def linear_uses_coop(x, weight, group_size: int) -> bool:

@@ -50,12 +50,13 @@ def _packed_ops(program) -> list[PackedOp]:
     return ops
 
 
-def resolve_layouts(program, family: str, tuned=None):
+def resolve_layouts(program, family: str, tuned=None, coop=()):
     """A copy of `program` whose packed tensors have concrete layouts for `family` (and the
-    measured choices `tuned` looks up, `runtime.ops.tuning.lookup`; None: the rule alone); a
-    node argument holding the placeholder (a quantize's ``layout``) gets its output's layout."""
+    measured choices `tuned` looks up, `runtime.ops.tuning.lookup`; None: the rule alone; and
+    `coop`, the GEMM kernels the device runs on cooperative matrices); a node argument holding
+    the placeholder (a quantize's ``layout``) gets its output's layout."""
     resolved = program.copy()
-    for op in resolve_packed_int8_conv2d(_packed_ops(program), family, tuned):
+    for op in resolve_packed_int8_conv2d(_packed_ops(program), family, tuned, coop):
         for name, layout in op.layouts.items():
             resolved.values[name] = dataclasses.replace(resolved.values[name], layout=layout)
     for node in resolved.nodes:

@@ -56,6 +56,7 @@ import torch
 from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.families.conv2d_layouts import CONV_OP_ALGORITHMS, CONV_OPS
 from runtime.ops import tuning
+from runtime.ops.stub_support import coop_gemm_kernels
 from runtime.programs.chunking import join_outputs, split_call
 from runtime.programs.cpu import ProgramInputError, check_inputs, run_node
 from runtime.programs.input_checks import check_input_values
@@ -170,10 +171,11 @@ class LoadedProgram:
                  progress: Callable[[str], None] | None = None):
         self.device = device or get_device()
         self.source = source
-        family = self.device.caps.family
-        self.program = resolve_layouts(program, family, tuning.lookup)
+        family, coop = self.device.caps.family, coop_gemm_kernels(self.device.caps)
+        self.program = resolve_layouts(program, family, tuning.lookup, coop)
         programs = {self.program.tokens: self.program} | \
-            {size: resolve_layouts(p, family, tuning.lookup) for size, p in sorted(program.specializations.items())}
+            {size: resolve_layouts(p, family, tuning.lookup, coop)
+             for size, p in sorted(program.specializations.items())}
         # a token count's graph with its per-token tail on the last row, for `last_token`
         lasts = {size: last for size, p in programs.items()
                  if (last := last_token_program(p, self.program)) is not None}

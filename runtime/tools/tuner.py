@@ -115,7 +115,7 @@ def run_choice(choice: Conv2dChoice, args: tuple):
 
 def _call_bytes(p: Conv2dParams, algorithm: str) -> int:
     out = p.N * p.C_out * p.H_out * p.W_out
-    return out + (p.N * p.groups * p.Kg * p.H_out * p.W_out if algorithm == "im2col" else 0)
+    return out + (p.N * p.groups * p.gemm_k * p.H_out * p.W_out if algorithm == "im2col" else 0)
 
 
 def time_choice(choice: Conv2dChoice, p: Conv2dParams, x: Tensor, args: tuple, repeats: int,

@@ -72,10 +72,13 @@ IM2COL_CASES = [
     # 18432 pixels x 64 channels: 288 tiles, so 64-byte K chunks (the others stage 128 bytes).
     C("im2col_3x3_m18432_k144_n64", 2, 16, 96, 96, 64, (3, 3), padding=(1, 1), activation="relu"),
     C("im2col_3x3_m18432_k108_n40", 2, 12, 96, 96, 40, (3, 3), padding=(1, 1)),
+    # A stem: 3 channels, one word per tap (its fourth byte a padding channel, zero weights):
+    # K = 49 x 4 = 196 bytes.
+    C("im2col_7x7s2_c3_k196_n64", 1, 3, 30, 27, 64, (7, 7), (2, 2), (3, 3), activation="relu"),
 ]
 # One case per kernel and K chunk for the layout test.
 LAYOUT_CASES = ("pw_m1054_k40_n72", "pw_k200_n130_hardswish", "im2col_3x3_k180_n68",
-                "im2col_3x3_m18432_k144_n64")
+                "im2col_3x3_m18432_k144_n64", "im2col_7x7s2_c3_k196_n64")
 
 
 def _caps(**changes) -> Capabilities:
@@ -144,12 +147,13 @@ def test_pack_gemm_coop_weights():
     gen = torch.Generator().manual_seed(3)
     w = torch.randint(-128, 128, (70, 5, 3, 3), dtype=torch.int8, generator=gen)
     words = conv2d_module.pack_gemm_coop_weights(w)
-    k, kp, rows = 45, 128, 128
+    k, kp, rows = 72, 128, 128  # 9 taps of 5 channels padded to 8 (two words)
     assert words.dtype == torch.int32 and words.numel() == rows * kp // 4
     packed = words.view(torch.int8).reshape(rows, kp)  # little-endian: byte k % 4 of word k / 4
     for oc in (0, 33, 69):
         for ky, kx, ic in ((0, 0, 0), (1, 2, 4), (2, 1, 3)):
-            assert packed[oc, (ky * 3 + kx) * 5 + ic] == w[oc, ic, ky, kx]
+            assert packed[oc, (ky * 3 + kx) * 8 + ic] == w[oc, ic, ky, kx]
+    assert not packed.reshape(rows, kp // 8, 8)[:, :9, 5:].any()  # each tap's padding channels
     assert not packed[:, k:].any() and not packed[70:].any()
 
 
@@ -216,7 +220,7 @@ def _coop_variant(op_name: str, case: Conv2dCase, layout: str = "4C") -> str:
     and input loads."""
     p = case.params
     kernel, shader = ("pw", "q8ta_gemm_coop") if op_name == PW else ("im2col", "q8ta_gemm_coop_im2col")
-    chunk = coop_chunk(kernel, p.N * p.H_out * p.W_out, p.Kg, p.C_out)
+    chunk = coop_chunk(kernel, p.N * p.H_out * p.W_out, p.gemm_k, p.C_out)
     return f"{shader}_{chunk}_{coop_a_load(layout, p.C_in)}"
 
 
@@ -268,7 +272,7 @@ def test_coop_reads_and_writes_every_layout(op_name, case, layout, dispatch_trac
 
 
 SPLIT_CASES = ("pw_m1054_k40_n72", "pw_tiny_k6_n7", "pw_k200_n130_hardswish", "im2col_3x3_k180_n68",
-               "im2col_5x5s21_k300_n64", "im2col_3x3_b2_k1152_n96")
+               "im2col_5x5s21_k300_n64", "im2col_3x3_b2_k1152_n96", "im2col_7x7s2_c3_k196_n64")
 
 
 @pytest.mark.parametrize("k_splits", [2, 4, 8])
@@ -402,7 +406,7 @@ def test_dispatcher_routes_large_gemms_by_capability(case, dispatch_trace_path):
     """Coop where the device runs it and the shape suits it, else the existing GEMM."""
     inp = make_inputs(case)
     p = case.params
-    assert prefers_coop_gemm(p.N * p.H_out * p.W_out, p.Kg, p.C_out, p.groups)
+    assert prefers_coop_gemm(p.N * p.H_out * p.W_out, p.gemm_k, p.C_out, p.groups)
     coop = catalog().variant(VARIANT).runnable(get_device().caps)[0]
     before = _trace_length(dispatch_trace_path)
     got = runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())

@@ -36,6 +36,8 @@ SHAPES = {
     "1x1_c16_w5_batch2": ((2, 16, 3, 5), (8, 16, 1, 1), 1, 0, 1, 1),
     "dw_3x3s2_c12": ((1, 12, 7, 9), (12, 1, 3, 3), 2, 1, 1, 12),
     "grouped_g2_cg8": ((1, 16, 5, 6), (8, 8, 3, 3), 1, 1, 1, 2),
+    # a stem: 3 channels, one group, so im2col (and im2col_coop) are candidates too
+    "stem_7x7s2_c3": ((1, 3, 13, 11), (8, 3, 7, 7), 2, 3, 1, 1),
 }
 
 

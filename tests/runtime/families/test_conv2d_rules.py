@@ -27,6 +27,7 @@ from runtime.families.conv2d import (
     weight_sums,
 )
 from runtime.families.conv2d_layouts import PLACEHOLDER, PackedOp, resolve_packed_int8_conv2d
+from runtime.families.conv2d_tuning import candidate_algorithms
 from runtime.reference.conv2d import conv2d_accumulators
 from runtime.vulkan.device import GPU_FAMILIES
 
@@ -80,14 +81,16 @@ RULES = {
     "3x3_c16_64x64_edge": (geom(16, 8, 3, (64, 64), pad=1), True, True, "im2col", "im2col"),
     "3x3_c16_17x241_edge": (geom(16, 8, 3, (17, 241), pad=1), True, False, "im2col", "general"),
     "3x3_c28_70x70": (geom(28, 8, 3, (70, 70), pad=1), True, False, "im2col", "general"),
-    "7x7s2_c3": (geom(3, 64, 7, (224, 224), 2, 3), False, False, "general", "general"),
+    "7x7s2_c3": (geom(3, 64, 7, (224, 224), 2, 3), True, False, "im2col", "general"),
+    "3x3s2_c3_small": (geom(3, 32, 3, (64, 64), 2, 1), True, True, "im2col", "im2col"),
+    "3x3_c6_70x70": (geom(6, 16, 3, (70, 70), pad=1), True, False, "im2col", "general"),
     "grouped_g2_cg8": (geom(16, 16, 3, (8, 8), pad=1, groups=2), True, False, "im2col", "general"),
     "grouped_g2_cg64": (geom(128, 64, 3, (8, 8), pad=1, groups=2), True, False, "im2col", "general"),
     "grouped_g2_cg6": (geom(12, 10, 3, (8, 8), pad=1, groups=2), False, False, "general", "general"),
     "depthwise_c144": (geom(144, 144, 3, (56, 56), pad=1, groups=144), False, False, "dw", "dw"),
     "depthwise_c4": (geom(4, 4, 3, (8, 8), pad=1, groups=4), False, False, "dw", "dw"),
     "depthwise_1x1_c8": (geom(8, 8, 1, (8, 8), groups=8), False, False, "dw", "dw"),
-    "pointwise_c6": (geom(6, 7, 1, (5, 9)), False, False, "pw", "pw"),
+    "pointwise_c6": (geom(6, 7, 1, (5, 9)), True, True, "pw", "pw"),
     "pointwise_c256_56x56": (geom(256, 64, 1, (56, 56)), True, True, "pw", "pw"),
     "pointwise_g2_cg8": (geom(16, 24, 1, (6, 7), groups=2), True, False, "im2col", "general"),
     "1x1s2_c64": (geom(64, 128, 1, (14, 14), 2), True, True, "im2col", "im2col"),
@@ -111,6 +114,47 @@ def test_flags():
     assert RULES["depthwise_c144"][0].is_depthwise and not RULES["grouped_g2_cg8"][0].is_depthwise
     assert not geom(8, 16, 3, (4, 4), groups=8).is_depthwise  # channel multiplier 2
     assert RULES["grouped_g2_cg8"][0].im2col_eligible and not RULES["grouped_g2_cg6"][0].im2col_eligible
+    assert RULES["7x7s2_c3"][0].im2col_eligible and RULES["7x7s2_c3"][0].im2col_coop_eligible
+
+
+@pytest.mark.parametrize(("c_in", "groups", "k", "cg4", "gemm_k"), [
+    (3, 1, 7, 4, 196), (1, 1, 3, 4, 36), (5, 1, 3, 8, 72), (8, 1, 3, 8, 72), (16, 2, 3, 8, 72),
+    (6, 1, 1, 8, 8)])
+def test_gemm_k_pads_each_taps_channels_to_whole_words(c_in, groups, k, cg4, gemm_k):
+    p = geom(c_in, 2 * groups, k, (9, 9), pad=k // 2, groups=groups)
+    assert (p.gemm_group_channels, p.gemm_k) == (cg4, gemm_k)
+
+
+def stem(batch, c_out, k, stride, pad, c_in=3, hw=224):
+    return conv2d_params((batch, c_in, hw, hw), (c_out, c_in, k, k), [k], [stride], [pad], [1], 1)
+
+
+BOTH = frozenset({"pw", "im2col"})
+
+
+@pytest.mark.parametrize(("params", "coop", "expected"), [
+    # ResNet's stem: direct by rule 2 (3 channels, 112x112 outputs), the implicit im2col on
+    # cooperative matrices where the device has them (K = 49 taps x 4 = 196 bytes, 64 channels).
+    (stem(1, 64, 7, 2, 3), BOTH, "im2col_coop"),
+    (stem(32, 64, 7, 2, 3), BOTH, "im2col_coop"),
+    (stem(32, 64, 7, 2, 3), frozenset({"pw"}), "general"),
+    (stem(32, 64, 7, 2, 3), frozenset(), "general"),
+    # MobileNetV2's: 32 channels (half a 64-channel tile) and K = 9 x 4 = 36 bytes, short of
+    # the coop GEMM's minimum (conv2d_tiling.prefers_coop_gemm): direct.
+    (stem(1, 32, 3, 2, 1), BOTH, "general"),
+    (stem(32, 32, 3, 2, 1), BOTH, "general"),
+    # Too few pixels for the coop GEMM: the family rule (im2col: at most 4096 output pixels).
+    (stem(1, 64, 7, 2, 3, hw=56), BOTH, "im2col"),
+    # K of 1 x 4 bytes: pw stays on the dot-product GEMM; 16 channels: pw_coop.
+    (conv2d_params((1, 3, 64, 64), (64, 3, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
+    (conv2d_params((1, 64, 64, 64), (64, 64, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
+    (conv2d_params((1, 64, 64, 64), (64, 64, 1, 1), [1], [1], [0], [1], 1), frozenset({"im2col"}), "pw"),
+    # Two groups: never coop; depthwise stays dw.
+    (conv2d_params((1, 128, 64, 64), (128, 64, 3, 3), [3], [1], [1], [1], 2), BOTH, "general"),
+    (conv2d_params((1, 64, 64, 64), (64, 1, 3, 3), [3], [1], [1], [1], 64), BOTH, "dw"),
+], ids=str)
+def test_choose_algorithm_moves_gemms_to_cooperative_matrices(params, coop, expected):
+    assert choose_algorithm(params, "nvidia", coop) == expected
 
 
 def test_unknown_family_is_rejected():
@@ -192,6 +236,19 @@ def test_conv_ops_are_matched_by_exact_name(target):
     assert layouts_of(resolve_packed_int8_conv2d(ops, "mali")) == [{"x": "4C1W"}]
 
 
+def test_tuning_candidates_of_a_stem_include_the_im2col_gemms():
+    assert candidate_algorithms(stem(1, 64, 7, 2, 3)) == ["im2col", "general", "im2col_coop"]
+    assert candidate_algorithms(RULES["grouped_g2_cg6"][0]) == ["general"]
+
+
+def test_resolver_follows_the_coop_route():
+    """A stem the device runs on the implicit im2col wants 4C, the direct conv's 4C1W otherwise."""
+    ops = [PackedOp("etvk.q8ta_quantize.default", {"q": P}),
+           PackedOp("etvk.q8ta_conv2d.default", {"q": P, "a": P}, stem(1, 64, 7, 2, 3), "q")]
+    assert layouts_of(resolve_packed_int8_conv2d(ops, "nvidia", coop=BOTH))[0] == {"q": "4C"}
+    assert layouts_of(resolve_packed_int8_conv2d(ops, "nvidia"))[0] == {"q": "4C1W"}
+
+
 def test_resolver_returns_new_ops_and_keeps_the_rest():
     ops = list(PROGRAM)
     resolved = resolve_packed_int8_conv2d(ops, "amd")
@@ -223,15 +280,15 @@ def as_bytes(words):
     return words.view(torch.int8).tolist()
 
 
-def slow_gemm(w, groups):
+def slow_gemm(w):
     c_out, cg, kh, kw = w.shape
-    kg = cg * kh * kw
-    o4, k4 = -(-c_out // 4), -(-kg // 4)
+    cg4 = -(-cg // 4) * 4  # each tap's channels padded to whole words
+    o4, k4 = -(-c_out // 4), cg4 * kh * kw // 4
     out = [0] * (o4 * k4 * 16)
     for oc4, kk4, j, b in itertools.product(range(o4), range(k4), range(4), range(4)):
         oc, k = oc4 * 4 + j, kk4 * 4 + b
-        if oc < c_out and k < kg:
-            tap, ic = divmod(k, cg)
+        tap, ic = divmod(k, cg4)
+        if oc < c_out and ic < cg:
             out[((oc4 * k4 + kk4) * 4 + j) * 4 + b] = int(w[oc, ic, tap // kw, tap % kw])
     return out
 
@@ -268,7 +325,8 @@ def slow_depthwise(w):
 
 # (C_out, Cg, KH, KW, groups)
 WEIGHT_SHAPES = [(5, 3, 2, 3, 1), (9, 5, 3, 3, 3), (8, 4, 1, 1, 2), (10, 6, 3, 3, 2), (4, 7, 1, 2, 1),
-                 (12, 2, 3, 1, 6), (6, 3, 3, 3, 3), (16, 8, 1, 1, 1)]
+                 (12, 2, 3, 1, 6), (6, 3, 3, 3, 3), (16, 8, 1, 1, 1), (8, 3, 7, 7, 1), (6, 1, 3, 3, 1),
+                 (7, 6, 3, 3, 1), (8, 8, 3, 3, 2)]
 
 
 def random_weights(shape, seed=0):
@@ -280,8 +338,12 @@ def random_weights(shape, seed=0):
 def test_gemm_and_direct_packing_follow_their_definitions(shape):
     *wshape, groups = shape
     w = random_weights(tuple(wshape), seed=sum(shape))
-    gemm = pack_gemm_weights(w, groups)
-    assert gemm.dtype == torch.int32 and as_bytes(gemm) == slow_gemm(w, groups)
+    if groups == 1 or wshape[1] % 4 == 0:
+        gemm = pack_gemm_weights(w, groups)
+        assert gemm.dtype == torch.int32 and as_bytes(gemm) == slow_gemm(w)
+    else:  # no GEMM reads groups that straddle channel words
+        with pytest.raises(ValueError, match=f"C_in/groups a multiple of 4, got {wshape[1]}"):
+            pack_gemm_weights(w, groups)
     c_in = wshape[1] * groups
     direct, nw = pack_direct_weights(w, groups, c_in), direct_word_span(c_in, groups)
     want, want_nw = slow_direct(w, groups, c_in)
@@ -323,12 +385,19 @@ SHADER_GEOMETRIES = [
     ((1, 12, 7, 9), (10, 6, 3, 2), [1, 2], [2, 1], [2, 1], 2),
     ((1, 6, 5, 9), (7, 6, 1, 1), [1], [0], [1], 1),
     ((1, 16, 4, 4), (8, 8, 1, 1), [1], [0], [1], 2),
+    ((1, 3, 11, 9), (8, 3, 7, 7), [2], [3], [1], 1),
+    ((2, 5, 7, 6), (6, 5, 3, 3), [2], [1], [1], 1),
+    ((1, 1, 6, 7), (5, 1, 3, 3), [1], [1], [1], 1),
 ]
 
 
-def taps(x, params, zero_point):
-    """x zero-point padded in space, zero padded to whole channel words; one [N, C4*4, Ho, Wo] per tap."""
+def taps(x, params, zero_point, junk=False):
+    """x zero-point padded in space, padded to whole channel words (with random values where
+    `junk`, else 0: whatever a writer left in the padding channels); one [N, C4*4, Ho, Wo] per tap."""
     (sy, sx), (dy, dx), (py, px) = params.stride, params.dilation, params.padding
+    n, c, h, w = x.shape
+    if junk:
+        x = torch.cat([x, random_weights((n, -c % 4, h, w), 99)], 1)
     x = torch.nn.functional.pad(x.to(torch.int64), (px, px, py, py), value=zero_point)
     x = torch.nn.functional.pad(x, (0, 0, 0, 0, 0, -x.shape[1] % 4))
     return [x[:, :, ky * dy: ky * dy + sy * (params.H_out - 1) + 1: sy,
@@ -337,13 +406,13 @@ def taps(x, params, zero_point):
 
 
 def gemm_model(x, zp, packed, p):
-    """im2col (K order: tap, then channel) then a GEMM over each output channel's group."""
-    kg4 = -(-p.Kg // 4)
+    """im2col (K order: tap, then the group's channel words, padding channels holding junk) then
+    a GEMM over each output channel's group."""
+    kg4 = p.gemm_k // 4
     rows = packed.view(torch.int8).reshape(-1, kg4, 4, 4).permute(0, 2, 1, 3).reshape(-1, kg4 * 4)
-    cols = torch.stack(taps(x, p, zp), 1)[:, :, :p.C_in]  # [N, T, C_in, Ho, Wo]
-    cols = cols.reshape(p.N, p.taps, p.groups, p.Cg, p.H_out, p.W_out).transpose(1, 2)
-    cols = torch.nn.functional.pad(cols.reshape(p.N, p.groups, p.Kg, p.H_out, p.W_out),
-                                   (0, 0, 0, 0, 0, kg4 * 4 - p.Kg))
+    cols = torch.stack(taps(x, p, zp, junk=True), 1)[:, :, :p.groups * p.gemm_group_channels]
+    cols = cols.reshape(p.N, p.taps, p.groups, p.gemm_group_channels, p.H_out, p.W_out).transpose(1, 2)
+    cols = cols.reshape(p.N, p.groups, p.gemm_k, p.H_out, p.W_out)
     group = torch.arange(p.C_out) // p.Coutg
     return torch.einsum("nokhw,ok->nohw", cols[:, group], rows[:p.C_out].to(torch.int64))
 
@@ -364,7 +433,8 @@ def test_gemm_and_direct_weights_give_the_reference_sums(geometry):
     p = conv2d_params(x_shape, w_shape, list(w_shape[2:]), *args)
     x, w = random_weights(x_shape, 1), random_weights(w_shape, 2)
     want = conv2d_accumulators(x, -7, w, p.stride, p.padding, p.dilation, p.groups)
-    assert torch.equal(gemm_model(x, -7, pack_gemm_weights(w, p.groups), p), want)
+    if p.im2col_eligible:  # the GEMMs serve only these
+        assert torch.equal(gemm_model(x, -7, pack_gemm_weights(w, p.groups), p), want)
     assert torch.equal(direct_model(x, -7, pack_direct_weights(w, p.groups, p.C_in),
                                      direct_word_span(p.C_in, p.groups), p), want)
 

@@ -19,6 +19,7 @@ from program_cases import SHAPE, check_agreement, random_batches
 import runtime
 from runtime.families.conv2d_layouts import PLACEHOLDER
 from runtime.ops.library import VariantInfo
+from runtime.programs import loader
 from runtime.programs.cpu import ProgramInputError
 from runtime.programs.program import Program
 from runtime.vulkan.device import GPU_FAMILIES, get_device
@@ -90,6 +91,23 @@ def test_layouts_follow_the_family_and_results_do_not(family, small_cnn, monkeyp
     assert packed and PLACEHOLDER not in packed
     (x,) = random_batches(1, seed=9)[0]
     assert torch.equal(loaded(x), small_cnn[2].run_reference(x))
+
+
+def test_layouts_follow_the_devices_coop_gemms(small_cnn, monkeypatch):
+    """The loader resolves layouts with the GEMM kernels its device runs on cooperative
+    matrices, as the dispatcher chooses with them (`conv2d.choose_algorithm`)."""
+    device = get_device()
+    # capabilities of this test's own, so that the variants chosen while loading stay cached
+    # under them (OpDef.select) rather than under the device's for the tests after this one
+    monkeypatch.setattr(device, "caps", dataclasses.replace(device.caps))
+    calls = []
+    real = loader.resolve_layouts
+    monkeypatch.setattr(loader, "coop_gemm_kernels",
+                        lambda caps: calls.append(caps) or frozenset({"pw", "im2col"}))
+    monkeypatch.setattr(loader, "resolve_layouts",
+                        lambda program, family, tuned, coop: calls.append(coop) or real(program, family, tuned, coop))
+    runtime.LoadedProgram(small_cnn[2], device)
+    assert calls == [device.caps, frozenset({"pw", "im2col"})]
 
 
 def test_a_node_without_a_runnable_variant_falls_back_to_the_cpu(small_cnn, monkeypatch):
