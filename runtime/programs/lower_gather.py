@@ -264,8 +264,8 @@ class Gathers:
         every scale 1 and zero point 0: ``q = roundEven(float(q) * 1) + 0``, exact); an average
         pool is quantized with its input's qparams (a rounding of its own, which the graph does
         not have where PT2E left the pool in fp32; `window_sums` gives the exact route where
-        the pool's channels come first and its windows are full). New ops are appended to `nodes`; a subtree
-        met before (the growing cats of a dense block) reuses its value."""
+        the pool's channels come first and its windows are full). New ops are appended to
+        `nodes`; a subtree met before (the growing cats of a dense block) reuses its value."""
         key = _key(tree)
         if key in self.raws:
             return self.raws[key]
