@@ -2,9 +2,11 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
+layout(constant_id = 4) const int HAS_SUMS = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
+  layout(offset = 32) ivec4 sums;
 } pc;
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -58,6 +60,18 @@ ivec4 t_table_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_table_load_word(uint unit) { return t_table.data[unit]; }
+layout(set = 0, binding = 3, std430) readonly buffer t_sums_block {
+  int data[];
+} t_sums;
+int t_sums_load(uint i) { return t_sums.data[i]; }
+layout(set = 0, binding = 4, std430) readonly buffer t_sums_table_block {
+  uint data[];
+} t_sums_table;
+ivec4 t_sums_table_load(uint unit) {
+  const int u = int(t_sums_table.data[unit]);
+  return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
+}
+uint t_sums_table_load_word(uint unit) { return t_sums_table.data[unit]; }
 
 // Shared numerics for the quantize family (OPS.md "Shared numeric conventions").
 // Plain GLSL, included by templates through Jinja; needs no bindings.
@@ -296,6 +310,16 @@ void main() {
   for (int i = 0; i < 4; ++i) {
     const uint entry = t_table_load_word(uint(channel[i] * 64 + (index[i] >> 2)));
     y[i] = bitfieldExtract(int(entry), (index[i] & 3) * 8, 8);
+  }
+  if (HAS_SUMS == 1 && p.c4 * 4 < pc.sums.x) {
+    const ivec4 at = etvk_packed_coords(LAYOUT, ivec4(W, pc.sizes.y, (C + 3) >> 2, pc.sizes.w), word);
+    const int pixel = at.y * W + at.x;
+    const int plane = pc.sizes.y * W;
+    for (int i = 0; i < 4 && p.c4 * 4 + i < pc.sums.x; ++i) {
+      const int c = p.c4 * 4 + i;
+      const int entry = c * pc.sums.y + t_sums_load(uint((at.w * pc.sums.x + c) * plane + pixel)) + pc.sums.z;
+      y[i] = bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
+    }
   }
   t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), y, valid)));
 }

@@ -86,6 +86,11 @@ def _check_output_size_index_range(op, output_size, x):
         raise rt.ArgumentError(op, "output_size", f"must keep (H + 1) * H_out and (W + 1) * W_out within 2^31 (the shader's int32 window bounds), got {output_size} for a {x.shape[2]}x{x.shape[3]} input")
 
 
+def _check_window_sum_output(op, kernel_size, x, stride):
+    if not (min(rt.pool2d_params(x, kernel_size, stride, [0], [1], False).H_out, rt.pool2d_params(x, kernel_size, stride, [0], [1], False).W_out) >= 1):
+        raise rt.ArgumentError(op, "kernel_size", f"the window {rt.pair(kernel_size)} does not fit the {x.shape[2]}x{x.shape[3]} input: the output would be empty")
+
+
 def q8ta_max_pool2d(stream, x, kernel_size, stride, padding, dilation, ceil_mode, *, variant=None, storage=None):
     """Record etvk.q8ta_max_pool2d.default into `stream`; returns device tensors."""
     op = Q8TA_MAX_POOL2D
@@ -120,7 +125,7 @@ Q8TA_MAX_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_max_pool2d(Tensor x, int[] kernel_size, int[] stride, int[] padding, int[] dilation, bool ceil_mode) -> Tensor",
     doc="Int8 max_pool2d (PyTorch's geometry: an empty stride is the kernel size, padding at most half the kernel, ceil_mode) in the int8 domain; padding taps never win. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:156",
+    spec="op_specs/q8ta_pool.yaml:179",
     reference="runtime.reference.q8ta_pool:q8ta_max_pool2d",
     variants=(
         ("q8ta_pool2d_max", {"POOL": "max"}),
@@ -175,7 +180,7 @@ Q8TA_AVG_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point, int[] kernel_size, int[] stride, int[] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor",
     doc="Int8 avg_pool2d (PyTorch's geometry and divisor: count_include_pad, divisor_override, ceil_mode windows cut at size + padding): the exact int32 sum of q - input_zero_point over the taps inside the image, then float(S) * input_scale, / divisor correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:182",
+    spec="op_specs/q8ta_pool.yaml:205",
     reference="runtime.reference.q8ta_pool:q8ta_avg_pool2d",
     variants=(
         ("q8ta_pool2d_avg", {"POOL": "avg"}),
@@ -218,7 +223,7 @@ Q8TA_GLOBAL_AVG_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_global_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Int8 global average pooling to [N, C, 1, 1] (adaptive_avg_pool2d(1), mean over H and W): the exact int32 sum of q - input_zero_point over H*W by a workgroup-cooperative reduction, then float(S) * input_scale, / (H*W) correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:216",
+    spec="op_specs/q8ta_pool.yaml:239",
     reference="runtime.reference.q8ta_pool:q8ta_global_avg_pool2d",
     variants=(
         ("q8ta_global_avg_pool2d", {}),
@@ -265,7 +270,7 @@ Q8TA_ADAPTIVE_AVG_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_adaptive_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point, int[] output_size) -> Tensor",
     doc="Int8 adaptive_avg_pool2d to any output size (PyTorch's windows: along an axis of length L to L_out outputs, output i averages [floor(i*L/L_out), ceil((i+1)*L/L_out))): the exact int32 sum of q - input_zero_point over the window, then float(S) * input_scale, / (the window's taps) correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:244",
+    spec="op_specs/q8ta_pool.yaml:267",
     reference="runtime.reference.q8ta_pool:q8ta_adaptive_avg_pool2d",
     variants=(
         ("q8ta_adaptive_avg_pool2d", {}),
@@ -276,9 +281,51 @@ Q8TA_ADAPTIVE_AVG_POOL2D = rt.OpDef(
 )
 
 
+def q8ta_window_sum(stream, x, kernel_size, stride, *, variant=None, storage=None):
+    """Record etvk.q8ta_window_sum.default into `stream`; returns device tensors."""
+    op = Q8TA_WINDOW_SUM
+    rt.check_arg(op, "x", x, "Tensor")
+    rt.check_arg(op, "kernel_size", kernel_size, "int[]")
+    rt.check_arg(op, "stride", stride, "int[]")
+    _check_x_packed_int8(op, x)
+    _check_kernel_size_positive(op, kernel_size)
+    _check_kernel_taps(op, kernel_size)
+    _check_stride_positive(op, stride)
+    _check_window_sum_output(op, kernel_size, x, stride)
+    p = rt.pool2d_params(x, kernel_size, stride, [0], [1], False)
+    layout = rt.layout_of(x, '4C1W')
+    v = op.select(variant, storage, {})
+    x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
+    out = stream.empty([p.N, p.C, p.H_out, p.W_out], torch.int32, v.binding("t_out"), op.label("out", "output"))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C, p.N], "out_sizes": [p.W_out, p.H_out, p.C, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]]}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[p.W_out, p.H_out, p.N * rt.ceil_div(p.C, 4)])
+    return out
+
+
+def _q8ta_window_sum_fake(x, kernel_size, stride):
+    p = rt.pool2d_params(x, kernel_size, stride, [0], [1], False)
+    return torch.empty([p.N, p.C, p.H_out, p.W_out], dtype=torch.int32, device=x.device)
+
+
+Q8TA_WINDOW_SUM = rt.OpDef(
+    name="etvk.q8ta_window_sum.default",
+    family="q8ta_pool",
+    schema="q8ta_window_sum(Tensor x, int[] kernel_size, int[] stride) -> Tensor",
+    doc="The int32 sum of the raw int8 values q of each full window (PyTorch's geometry with no padding, floor mode: an empty stride is the kernel size), zero points not taken off: S in [-128 * KH * KW, 127 * KH * KW]. What an average pool of the window computes is a function of S (and the input's qparams) that a per-channel table over S holds (q8ta_channel_lut's sums; docs/int8_cnn_ops.md). A host input is packed in 4C1W; the output is a plain int32 [N, C, H_out, W_out] tensor.",
+    spec="op_specs/q8ta_pool.yaml:296",
+    reference="runtime.reference.q8ta_pool:q8ta_window_sum",
+    variants=(
+        ("q8ta_window_sum", {}),
+    ),
+    record=q8ta_window_sum,
+    fake=_q8ta_window_sum_fake,
+    plannable=True,
+)
+
+
 OPS = (
     Q8TA_MAX_POOL2D,
     Q8TA_AVG_POOL2D,
     Q8TA_GLOBAL_AVG_POOL2D,
     Q8TA_ADAPTIVE_AVG_POOL2D,
+    Q8TA_WINDOW_SUM,
 )

@@ -29,13 +29,16 @@ and no average keeps its source's qparams and is requantized by a
 ``dequantize -> quantize`` pair (nothing where the qparams are the same).
 Each quantize gets its own ops (quantizes of one expression with different
 qparams need different values); what the fp32 nodes no longer feed is dropped
-as dead. Pure graph work; run by lower_cnn.py.
+as dead. `Gathers.window_sums` gives the int32 window sums of a full-window
+average pool for lower_lut.py's tables over them. Pure graph work; run by
+lower_cnn.py.
 """
 
 from __future__ import annotations
 
 import torch
 
+from runtime.families.pool2d import pool2d_params
 from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor, ints
 
@@ -91,6 +94,24 @@ def _average(tree):
     if source[0] == "max_pool" and source[1][0] in ("cat", "gather"):
         return _average(_push("avg_pool", _push("max_pool", *source[1:]), *tree[2:]))
     return tree if _exact(source) else None
+
+
+def _full_windows(tree, shape) -> bool:
+    """Whether every window of the ``("avg_pool", E, args, size)`` `tree` of an input of `shape`
+    lies inside the image (no padding; ceil_mode adds no window)."""
+    kernel, stride, padding, ceil_mode = tree[2][:4]
+    if any(ints(padding)):
+        return False
+    floor = pool2d_params(shape, kernel, stride, [0], [1], False)
+    return not ceil_mode or (floor.H_out, floor.W_out) == tuple(tree[3])
+
+
+def pooled_prefix(tree):
+    """The average pool of an exact tree (`_exact`) that gives `tree`'s first channels, the pool
+    itself or a cat's first part; None where another node gives them."""
+    while tree[0] == "cat":
+        tree = tree[1][0]
+    return tree if tree[0] == "avg_pool" else None
 
 
 class Gathers:
@@ -186,10 +207,10 @@ class Gathers:
             return None
         return source, 0, shape[1], five[1]
 
-    def value(self, shape, before: Node) -> str:
+    def value(self, shape, before: Node, dtype: torch.dtype = torch.int8) -> str:
         self.count += 1
         name = f"{before.outputs[0]}_gather{self.count}"
-        self.rw.program.values[name] = ValueSpec(tuple(shape), torch.int8)
+        self.rw.program.values[name] = ValueSpec(tuple(shape), dtype)
         return name
 
     def op(self, target: str, args: tuple, shape, before: Node, nodes: list) -> Ref:
@@ -242,8 +263,9 @@ class Gathers:
         channel with its source's qparams: cats copy their inputs' bytes (``q8ta_concat`` with
         every scale 1 and zero point 0: ``q = roundEven(float(q) * 1) + 0``, exact); an average
         pool is quantized with its input's qparams (a rounding of its own, which the graph does
-        not have where PT2E left the pool in fp32). New ops are appended to `nodes`; a subtree
-        met before (the growing cats of a dense block) reuses its value."""
+        not have where PT2E left the pool in fp32; `window_sums` gives the exact route where
+        the pool's channels come first and its windows are full). New ops are appended to
+        `nodes`; a subtree met before (the growing cats of a dense block) reuses its value."""
         key = _key(tree)
         if key in self.raws:
             return self.raws[key]
@@ -266,6 +288,26 @@ class Gathers:
             qparams = [(scale, zero_point)] * self.shape(acc)[1]
         self.raws[key] = acc, qparams
         return acc, qparams
+
+    def window_sums(self, tree, before: Node, nodes: list):
+        """(int32 window sums, the pool's tree) where `tree`'s first channels are an average pool
+        (`pooled_prefix`) whose every window is full (`_full_windows`): ``q8ta_window_sum`` of its
+        exact input, which a table over the sums turns into any function of the pooled fp32
+        values; None otherwise. New ops are appended to `nodes`; a pool met before reuses its
+        value."""
+        pool = pooled_prefix(tree)
+        if pool is None:
+            return None
+        key = ("window_sums", _key(pool))
+        if key not in self.raws:
+            x, _ = self.raw(pool[1], before, nodes)
+            if not _full_windows(pool, self.shape(x)):
+                return None
+            name = self.value((*self.shape(x)[:2], *pool[3]), before, torch.int32)
+            kernel, stride = pool[2][:2]
+            nodes.append(Node(name, "etvk.q8ta_window_sum.default", (x, kernel, stride), {}, (name,)))
+            self.raws[key] = Ref(name), pool
+        return self.raws[key]
 
     def lower(self, quantize: Node) -> None:
         """`quantize` of a channel expression other than a plain dequantize, computed in int8."""

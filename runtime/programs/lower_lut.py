@@ -34,7 +34,11 @@ expression's int8 bytes, each channel with its source's qparams
 tables are the chain and the quantize run over each channel's 256 values
 dequantized with its qparams; where the chain's mean over H and W is quantized
 (DenseNet's head), one ``etvk.q8ta_channel_lut_mean`` averages the chain's fp32
-values the same way (docs/int8_cnn_ops.md).
+values the same way. Where the expression's first channels are an average pool
+with full windows that PT2E left in fp32 (DenseNet's transition), those
+channels read the pool's ``etvk.q8ta_window_sum`` instead, through tables over
+the window sums (`pooled`: the chain and the quantize run over the pooled
+value of one window of each sum; docs/int8_cnn_ops.md).
 
 Run by lower.py after lower_cnn.py (a clamp that keeps its conv's qparams
 folds into the conv there, which costs nothing) and the removal of the nodes
@@ -210,11 +214,9 @@ def _channel_pattern(rw: Rewriter, gathers: Gathers, quantize: Node, mean: bool)
     return None if tree is None else (tree, ref, chain[::-1] if mean else [*chain[::-1], quantize])
 
 
-def channel_table(nodes: list[Node], x: Ref, qparams: list, constants: dict) -> torch.Tensor:
-    """The ``[C, 256]`` tables of a per-channel pattern: `nodes` (the chain, then the quantize for
-    int8 tables; none or the chain for fp32 ones) run on the CPU with `x` holding, in each
-    channel c, the values -128 .. 127 dequantized with c's (scale, zero point) from `qparams` by
-    the graph's dequantize, along H."""
+def dequantized(qparams: list) -> torch.Tensor:
+    """``[1, C, 256, 1]``: in each channel c the values -128 .. 127 dequantized with c's (scale,
+    zero point) from `qparams` by the graph's dequantize, along H."""
     values = torch.arange(-128, 128, dtype=torch.int8).view(1, 1, 256, 1)
     dequantize, parts, start = resolve_op(DQ), [], 0
     while start < len(qparams):  # channels of one qparams together
@@ -224,7 +226,34 @@ def channel_table(nodes: list[Node], x: Ref, qparams: list, constants: dict) -> 
         ints8 = values.expand(1, end - start, 256, 1).contiguous()
         parts.append(dequantize(ints8, *qparams[start], -128, 127, torch.int8))
         start = end
-    env = {x.name: torch.cat(parts, dim=1)}
+    return torch.cat(parts, dim=1)
+
+
+def pooled(pool, qparams: tuple, channels: int, count: int) -> torch.Tensor:
+    """``[1, channels, T, 1]``: in each of the first `count` channels, for each window sum S =
+    -128 K .. 127 K (T = 255 K + 1, K taps) the fp32 value the graph's average pool (the
+    ``("avg_pool", E, args, size)`` tree `pool` of lower_gather.py) computes, by the graph's
+    dequantize (`qparams`) and ``aten.avg_pool2d``, for one window of S: its int8 values
+    ``floor((S + j) / K)``, j = 0 .. K - 1, in row-major order; the other channels 0."""
+    kernel, _, _, _, count_include_pad, divisor_override = pool[2]
+    kh, kw = (ints(kernel) * 2)[:2]
+    taps = kh * kw
+    sums = torch.arange(-128 * taps, 127 * taps + 1)
+    windows = torch.stack([torch.div(sums + j, taps, rounding_mode="floor") for j in range(taps)], 1)
+    ints8 = windows.to(torch.int8).view(1, 1, -1, kw)  # window t in rows t * kh .. t * kh + kh - 1
+    values = resolve_op("aten.avg_pool2d.default")(
+        resolve_op(DQ)(ints8, *qparams, -128, 127, torch.int8), [kh, kw], [kh, kw], [0, 0], False,
+        count_include_pad, divisor_override)
+    out = torch.zeros(1, channels, sums.numel(), 1)
+    out[:, :count] = values
+    return out
+
+
+def channel_table(nodes: list[Node], x: Ref, values: torch.Tensor, constants: dict) -> torch.Tensor:
+    """The ``[C, R]`` tables of a per-channel pattern: `nodes` (the chain, then the quantize for
+    int8 tables; none or the chain for fp32 ones) run on the CPU with `x` holding the fp32
+    ``[1, C, R, 1]`` `values` (`dequantized`, `pooled`)."""
+    env = {x.name: values}
     for node in nodes:
         run_node(node, env, constants)
     return env[nodes[-1].outputs[0] if nodes else x.name][0, :, :, 0].contiguous()
@@ -238,8 +267,9 @@ def lower_channel_tables(rw: Rewriter) -> None:
     whose tables are the chain and the quantize run on the CPU over the 256 values of each
     channel (`channel_table`); the quantize of the mean over H and W of such a chain (DenseNet's
     head: ``norm -> relu -> adaptive_avg_pool2d(1) -> flatten``) -> one
-    ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values. Then drops what
-    nothing reads."""
+    ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values; a full-window
+    average pool giving the expression's first channels (`Gathers.window_sums`) goes in
+    through tables over its window sums (`pooled`). Then drops what nothing reads."""
     program, gathers = rw.program, Gathers(rw)
     for quantize in [n for n in program.nodes if n.target == Q]:
         mean = False
@@ -252,15 +282,23 @@ def lower_channel_tables(rw: Rewriter) -> None:
         tree, x, nodes = found
         new: list[Node] = []
         raw, qparams = gathers.raw(tree, quantize, new)
-        table = rw.add_constant(f"{quantize.outputs[0]}_tables", channel_table(nodes, x, qparams, program.constants))
-        for packed in (*[n.outputs[0] for n in new], raw.name):
+        name = quantize.outputs[0]
+        table = rw.add_constant(f"{name}_tables", channel_table(nodes, x, dequantized(qparams), program.constants))
+        window_sums, wide = gathers.window_sums(tree, quantize, new), ()
+        if window_sums is not None:  # the pooled first channels: tables over their window sums
+            sums, pool = window_sums
+            count = rw.shape(sums)[1]
+            values = pooled(pool, qparams[0], len(qparams), count)
+            wide = sums, rw.add_constant(f"{name}_sum_tables",
+                                         channel_table(nodes, x, values, program.constants)[:count].contiguous())
+        for packed in (*[n.outputs[0] for n in new if program.values[n.outputs[0]].dtype == torch.int8], raw.name):
             rw.mark_packed(packed)
         if mean:
-            last = Node(f"{quantize.name}_channel_mean", CHANNEL_MEAN, (raw, table, *int8_per_tensor(quantize, Q)[1:]), {},
-                        quantize.outputs)
+            last = Node(f"{quantize.name}_channel_mean", CHANNEL_MEAN,
+                        (raw, table, *int8_per_tensor(quantize, Q)[1:], *wide), {}, quantize.outputs)
         else:
-            rw.mark_packed(quantize.outputs[0])
-            last = Node(f"{quantize.name}_channel_lut", CHANNEL_LUT, (raw, table), {}, quantize.outputs)
+            rw.mark_packed(name)
+            last = Node(f"{quantize.name}_channel_lut", CHANNEL_LUT, (raw, table, *wide), {}, quantize.outputs)
         position = program.nodes.index(quantize)
         program.nodes[position:position + 1] = [*new, last]
         rw.refresh()

@@ -1,5 +1,8 @@
 """Reference numerics of the int8 pooling family (q8ta_pool), the definition the shaders match.
 
+- window sum: ``S = Σ q`` of the raw int8 values of each full window (no
+  padding, floor mode), exact in int32: what a table over S reads
+  (``q8ta_channel_lut``'s sums).
 - max pool: the largest int8 value among a window's taps inside the image
   (padding taps never win); a window with no tap inside the image gives -128,
   as quantizing PyTorch's -inf does.
@@ -69,6 +72,19 @@ def q8ta_avg_pool2d(x, input_scale, input_zero_point, output_scale, output_zero_
     divisors = avg_pool2d_divisors(params, count_include_pad, divisor_override)
     return average(sums.round().to(torch.int64), divisors, input_scale, output_scale,
                    output_zero_point)
+
+
+def q8ta_window_sum(x, kernel_size, stride):
+    """int32 sums of the raw int8 values of each full window (avg_pool2d's geometry, no padding,
+    floor mode).
+
+    Returns:
+        int32 ``[N, C, H_out, W_out]``.
+    """
+    params = pool2d_params(x.shape, kernel_size, stride, [0], [1], False)
+    sums = torch.ops.aten.avg_pool2d.default(x.to(torch.float64), [params.KH, params.KW], list(params.stride),
+                                             [0, 0], False, True, 1)  # divisor_override=1: the sum
+    return sums.round().to(torch.int32)
 
 
 def q8ta_global_avg_pool2d(x, input_scale, input_zero_point, output_scale, output_zero_point):

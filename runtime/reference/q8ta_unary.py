@@ -8,7 +8,11 @@ with PyTorch's own ops for the exact qparams of a lowered graph).
 per channel of an ``[N, C, H, W]`` input. ``q8ta_channel_lut_mean(x, table,
 output_scale, output_zero_point)`` averages fp32 per-channel tables of x over
 H and W (the fp32 sum in row-major pixel order, then one correctly rounded
-division by H * W) and quantizes the mean. A gather
+division by H * W) and quantizes the mean. Both may take ``sums`` (int32
+window sums S of K taps, ``[N, Cs, H, W]``) and ``sums_table`` (``[Cs,
+255 * K + 1]``): channel c < Cs then reads ``sums_table[c, S + 128 * K]``
+instead of its table of x (a function of an average pool's window, which
+PyTorch keeps in fp32). A gather
 has no arithmetic, so the shader equals this bit for bit; the ``layout`` a
 device keeps the values in does not change them.
 
@@ -33,26 +37,35 @@ def q8ta_lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return table[x.long() + 128]
 
 
-def q8ta_channel_lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
-    """``table[c, x[:, c] + 128]`` for int8 ``[N, C, H, W]`` `x` and an int8 ``[C, 256]`` `table`.
+def q8ta_channel_lut(x: torch.Tensor, table: torch.Tensor, sums: torch.Tensor | None = None,
+                     sums_table: torch.Tensor | None = None) -> torch.Tensor:
+    """``table[c, x[:, c] + 128]`` for int8 ``[N, C, H, W]`` `x` and an int8 ``[C, 256]`` `table`;
+    for c < Cs ``sums_table[c, sums[:, c] + 128 * K]`` where int32 ``[N, Cs, H, W]`` `sums` and
+    a ``[Cs, 255 * K + 1]`` `sums_table` are given.
 
     Returns:
-        int8 of ``x``'s shape.
+        `table`'s dtype, ``x``'s shape.
     """
     channels = torch.arange(x.shape[1]).view(1, -1, 1, 1)
-    return table[channels, x.long() + 128]
+    out = table[channels, x.long() + 128]
+    if sums is not None:
+        offset = 128 * ((sums_table.shape[1] - 1) // 255)
+        out[:, :sums.shape[1]] = sums_table[channels[:, :sums.shape[1]], sums.long() + offset]
+    return out
 
 
 def q8ta_channel_lut_mean(x: torch.Tensor, table: torch.Tensor, output_scale: float,
-                          output_zero_point: int) -> torch.Tensor:
+                          output_zero_point: int, sums: torch.Tensor | None = None,
+                          sums_table: torch.Tensor | None = None) -> torch.Tensor:
     """The mean over H and W of ``table[c, x[:, c] + 128]`` for int8 ``[N, C, H, W]`` `x` and
-    an fp32 ``[C, 256]`` `table`, quantized: the fp32 sum over the pixels in row-major order,
-    each add rounded, divided by H * W (fp32 division, correctly rounded).
+    an fp32 ``[C, 256]`` `table` (for c < Cs of ``sums_table[c, sums[:, c] + 128 * K]``, as
+    `q8ta_channel_lut`), quantized: the fp32 sum over the pixels in row-major order, each add
+    rounded, divided by H * W (fp32 division, correctly rounded).
 
     Returns:
         int8 ``[N, C]``.
     """
-    values = q8ta_channel_lut(x, table).flatten(2)  # [N, C, H * W]: a gather keeps fp32
+    values = q8ta_channel_lut(x, table, sums, sums_table).flatten(2)  # [N, C, H * W]: fp32
     total = torch.zeros(values.shape[:2], dtype=torch.float32)
     for p in range(values.shape[2]):
         total = total + values[:, :, p]

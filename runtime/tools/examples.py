@@ -204,6 +204,8 @@ def build_q8ta_pool(op_name):
         "etvk.q8ta_max_pool2d.default": (pool.WINDOW_CASES, pool.max_pool_args),
         "etvk.q8ta_avg_pool2d.default": ([c for c in pool.WINDOW_CASES if c.is_avg],
                                          pool.avg_pool_args),
+        "etvk.q8ta_window_sum.default": ([c for c in pool.WINDOW_CASES if c.full_windows],
+                                         pool.window_sum_args),
         "etvk.q8ta_global_avg_pool2d.default": (pool.GLOBAL_CASES, pool.global_pool_args),
         "etvk.q8ta_adaptive_avg_pool2d.default": (pool.ADAPTIVE_CASES, pool.adaptive_pool_args),
     }[op_name]
@@ -329,6 +331,7 @@ EXAMPLES = {
         for name in (
             "etvk.q8ta_max_pool2d.default",
             "etvk.q8ta_avg_pool2d.default",
+            "etvk.q8ta_window_sum.default",
             "etvk.q8ta_global_avg_pool2d.default",
             "etvk.q8ta_adaptive_avg_pool2d.default",
         )

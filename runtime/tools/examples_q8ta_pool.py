@@ -6,7 +6,8 @@ driver, plus shapes that stress PyTorch's rules: ceil_mode windows (the last
 one cut at size + padding, or dropped when it would start in the right
 padding), padding up to half the kernel, asymmetric kernels and strides, an
 empty stride, dilation (max only), count_include_pad, divisor_override
-(negative too) and a window that sees only padding. `GLOBAL_CASES` are global
+(negative too) and a window that sees only padding; those whose windows are
+all full also serve the window sum. `GLOBAL_CASES` are global
 average poolings, at the real sizes of ResNet-50 and MobileNetV2 and on a
 56x56 map. `ADAPTIVE_CASES` are adaptive average poolings to VGG's and
 AlexNet's heads and to sizes that do not divide the input or exceed it. The
@@ -55,6 +56,13 @@ class WindowCase:
                              list(self.padding), list(self.dilation), self.ceil_mode)
 
     @property
+    def full_windows(self) -> bool:
+        """Whether every window lies inside the image (no padding, no ceil_mode window, dilation
+        1): the cases ``q8ta_window_sum`` takes."""
+        params = self.params
+        return params.padding == (0, 0) and params.dilation == (1, 1) and not self.ceil_mode
+
+    @property
     def is_avg(self) -> bool:
         """Whether avg_pool2d (which has no dilation) takes the case."""
         return self.params.dilation == (1, 1)
@@ -78,6 +86,8 @@ WINDOW_CASES = [
       real="VGG 2x2 pool with the stride left empty (= kernel_size)"),
     W("resnet_avgpool_7x7", 1, 32, 7, 7, (7,), (7,),
       real="ResNet avgpool written as AvgPool2d(7) on the 7x7 map (2048 channels)"),
+    W("densenet_transition_2x2s2", 2, 6, 6, 10, (2,), (2,),
+      real="DenseNet transition AvgPool2d(2, 2): batch 2, C not a multiple of 4"),
     W("divisor_override_5", 1, 7, 6, 6, (2,), (2,), divisor_override=5,
       real="avg_pool2d divisor_override"),
     W("divisor_override_negative", 1, 4, 5, 5, (3,), (1,), (1,), divisor_override=-3,
@@ -170,6 +180,12 @@ def avg_pool_args(case: WindowCase, seed: int | None = None) -> tuple:
     x = _input(case, gen)
     return (x, *_qparams(gen, case.output_ratio), list(case.kernel), list(case.stride),
             list(case.padding), case.ceil_mode, case.count_include_pad, case.divisor_override)
+
+
+def window_sum_args(case: WindowCase, seed: int | None = None) -> tuple:
+    """Arguments of ``etvk.q8ta_window_sum`` for ``case`` (which must have full windows)."""
+    x = _input(case, _generator(case.name, seed))
+    return x, list(case.kernel), list(case.stride)
 
 
 def global_pool_args(case: GlobalCase, seed: int | None = None) -> tuple:

@@ -10,7 +10,8 @@ the op is a gather whatever the function (the lowering's tables come from
 PyTorch's ops: tests/runtime/programs). `lut_inputs` builds the arguments in
 schema order; `channel_lut_inputs` those of the per-channel table (the 4-D
 cases, one random table per channel), `channel_mean_inputs` those of the
-mean of per-channel fp32 tables. Used by the tests (tests/ops) and, through
+mean of per-channel fp32 tables; `channel_sums_inputs` the window sums and
+their tables both take for their first channels. Used by the tests (tests/ops) and, through
 runtime/tools/examples.py, the demo. Pure torch; no Vulkan.
 """
 
@@ -77,6 +78,21 @@ def channel_mean_inputs(case: LutCase, seed: int | None = None) -> tuple:
     gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) + 2 if seed is None else seed + 2)
     table = torch.rand(case.shape[1], 256, generator=gen) * 4
     return x, table, 4 / 255, -128
+
+
+def channel_sums_inputs(case: LutCase, taps: int, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """``sums`` and ``sums_table`` for the 4-D ``case``: window sums of `taps` int8 values for
+    its first (C + 1) // 2 channels (uniform over -128 * taps .. 127 * taps, both ends first)
+    and a random `dtype` table over them (int8, or fp32 values 0 .. 4)."""
+    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) + 3)
+    n, c, h, w = case.shape
+    sums = torch.randint(-128 * taps, 127 * taps + 1, (n, (c + 1) // 2, h, w), generator=gen, dtype=torch.int32)
+    flat = sums.view(-1)
+    flat[: min(2, flat.numel())] = torch.tensor([-128 * taps, 127 * taps], dtype=torch.int32)[: min(2, flat.numel())]
+    shape = ((c + 1) // 2, 255 * taps + 1)
+    table = torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8) if dtype == torch.int8 \
+        else torch.rand(shape, generator=gen) * 4
+    return sums, table
 
 
 def build(axes, shape, gen):

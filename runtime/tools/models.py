@@ -1,6 +1,7 @@
 """Models to export: PT2E int8 quantization, torchvision architectures, a small demo CNN.
 
-`quantize_pt2e` quantizes a float model the way OPS.md's programs expect it:
+`with_batch_statistics` gives a random-weight model's batch norms statistics
+measured on batches; `quantize_pt2e` quantizes a float model the way OPS.md's programs expect it:
 torchao's PT2E flow with the XNNPACK quantizer's symmetric config
 (per-tensor int8 activations, per-channel symmetric int8 weights),
 calibrated on the given batches, and exports the result with
@@ -55,6 +56,22 @@ class SmallCNN(torch.nn.Module):
         x = torch.nn.functional.max_pool2d(x, 2)
         x = torch.nn.functional.adaptive_avg_pool2d(x, 1).flatten(1)
         return self.head(x)
+
+
+def with_batch_statistics(model: torch.nn.Module, batches: list[tuple]) -> torch.nn.Module:
+    """`model` in eval mode, its batch norms' running statistics measured on `batches` (a plain
+    average over them). With torchvision's initial statistics (mean 0, variance 1) the
+    activations of random-weight MobileNetV2 or MnasNet fade to zero: every input would give the
+    same output."""
+    for module in model.modules():
+        if isinstance(module, torch.nn.modules.batchnorm._BatchNorm):
+            module.reset_running_stats()
+            module.momentum = None
+    model.train()
+    with torch.no_grad():
+        for (batch,) in batches:
+            model(batch)
+    return model.eval()
 
 
 def quantize_pt2e(model: torch.nn.Module, example: tuple, calibration: list[tuple]):

@@ -2,7 +2,8 @@
 
 Every op runs every case of `runtime.tools.examples_q8ta_pool` from a host
 input and from a device input in each packed layout, bit-exact against the
-reference (the raw output words too, so padding bytes must be 0). Max
+reference (the raw output words too, so padding bytes must be 0); the window
+sum of every case with full windows equals each window's int8 values summed. Max
 pooling is bit-exact against PyTorch's decomposed path (dequantize ->
 max_pool2d -> quantize); the average pools are at most one step from it, and
 only where the exact average is a rounding tie. A seeded grid of random
@@ -30,6 +31,7 @@ from runtime.tools.examples_q8ta_pool import (
     avg_pool_args,
     global_pool_args,
     max_pool_args,
+    window_sum_args,
 )
 from runtime.vulkan import layouts
 from runtime.vulkan.stream import Stream
@@ -40,6 +42,7 @@ OPS = {
     "avg": "etvk.q8ta_avg_pool2d.default",
     "global": "etvk.q8ta_global_avg_pool2d.default",
 }
+WINDOW_SUM = "etvk.q8ta_window_sum.default"
 VARIANTS = {"max": "q8ta_pool2d_max", "avg": "q8ta_pool2d_avg", "global": "q8ta_global_avg_pool2d"}
 BUILDERS = {"max": max_pool_args, "avg": avg_pool_args, "global": global_pool_args}
 QD = torch.ops.quantized_decomposed
@@ -88,6 +91,35 @@ def check_every_layout(op, args: tuple, name: str) -> None:
             stream.run()
             assert out.layout == layout
             assert torch.equal(packed_bytes(out), layouts.pack(want, layout)), f"{name} {layout}"
+
+
+@pytest.mark.parametrize("case", [c for c in WINDOW_CASES if c.full_windows], ids=lambda c: c.name)
+def test_window_sum_in_every_layout_is_the_sum_of_each_window(case, dispatch_trace):
+    """The plain int32 sums from a host input and from a device input in each packed layout
+    equal the reference, which equals each window's int8 values summed."""
+    op = runtime.get_op(WINDOW_SUM)
+    x, kernel, stride = window_sum_args(case)
+    p = case.params
+    want = op.reference(x, kernel, stride)
+    windows = x.long().unfold(2, p.KH, p.stride[0]).unfold(3, p.KW, p.stride[1])
+    assert want.dtype == torch.int32 and torch.equal(want.long(), windows.sum((-1, -2)))
+    assert torch.equal(op(x, kernel, stride), want), f"{case.name} host input"
+    for layout in layouts.PACKED_LAYOUTS:
+        with Stream() as stream:
+            out = op.record(stream, Tensor.from_torch(x, layout=layout), kernel, stride)
+            stream.run()
+            assert out.layout == "contiguous"
+            assert torch.equal(out.to_torch(), want), f"{case.name} {layout}"
+    assert "q8ta_window_sum" in dispatch_trace()
+
+
+def test_window_sum_bad_arguments_name_the_op_and_argument():
+    op = runtime.get_op(WINDOW_SUM)
+    x = torch.zeros(1, 4, 3, 3, dtype=torch.int8)
+    assert_argument_error(op, (x, [4], [1]), "kernel_size", "does not fit the 3x3 input")
+    assert_argument_error(op, (x, [0], [1]), "kernel_size", "ints > 0")
+    assert_argument_error(op, (x, [2], [0]), "stride", "ints > 0")
+    assert_argument_error(op, (x.float(), [2], [2]), "x", "int8 [N, C, H, W]")
 
 
 def aten_pool(name: str, *geometry):

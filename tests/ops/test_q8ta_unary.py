@@ -9,7 +9,8 @@ layouts; bad arguments name the op and the argument. The per-channel table
 (q8ta_channel_lut) likewise in every packed layout, every value through each
 channel's own table; the mean of per-channel fp32 tables (q8ta_channel_lut_mean)
 in every packed layout, its plain output's tail bytes 0, within one step of
-the float64 mean.
+the float64 mean. Both with window sums for their first channels (a table over
+the sums of 4 and of 9 taps) in every packed layout, bit-exact.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from runtime.tools.examples_q8ta_unary import (
     LUT_CASES,
     channel_lut_inputs,
     channel_mean_inputs,
+    channel_sums_inputs,
     lut_inputs,
 )
 from runtime.vulkan import layouts
@@ -181,6 +183,61 @@ def test_channel_lut_every_int8_value_in_every_channel(layout):
     table = torch.randint(-128, 128, (7, 256), generator=torch.Generator().manual_seed(9), dtype=torch.int8)
     got = run_channel_lut(x, table, layout)[1]
     assert torch.equal(got, torch.stack([table[c][x[0, c].long() + 128] for c in range(7)])[None])
+
+
+def _record(op, x, layout, *args):
+    """`op` on a device x in `layout` and device copies of the tensors of `args`; the output."""
+    with Stream() as stream:
+        device = [Tensor.from_torch(a) if isinstance(a, torch.Tensor) else a for a in args]
+        out = op.record(stream, Tensor.from_torch(x, layout=layout), *device)
+        stream.run()
+        return out.to_torch()
+
+
+@pytest.mark.parametrize("taps", [4, 9])
+@pytest.mark.parametrize(("name", "layout"), _channel_cases())
+def test_channel_lut_with_window_sums_matches_reference(name, layout, taps):
+    x, table = channel_lut_inputs(LUT_BY_NAME[name])
+    sums, sums_table = channel_sums_inputs(LUT_BY_NAME[name], taps, torch.int8)
+    want = q8ta_channel_lut(x, table, sums, sums_table)
+    cs = sums.shape[1]
+    assert torch.equal(want[:, cs:], q8ta_channel_lut(x, table)[:, cs:])
+    for c in range(cs):
+        assert torch.equal(want[:, c], sums_table[c][sums[:, c].long() + 128 * taps])
+    got = _record(runtime.get_op(CHANNEL_OP), x, layout, table, sums, sums_table)
+    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+
+
+@pytest.mark.parametrize(("name", "layout"), _channel_cases())
+def test_channel_lut_mean_with_window_sums_matches_reference(name, layout):
+    x, table, scale, zero_point = channel_mean_inputs(LUT_BY_NAME[name])
+    sums, sums_table = channel_sums_inputs(LUT_BY_NAME[name], 4, torch.float32)
+    want = q8ta_channel_lut_mean(x, table, scale, zero_point, sums, sums_table)
+    cs = sums.shape[1]
+    assert torch.equal(want[:, cs:], q8ta_channel_lut_mean(x, table, scale, zero_point)[:, cs:])
+    values = torch.stack([sums_table[c][sums[:, c].long() + 512].double().mean((1, 2)) for c in range(cs)], 1)
+    steps = (want[:, :cs].int() - (values / fp32(scale)).round().add(zero_point).clamp(-128, 127).int()).abs()
+    assert int(steps.max()) <= 1
+    got = _record(runtime.get_op(MEAN_OP), x, layout, table, scale, zero_point, sums, sums_table)
+    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+
+
+def test_window_sums_bad_arguments():
+    x, table = channel_lut_inputs(LUT_BY_NAME["lut_c5_w9"])
+    sums, sums_table = channel_sums_inputs(LUT_BY_NAME["lut_c5_w9"], 4, torch.int8)
+    op = runtime.get_op(CHANNEL_OP)
+    for arg, value, text in (("sums", sums.long(), "int32 [N, Cs, H, W]"),
+                             ("sums", sums[:, :, :1], "x's N, H, W"),
+                             ("sums", torch.zeros(1, 6, 2, 9, dtype=torch.int32), "1 <= Cs <= C"),
+                             ("sums_table", sums_table[:, :-1], "[Cs, 255 * K + 1]"),
+                             ("sums_table", sums_table.float(), "int8 [Cs"),
+                             ("sums_table", None, "given with sums")):
+        args = {"x": x, "table": table, "sums": sums, "sums_table": sums_table, arg: value}
+        with pytest.raises((ValueError, TypeError)) as info:
+            op(*args.values())
+        assert str(info.value).startswith(f"{op.name}: argument '{arg}'") and text in str(info.value)
+    with pytest.raises(ValueError, match="argument 'sums_table'.*given with sums"):
+        op(x, table, None, sums_table)
 
 
 def test_channel_lut_host_inputs_and_bad_arguments():

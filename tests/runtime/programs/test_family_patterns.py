@@ -5,18 +5,21 @@ requantization, or pushes an average pool into the cat), a pool of a cat inside 
 hardtanh before its quantize (a table of the linear's int8 output, lower_cnn.py and lower_lut.py).
 Nothing of them stays on the CPU but the near miss, an average pool of an average pool; device
 runs equal Program.run_reference bit for bit, and the reference equals PyTorch's run of the graph
-(the average pools: one step apart at most, at rounding ties)."""
+(the average pools: one step apart at most, at rounding ties). DenseNet's layers likewise, their
+transition pool through tables over its window sums, and the claim those tables rest on."""
 
 from __future__ import annotations
 
 from collections import Counter
 
+import pytest
 import torch
 from program_cases import QD, dq, q, sqnr_db
 from torch import nn
 from torch.nn import functional as F
 
 import runtime
+from runtime.programs.lower_lut import pooled
 
 
 class Blocks(nn.Module):
@@ -87,14 +90,16 @@ def test_family_blocks_run_on_the_device_bit_exact(tmp_path):
 class Dense(nn.Module):
     """DenseNet's layers: batch norm -> relu -> quantize of one int8 tensor, of a cat of int8
     tensors with different qparams and of the cat grown by one more (its first concat reused), of
-    a cat of a transition's average pool PT2E leaves in fp32 and a max pool; DenseNet's head (the
-    global pool of the relu, flattened, then quantized) and a mean without keepdim; and a near
-    miss, a batch norm whose fp32 output is also returned."""
+    a cat of a transition's average pool PT2E leaves in fp32 (2x2 stride 2: through tables over
+    its window sums) and a max pool; DenseNet's head (the global pool of the relu, flattened, then
+    quantized) and a mean without keepdim; a near miss, a batch norm whose fp32 output is also
+    returned; and an average pool with padding (its windows not all full: rounded to its input's
+    qparams)."""
 
     def __init__(self):
         super().__init__()
         gen = torch.Generator().manual_seed(11)
-        for index, channels in enumerate((4, 9, 14, 9, 9, 5)):
+        for index, channels in enumerate((4, 9, 14, 9, 9, 5, 5)):
             self.register_buffer(f"weight{index}", torch.randn(channels, generator=gen))
             self.register_buffer(f"bias{index}", torch.randn(channels, generator=gen))
             self.register_buffer(f"mean{index}", torch.randn(channels, generator=gen) * 0.3)
@@ -115,9 +120,10 @@ class Dense(nn.Module):
         head = q(F.adaptive_avg_pool2d(F.relu(self.bn(torch.cat((a, c), 1), 4)), 1).flatten(1), 0.01, -128)
         mean = q(F.relu(self.bn(b, 5)).mean((-1, -2)), 0.01, -128)
         near = self.bn(grown, 2)                                                   # stays on the CPU
+        padded = q(F.relu(self.bn(F.avg_pool2d(b, 3, 2, 1), 6)), 0.02, -128)
         return (dq(first, 0.02, -128), dq(second, 0.025, -128), dq(third, 0.03, -128),
                 dq(fourth, 0.02, -128), dq(head, 0.01, -128), dq(mean, 0.01, -128),
-                dq(q(F.relu(near), 0.03, -128), 0.03, -128), near)
+                dq(q(F.relu(near), 0.03, -128), 0.03, -128), near, dq(padded, 0.02, -128))
 
 
 def _dense_inputs(seed: int):
@@ -132,8 +138,9 @@ def test_dense_layers_run_on_the_device_bit_exact(tmp_path):
     # the near miss only: its batch norm, relu and the cat it reads
     assert {t: n for t, n in targets.items() if t.startswith("aten.")} == {
         "aten.cat": 1, "aten.batch_norm": 1, "aten.relu": 1}, targets
-    assert targets["etvk.q8ta_channel_lut"] == 4 and targets["etvk.q8ta_channel_lut_mean"] == 2, targets
+    assert targets["etvk.q8ta_channel_lut"] == 5 and targets["etvk.q8ta_channel_lut_mean"] == 2, targets
     assert targets["etvk.q8ta_concat"] == 4, targets  # the grown cat reuses the first one's concat
+    assert targets["etvk.q8ta_window_sum"] == 1 and targets["etvk.q8ta_avg_pool2d"] == 2, targets
     program.save(tmp_path / "dense.etvk")
     loaded = runtime.load(tmp_path / "dense.etvk")
     cpu = sorted(r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan")
@@ -144,10 +151,39 @@ def test_dense_layers_run_on_the_device_bit_exact(tmp_path):
         theirs = exported.module()(*inputs)
         for index, (got, reference, pytorch) in enumerate(zip(loaded(*inputs), want, theirs, strict=True)):
             assert torch.equal(got, reference), index
-            if index == 3:  # the average pool rounded to its input's qparams: a step of its own
+            if index == 8:  # the padded average pool rounded to its input's qparams: a step of its own
                 assert sqnr_db(reference, pytorch) >= 30, index
             elif index in (4, 5):  # the means: PyTorch's fp32 sum takes another order
                 assert float((reference - pytorch).abs().max()) <= 0.01 * 1.001, index
                 assert sqnr_db(reference, pytorch) >= 30, index
             else:
                 assert torch.equal(reference, pytorch), index
+
+
+@pytest.mark.parametrize(("scale", "zero_point", "k"), [(0.05, 3, 2), (0.0371, -20, 2), (1 / 3, 0, 2),
+                                                       (0.011968, -128, 2), (0.02, 5, 3)])
+def test_a_table_over_window_sums_holds_pytorchs_pooled_values_to_the_sum_order(scale, zero_point, k):
+    """What the window-sum tables assume, checked: PyTorch's pooled fp32 value of a k x k window
+    is fp32((v_1 + ... + v_K) / K) over the rounded products v_i = fp32((q_i - zp) * scale), a
+    function of the window's values, not of their sum S alone. The table entry for S (`pooled`:
+    aten.avg_pool2d of one window of S) equals PyTorch's for that window, and for every other
+    window of S lies within the rounding errors of the two evaluations, 2 (K + 1) * 255 * scale
+    * 2^-24; about half the random windows give the entry exactly."""
+    taps = k * k
+    pool = ("avg_pool", None, ([k], [k], [0], False, True, None), None)
+    values = pooled(pool, (scale, zero_point), 3, 2)
+    assert values.shape == (1, 3, 255 * taps + 1, 1) and not values[0, 2].any()
+    table = values[0, 0, :, 0]
+    sums = torch.arange(-128 * taps, 127 * taps + 1)
+    windows = torch.stack([torch.div(sums + j, taps, rounding_mode="floor") for j in range(taps)], 1)
+    assert torch.equal(windows.sum(1), sums)
+    own = F.avg_pool2d(QD.dequantize_per_tensor(windows.to(torch.int8).view(1, 1, -1, k), scale, zero_point,
+                                                -128, 127, torch.int8), k, k)
+    assert torch.equal(own.view(-1), table)
+    x = torch.randint(-128, 128, (1, 1, 300 * k, 300 * k), generator=torch.Generator().manual_seed(taps),
+                      dtype=torch.int8)
+    theirs = F.avg_pool2d(QD.dequantize_per_tensor(x, scale, zero_point, -128, 127, torch.int8), k, k)
+    window_sums = F.avg_pool2d(x.double(), k, k, divisor_override=1).round().long()
+    ours = table[window_sums + 128 * taps]
+    assert float((ours - theirs).abs().max()) <= 2 * (taps + 1) * 255 * scale * 2.0**-24
+    assert 0.2 < float((ours == theirs).double().mean()) < 1  # the claim holds for most, not all

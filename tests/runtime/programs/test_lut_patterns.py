@@ -197,13 +197,11 @@ def test_squeeze_and_excite_models_run_on_the_device(name, tmp_path, capsys):
     global pools of their gates round exact ties (2x2 maps with shared qparams) where PyTorch's
     fp32 sum falls either side (docs/int8_cnn_ops.md), and the random weights amplify a step."""
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
-    from test_models import _batch_statistics
-
-    from runtime.tools.models import quantize_pt2e, torchvision_model
+    from runtime.tools.models import quantize_pt2e, torchvision_model, with_batch_statistics
 
     torch.manual_seed(0)
     shape = (1, 3, 48, 48)
-    model = _batch_statistics(torchvision_model(name), random_batches(2, (8, *shape[1:]), seed=3))
+    model = with_batch_statistics(torchvision_model(name), random_batches(2, (8, *shape[1:]), seed=3))
     exported = quantize_pt2e(model, random_batches(1, shape)[0], random_batches(2, shape, seed=1))
     program, unfolded = runtime.lower(exported), _lower_unfolded(exported)
     luts = [n for n in unfolded.nodes if n.target == LUT]
