@@ -35,26 +35,32 @@ from runtime.vulkan import layouts  # noqa: E402
 from runtime.vulkan.layouts import PACKED_LAYOUTS  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
 
-# (name, op, a shape, b shape); batch 32 and 1 of each.
+# (name, op, a shape, b shape, copy); batch 32 and 1 of each. copy: a, b and the output share
+# their qparams (DenseNet's lowered block concats: the bytes are copied, q8ta_concat's fast path).
 SHAPES = [
-    ("resnet50 l1 residual add+relu", "add", (256, 56, 56), (256, 56, 56)),
-    ("resnet50 l4 residual add+relu", "add", (2048, 7, 7), (2048, 7, 7)),
-    ("se gate mul 672x14x14", "mul", (672, 14, 14), (672, 1, 1)),
-    ("mul 64x56x56", "mul", (64, 56, 56), (64, 56, 56)),
-    ("densenet concat 128+32 28", "concat", (128, 28, 28), (32, 28, 28)),
-    ("concat 126+34 28 (C_a % 4 = 2)", "concat", (126, 28, 28), (34, 28, 28)),
-    ("inception concat 192+64 28", "concat", (192, 28, 28), (64, 28, 28)),
+    ("resnet50 l1 residual add+relu", "add", (256, 56, 56), (256, 56, 56), False),
+    ("resnet50 l4 residual add+relu", "add", (2048, 7, 7), (2048, 7, 7), False),
+    ("se gate mul 672x14x14", "mul", (672, 14, 14), (672, 1, 1), False),
+    ("mul 64x56x56", "mul", (64, 56, 56), (64, 56, 56), False),
+    ("densenet concat 128+32 28", "concat", (128, 28, 28), (32, 28, 28), False),
+    ("concat 126+34 28 (C_a % 4 = 2)", "concat", (126, 28, 28), (34, 28, 28), False),
+    ("inception concat 192+64 28", "concat", (192, 28, 28), (64, 28, 28), False),
+    ("densenet block concat 224+32 56", "concat", (224, 56, 56), (32, 56, 56), True),
+    ("densenet block concat 480+32 14", "concat", (480, 14, 14), (32, 14, 14), True),
 ]
 
 
-def arguments(op: str, a_shape, b_shape, layout: str | None):
-    """The op's arguments with a and b int8 (uploaded in `layout`, or on the host when None)."""
+def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False):
+    """The op's arguments with a and b int8 (uploaded in `layout`, or on the host when None);
+    with `copy`, one set of qparams for a, b and the output."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
     b = torch.randint(-128, 128, b_shape, generator=gen, dtype=torch.int8)
     if layout is not None:
         a, b = Tensor.from_torch(a, layout=layout), Tensor.from_torch(b, layout=layout)
     tail = () if op == "concat" else ("relu",)
+    if copy:
+        return (a, 1.0, 0, b, 1.0, 0, 1.0, 0, *tail)
     return (a, 0.031, -3, b, 0.027, 12, 0.043, -128, *tail)
 
 
@@ -96,7 +102,7 @@ def main() -> int:
     print(f"{'shape':<32} {'batch':>5} {'layout':<6} {'GPU us':>9} {'GB/s':>8} {'torch us':>9} {'GB/s':>8}")
     only = re.compile(options.only)
     for batch in (2, 1) if options.quick else (32, 1):
-        for name, op_kind, a_chw, b_chw in SHAPES:
+        for name, op_kind, a_chw, b_chw, copy in SHAPES:
             a_shape, b_shape = (batch, *a_chw), (batch, *b_chw)
             if options.quick:
                 a_shape = (batch, a_chw[0] // 8, *[max(1, d // 8) for d in a_chw[1:]])
@@ -113,7 +119,7 @@ def main() -> int:
                     record.kernel("q8ta_binary", f"{name} b{batch}", "torch CUDA", theirs, torch_bytes)
                 op = runtime.get_op(f"etvk.q8ta_{op_kind}.default")
                 moved = sum(packed_bytes(x, layout) for x in (a_shape, b_shape, out_shape))
-                timed = time_ours(op, arguments(op_kind, a_shape, b_shape, layout), moved, s)
+                timed = time_ours(op, arguments(op_kind, a_shape, b_shape, layout, copy), moved, s)
                 if timed is None:
                     print("device has no timestamp queries")
                     return 1
