@@ -291,9 +291,12 @@ AFFINE_ROWS = {
     "near ties": _near_ties,
     "constant": _constant_rows,
     "zeros": lambda gen, rows: torch.zeros(rows, K_AFFINE),
-    # max - min up to 2**124 (about 2.1e37; OPS.md: the divisions' domain)
     "large range": lambda gen, rows: (torch.rand(rows, K_AFFINE, generator=gen) - 0.5) * 2e37,
     "large one-sided": lambda gen, rows: torch.rand(rows, K_AFFINE, generator=gen) * 2e37,
+    # max - min up to 3e38, near fp32's largest: the scale above 2**113, 1 / scale below 2**-113
+    # (etvk_div_rn scales its operands first: unscaled, its Veltkamp splits overflowed here)
+    "huge range": lambda gen, rows: (torch.rand(rows, K_AFFINE, generator=gen) - 0.5) * 3e38,
+    "huge one-sided": lambda gen, rows: torch.rand(rows, K_AFFINE, generator=gen) * 3e38,
     "tiny (scale = eps)": lambda gen, rows: torch.randn(rows, K_AFFINE, generator=gen) * 1e-30,
     "far from zero (zero point clamps)": lambda gen, rows: torch.randn(rows, K_AFFINE, generator=gen) + 50,
 }
