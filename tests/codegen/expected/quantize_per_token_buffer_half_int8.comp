@@ -83,11 +83,12 @@ float etvk_residual(float a, float b, float q) {
   return r;
 }
 
-// a / b correctly rounded (to nearest even) in fp32, for normal operands.
-// One Newton step makes the quotient faithful; the exact residual then says
-// on which side of the midpoint to the neighbouring float a / b lies. A
-// quotient is never exactly a midpoint, so there are no ties.
-float etvk_div_rn(float a, float b) {
+// etvk_div_rn for operands in [0.5, 1) (or 0 for a): the quotient lies in (0.5, 2) and every
+// term of the residuals far from fp32's subnormals and its largest values. One Newton step
+// makes the quotient faithful; the exact residual then says on which side of the midpoint to
+// the neighbouring float a / b lies. A quotient is never exactly a midpoint, so there are no
+// ties.
+float etvk_div_rn_unit(float a, float b) {
   precise float q0 = a / b;
   precise float q = q0 + etvk_residual(a, b, q0) / b;
   precise float r = etvk_residual(a, b, q);
@@ -99,6 +100,20 @@ float etvk_div_rn(float a, float b) {
   const float other = uintBitsToFloat(floatBitsToUint(q) + (away_from_zero ? 1u : 0xFFFFFFFFu));
   precise float gap = abs(other - q);
   return (2.0 * abs(r) > abs(b) * gap) ? other : q;
+}
+
+// a / b correctly rounded (to nearest even) in fp32, for normal (or zero) a, normal b and a
+// quotient that is zero or normal. The operands are scaled to [0.5, 1) by powers of two first
+// (frexp, exact) and the quotient's exponent put back last (ldexp, exact for a normal
+// result). Unscaled, the residuals' Veltkamp splits had parts below fp32's normal range
+// (the low part of 1 / 7.8e34), which Vulkan lets a device flush to zero, making the
+// residual inexact, or products above its largest value (4097 * q for q above 8.3e34).
+float etvk_div_rn(float a, float b) {
+  int ea;
+  int eb;
+  const float ma = frexp(a, ea);
+  const float mb = frexp(b, eb);
+  return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
 }
 
 // Converts already rounded values to int32 after clamping in floating point
