@@ -130,7 +130,7 @@ def q8ta_channel_lut(stream, x, table, sums=None, sums_table=None, layout=None, 
 
 def _q8ta_channel_lut_fake(x, table, sums=None, sums_table=None, layout=None):
     out_shape = rt.channel_lut_shape(x, sums)
-    return torch.empty(out_shape, dtype=torch.int8, device=x.device)
+    return torch.empty(out_shape, dtype=torch.int8, device=next(t for t in (x, table, sums, sums_table,) if t is not None).device)
 
 
 Q8TA_CHANNEL_LUT = rt.OpDef(
@@ -178,7 +178,7 @@ def q8ta_channel_lut_mean(stream, x, table, output_scale, output_zero_point, sum
 
 def _q8ta_channel_lut_mean_fake(x, table, output_scale, output_zero_point, sums=None, sums_table=None):
     shape = rt.channel_lut_shape(x, sums)
-    return torch.empty([shape[0], shape[1]], dtype=torch.int8, device=x.device)
+    return torch.empty([shape[0], shape[1]], dtype=torch.int8, device=next(t for t in (x, table, sums, sums_table,) if t is not None).device)
 
 
 Q8TA_CHANNEL_LUT_MEAN = rt.OpDef(

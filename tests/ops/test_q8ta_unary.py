@@ -319,3 +319,18 @@ def test_channel_lut_mean_host_inputs_and_bad_arguments():
         with pytest.raises((ValueError, TypeError)) as info:
             op(*args.values())
         assert str(info.value).startswith(f"{op.name}: argument '{arg}'") and text in str(info.value)
+
+
+def test_channel_lut_fake_shapes_without_x():
+    """The ops' fake kernels (shape inference under export) take the sums' device and shape where
+    x is None, and add x's channels after them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, table = channel_lut_inputs(LUT_BY_NAME["lut_c5_w9"])
+    sums, sums_table = channel_sums_inputs(LUT_BY_NAME["lut_c5_w9"], 4, torch.int8)
+    mean_table = sums_table.float()
+    with FakeTensorMode() as mode:
+        fx, ft, fs, fst, fmt = (mode.from_tensor(t) for t in (x, table, sums, sums_table, mean_table))
+        assert torch.ops.etvk.q8ta_channel_lut.default(None, None, fs, fst).shape == sums.shape
+        assert torch.ops.etvk.q8ta_channel_lut.default(fx, ft, fs, fst).shape == (1, 8, 2, 9)
+        assert torch.ops.etvk.q8ta_channel_lut_mean.default(None, None, 0.1, 0, fs, fmt).shape == (1, 3)
