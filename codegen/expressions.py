@@ -145,6 +145,11 @@ HELPERS: dict[str, tuple[str, str]] = {
     "layout_code": ("layout", "the shader code of a packed int8 layout: 4W4C 0, 4C 1, 4C1W 2"),
     "packed_words": ("t", "32-bit words of a device tensor in its packed int8 layout"),
     "on_host": ("t", "`True` for a torch tensor, `False` for a device tensor"),
+    "channel_lut_shape": (
+        "x, sums",
+        "the `[N, Cs + C_x, H, W]` output of a per-channel table op whose first Cs channels come "
+        "from window sums `sums` and the rest from `x` (either may be `None`, not both)",
+    ),
     "broadcast": (
         "a, b",
         "how `b` broadcasts to `a`'s shape (PyTorch's rules), "

@@ -161,10 +161,13 @@ def _route_lines(op: ResolvedOp) -> list[str]:
 
 
 def _fake_body(op: ResolvedOp) -> list[str]:
-    device = next(a.name for a in op.spec.schema.args if a.is_tensor)
+    tensors = [a for a in op.spec.schema.args if a.is_tensor]
+    # the outputs' device: the first tensor argument's, or the first given of optional ones
+    device = next((f"{a.name}.device" for a in tensors if a.type == "Tensor"),
+                  f"next(t for t in ({', '.join(a.name for a in tensors)},) if t is not None).device")
     lines = [f"{name} = {code}" for name, code in op.fake_lets]
     empties = [
-        f"torch.empty({shape}, dtype={dtype}, device={device}.device)"
+        f"torch.empty({shape}, dtype={dtype}, device={device})"
         for _, shape, dtype in op.outputs
     ]
     if len(empties) == 1:

@@ -3,6 +3,7 @@
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
 layout(constant_id = 4) const int HAS_SUMS = 0;
+layout(constant_id = 5) const int HAS_X = 1;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -317,23 +318,37 @@ void main() {
     return;
   }
   const bvec4 valid = etvk_valid_channels(p.c4, C);
-  // table[c, q + 128] is byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended;
-  // a padding channel reads channel 0's table (in range) and is written as 0.
-  const ivec4 index = t_x_load(word) + 128;
-  const ivec4 channel = mix(ivec4(0), ivec4(p.c4 * 4) + ivec4(0, 1, 2, 3), valid);
-  ivec4 y;
-  for (int i = 0; i < 4; ++i) {
-    const uint entry = t_table_load_word(uint(channel[i] * 64 + (index[i] >> 2)));
-    y[i] = bitfieldExtract(int(entry), (index[i] & 3) * 8, 8);
-  }
-  if (HAS_SUMS == 1 && p.c4 * 4 < pc.sums.x) {
-    const ivec4 at = etvk_packed_coords(LAYOUT, ivec4(W, pc.sizes.y, (C + 3) >> 2, pc.sizes.w), word);
-    const int pixel = at.y * W + at.x;
-    const int plane = pc.sizes.y * W;
-    for (int i = 0; i < 4 && p.c4 * 4 + i < pc.sums.x; ++i) {
+  ivec4 y = ivec4(0);
+  if (HAS_SUMS == 0) {
+    // table[c, q + 128] is byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended;
+    // a padding channel reads channel 0's table (in range) and is written as 0.
+    const ivec4 index = t_x_load(word) + 128;
+    const ivec4 channel = mix(ivec4(0), ivec4(p.c4 * 4) + ivec4(0, 1, 2, 3), valid);
+    for (int i = 0; i < 4; ++i) {
+      const uint entry = t_table_load_word(uint(channel[i] * 64 + (index[i] >> 2)));
+      y[i] = bitfieldExtract(int(entry), (index[i] & 3) * 8, 8);
+    }
+  } else {
+    const int H = pc.sizes.y;
+    const int Cs = pc.sums.x;
+    const ivec4 at = etvk_packed_coords(LAYOUT, ivec4(W, H, (C + 3) >> 2, pc.sizes.w), word);
+    const ivec4 x4 = ivec4(W, H, (C - Cs + 3) >> 2, pc.sizes.w);
+    int loaded = -1;  // the channel word of x in `bytes`: a word of out spans at most two of x
+    uint bytes = 0u;
+    for (int i = 0; i < 4 && p.c4 * 4 + i < C; ++i) {
       const int c = p.c4 * 4 + i;
-      const int entry = c * pc.sums.y + t_sums_load(uint((at.w * pc.sums.x + c) * plane + pixel)) + pc.sums.z;
-      y[i] = bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
+      if (c < Cs) {
+        const int entry = c * pc.sums.y + t_sums_load(uint(((at.w * Cs + c) * H + at.y) * W + at.x)) + pc.sums.z;
+        y[i] = bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
+      } else if (HAS_X == 1) {
+        const int cx = c - Cs;
+        if ((cx >> 2) != loaded) {
+          loaded = cx >> 2;
+          bytes = t_x_load_word(etvk_packed_word(LAYOUT, x4, at.w, loaded, at.y, at.x));
+        }
+        const int index = bitfieldExtract(int(bytes), (cx & 3) * 8, 8) + 128;
+        y[i] = bitfieldExtract(int(t_table_load_word(uint(cx * 64 + (index >> 2)))), (index & 3) * 8, 8);
+      }
     }
   }
   t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), y, valid)));

@@ -16,19 +16,24 @@ def _check_table_256_int8(op, table):
         raise rt.ArgumentError(op, "table", f"must be an int8 [256] tensor (on the device: a plain buffer), the output for each input value -128 .. 127 in order, got {table.dtype} of shape {tuple(table.shape)}")
 
 
+def _check_x_or_sums(op, x, sums):
+    if not (x is not None or sums is not None):
+        raise rt.ArgumentError(op, "x", "must be given unless sums give every channel (both are None)")
+
+
 def _check_x_packed_int8(op, x):
-    if not (x.dtype == torch.int8 and len(x.shape) == 4 and (rt.numel(x) > 0) and (rt.on_host(x) or x.packed)):
-        raise rt.ArgumentError(op, "x", f"must be a non-empty int8 [N, C, H, W] tensor (on the device: in a packed layout), got {x.dtype} of shape {tuple(x.shape)}")
+    if not (x is None or (x.dtype == torch.int8 and len(x.shape) == 4 and (rt.numel(x) > 0) and (rt.on_host(x) or x.packed))):
+        raise rt.ArgumentError(op, "x", f"must be None or a non-empty int8 [N, C, H, W] tensor (on the device: in a packed layout), got {x.dtype} of shape {tuple(x.shape)}")
 
 
 def _check_table_channels_int8(op, table, x):
-    if not (table.dtype == torch.int8 and tuple(table.shape) == (x.shape[1], 256) and (rt.on_host(table) or (table.storage == 'buffer' and (not table.packed)))):
-        raise rt.ArgumentError(op, "table", f"must be an int8 [C, 256] tensor with C = {x.shape[1]} (on the device: a plain buffer), channel c's output for each input value -128 .. 127 in order, got {table.dtype} of shape {tuple(table.shape)}")
+    if not ((table is None) == (x is None) and (table is None or (table.dtype == torch.int8 and tuple(table.shape) == (x.shape[1], 256) and (rt.on_host(table) or (table.storage == 'buffer' and (not table.packed)))))):
+        raise rt.ArgumentError(op, "table", f"must be given with x (and None without it) and be an int8 [C_x, 256] tensor with C_x = x's channels (on the device: a plain buffer), x's channel c's output for each input value -128 .. 127 in order, got {None if table is None else (table.dtype, tuple(table.shape))}")
 
 
 def _check_sums_plain_int32(op, sums, x):
-    if not (sums is None or (sums.dtype == torch.int32 and len(sums.shape) == 4 and (1 <= sums.shape[1] <= x.shape[1]) and ((sums.shape[0], sums.shape[2], sums.shape[3]) == (x.shape[0], x.shape[2], x.shape[3])) and (rt.on_host(sums) or (sums.storage == 'buffer' and (not sums.packed))))):
-        raise rt.ArgumentError(op, "sums", f"must be None or an int32 [N, Cs, H, W] tensor with 1 <= Cs <= C and x's N, H, W {(x.shape[0], x.shape[2], x.shape[3])} (on the device: a plain buffer), window sums for the first Cs channels, got {sums.dtype} of shape {tuple(sums.shape)}")
+    if not (sums is None or (sums.dtype == torch.int32 and len(sums.shape) == 4 and (sums.shape[1] >= 1) and (x is None or (sums.shape[0], sums.shape[2], sums.shape[3]) == (x.shape[0], x.shape[2], x.shape[3])) and (rt.on_host(sums) or (sums.storage == 'buffer' and (not sums.packed))))):
+        raise rt.ArgumentError(op, "sums", f"must be None or an int32 [N, Cs, H, W] tensor with Cs >= 1 and x's N, H, W (on the device: a plain buffer), window sums for the output's first Cs channels, got {sums.dtype} of shape {tuple(sums.shape)}")
 
 
 def _check_sums_table_int8(op, sums_table, sums):
@@ -36,9 +41,14 @@ def _check_sums_table_int8(op, sums_table, sums):
         raise rt.ArgumentError(op, "sums_table", "must be given with sums and be an int8 [Cs, 255 * K + 1] tensor (K window taps; on the device: a plain buffer), channel c's output for each window sum -128 * K .. 127 * K in order")
 
 
+def _check_layout_for_sums(op, layout, x):
+    if not (layout in (None, '4W4C', '4C', '4C1W') and (layout is None or x is None or rt.on_host(x) or (x.layout == layout))):
+        raise rt.ArgumentError(op, "layout", f"must be None or one of '4W4C', '4C', '4C1W' (the output's layout where x is None; with a device x, x's), got {layout!r}")
+
+
 def _check_table_channels_fp32(op, table, x):
-    if not (table.dtype == torch.float32 and tuple(table.shape) == (x.shape[1], 256) and (rt.on_host(table) or (table.storage == 'buffer' and (not table.packed)))):
-        raise rt.ArgumentError(op, "table", f"must be an fp32 [C, 256] tensor with C = {x.shape[1]} (on the device: a plain buffer), channel c's value for each input value -128 .. 127 in order, got {table.dtype} of shape {tuple(table.shape)}")
+    if not ((table is None) == (x is None) and (table is None or (table.dtype == torch.float32 and tuple(table.shape) == (x.shape[1], 256) and (rt.on_host(table) or (table.storage == 'buffer' and (not table.packed)))))):
+        raise rt.ArgumentError(op, "table", f"must be given with x (and None without it) and be an fp32 [C_x, 256] tensor with C_x = x's channels (on the device: a plain buffer), x's channel c's value for each input value -128 .. 127 in order, got {None if table is None else (table.dtype, tuple(table.shape))}")
 
 
 def _check_output_scale_range(op, output_scale):
@@ -81,7 +91,7 @@ Q8TA_LUT = rt.OpDef(
     family="q8ta_unary",
     schema="q8ta_lut(Tensor x, Tensor table) -> Tensor",
     doc="out = table[x + 128] elementwise (int8 -> int8): any pointwise function of a per-tensor int8 input, requantized, as a table computed on the host. A device input in a packed layout keeps it, as does a plain device input; a host [N, C, H, W] input is packed in 4C1W, a host input of another rank stays plain. The output takes the input's layout.",
-    spec="op_specs/q8ta_unary.yaml:133",
+    spec="op_specs/q8ta_unary.yaml:146",
     reference="runtime.reference.q8ta_unary:q8ta_lut",
     variants=(
         ("q8ta_lut", {}),
@@ -92,38 +102,43 @@ Q8TA_LUT = rt.OpDef(
 )
 
 
-def q8ta_channel_lut(stream, x, table, sums=None, sums_table=None, *, variant=None, storage=None):
+def q8ta_channel_lut(stream, x, table, sums=None, sums_table=None, layout=None, *, variant=None, storage=None):
     """Record etvk.q8ta_channel_lut.default into `stream`; returns device tensors."""
     op = Q8TA_CHANNEL_LUT
-    rt.check_arg(op, "x", x, "Tensor")
-    rt.check_arg(op, "table", table, "Tensor")
+    rt.check_arg(op, "x", x, "Tensor?")
+    rt.check_arg(op, "table", table, "Tensor?")
     rt.check_arg(op, "sums", sums, "Tensor?")
     rt.check_arg(op, "sums_table", sums_table, "Tensor?")
+    rt.check_arg(op, "layout", layout, "str?")
+    _check_x_or_sums(op, x, sums)
     _check_x_packed_int8(op, x)
     _check_table_channels_int8(op, table, x)
     _check_sums_plain_int32(op, sums, x)
     _check_sums_table_int8(op, sums_table, sums)
-    layout = rt.layout_of(x, '4C1W')
+    _check_layout_for_sums(op, layout, x)
+    out_layout = rt.layout_of(x, layout or '4C1W')
+    out_shape = rt.channel_lut_shape(x, sums)
     v = op.select(variant, storage, {})
-    x = stream.upload(x, v.binding("t_x"), op.label("x"), layout=layout)
+    x = stream.upload(x, v.binding("t_x"), op.label("x"), layout=out_layout)
     table = stream.upload(table, v.binding("t_table"), op.label("table"))
     sums = stream.upload(sums, v.binding("t_sums"), op.label("sums"))
     sums_table = stream.upload(sums_table, v.binding("t_sums_table"), op.label("sums_table"))
-    out = stream.empty(x.shape, torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_table": table, "t_sums": sums, "t_sums_table": sums_table}, push={"sizes": [x.shape[3], x.shape[2], x.shape[1], x.shape[0]], "words": rt.packed_words(out), "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "HAS_SUMS": int(sums is not None)}, global_size=[rt.packed_words(out), 1, 1])
+    out = stream.empty(out_shape, torch.int8, v.binding("t_out"), op.label("out", "output"), layout=out_layout)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_table": table, "t_sums": sums, "t_sums_table": sums_table}, push={"sizes": [out_shape[3], out_shape[2], out_shape[1], out_shape[0]], "words": rt.packed_words(out), "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(out_layout), "HAS_SUMS": int(sums is not None), "HAS_X": int(x is not None)}, global_size=[rt.packed_words(out), 1, 1])
     return out
 
 
-def _q8ta_channel_lut_fake(x, table, sums=None, sums_table=None):
-    return torch.empty(x.shape, dtype=torch.int8, device=x.device)
+def _q8ta_channel_lut_fake(x, table, sums=None, sums_table=None, layout=None):
+    out_shape = rt.channel_lut_shape(x, sums)
+    return torch.empty(out_shape, dtype=torch.int8, device=next(t for t in (x, table, sums, sums_table,) if t is not None).device)
 
 
 Q8TA_CHANNEL_LUT = rt.OpDef(
     name="etvk.q8ta_channel_lut.default",
     family="q8ta_unary",
-    schema="q8ta_channel_lut(Tensor x, Tensor table, Tensor? sums=None, Tensor? sums_table=None) -> Tensor",
-    doc="out[:, c] = table[c, x[:, c] + 128] (int8 -> int8): any pointwise function of each channel of a packed int8 input, each channel with its own qparams and function (a per-channel affine such as an eval batch norm, then an activation, requantized), as tables computed on the host. With sums (window sums of an average pool, q8ta_window_sum) and sums_table, channel c < Cs is sums_table[c, S + 128 * K] for its window sum S (K taps) instead: a function of a pooled value PyTorch keeps in fp32. The output takes x's layout (x on the host: 4C1W).",
-    spec="op_specs/q8ta_unary.yaml:157",
+    schema="q8ta_channel_lut(Tensor? x, Tensor? table, Tensor? sums=None, Tensor? sums_table=None, str? layout=None) -> Tensor",
+    doc="out[:, c] = table[c, x[:, c] + 128] (int8 -> int8): any pointwise function of each channel of a packed int8 input, each channel with its own qparams and function (a per-channel affine such as an eval batch norm, then an activation, requantized), as tables computed on the host. With sums (window sums of an average pool, q8ta_window_sum) and sums_table, the output's first Cs channels are sums_table[c, S + 128 * K] for window sum S (K taps), a function of a pooled value PyTorch keeps in fp32, and x (None where the sums give every channel) holds the channels after them: out[:, Cs + c] = table[c, x[:, c] + 128]. The output takes a device x's layout; with x on the host or no x, layout (default 4C1W).",
+    spec="op_specs/q8ta_unary.yaml:170",
     reference="runtime.reference.q8ta_unary:q8ta_channel_lut",
     variants=(
         ("q8ta_channel_lut", {}),
@@ -136,12 +151,13 @@ Q8TA_CHANNEL_LUT = rt.OpDef(
 def q8ta_channel_lut_mean(stream, x, table, output_scale, output_zero_point, sums=None, sums_table=None, *, variant=None, storage=None):
     """Record etvk.q8ta_channel_lut_mean.default into `stream`; returns device tensors."""
     op = Q8TA_CHANNEL_LUT_MEAN
-    rt.check_arg(op, "x", x, "Tensor")
-    rt.check_arg(op, "table", table, "Tensor")
+    rt.check_arg(op, "x", x, "Tensor?")
+    rt.check_arg(op, "table", table, "Tensor?")
     rt.check_arg(op, "output_scale", output_scale, "float")
     rt.check_arg(op, "output_zero_point", output_zero_point, "int")
     rt.check_arg(op, "sums", sums, "Tensor?")
     rt.check_arg(op, "sums_table", sums_table, "Tensor?")
+    _check_x_or_sums(op, x, sums)
     _check_x_packed_int8(op, x)
     _check_table_channels_fp32(op, table, x)
     _check_output_scale_range(op, output_scale)
@@ -149,26 +165,28 @@ def q8ta_channel_lut_mean(stream, x, table, output_scale, output_zero_point, sum
     _check_sums_plain_int32(op, sums, x)
     _check_sums_table_fp32(op, sums_table, sums)
     layout = rt.layout_of(x, '4C1W')
+    shape = rt.channel_lut_shape(x, sums)
     v = op.select(variant, storage, {})
     x = stream.upload(x, v.binding("t_x"), op.label("x"), layout=layout)
     table = stream.upload(table, v.binding("t_table"), op.label("table"))
     sums = stream.upload(sums, v.binding("t_sums"), op.label("sums"))
     sums_table = stream.upload(sums_table, v.binding("t_sums_table"), op.label("sums_table"))
-    out = stream.empty([x.shape[0], x.shape[1]], torch.int8, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_table": table, "t_sums": sums, "t_sums_table": sums_table}, push={"sizes": [x.shape[3], x.shape[2], x.shape[1], x.shape[0]], "words": rt.ceil_div(x.shape[0] * x.shape[1], 4), "inv_output_scale": rt.fp32_recip(output_scale), "output_zero_point": output_zero_point, "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "HAS_SUMS": int(sums is not None)}, global_size=[rt.ceil_div(x.shape[0] * x.shape[1], 4), 1, 1])
+    out = stream.empty([shape[0], shape[1]], torch.int8, v.binding("t_out"), op.label("out", "output"))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_table": table, "t_sums": sums, "t_sums_table": sums_table}, push={"sizes": [shape[3], shape[2], shape[1], shape[0]], "words": rt.ceil_div(shape[0] * shape[1], 4), "inv_output_scale": rt.fp32_recip(output_scale), "output_zero_point": output_zero_point, "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "HAS_SUMS": int(sums is not None), "HAS_X": int(x is not None)}, global_size=[rt.ceil_div(shape[0] * shape[1], 4), 1, 1])
     return out
 
 
 def _q8ta_channel_lut_mean_fake(x, table, output_scale, output_zero_point, sums=None, sums_table=None):
-    return torch.empty([x.shape[0], x.shape[1]], dtype=torch.int8, device=x.device)
+    shape = rt.channel_lut_shape(x, sums)
+    return torch.empty([shape[0], shape[1]], dtype=torch.int8, device=next(t for t in (x, table, sums, sums_table,) if t is not None).device)
 
 
 Q8TA_CHANNEL_LUT_MEAN = rt.OpDef(
     name="etvk.q8ta_channel_lut_mean.default",
     family="q8ta_unary",
-    schema="q8ta_channel_lut_mean(Tensor x, Tensor table, float output_scale, int output_zero_point, Tensor? sums=None, Tensor? sums_table=None) -> Tensor",
-    doc="out[n, c] = quantize(mean over h, w of table[c, x[n, c, h, w] + 128]): the fp32 sum in row-major pixel order, divided by H * W correctly rounded, requantized to (output_scale, output_zero_point). A per-channel function of a packed int8 input averaged over the map before its quantize (DenseNet's norm -> relu -> adaptive_avg_pool2d(1) -> flatten -> quantize). With sums and sums_table, channel c < Cs averages sums_table[c, S + 128 * K] over its window sums S (K taps) instead. x on the host is packed in 4C1W; the output is a plain int8 [N, C] tensor (a classifier linear's rows).",
-    spec="op_specs/q8ta_unary.yaml:183",
+    schema="q8ta_channel_lut_mean(Tensor? x, Tensor? table, float output_scale, int output_zero_point, Tensor? sums=None, Tensor? sums_table=None) -> Tensor",
+    doc="out[n, c] = quantize(mean over h, w of table[c, x[n, c, h, w] + 128]): the fp32 sum in row-major pixel order, divided by H * W correctly rounded, requantized to (output_scale, output_zero_point). A per-channel function of a packed int8 input averaged over the map before its quantize (DenseNet's norm -> relu -> adaptive_avg_pool2d(1) -> flatten -> quantize). With sums and sums_table, the first Cs channels average sums_table[c, S + 128 * K] over their window sums S (K taps) and x (None where the sums give every channel) holds the channels after them, as in q8ta_channel_lut. x on the host is packed in 4C1W; the output is a plain int8 [N, C] tensor (a classifier linear's rows).",
+    spec="op_specs/q8ta_unary.yaml:200",
     reference="runtime.reference.q8ta_unary:q8ta_channel_lut_mean",
     variants=(
         ("q8ta_channel_lut_mean", {}),

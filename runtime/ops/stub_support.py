@@ -263,6 +263,14 @@ def on_host(t) -> bool:
     return isinstance(t, torch.Tensor)
 
 
+def channel_lut_shape(x, sums) -> tuple[int, ...]:
+    """``[N, Cs + C_x, H, W]``: the output of a per-channel table op whose first Cs channels come
+    from window sums ``sums`` and the rest from ``x`` (either may be None, not both)."""
+    first = x if x is not None else sums
+    channels = sum(t.shape[1] for t in (sums, x) if t is not None)
+    return (first.shape[0], channels, *first.shape[2:])
+
+
 def broadcast(a, b) -> llm.Broadcast | None:
     """How ``b`` broadcasts to ``a``'s shape (`runtime.families.llm.broadcast`), else None."""
     return llm.broadcast(a.shape, b.shape)
@@ -318,6 +326,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         layout_code,
         packed_words,
         on_host,
+        channel_lut_shape,
         broadcast,
         bad_indices,
         scalar_operand,

@@ -114,6 +114,16 @@ def pooled_prefix(tree):
     return tree if tree[0] == "avg_pool" else None
 
 
+def after_prefix(tree):
+    """`tree` without its first channels' part (`pooled_prefix`'s: a cat's first part, that of
+    the first part of a cat, ...); None where that part is the whole tree."""
+    if tree[0] != "cat":
+        return None
+    first = after_prefix(tree[1][0])
+    parts = [*([] if first is None else [first]), *tree[1][1:]]
+    return parts[0] if len(parts) == 1 else ("cat", parts)
+
+
 class Gathers:
     """Parses channel expressions (trees of tuples) and emits their int8 ops for one program."""
 
@@ -290,10 +300,10 @@ class Gathers:
         return acc, qparams
 
     def window_sums(self, tree, before: Node, nodes: list):
-        """(int32 window sums, the pool's tree) where `tree`'s first channels are an average pool
-        (`pooled_prefix`) whose every window is full (`_full_windows`): ``q8ta_window_sum`` of its
-        exact input, which a table over the sums turns into any function of the pooled fp32
-        values; None otherwise. New ops are appended to `nodes`; a pool met before reuses its
+        """(int32 window sums, the pool's tree, its input's (scale, zero point)) where `tree`'s
+        first channels are an average pool (`pooled_prefix`) whose every window is full
+        (`_full_windows`): ``q8ta_window_sum`` of its exact input, which a table over the sums
+        turns into any function of the pooled fp32 values; None otherwise. New ops are appended to `nodes`; a pool met before reuses its
         value."""
         pool = pooled_prefix(tree)
         if pool is None:
@@ -306,7 +316,7 @@ class Gathers:
             name = self.value((*self.shape(x)[:2], *pool[3]), before, torch.int32)
             kernel, stride = pool[2][:2]
             nodes.append(Node(name, "etvk.q8ta_window_sum.default", (x, kernel, stride), {}, (name,)))
-            self.raws[key] = Ref(name), pool
+            self.raws[key] = Ref(name), pool, tuple(_source(pool[1])[2:])
         return self.raws[key]
 
     def lower(self, quantize: Node) -> None:

@@ -38,7 +38,9 @@ values the same way. Where the expression's first channels are an average pool
 with full windows that PT2E left in fp32 (DenseNet's transition), those
 channels read the pool's ``etvk.q8ta_window_sum`` instead, through tables over
 the window sums (`pooled`: the chain and the quantize run over the pooled
-value of one window of each sum; docs/int8_cnn_ops.md).
+value of one window of each sum; docs/int8_cnn_ops.md), and the op's int8
+input holds the expression's later channels alone (`after_prefix`; none for
+a dense block's first layer): the pooled channels go into no concat.
 
 Run by lower.py after lower_cnn.py (a clamp that keeps its conv's qparams
 folds into the conv there, which costs nothing) and the removal of the nodes
@@ -51,8 +53,9 @@ from __future__ import annotations
 
 import torch
 
+from runtime.families.conv2d_layouts import PLACEHOLDER
 from runtime.programs.cpu import resolve_op, run_node
-from runtime.programs.lower_gather import Gathers
+from runtime.programs.lower_gather import Gathers, after_prefix
 from runtime.programs.nodes import Const, Node, Ref, walk_args
 from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor, ints
 
@@ -269,7 +272,9 @@ def lower_channel_tables(rw: Rewriter) -> None:
     head: ``norm -> relu -> adaptive_avg_pool2d(1) -> flatten``) -> one
     ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values; a full-window
     average pool giving the expression's first channels (`Gathers.window_sums`) goes in
-    through tables over its window sums (`pooled`). Then drops what nothing reads."""
+    through tables over its window sums (`pooled`), the int8 input then holding the channels
+    after it (None where there are none: the output's layout is then its readers'). Then
+    drops what nothing reads."""
     program, gathers = rw.program, Gathers(rw)
     for quantize in [n for n in program.nodes if n.target == Q]:
         mean = False
@@ -281,24 +286,30 @@ def lower_channel_tables(rw: Rewriter) -> None:
             continue
         tree, x, nodes = found
         new: list[Node] = []
-        raw, qparams = gathers.raw(tree, quantize, new)
-        name = quantize.outputs[0]
-        table = rw.add_constant(f"{name}_tables", channel_table(nodes, x, dequantized(qparams), program.constants))
-        window_sums, wide = gathers.window_sums(tree, quantize, new), ()
+        window_sums = gathers.window_sums(tree, quantize, new)
+        rest, prefix = tree, []  # x's channels; the pooled channels' qparams (their pool input's)
         if window_sums is not None:  # the pooled first channels: tables over their window sums
-            sums, pool = window_sums
-            count = rw.shape(sums)[1]
-            values = pooled(pool, qparams[0], len(qparams), count)
-            wide = sums, rw.add_constant(f"{name}_sum_tables",
-                                         channel_table(nodes, x, values, program.constants)[:count].contiguous())
-        for packed in (*[n.outputs[0] for n in new if program.values[n.outputs[0]].dtype == torch.int8], raw.name):
+            rest, prefix = after_prefix(tree), [window_sums[2]] * rw.shape(window_sums[0])[1]
+        raw, qparams = (None, []) if rest is None else gathers.raw(rest, quantize, new)
+        qparams = prefix + qparams
+        name, table, wide = quantize.outputs[0], None, ()
+        if raw is not None:
+            tables = channel_table(nodes, x, dequantized(qparams), program.constants)
+            table = rw.add_constant(f"{name}_tables", tables[len(prefix):].contiguous())
+        if window_sums is not None:
+            values = pooled(window_sums[1], prefix[0], len(qparams), len(prefix))
+            wide = window_sums[0], rw.add_constant(f"{name}_sum_tables", channel_table(
+                nodes, x, values, program.constants)[:len(prefix)].contiguous())
+        for packed in (*[n.outputs[0] for n in new if program.values[n.outputs[0]].dtype == torch.int8],
+                       *([] if raw is None else [raw.name])):
             rw.mark_packed(packed)
         if mean:
             last = Node(f"{quantize.name}_channel_mean", CHANNEL_MEAN,
                         (raw, table, *int8_per_tensor(quantize, Q)[1:], *wide), {}, quantize.outputs)
-        else:
+        else:  # without x, the output's layout is its readers' (the placeholder)
             rw.mark_packed(name)
-            last = Node(f"{quantize.name}_channel_lut", CHANNEL_LUT, (raw, table, *wide), {}, quantize.outputs)
+            last = Node(f"{quantize.name}_channel_lut", CHANNEL_LUT,
+                        (raw, table, *wide, *([] if raw is not None else [PLACEHOLDER])), {}, quantize.outputs)
         position = program.nodes.index(quantize)
         program.nodes[position:position + 1] = [*new, last]
         rw.refresh()

@@ -10,11 +10,12 @@ output_scale, output_zero_point)`` averages fp32 per-channel tables of x over
 H and W (the fp32 sum in row-major pixel order, then one correctly rounded
 division by H * W) and quantizes the mean. Both may take ``sums`` (int32
 window sums S of K taps, ``[N, Cs, H, W]``) and ``sums_table`` (``[Cs,
-255 * K + 1]``): channel c < Cs then reads ``sums_table[c, S + 128 * K]``
-instead of its table of x (a function of an average pool's window, which
-PyTorch keeps in fp32). A gather
-has no arithmetic, so the shader equals this bit for bit; the ``layout`` a
-device keeps the values in does not change them.
+255 * K + 1]``): the output's first Cs channels are then ``sums_table[c, S +
+128 * K]`` (a function of an average pool's window, which PyTorch keeps in
+fp32) and x, with its table, holds the channels after them (x and table are
+None where the sums give every channel). A gather has no arithmetic, so the
+shader equals this bit for bit; the ``layout`` a device keeps the values in
+does not change them.
 
 Called by the op registry (as the ``torch.ops.etvk.q8ta_lut`` CPU kernel) and
 by the tests. It must not import anything from the Vulkan side, nor validate
@@ -37,33 +38,35 @@ def q8ta_lut(x: torch.Tensor, table: torch.Tensor) -> torch.Tensor:
     return table[x.long() + 128]
 
 
-def q8ta_channel_lut(x: torch.Tensor, table: torch.Tensor, sums: torch.Tensor | None = None,
-                     sums_table: torch.Tensor | None = None) -> torch.Tensor:
-    """``table[c, x[:, c] + 128]`` for int8 ``[N, C, H, W]`` `x` and an int8 ``[C, 256]`` `table`;
-    for c < Cs ``sums_table[c, sums[:, c] + 128 * K]`` where int32 ``[N, Cs, H, W]`` `sums` and
-    a ``[Cs, 255 * K + 1]`` `sums_table` are given.
+def q8ta_channel_lut(x: torch.Tensor | None, table: torch.Tensor | None, sums: torch.Tensor | None = None,
+                     sums_table: torch.Tensor | None = None, layout: str | None = None) -> torch.Tensor:
+    """``table[c, x[:, c] + 128]`` for int8 ``[N, C_x, H, W]`` `x` and a ``[C_x, 256]`` `table`,
+    after ``sums_table[c, sums[:, c] + 128 * K]`` for int32 ``[N, Cs, H, W]`` `sums` and a
+    ``[Cs, 255 * K + 1]`` `sums_table` where they are given (x and table None: the sums'
+    channels alone); `layout` does not change the values.
 
     Returns:
-        `table`'s dtype, ``x``'s shape.
+        the tables' dtype, ``[N, Cs + C_x, H, W]``.
     """
-    channels = torch.arange(x.shape[1]).view(1, -1, 1, 1)
-    out = table[channels, x.long() + 128]
+    parts = []
     if sums is not None:
         offset = 128 * ((sums_table.shape[1] - 1) // 255)
-        out[:, :sums.shape[1]] = sums_table[channels[:, :sums.shape[1]], sums.long() + offset]
-    return out
+        parts.append(sums_table[torch.arange(sums.shape[1]).view(1, -1, 1, 1), sums.long() + offset])
+    if x is not None:
+        parts.append(table[torch.arange(x.shape[1]).view(1, -1, 1, 1), x.long() + 128])
+    return torch.cat(parts, dim=1)
 
 
-def q8ta_channel_lut_mean(x: torch.Tensor, table: torch.Tensor, output_scale: float,
+def q8ta_channel_lut_mean(x: torch.Tensor | None, table: torch.Tensor | None, output_scale: float,
                           output_zero_point: int, sums: torch.Tensor | None = None,
                           sums_table: torch.Tensor | None = None) -> torch.Tensor:
-    """The mean over H and W of ``table[c, x[:, c] + 128]`` for int8 ``[N, C, H, W]`` `x` and
-    an fp32 ``[C, 256]`` `table` (for c < Cs of ``sums_table[c, sums[:, c] + 128 * K]``, as
-    `q8ta_channel_lut`), quantized: the fp32 sum over the pixels in row-major order, each add
-    rounded, divided by H * W (fp32 division, correctly rounded).
+    """The mean over H and W of `q8ta_channel_lut`'s fp32 values (an fp32 ``[C_x, 256]`` `table`
+    of int8 ``[N, C_x, H, W]`` `x`, after the window sums' channels where `sums` and
+    `sums_table` are given), quantized: the fp32 sum over the pixels in row-major order, each
+    add rounded, divided by H * W (fp32 division, correctly rounded).
 
     Returns:
-        int8 ``[N, C]``.
+        int8 ``[N, Cs + C_x]``.
     """
     values = q8ta_channel_lut(x, table, sums, sums_table).flatten(2)  # [N, C, H * W]: fp32
     total = torch.zeros(values.shape[:2], dtype=torch.float32)

@@ -9,8 +9,9 @@ layouts; bad arguments name the op and the argument. The per-channel table
 (q8ta_channel_lut) likewise in every packed layout, every value through each
 channel's own table; the mean of per-channel fp32 tables (q8ta_channel_lut_mean)
 in every packed layout, its plain output's tail bytes 0, within one step of
-the float64 mean. Both with window sums for their first channels (a table over
-the sums of 4 and of 9 taps) in every packed layout, bit-exact.
+the float64 mean. Both with window sums for the output's first channels (a table
+over the sums of 4 and of 9 taps) before x's channels, and with the sums alone
+(no x), in every packed layout, bit-exact, padding bytes included.
 """
 
 from __future__ import annotations
@@ -185,41 +186,59 @@ def test_channel_lut_every_int8_value_in_every_channel(layout):
     assert torch.equal(got, torch.stack([table[c][x[0, c].long() + 128] for c in range(7)])[None])
 
 
-def _record(op, x, layout, *args):
-    """`op` on a device x in `layout` and device copies of the tensors of `args`; the output."""
+def _record(op, x, x_layout, *args, **kwargs):
+    """`op` on a device x in `x_layout` (x None: no x) and device copies of the tensors of `args`;
+    the output's raw bytes (every word written, packed or plain) and values."""
     with Stream() as stream:
         device = [Tensor.from_torch(a) if isinstance(a, torch.Tensor) else a for a in args]
-        out = op.record(stream, Tensor.from_torch(x, layout=layout), *device)
+        out = op.record(stream, None if x is None else Tensor.from_torch(x, layout=x_layout), *device, **kwargs)
         stream.run()
-        return out.to_torch()
+        words = layouts.packed_words(out.shape, out.layout) if out.packed else -(-out.shape.numel() // 4)
+        raw = torch.empty(4 * words, dtype=torch.int8)
+        out.memory.read(raw.data_ptr(), raw.numel())
+        return raw, out.to_torch()
 
 
 @pytest.mark.parametrize("taps", [4, 9])
 @pytest.mark.parametrize(("name", "layout"), _channel_cases())
 def test_channel_lut_with_window_sums_matches_reference(name, layout, taps):
+    """The sums' Cs channels first ((C + 1) // 2 of them: x's channels straddle output words
+    where Cs % 4 != 0), then x's C channels; and the sums alone (no x)."""
     x, table = channel_lut_inputs(LUT_BY_NAME[name])
     sums, sums_table = channel_sums_inputs(LUT_BY_NAME[name], taps, torch.int8)
-    want = q8ta_channel_lut(x, table, sums, sums_table)
     cs = sums.shape[1]
-    assert torch.equal(want[:, cs:], q8ta_channel_lut(x, table)[:, cs:])
+    want = q8ta_channel_lut(x, table, sums, sums_table)
+    assert want.shape == (x.shape[0], cs + x.shape[1], *x.shape[2:])
+    assert torch.equal(want[:, cs:], q8ta_channel_lut(x, table))
     for c in range(cs):
         assert torch.equal(want[:, c], sums_table[c][sums[:, c].long() + 128 * taps])
-    got = _record(runtime.get_op(CHANNEL_OP), x, layout, table, sums, sums_table)
-    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+    alone = q8ta_channel_lut(None, None, sums, sums_table)
+    assert torch.equal(alone, want[:, :cs])
+    op = runtime.get_op(CHANNEL_OP)
+    for x_, table_, expected, kwargs in ((x, table, want, {}), (None, None, alone, {"layout": layout})):
+        raw, got = _record(op, x_, layout, table_, sums, sums_table, **kwargs)
+        assert torch.equal(got, expected), f"{name} {layout}: {int((got != expected).sum())} values differ"
+        assert torch.equal(raw, layouts.pack(expected, layout)), f"{name} {layout}: padding bytes not 0"
 
 
 @pytest.mark.parametrize(("name", "layout"), _channel_cases())
 def test_channel_lut_mean_with_window_sums_matches_reference(name, layout):
     x, table, scale, zero_point = channel_mean_inputs(LUT_BY_NAME[name])
     sums, sums_table = channel_sums_inputs(LUT_BY_NAME[name], 4, torch.float32)
-    want = q8ta_channel_lut_mean(x, table, scale, zero_point, sums, sums_table)
     cs = sums.shape[1]
-    assert torch.equal(want[:, cs:], q8ta_channel_lut_mean(x, table, scale, zero_point)[:, cs:])
+    want = q8ta_channel_lut_mean(x, table, scale, zero_point, sums, sums_table)
+    assert want.shape == (x.shape[0], cs + x.shape[1])
+    assert torch.equal(want[:, cs:], q8ta_channel_lut_mean(x, table, scale, zero_point))
+    alone = q8ta_channel_lut_mean(None, None, scale, zero_point, sums, sums_table)
+    assert torch.equal(alone, want[:, :cs])
     values = torch.stack([sums_table[c][sums[:, c].long() + 512].double().mean((1, 2)) for c in range(cs)], 1)
-    steps = (want[:, :cs].int() - (values / fp32(scale)).round().add(zero_point).clamp(-128, 127).int()).abs()
+    steps = (alone.int() - (values / fp32(scale)).round().add(zero_point).clamp(-128, 127).int()).abs()
     assert int(steps.max()) <= 1
-    got = _record(runtime.get_op(MEAN_OP), x, layout, table, scale, zero_point, sums, sums_table)
-    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+    op = runtime.get_op(MEAN_OP)
+    for x_, table_, expected in ((x, table, want), (None, None, alone)):
+        raw, got = _record(op, x_, layout, table_, scale, zero_point, sums, sums_table)
+        assert torch.equal(got, expected), f"{name} {layout}: {int((got != expected).sum())} values differ"
+        assert torch.equal(raw, _expected_bytes(expected, None)), f"{name} {layout}: bytes past the end not 0"
 
 
 def test_window_sums_bad_arguments():
@@ -228,16 +247,27 @@ def test_window_sums_bad_arguments():
     op = runtime.get_op(CHANNEL_OP)
     for arg, value, text in (("sums", sums.long(), "int32 [N, Cs, H, W]"),
                              ("sums", sums[:, :, :1], "x's N, H, W"),
-                             ("sums", torch.zeros(1, 6, 2, 9, dtype=torch.int32), "1 <= Cs <= C"),
+                             ("sums", torch.zeros(1, 0, 2, 9, dtype=torch.int32), "Cs >= 1"),
                              ("sums_table", sums_table[:, :-1], "[Cs, 255 * K + 1]"),
                              ("sums_table", sums_table.float(), "int8 [Cs"),
-                             ("sums_table", None, "given with sums")):
-        args = {"x": x, "table": table, "sums": sums, "sums_table": sums_table, arg: value}
+                             ("sums_table", None, "given with sums"),
+                             ("table", None, "given with x"),
+                             ("layout", "4W", "one of")):
+        args = {"x": x, "table": table, "sums": sums, "sums_table": sums_table, "layout": None, arg: value}
         with pytest.raises((ValueError, TypeError)) as info:
             op(*args.values())
         assert str(info.value).startswith(f"{op.name}: argument '{arg}'") and text in str(info.value)
     with pytest.raises(ValueError, match="argument 'sums_table'.*given with sums"):
         op(x, table, None, sums_table)
+    with pytest.raises(ValueError, match="argument 'x'.*unless sums give every channel"):
+        op(None, None)
+    with pytest.raises(ValueError, match="argument 'table'.*None without it"):
+        op(None, table, sums, sums_table)
+    with pytest.raises(ValueError, match="argument 'layout'.*x's"), Stream() as stream:
+        op.record(stream, Tensor.from_torch(x, layout="4C"), Tensor.from_torch(table), layout="4C1W")
+    mean = runtime.get_op(MEAN_OP)
+    with pytest.raises(ValueError, match="argument 'x'.*unless sums give every channel"):
+        mean(None, None, 0.1, 0)
 
 
 def test_channel_lut_host_inputs_and_bad_arguments():
@@ -246,8 +276,8 @@ def test_channel_lut_host_inputs_and_bad_arguments():
     assert torch.equal(op(x, table), q8ta_channel_lut(x, table))
     assert torch.equal(torch.ops.etvk.q8ta_channel_lut.default(x, table), q8ta_channel_lut(x, table))
     for arg, value, text in (("x", x[0], "int8 [N, C, H, W]"), ("x", x.float(), "int8 [N, C, H, W]"),
-                             ("table", table[:4], "int8 [C, 256] tensor with C = 5"),
-                             ("table", table.view(-1), "int8 [C, 256]")):
+                             ("table", table[:4], "int8 [C_x, 256] tensor"),
+                             ("table", table.view(-1), "int8 [C_x, 256]")):
         args = {"x": x, "table": table, arg: value}
         with pytest.raises((ValueError, TypeError)) as info:
             op(*args.values())
@@ -282,10 +312,25 @@ def test_channel_lut_mean_host_inputs_and_bad_arguments():
     want = q8ta_channel_lut_mean(x, table, scale, zero_point)
     assert torch.equal(op(x, table, scale, zero_point), want)
     assert torch.equal(torch.ops.etvk.q8ta_channel_lut_mean.default(x, table, scale, zero_point), want)
-    for arg, value, text in (("table", table.to(torch.float16), "fp32 [C, 256]"),
-                             ("table", table[:5], "fp32 [C, 256] tensor with C = 6"),
+    for arg, value, text in (("table", table.to(torch.float16), "fp32 [C_x, 256]"),
+                             ("table", table[:5], "fp32 [C_x, 256] tensor"),
                              ("output_zero_point", 128, "int8"), ("output_scale", 0.0, "within")):
         args = {"x": x, "table": table, "output_scale": scale, "output_zero_point": zero_point, arg: value}
         with pytest.raises((ValueError, TypeError)) as info:
             op(*args.values())
         assert str(info.value).startswith(f"{op.name}: argument '{arg}'") and text in str(info.value)
+
+
+def test_channel_lut_fake_shapes_without_x():
+    """The ops' fake kernels (shape inference under export) take the sums' device and shape where
+    x is None, and add x's channels after them."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    x, table = channel_lut_inputs(LUT_BY_NAME["lut_c5_w9"])
+    sums, sums_table = channel_sums_inputs(LUT_BY_NAME["lut_c5_w9"], 4, torch.int8)
+    mean_table = sums_table.float()
+    with FakeTensorMode() as mode:
+        fx, ft, fs, fst, fmt = (mode.from_tensor(t) for t in (x, table, sums, sums_table, mean_table))
+        assert torch.ops.etvk.q8ta_channel_lut.default(None, None, fs, fst).shape == sums.shape
+        assert torch.ops.etvk.q8ta_channel_lut.default(fx, ft, fs, fst).shape == (1, 8, 2, 9)
+        assert torch.ops.etvk.q8ta_channel_lut_mean.default(None, None, 0.1, 0, fs, fmt).shape == (1, 3)

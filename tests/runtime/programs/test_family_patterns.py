@@ -91,7 +91,8 @@ class Dense(nn.Module):
     """DenseNet's layers: batch norm -> relu -> quantize of one int8 tensor, of a cat of int8
     tensors with different qparams and of the cat grown by one more (its first concat reused), of
     a cat of a transition's average pool PT2E leaves in fp32 (2x2 stride 2: through tables over
-    its window sums) and a max pool; DenseNet's head (the global pool of the relu, flattened, then
+    its window sums, the op's x holding the max pool alone) and a max pool, and of that pool
+    alone (no x); the pool also quantized on its own (a q8ta_avg_pool2d); DenseNet's head (the global pool of the relu, flattened, then
     quantized) and a mean without keepdim; a near miss, a batch norm whose fp32 output is also
     returned; and an average pool with padding (its windows not all full: rounded to its input's
     qparams)."""
@@ -99,7 +100,7 @@ class Dense(nn.Module):
     def __init__(self):
         super().__init__()
         gen = torch.Generator().manual_seed(11)
-        for index, channels in enumerate((4, 9, 14, 9, 9, 5, 5)):
+        for index, channels in enumerate((4, 9, 14, 9, 9, 5, 5, 5)):
             self.register_buffer(f"weight{index}", torch.randn(channels, generator=gen))
             self.register_buffer(f"bias{index}", torch.randn(channels, generator=gen))
             self.register_buffer(f"mean{index}", torch.randn(channels, generator=gen) * 0.3)
@@ -115,15 +116,18 @@ class Dense(nn.Module):
         second = q(F.relu(self.bn(torch.cat((a, b), 1), 1)), 0.025, -128)
         grown = torch.cat((a, b, c), 1)
         third = q(F.relu(self.bn(grown, 2)), 0.03, -128)
-        after = torch.cat((F.avg_pool2d(c, 2), F.max_pool2d(a, 2)), 1)            # the pool in fp32
+        pool = F.avg_pool2d(c, 2)                                                  # in fp32
+        after = torch.cat((pool, F.max_pool2d(a, 2)), 1)
         fourth = q(F.relu(self.bn(after, 3)), 0.02, -128)
+        alone = q(F.relu(self.bn(pool, 7)), 0.02, -128)
         head = q(F.adaptive_avg_pool2d(F.relu(self.bn(torch.cat((a, c), 1), 4)), 1).flatten(1), 0.01, -128)
         mean = q(F.relu(self.bn(b, 5)).mean((-1, -2)), 0.01, -128)
         near = self.bn(grown, 2)                                                   # stays on the CPU
         padded = q(F.relu(self.bn(F.avg_pool2d(b, 3, 2, 1), 6)), 0.02, -128)
         return (dq(first, 0.02, -128), dq(second, 0.025, -128), dq(third, 0.03, -128),
                 dq(fourth, 0.02, -128), dq(head, 0.01, -128), dq(mean, 0.01, -128),
-                dq(q(F.relu(near), 0.03, -128), 0.03, -128), near, dq(padded, 0.02, -128))
+                dq(q(F.relu(near), 0.03, -128), 0.03, -128), near, dq(padded, 0.02, -128),
+                dq(alone, 0.02, -128), dq(q(pool, 0.04, 0), 0.04, 0))
 
 
 def _dense_inputs(seed: int):
@@ -138,9 +142,13 @@ def test_dense_layers_run_on_the_device_bit_exact(tmp_path):
     # the near miss only: its batch norm, relu and the cat it reads
     assert {t: n for t, n in targets.items() if t.startswith("aten.")} == {
         "aten.cat": 1, "aten.batch_norm": 1, "aten.relu": 1}, targets
-    assert targets["etvk.q8ta_channel_lut"] == 5 and targets["etvk.q8ta_channel_lut_mean"] == 2, targets
-    assert targets["etvk.q8ta_concat"] == 4, targets  # the grown cat reuses the first one's concat
+    assert targets["etvk.q8ta_channel_lut"] == 6 and targets["etvk.q8ta_channel_lut_mean"] == 2, targets
+    # the grown cat reuses the first one's concat; the pooled channels join no concat
+    assert targets["etvk.q8ta_concat"] == 3, targets
+    # one avg pool for the padded pool's table, one for the pool's own quantize
     assert targets["etvk.q8ta_window_sum"] == 1 and targets["etvk.q8ta_avg_pool2d"] == 2, targets
+    sums_tables = [n for n in program.nodes if n.target == "etvk.q8ta_channel_lut.default" and len(n.args) > 2]
+    assert [program.values[n.args[0].name].shape[1] if n.args[0] else 0 for n in sums_tables] == [4, 0]
     program.save(tmp_path / "dense.etvk")
     loaded = runtime.load(tmp_path / "dense.etvk")
     cpu = sorted(r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan")
@@ -151,7 +159,7 @@ def test_dense_layers_run_on_the_device_bit_exact(tmp_path):
         theirs = exported.module()(*inputs)
         for index, (got, reference, pytorch) in enumerate(zip(loaded(*inputs), want, theirs, strict=True)):
             assert torch.equal(got, reference), index
-            if index == 8:  # the padded average pool rounded to its input's qparams: a step of its own
+            if index in (8, 10):  # an average pool rounded to int8 by q8ta_avg_pool2d: a step of its own
                 assert sqnr_db(reference, pytorch) >= 30, index
             elif index in (4, 5):  # the means: PyTorch's fp32 sum takes another order
                 assert float((reference - pytorch).abs().max()) <= 0.01 * 1.001, index
