@@ -10,6 +10,9 @@
 #   programs/  saved programs NAME_bB.etvk, e.g. `python -m runtime export resnet50
 #         --batch 32 --out .devkit/programs/resnet50_b32.etvk` (optional)
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
+#   whl2/ (optional) transformers and torchao wheels (py3 / cp310-abi3, e.g. transformers 5.23.0,
+#         torchao 0.18.0), installed with --no-deps under /tmp/site: the decoder tests,
+#         llm_bench.py and the torchao comparisons of the quantize tests need them
 #   whl/ may also hold matplotlib and its dependencies (cp312) for the report's plots; without
 #         them the report has no plots (`python benchmarks/report.py DIR/results` elsewhere)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
@@ -43,7 +46,11 @@ export LD_LIBRARY_PATH=/tmp/vvl/usr/lib/x86_64-linux-gnu:/tmp/tools/usr/lib/x86_
 if [ ! -e /usr/share/vulkan/icd.d/nvidia_icd.json ] && [ -e /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json ]; then
   export VK_DRIVER_FILES=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
 fi
-export ETVK_CACHE_DIR=/tmp/etvk-cache PYTHONPATH=$PWD PYTHONUNBUFFERED=1
+site=""
+if ls .devkit/whl2/*.whl >/dev/null 2>&1; then  # transformers, torchao (no dependencies of theirs)
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .devkit/whl2/*.whl && site=:/tmp/site
+fi
+export ETVK_CACHE_DIR=/tmp/etvk-cache PYTHONPATH=$PWD$site PYTHONUNBUFFERED=1
 log=${OUT:-/tmp}
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 python3 -m runtime info 2>&1 | head -n 40
