@@ -113,13 +113,20 @@ def quantize_pt2e(model: torch.nn.Module, example: tuple, calibration: list[tupl
 
 # torchvision architecture name -> the module of torchvision.models that defines it.
 TORCHVISION_MODELS = {
-    **{name: "resnet" for name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152")},
+    **{name: "resnet" for name in ("resnet18", "resnet34", "resnet50", "resnet101", "resnet152",
+                                   "resnext50_32x4d", "resnext101_32x8d", "resnext101_64x4d",
+                                   "wide_resnet50_2", "wide_resnet101_2")},
     **{name: "mnasnet" for name in ("mnasnet0_5", "mnasnet0_75", "mnasnet1_0", "mnasnet1_3")},
     "mobilenet_v2": "mobilenetv2",
     "mobilenet_v3_small": "mobilenetv3",
     "mobilenet_v3_large": "mobilenetv3",
-    "efficientnet_b0": "efficientnet",
-    **{name: "shufflenetv2" for name in ("shufflenet_v2_x0_5", "shufflenet_v2_x1_0")},
+    **{f"efficientnet_{v}": "efficientnet" for v in ("b0", "b1", "b2", "b3", "b4", "b5", "b6", "b7",
+                                                     "v2_s", "v2_m", "v2_l")},
+    **{f"regnet_{kind}_{size}": "regnet" for kind in "xy"
+       for size in ("400mf", "800mf", "1_6gf", "3_2gf", "8gf", "16gf", "32gf")},
+    "regnet_y_128gf": "regnet",
+    **{name: "shufflenetv2" for name in ("shufflenet_v2_x0_5", "shufflenet_v2_x1_0", "shufflenet_v2_x1_5",
+                                         "shufflenet_v2_x2_0")},
     **{name: "squeezenet" for name in ("squeezenet1_0", "squeezenet1_1")},
     **{name: "densenet" for name in ("densenet121", "densenet161", "densenet169", "densenet201")},
     **{name: "vgg" for name in ("vgg11", "vgg11_bn", "vgg13", "vgg13_bn", "vgg16", "vgg16_bn", "vgg19", "vgg19_bn")},

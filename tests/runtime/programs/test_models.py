@@ -1,5 +1,5 @@
-"""Real architectures: torchvision ResNet-18, ResNet-50, MobileNetV2, ShuffleNetV2-x0.5, GoogLeNet
-(32x32), MnasNet-0.5 (48x48, so its mean pools a 2x2 map), SqueezeNet-1.1 (64x64: its global pool
+"""Real architectures: torchvision ResNet-18, ResNet-50, ResNeXt-50 (grouped convs), RegNetY-400MF
+(grouped convs and sigmoid gates), MobileNetV2, ShuffleNetV2-x0.5, GoogLeNet (32x32), MnasNet-0.5 (48x48, so its mean pools a 2x2 map), SqueezeNet-1.1 (64x64: its global pool
 reads a 3x3 map, where rounding ties are rare) and a DenseNet of torchvision's class with two blocks
 of two layers (32x32) with random weights and batch-norm statistics measured on random inputs,
 quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered (every residual add
@@ -35,8 +35,8 @@ def _small_densenet() -> nn.Module:
 
 
 # model -> its input size on the test device
-SIZES = {"resnet18": 32, "resnet50": 32, "mobilenet_v2": 32, "mnasnet0_5": 48, "shufflenet_v2_x0_5": 32,
-         "squeezenet1_1": 64, "googlenet": 32, "densenet": 32}
+SIZES = {"resnet18": 32, "resnet50": 32, "resnext50_32x4d": 32, "regnet_y_400mf": 32, "mobilenet_v2": 32,
+         "mnasnet0_5": 48, "shufflenet_v2_x0_5": 32, "squeezenet1_1": 64, "googlenet": 32, "densenet": 32}
 BUILDERS = {"densenet": _small_densenet}
 
 
@@ -60,13 +60,15 @@ def test_the_whole_model_runs_on_the_device_bit_exact(model_file):
     loaded = runtime.load(path)
     rows = loaded.placement()
     convs = [r for r in rows if r["target"] == "etvk.q8ta_conv2d.default"]
-    assert len(convs) == {"resnet18": 20, "resnet50": 53, "mobilenet_v2": 52, "mnasnet0_5": 52,
+    assert len(convs) == {"resnet18": 20, "resnet50": 53, "resnext50_32x4d": 53, "regnet_y_400mf": 85,
+                          "mobilenet_v2": 52, "mnasnet0_5": 52,
                           "shufflenet_v2_x0_5": 56, "squeezenet1_1": 26, "googlenet": 57, "densenet": 10}[name]
     # every residual add runs in the epilogue of the conv that writes one of its operands
     assert not [r for r in rows if r["target"] == "etvk.q8ta_add.default"]
     residual_convs = [n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default"
                       and len(n.args) > 17 and n.args[17] is not None]
-    assert len(residual_convs) == {"resnet18": 8, "resnet50": 16, "mobilenet_v2": 10, "mnasnet0_5": 10,
+    assert len(residual_convs) == {"resnet18": 8, "resnet50": 16, "resnext50_32x4d": 16, "regnet_y_400mf": 16,
+                                   "mobilenet_v2": 10, "mnasnet0_5": 10,
                                    "shufflenet_v2_x0_5": 0, "squeezenet1_1": 0, "googlenet": 0,
                                    "densenet": 0}[name]
     # int8 from the first quantize to the last dequantize: no CPU node anywhere
