@@ -345,16 +345,128 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
   return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
 }
 
+#define ETVK_CASCADE_T float
+float cascade_value(int p);
+// PyTorch's CPU order of an fp32 sum of a row of values (runtime.families.pool2d.cascade_sum,
+// docs/int8_cnn_ops.md), for the global pool and q8ta_channel_lut_mean. The including shader
+// defines ETVK_CASCADE_T (float or vec4: four rows at once) and declares
+//   ETVK_CASCADE_T cascade_value(int p);   // value p of the row (a prototype suffices)
+// first. A row of `count` values has lanes() lanes, vectors = count / lanes, and per stream
+// items = vectors / ETVK_CASCADE_ILP. Every addition is rounded once (`precise`).
+
+const int ETVK_CASCADE_LANES = 8;  // CASCADE_LANES
+const int ETVK_CASCADE_ILP = 4;    // CASCADE_ILP: accumulators (streams) per lane
+
+// The lanes of a row of `count` values: 8, or 1 under a whole vector.
+int etvk_cascade_lanes(int count) {
+  return count >= ETVK_CASCADE_LANES ? ETVK_CASCADE_LANES : 1;
+}
+
+// Stream (lane, k): the lane-`lane` values of vectors k, k + 4, ... (`items` of them) through
+// the 4 cascade levels, level 1 carried after every 2^P items (P = max(4, CeilLog2(items) / 4)),
+// level 2 when the count is a multiple of 2^2P, level 3 at 2^3P; the levels added at the end.
+ETVK_CASCADE_T etvk_cascade_stream(int lanes, int lane, int k, int items) {
+  const int power = max(4, (items <= 2 ? 1 : findMSB(items - 1) + 1) / 4);
+  const int step = 1 << power;
+  const int mask = step - 1;
+  precise ETVK_CASCADE_T acc0 = ETVK_CASCADE_T(0.0);
+  precise ETVK_CASCADE_T acc1 = ETVK_CASCADE_T(0.0);
+  precise ETVK_CASCADE_T acc2 = ETVK_CASCADE_T(0.0);
+  precise ETVK_CASCADE_T acc3 = ETVK_CASCADE_T(0.0);
+  int j = 0;
+  while (j + step <= items) {
+    for (int t = 0; t < step; ++t, ++j) {
+      acc0 += cascade_value((j * ETVK_CASCADE_ILP + k) * lanes + lane);
+    }
+    acc1 += acc0;
+    acc0 = ETVK_CASCADE_T(0.0);
+    if ((j & (mask << power)) == 0) {
+      acc2 += acc1;
+      acc1 = ETVK_CASCADE_T(0.0);
+      if ((j & (mask << (2 * power))) == 0) {
+        acc3 += acc2;
+        acc2 = ETVK_CASCADE_T(0.0);
+      }
+    }
+  }
+  for (; j < items; ++j) {
+    acc0 += cascade_value((j * ETVK_CASCADE_ILP + k) * lanes + lane);
+  }
+  acc0 += acc1;
+  acc0 += acc2;
+  acc0 += acc3;
+  return acc0;
+}
+
+// Lane `lane`'s total from its 4 streams: stream 0, the lane's values of the leftover vectors
+// (4 * items to vectors - 1), then streams 1, 2 and 3.
+ETVK_CASCADE_T etvk_cascade_lane(int lanes, int lane, int items, int vectors, ETVK_CASCADE_T s0,
+                                 ETVK_CASCADE_T s1, ETVK_CASCADE_T s2, ETVK_CASCADE_T s3) {
+  precise ETVK_CASCADE_T total = s0;
+  for (int v = items * ETVK_CASCADE_ILP; v < vectors; ++v) {
+    total += cascade_value(v * lanes + lane);
+  }
+  total += s1;
+  total += s2;
+  total += s3;
+  return total;
+}
+
+// The sum's start: 0 plus the values past the last whole vector (then each lane's total is
+// added in lane order).
+ETVK_CASCADE_T etvk_cascade_tail(int lanes, int vectors, int count) {
+  precise ETVK_CASCADE_T total = ETVK_CASCADE_T(0.0);
+  for (int p = vectors * lanes; p < count; ++p) {
+    total += cascade_value(p);
+  }
+  return total;
+}
+
+// The whole sum of a row by one invocation.
+ETVK_CASCADE_T etvk_cascade_sum(int count) {
+  const int lanes = etvk_cascade_lanes(count);
+  const int vectors = count / lanes;
+  const int items = vectors / ETVK_CASCADE_ILP;
+  precise ETVK_CASCADE_T total = etvk_cascade_tail(lanes, vectors, count);
+  for (int lane = 0; lane < lanes; ++lane) {
+    total += etvk_cascade_lane(lanes, lane, items, vectors, etvk_cascade_stream(lanes, lane, 0, items),
+                               etvk_cascade_stream(lanes, lane, 1, items),
+                               etvk_cascade_stream(lanes, lane, 2, items),
+                               etvk_cascade_stream(lanes, lane, 3, items));
+  }
+  return total;
+}
+
+// The channel this invocation sums: batch entry g_n, channel g_c of the output.
+int g_n;
+int g_c;
+
+// The table's fp32 value for pixel p = h * W + w of channel (g_n, g_c).
+float cascade_value(int p) {
+  const int W = pc.sizes.x;
+  const int H = pc.sizes.y;
+  const int C = pc.sizes.z;
+  const int Cs = HAS_SUMS == 1 ? pc.sums.x : 0;
+  if (g_c < Cs) {
+    const int first = (g_n * Cs + g_c) * H * W;
+    return t_sums_table_load(uint(g_c * pc.sums.y + t_sums_load(uint(first + p)) + pc.sums.z));
+  }
+  if (HAS_X == 0) {
+    return 0.0;  // not reached: without x the sums give every channel
+  }
+  const int cx = g_c - Cs;
+  const int h = p / W;
+  const uint v = t_x_load_word(etvk_packed_word(LAYOUT, ivec4(W, H, (C - Cs + 3) >> 2, pc.sizes.w), g_n,
+                                                cx >> 2, h, p - h * W));
+  return t_table_load(uint(cx * 256 + bitfieldExtract(int(v), (cx & 3) * 8, 8) + 128));
+}
+
 void main() {
   const uint word = etvk_linear_invocation();
   if (word >= pc.words) {
     return;
   }
-  const int W = pc.sizes.x;
-  const int H = pc.sizes.y;
   const int C = pc.sizes.z;
-  const int Cs = HAS_SUMS == 1 ? pc.sums.x : 0;
-  const ivec4 x4 = ivec4(W, H, (C - Cs + 3) >> 2, pc.sizes.w);
   vec4 mean = vec4(0.0);
   bvec4 valid = bvec4(false);
   for (int j = 0; j < 4; ++j) {
@@ -363,26 +475,10 @@ void main() {
       break;
     }
     valid[j] = true;
-    const int n = i / C;
-    const int c = i - n * C;
-    precise float sum = 0.0;
-    if (c < Cs) {
-      const int first = (n * Cs + c) * H * W;
-      for (int pixel = 0; pixel < H * W; ++pixel) {
-        sum += t_sums_table_load(uint(c * pc.sums.y + t_sums_load(uint(first + pixel)) + pc.sums.z));
-      }
-    } else if (HAS_X == 1) {
-      const int cx = c - Cs;
-      const int byte = (cx & 3) * 8;
-      for (int h = 0; h < H; ++h) {
-        for (int w = 0; w < W; ++w) {
-          const uint v = t_x_load_word(etvk_packed_word(LAYOUT, x4, n, cx >> 2, h, w));
-          const int q = bitfieldExtract(int(v), byte, 8);
-          sum += t_table_load(uint(cx * 256 + q + 128));
-        }
-      }
-    }
-    mean[j] = etvk_div_rn(sum, float(H * W));
+    g_n = i / C;
+    g_c = i - g_n * C;
+    const int count = pc.sizes.x * pc.sizes.y;
+    mean[j] = etvk_div_rn(etvk_cascade_sum(count), float(count));
   }
   const ivec4 q = etvk_q8ta_quantize4(mean, pc.inv_output_scale, pc.output_zero_point);
   t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), q, valid)));

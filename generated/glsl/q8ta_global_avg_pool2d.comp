@@ -2,7 +2,7 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
-layout(constant_id = 4) const int WORDS = 1;
+layout(constant_id = 4) const int WORDS = 8;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) float input_scale;
@@ -240,7 +240,8 @@ bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
 // Requantizing average of the int8 pooling family (runtime/reference/q8ta_pool.py),
-// shared by q8ta_pool2d (POOL avg) and q8ta_global_avg_pool2d. Per channel:
+// shared by q8ta_pool2d (POOL avg), q8ta_adaptive_avg_pool2d and (its out step alone)
+// q8ta_global_avg_pool2d. Per channel:
 //   a   = float(S) * input_scale        S = Σ (q - input_zero_point), exact in int32
 //   y   = a / divisor                   correctly rounded (etvk_div_rn, no GLSL division)
 //   out = clamp(roundEven(y * inv_output_scale) + output_zero_point, -128, 127)
@@ -248,8 +249,14 @@ bvec4 etvk_valid_channels(int c4, int channels) {
 // inv_output_scale (fp32 1 / output_scale) and output_zero_point. `precise`
 // keeps every step rounded once (no fma contraction).
 
-// The int8 averages (in [-128, 127]) of the 4 sums of one channel word; lanes
-// that are not `valid` (channels >= C) give 0.
+// The int8 values (in [-128, 127]) of 4 fp32 averages y: the out step above; lanes that are
+// not `valid` (channels >= C) give 0.
+ivec4 etvk_q8ta_requantize4(vec4 y, bvec4 valid) {
+  precise vec4 q = roundEven(y * pc.inv_output_scale) + float(pc.output_zero_point);
+  return mix(ivec4(0), etvk_to_int_clamped(q, -128, 127), valid);
+}
+
+// The int8 averages of the 4 sums of one channel word.
 ivec4 etvk_q8ta_average4(ivec4 sums, int divisor, bvec4 valid) {
   const float d = float(divisor);
   vec4 y;
@@ -257,55 +264,152 @@ ivec4 etvk_q8ta_average4(ivec4 sums, int divisor, bvec4 valid) {
     precise float a = float(sums[j]) * pc.input_scale;
     y[j] = etvk_div_rn(a, d);
   }
-  precise vec4 q = roundEven(y * pc.inv_output_scale) + float(pc.output_zero_point);
-  return mix(ivec4(0), etvk_to_int_clamped(q, -128, 127), valid);
+  return etvk_q8ta_requantize4(y, valid);
 }
 
-shared ivec4 s_sums[gl_WorkGroupSize.x];
+#define ETVK_CASCADE_T vec4
+vec4 cascade_value(int p);
+// PyTorch's CPU order of an fp32 sum of a row of values (runtime.families.pool2d.cascade_sum,
+// docs/int8_cnn_ops.md), for the global pool and q8ta_channel_lut_mean. The including shader
+// defines ETVK_CASCADE_T (float or vec4: four rows at once) and declares
+//   ETVK_CASCADE_T cascade_value(int p);   // value p of the row (a prototype suffices)
+// first. A row of `count` values has lanes() lanes, vectors = count / lanes, and per stream
+// items = vectors / ETVK_CASCADE_ILP. Every addition is rounded once (`precise`).
 
-void main() {
-  const int lid = int(gl_LocalInvocationID.x);
-  const int lanes = int(gl_WorkGroupSize.x) / WORDS;
-  const int lane = lid / WORDS;
-  const int c4_count = (pc.sizes.z + 3) >> 2;
-  const int word = int(etvk_linear_group()) * WORDS + (lid - lane * WORDS);
-  const int n = word / c4_count;
-  const int c4 = word - n * c4_count;
-  const int W = pc.sizes.x;
-  const int hw = W * pc.sizes.y;
-  const ivec4 in4 = ivec4(pc.sizes.xy, c4_count, pc.sizes.w);
-  // Words past the end still reach every barrier; they load and store nothing.
-  const bool in_range = n < pc.sizes.w;
-  ivec4 sum = ivec4(0);
-  if (in_range) {
-    // Pixel p = h * W + w steps by `lanes`: dh rows and dw widths, with a carry.
-    const int dh = lanes / W;
-    const int dw = lanes - dh * W;
-    int h = lane / W;
-    int w = lane - h * W;
-    for (int p = lane; p < hw; p += lanes) {
-      sum += t_in_load(etvk_packed_word(LAYOUT, in4, n, c4, h, w));
-      h += dh;
-      w += dw;
-      if (w >= W) {
-        w -= W;
-        ++h;
+const int ETVK_CASCADE_LANES = 8;  // CASCADE_LANES
+const int ETVK_CASCADE_ILP = 4;    // CASCADE_ILP: accumulators (streams) per lane
+
+// The lanes of a row of `count` values: 8, or 1 under a whole vector.
+int etvk_cascade_lanes(int count) {
+  return count >= ETVK_CASCADE_LANES ? ETVK_CASCADE_LANES : 1;
+}
+
+// Stream (lane, k): the lane-`lane` values of vectors k, k + 4, ... (`items` of them) through
+// the 4 cascade levels, level 1 carried after every 2^P items (P = max(4, CeilLog2(items) / 4)),
+// level 2 when the count is a multiple of 2^2P, level 3 at 2^3P; the levels added at the end.
+ETVK_CASCADE_T etvk_cascade_stream(int lanes, int lane, int k, int items) {
+  const int power = max(4, (items <= 2 ? 1 : findMSB(items - 1) + 1) / 4);
+  const int step = 1 << power;
+  const int mask = step - 1;
+  precise ETVK_CASCADE_T acc0 = ETVK_CASCADE_T(0.0);
+  precise ETVK_CASCADE_T acc1 = ETVK_CASCADE_T(0.0);
+  precise ETVK_CASCADE_T acc2 = ETVK_CASCADE_T(0.0);
+  precise ETVK_CASCADE_T acc3 = ETVK_CASCADE_T(0.0);
+  int j = 0;
+  while (j + step <= items) {
+    for (int t = 0; t < step; ++t, ++j) {
+      acc0 += cascade_value((j * ETVK_CASCADE_ILP + k) * lanes + lane);
+    }
+    acc1 += acc0;
+    acc0 = ETVK_CASCADE_T(0.0);
+    if ((j & (mask << power)) == 0) {
+      acc2 += acc1;
+      acc1 = ETVK_CASCADE_T(0.0);
+      if ((j & (mask << (2 * power))) == 0) {
+        acc3 += acc2;
+        acc2 = ETVK_CASCADE_T(0.0);
       }
     }
   }
-  s_sums[lid] = sum;
-  barrier();
-  for (int stride = lanes >> 1; stride > 0; stride >>= 1) {
-    if (lane < stride) {
-      s_sums[lid] += s_sums[lid + stride * WORDS];
-    }
-    barrier();
+  for (; j < items; ++j) {
+    acc0 += cascade_value((j * ETVK_CASCADE_ILP + k) * lanes + lane);
   }
-  if (in_range && lane == 0) {
-    const ivec4 sums = s_sums[lid] - ivec4(pc.input_zero_point * hw);
+  acc0 += acc1;
+  acc0 += acc2;
+  acc0 += acc3;
+  return acc0;
+}
+
+// Lane `lane`'s total from its 4 streams: stream 0, the lane's values of the leftover vectors
+// (4 * items to vectors - 1), then streams 1, 2 and 3.
+ETVK_CASCADE_T etvk_cascade_lane(int lanes, int lane, int items, int vectors, ETVK_CASCADE_T s0,
+                                 ETVK_CASCADE_T s1, ETVK_CASCADE_T s2, ETVK_CASCADE_T s3) {
+  precise ETVK_CASCADE_T total = s0;
+  for (int v = items * ETVK_CASCADE_ILP; v < vectors; ++v) {
+    total += cascade_value(v * lanes + lane);
+  }
+  total += s1;
+  total += s2;
+  total += s3;
+  return total;
+}
+
+// The sum's start: 0 plus the values past the last whole vector (then each lane's total is
+// added in lane order).
+ETVK_CASCADE_T etvk_cascade_tail(int lanes, int vectors, int count) {
+  precise ETVK_CASCADE_T total = ETVK_CASCADE_T(0.0);
+  for (int p = vectors * lanes; p < count; ++p) {
+    total += cascade_value(p);
+  }
+  return total;
+}
+
+// The whole sum of a row by one invocation.
+ETVK_CASCADE_T etvk_cascade_sum(int count) {
+  const int lanes = etvk_cascade_lanes(count);
+  const int vectors = count / lanes;
+  const int items = vectors / ETVK_CASCADE_ILP;
+  precise ETVK_CASCADE_T total = etvk_cascade_tail(lanes, vectors, count);
+  for (int lane = 0; lane < lanes; ++lane) {
+    total += etvk_cascade_lane(lanes, lane, items, vectors, etvk_cascade_stream(lanes, lane, 0, items),
+                               etvk_cascade_stream(lanes, lane, 1, items),
+                               etvk_cascade_stream(lanes, lane, 2, items),
+                               etvk_cascade_stream(lanes, lane, 3, items));
+  }
+  return total;
+}
+
+shared vec4 s_streams[gl_WorkGroupSize.x];
+
+// The channel word this invocation sums: (n, c4) of the input with sizes (W, H, C4, N).
+ivec4 g_in4;
+int g_n;
+int g_c4;
+
+// Value p = h * W + w of the word: PyTorch's dequantized values, one rounding each.
+vec4 cascade_value(int p) {
+  const int h = p / g_in4.x;
+  const vec4 q = vec4(t_in_load(etvk_packed_word(LAYOUT, g_in4, g_n, g_c4, h, p - h * g_in4.x)));
+  precise vec4 d = (q - float(pc.input_zero_point)) * pc.input_scale;
+  return d;
+}
+
+void main() {
+  const int lid = int(gl_LocalInvocationID.x);
+  const int s = lid / WORDS;            // the stream: lane s / 4, accumulator s % 4
+  const int slot = lid - s * WORDS;     // the word within the workgroup
+  const int c4_count = (pc.sizes.z + 3) >> 2;
+  const int word = int(etvk_linear_group()) * WORDS + slot;
+  g_n = word / c4_count;
+  g_c4 = word - g_n * c4_count;
+  g_in4 = ivec4(pc.sizes.xy, c4_count, pc.sizes.w);
+  const int count = pc.sizes.x * pc.sizes.y;
+  const int lanes = etvk_cascade_lanes(count);
+  const int vectors = count / lanes;
+  const int items = vectors / ETVK_CASCADE_ILP;
+  // Words past the end still reach the barrier; they load and store nothing.
+  const bool in_range = g_n < pc.sizes.w;
+  const int lane = s / ETVK_CASCADE_ILP;
+  vec4 stream = vec4(0.0);
+  if (in_range && lane < lanes) {
+    stream = etvk_cascade_stream(lanes, lane, s - lane * ETVK_CASCADE_ILP, items);
+  }
+  s_streams[lid] = stream;
+  barrier();
+  if (in_range && s == 0) {
+    precise vec4 total = etvk_cascade_tail(lanes, vectors, count);
+    for (int l = 0; l < lanes; ++l) {
+      const int first = slot + WORDS * (l * ETVK_CASCADE_ILP);
+      total += etvk_cascade_lane(lanes, l, items, vectors, s_streams[first], s_streams[first + WORDS],
+                                 s_streams[first + 2 * WORDS], s_streams[first + 3 * WORDS]);
+    }
+    vec4 mean;
+    for (int j = 0; j < 4; ++j) {
+      mean[j] = etvk_div_rn(total[j], float(count));
+    }
     const ivec4 out4 = ivec4(1, 1, c4_count, pc.sizes.w);
-    const uint at = etvk_packed_word(LAYOUT, out4, n, c4, 0, 0);
-    t_out_store(at, etvk_q8ta_average4(sums, hw, etvk_valid_channels(c4, pc.sizes.z)));
+    const uint at = etvk_packed_word(LAYOUT, out4, g_n, g_c4, 0, 0);
+    t_out_store(at, etvk_q8ta_requantize4(mean, etvk_valid_channels(g_c4, pc.sizes.z)));
     if (LAYOUT == ETVK_4W4C) {
       for (uint px = 1u; px < 4u; ++px) {
         t_out_store_word(at + px, 0u);

@@ -244,7 +244,8 @@ bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
 // Requantizing average of the int8 pooling family (runtime/reference/q8ta_pool.py),
-// shared by q8ta_pool2d (POOL avg) and q8ta_global_avg_pool2d. Per channel:
+// shared by q8ta_pool2d (POOL avg), q8ta_adaptive_avg_pool2d and (its out step alone)
+// q8ta_global_avg_pool2d. Per channel:
 //   a   = float(S) * input_scale        S = Σ (q - input_zero_point), exact in int32
 //   y   = a / divisor                   correctly rounded (etvk_div_rn, no GLSL division)
 //   out = clamp(roundEven(y * inv_output_scale) + output_zero_point, -128, 127)
@@ -252,8 +253,14 @@ bvec4 etvk_valid_channels(int c4, int channels) {
 // inv_output_scale (fp32 1 / output_scale) and output_zero_point. `precise`
 // keeps every step rounded once (no fma contraction).
 
-// The int8 averages (in [-128, 127]) of the 4 sums of one channel word; lanes
-// that are not `valid` (channels >= C) give 0.
+// The int8 values (in [-128, 127]) of 4 fp32 averages y: the out step above; lanes that are
+// not `valid` (channels >= C) give 0.
+ivec4 etvk_q8ta_requantize4(vec4 y, bvec4 valid) {
+  precise vec4 q = roundEven(y * pc.inv_output_scale) + float(pc.output_zero_point);
+  return mix(ivec4(0), etvk_to_int_clamped(q, -128, 127), valid);
+}
+
+// The int8 averages of the 4 sums of one channel word.
 ivec4 etvk_q8ta_average4(ivec4 sums, int divisor, bvec4 valid) {
   const float d = float(divisor);
   vec4 y;
@@ -261,8 +268,7 @@ ivec4 etvk_q8ta_average4(ivec4 sums, int divisor, bvec4 valid) {
     precise float a = float(sums[j]) * pc.input_scale;
     y[j] = etvk_div_rn(a, d);
   }
-  precise vec4 q = roundEven(y * pc.inv_output_scale) + float(pc.output_zero_point);
-  return mix(ivec4(0), etvk_to_int_clamped(q, -128, 127), valid);
+  return etvk_q8ta_requantize4(y, valid);
 }
 
 void main() {

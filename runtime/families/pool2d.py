@@ -1,6 +1,6 @@
 """Host-side geometry of the int8 pooling family (q8ta_pool).
 
-Pure Python / torch, four jobs:
+Pure Python / torch, five jobs:
 
 - `pool2d_params`: PyTorch-style pooling arguments (kernel_size, stride,
   padding, dilation as 1 or 2 ints, an empty stride meaning the kernel size,
@@ -10,7 +10,8 @@ Pure Python / torch, four jobs:
   ceil_mode cuts at ``size + padding``), the table the shader computes per pixel;
 - `adaptive_windows`: adaptive_avg_pool2d's window bounds along one axis;
 - `global_pool_tiling`: how the global average pool's workgroups share the
-  reduction over H*W.
+  reduction over H*W;
+- `cascade_sum`: PyTorch's CPU summation order, which the global pool follows.
 
 It must not touch Vulkan nor check op arguments beyond what the geometry needs
 (the op specs' checks name the bad argument). Called by the pool op stubs
@@ -158,15 +159,75 @@ class GlobalPoolTiling:
 
 
 def global_pool_tiling(x_shape) -> GlobalPoolTiling:
-    """Tiling of a global pool over an ``[N, C, H, W]`` input.
-
-    A word gets the smallest power of two of invocations >= H*W (at most the
-    whole workgroup), so small maps (7x7) share a workgroup between channel
-    words and large ones (56x56) spread one word over the whole workgroup.
-    """
-    n, c, h, w = (int(s) for s in x_shape)
-    lanes = 1
-    while lanes < min(h * w, GLOBAL_POOL_THREADS):
-        lanes *= 2
-    words = GLOBAL_POOL_THREADS // lanes
+    """Tiling of a global pool over an ``[N, C, H, W]`` input: a word gets one invocation per
+    stream of `cascade_sum`'s order (`CASCADE_STREAMS`), so a workgroup holds
+    ``GLOBAL_POOL_THREADS // CASCADE_STREAMS`` channel words."""
+    n, c = int(x_shape[0]), int(x_shape[1])
+    words = GLOBAL_POOL_THREADS // CASCADE_STREAMS
     return GlobalPoolTiling(words=words, groups=(-(-n * (-(-c // 4)) // words), 1, 1))
+
+
+# PyTorch's CPU sum of a contiguous row of fp32 values (ATen's cascade_sum, SumKernel.cpp; the
+# same bits under its AVX512, AVX2 and default kernels, checked on torch 2.13): rows of 8 values
+# or more are read as vectors of CASCADE_LANES, and the vectors (or, for shorter rows, the
+# values) by CASCADE_ILP interleaved accumulators, each a cascade of CASCADE_LEVELS partial sums
+# that carry every 2**level_power items.
+CASCADE_LANES = 8
+CASCADE_ILP = 4
+CASCADE_LEVELS = 4
+CASCADE_STREAMS = CASCADE_LANES * CASCADE_ILP
+
+
+def cascade_level_power(items: int) -> int:
+    """log2 of the items a cascade level holds before it carries: ``max(4, CeilLog2(items) //
+    4)``, with ATen's CeilLog2 (1 up to 2 items)."""
+    ceil_log2 = 1 if items <= 2 else (items - 1).bit_length()
+    return max(4, ceil_log2 // CASCADE_LEVELS)
+
+
+def cascade_sum(values: torch.Tensor) -> torch.Tensor:
+    """The fp32 sums of the rows of `values` (``[R, L]`` fp32) in PyTorch's CPU order (above):
+    with V = CASCADE_LANES lanes for L >= V (else 1) and L // V vectors, stream (lane l,
+    accumulator k) sums the lane-l values of vectors k, k + 4, ... (the first 4 * (L // V // 4))
+    through the levels; lane l's total is its stream 0 plus the leftover vectors' lane-l
+    values, then plus streams 1, 2 and 3; the row's sum is 0 plus the values past the last
+    whole vector, then plus the lanes' totals in order. Each step one fp32 addition."""
+    rows, length = values.shape
+    lanes = CASCADE_LANES if length >= CASCADE_LANES else 1
+    vectors = length // lanes
+    items = vectors // CASCADE_ILP
+    step = 1 << cascade_level_power(items)
+    mask = step - 1
+    zero = torch.zeros(rows, dtype=torch.float32)
+    total = zero.clone()
+    for p in range(vectors * lanes, length):
+        total = total + values[:, p]
+    for lane in range(lanes):
+        streams = []
+        for k in range(CASCADE_ILP):
+            def item(j, k=k, lane=lane):
+                return values[:, (j * CASCADE_ILP + k) * lanes + lane]
+            acc = [zero.clone() for _ in range(CASCADE_LEVELS)]
+            j = 0
+            while j + step <= items:
+                for _ in range(step):
+                    acc[0] = acc[0] + item(j)
+                    j += 1
+                for level in range(1, CASCADE_LEVELS):
+                    acc[level] = acc[level] + acc[level - 1]
+                    acc[level - 1] = zero.clone()
+                    if j & (mask << (level * cascade_level_power(items))):
+                        break
+            while j < items:
+                acc[0] = acc[0] + item(j)
+                j += 1
+            for level in range(1, CASCADE_LEVELS):
+                acc[0] = acc[0] + acc[level]
+            streams.append(acc[0])
+        lane_total = streams[0]
+        for v in range(items * CASCADE_ILP, vectors):
+            lane_total = lane_total + values[:, v * lanes + lane]
+        for k in range(1, CASCADE_ILP):
+            lane_total = lane_total + streams[k]
+        total = total + lane_total
+    return total

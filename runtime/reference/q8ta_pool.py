@@ -10,9 +10,11 @@
   the image, exact in int32; then, in fp32, each step rounded once:
   ``a = float(S) * input_scale``, ``y = a / divisor`` (correctly rounded), and
   ``out = clamp(roundEven(y * float32(1 / output_scale)) + output_zero_point, -128, 127)``.
-  The divisor is avg_pool2d's (`runtime.families.pool2d.avg_pool2d_divisors`);
-  H*W for the global pool, the window's taps for the adaptive pool
-  (`runtime.families.pool2d.adaptive_windows`).
+  The divisor is avg_pool2d's (`runtime.families.pool2d.avg_pool2d_divisors`),
+  the window's taps for the adaptive pool (`runtime.families.pool2d.adaptive_windows`).
+- global average pool: PyTorch's own mean of the dequantized values, bit for bit:
+  ``(q - input_zero_point) * input_scale`` each rounded to fp32, summed in PyTorch's CPU
+  order (`runtime.families.pool2d.cascade_sum`), divided by H*W, requantized as above.
 
 The integer parts are computed exactly (integer-valued float64 or int64).
 Called by the op registry (as ``torch.ops.etvk.*`` CPU kernels) and by the
@@ -24,7 +26,12 @@ from __future__ import annotations
 
 import torch
 
-from runtime.families.pool2d import adaptive_windows, avg_pool2d_divisors, pool2d_params
+from runtime.families.pool2d import (
+    adaptive_windows,
+    avg_pool2d_divisors,
+    cascade_sum,
+    pool2d_params,
+)
 from runtime.reference.quantize import fp32, quantize_per_tensor
 
 INT8_MIN, INT8_MAX = -128, 127
@@ -88,14 +95,18 @@ def q8ta_window_sum(x, kernel_size, stride):
 
 
 def q8ta_global_avg_pool2d(x, input_scale, input_zero_point, output_scale, output_zero_point):
-    """int8 global average pooling: the mean over H*W of each channel.
+    """int8 global average pooling, PyTorch's mean of the dequantized values: each value
+    ``(q - input_zero_point) * input_scale`` rounded to fp32, summed in PyTorch's CPU order
+    (`runtime.families.pool2d.cascade_sum`), divided by H*W (correctly rounded), requantized.
 
     Returns:
         int8 ``[N, C, 1, 1]``.
     """
-    sums = (x.to(torch.int64) - input_zero_point).sum(dim=(2, 3), keepdim=True)
-    divisor = torch.tensor(x.shape[2] * x.shape[3], dtype=torch.int64)
-    return average(sums, divisor, input_scale, output_scale, output_zero_point)
+    n, c, h, w = x.shape
+    values = (x.to(torch.float32) - input_zero_point) * torch.tensor(fp32(input_scale), dtype=torch.float32)
+    mean = cascade_sum(values.reshape(n * c, h * w)) / torch.tensor(float(h * w), dtype=torch.float32)
+    return quantize_per_tensor(mean.reshape(n, c, 1, 1), output_scale, output_zero_point, INT8_MIN, INT8_MAX,
+                               torch.int8)
 
 
 def q8ta_adaptive_avg_pool2d(x, input_scale, input_zero_point, output_scale, output_zero_point,

@@ -7,7 +7,7 @@ with PyTorch's own ops for the exact qparams of a lowered graph).
 ``q8ta_channel_lut(x, table)`` is ``table[c, x[:, c] + 128]``: one such table
 per channel of an ``[N, C, H, W]`` input. ``q8ta_channel_lut_mean(x, table,
 output_scale, output_zero_point)`` averages fp32 per-channel tables of x over
-H and W (the fp32 sum in row-major pixel order, then one correctly rounded
+H and W (the fp32 sum in PyTorch's CPU order, then one correctly rounded
 division by H * W) and quantizes the mean. Both may take ``sums`` (int32
 window sums S of K taps, ``[N, Cs, H, W]``) and ``sums_table`` (``[Cs,
 255 * K + 1]``): the output's first Cs channels are then ``sums_table[c, S +
@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import torch
 
+from runtime.families.pool2d import cascade_sum
 from runtime.reference.quantize import quantize_per_tensor
 
 
@@ -62,15 +63,15 @@ def q8ta_channel_lut_mean(x: torch.Tensor | None, table: torch.Tensor | None, ou
                           sums_table: torch.Tensor | None = None) -> torch.Tensor:
     """The mean over H and W of `q8ta_channel_lut`'s fp32 values (an fp32 ``[C_x, 256]`` `table`
     of int8 ``[N, C_x, H, W]`` `x`, after the window sums' channels where `sums` and
-    `sums_table` are given), quantized: the fp32 sum over the pixels in row-major order, each
-    add rounded, divided by H * W (fp32 division, correctly rounded).
+    `sums_table` are given), quantized: the fp32 sum over the pixels (p = h * W + w) in
+    PyTorch's CPU order (`runtime.families.pool2d.cascade_sum`, each add rounded), divided by
+    H * W (fp32 division, correctly rounded): PyTorch's mean of those values, bit for bit.
 
     Returns:
         int8 ``[N, Cs + C_x]``.
     """
     values = q8ta_channel_lut(x, table, sums, sums_table).flatten(2)  # [N, C, H * W]: fp32
-    total = torch.zeros(values.shape[:2], dtype=torch.float32)
-    for p in range(values.shape[2]):
-        total = total + values[:, :, p]
-    mean = total / torch.tensor(float(values.shape[2]), dtype=torch.float32)
+    n, c, count = values.shape
+    total = cascade_sum(values.reshape(n * c, count)).reshape(n, c)
+    mean = total / torch.tensor(float(count), dtype=torch.float32)
     return quantize_per_tensor(mean, output_scale, output_zero_point, -128, 127, torch.int8)

@@ -22,7 +22,15 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.
 from op_testlib import assert_argument_error
 
 import runtime
-from runtime.families.pool2d import avg_pool2d_divisors, global_pool_tiling, pool2d_params
+from runtime.families.pool2d import (
+    CASCADE_STREAMS,
+    avg_pool2d_divisors,
+    cascade_sum,
+    global_pool_tiling,
+    pool2d_params,
+)
+from runtime.reference import q8ta_pool as ref
+from runtime.reference.quantize import quantize_per_tensor as ref_quantize_per_tensor
 from runtime.tools.examples_q8ta_pool import (
     GLOBAL_CASES,
     GLOBAL_CASES_BY_NAME,
@@ -191,15 +199,19 @@ GLOBAL_POOLS = {
 
 @pytest.mark.parametrize("path", list(GLOBAL_POOLS))
 def test_global_pool_agreement_with_pytorch(path):
+    """mean and adaptive_avg_pool2d(1) (PyTorch's mean) bit for bit, rounding ties included; a
+    whole-map avg_pool2d (its own kernel, another order) at most a step apart, at ties."""
     op = runtime.get_op(OPS["global"])
     total = exact = 0
     for case in GLOBAL_CASES:
         x, s, zp, out_s, out_zp = args = global_pool_args(case)
         for out_scale in (out_s, s):  # the case's, and PT2E's shared qparams
             want = pytorch_decomposed(GLOBAL_POOLS[path], x, s, zp, out_scale, out_zp)
+            got = op(*args[:3], out_scale, out_zp)
+            if path != "avg_pool2d":
+                assert torch.equal(got, want), f"{path} {case.name}"
             sums = (x.double() - zp).sum(dim=(2, 3), keepdim=True)
             steps = _exact_average(sums, torch.tensor(case.H * case.W), s, out_scale) + out_zp
-            got = op(*args[:3], out_scale, out_zp)
             exact += _agreement(got, want, steps, f"{path} {case.name}") * got.numel()
             total += got.numel()
     print(f"global average pool vs PyTorch {path}: {exact / total:.4%} exact of {total}")
@@ -293,9 +305,34 @@ def test_random_geometries_follow_pytorch(kind):
 def test_global_tiling_covers_every_word():
     for shape in [(1, 2048, 7, 7), (1, 64, 56, 56), (2, 13, 5, 3), (1, 6, 1, 1), (3, 9, 17, 19)]:
         t = global_pool_tiling(shape)
-        lanes = 256 // t.words
-        assert 256 % t.words == 0 and (lanes >= shape[2] * shape[3] or lanes == 256)
+        assert t.words * CASCADE_STREAMS == 256  # an invocation per stream of every word
         assert t.groups[0] * t.words >= shape[0] * math.ceil(shape[1] / 4)
+
+
+@pytest.mark.parametrize("length", [*range(1, 40), 48, 49, 64, 65, 196, 255, 257, 784, 3136, 12544])
+def test_cascade_sum_is_pytorchs_sum(length):
+    """cascade_sum (the global pool's order) against torch.sum over rows of fp32 values, bit for
+    bit: short rows, whole and partial vectors and interleaved groups, cascades that carry."""
+    gen = torch.Generator().manual_seed(length)
+    values = (torch.randint(-128, 128, (64, length), generator=gen).float() - 3) * 0.0123457
+    assert torch.equal(cascade_sum(values), values.sum(dim=1))
+
+
+def test_global_pool_reference_is_pytorchs_mean():
+    """The reference global pool equals PyTorch's adaptive_avg_pool2d(1) of the dequantized
+    values, quantized, on every value: rounding ties included (half the cases share the input's
+    scale, where H*W of 2, 4, 8 ... puts many means on a tie)."""
+    gen = torch.Generator().manual_seed(5)
+    for case in range(60):
+        h, w = (int(v) for v in torch.randint(1, 20, (2,), generator=gen))
+        x = torch.randint(-128, 128, (2, 8, h, w), generator=gen, dtype=torch.int8)
+        scale = float(torch.rand((), generator=gen)) * 0.1 + 1e-3
+        zero_point = int(torch.randint(-128, 128, (), generator=gen))
+        out_scale = scale if case % 2 else scale * 1.37
+        dequantized = (x.float() - zero_point) * torch.tensor(scale)
+        want = ref_quantize_per_tensor(torch.nn.functional.adaptive_avg_pool2d(dequantized, 1), out_scale, 3,
+                                       -128, 127, torch.int8)
+        assert torch.equal(ref.q8ta_global_avg_pool2d(x, scale, zero_point, out_scale, 3), want), (h, w)
 
 
 def _bad(kind, case_name, changes, arg, text):
