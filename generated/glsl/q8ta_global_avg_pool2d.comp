@@ -297,8 +297,17 @@ ETVK_CASCADE_T etvk_cascade_stream(int lanes, int lane, int k, int items) {
   precise ETVK_CASCADE_T acc3 = ETVK_CASCADE_T(0.0);
   int j = 0;
   while (j + step <= items) {
-    for (int t = 0; t < step; ++t, ++j) {
-      acc0 += cascade_value((j * ETVK_CASCADE_ILP + k) * lanes + lane);
+    // step is a multiple of 16: 16 values loaded before they are added, so their loads are in
+    // flight together (the additions stay in order)
+    for (int t0 = 0; t0 < step; t0 += 16) {
+      ETVK_CASCADE_T block[16];
+      for (int t = 0; t < 16; ++t) {
+        block[t] = cascade_value(((j + t) * ETVK_CASCADE_ILP + k) * lanes + lane);
+      }
+      for (int t = 0; t < 16; ++t) {
+        acc0 += block[t];
+      }
+      j += 16;
     }
     acc1 += acc0;
     acc0 = ETVK_CASCADE_T(0.0);
