@@ -1,4 +1,4 @@
-"""GPU probe (for the lead; not a test): the stems at full size on every im2col algorithm, bit-exact.
+"""Stem check (not a test; for a GPU): the stems at full size on every im2col algorithm, bit-exact.
 
 ResNet-50's 7x7/2 3->64 and MobileNetV2's 3x3/2 3->32 stems at 224x224, batch 1 and 32,
 through the dispatcher (the rule's pick printed), im2col_coop (where the device runs it),
@@ -6,7 +6,7 @@ im2col and the direct conv, each compared bit for bit with the reference (CPU, f
 sums). The pytest cases (tests/ops/test_conv2d_stem.py) are small; this checks the real
 tile counts and K chunks. Prints one line per run and "ALL EXACT" at the end.
 
-Usage: ETVK_VALIDATION=0 python gpu_probe/stem_conv.py
+Usage: ETVK_VALIDATION=0 python benchmarks/stem_exactness.py
 """
 
 from __future__ import annotations
