@@ -161,10 +161,7 @@ def test_dense_layers_run_on_the_device_bit_exact(tmp_path):
             assert torch.equal(got, reference), index
             if index in (8, 10):  # an average pool rounded to int8 by q8ta_avg_pool2d: a step of its own
                 assert sqnr_db(reference, pytorch) >= 30, index
-            elif index in (4, 5):  # the means: PyTorch's fp32 sum takes another order
-                assert float((reference - pytorch).abs().max()) <= 0.01 * 1.001, index
-                assert sqnr_db(reference, pytorch) >= 30, index
-            else:
+            else:  # the means (4, 5) too: their sums take PyTorch's order
                 assert torch.equal(reference, pytorch), index
 
 
