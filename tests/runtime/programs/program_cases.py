@@ -45,6 +45,27 @@ def random_batches(count: int, shape=SHAPE, seed: int = 0) -> list[tuple[torch.T
     return [(torch.randn(shape, generator=gen),) for _ in range(count)]
 
 
+def maps_and_gate(seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Two fp32 [2, 6, 9, 9] maps and a [2, 6, 1, 1] gate: the inputs of the CNN and residual
+    pattern modules."""
+    gen = torch.Generator().manual_seed(seed)
+    return (torch.randn(2, 6, 9, 9, generator=gen), torch.randn(2, 6, 9, 9, generator=gen),
+            torch.randn(2, 6, 1, 1, generator=gen))
+
+
+def check_device_runs(path, program, inputs_of, seeds=(1, 2)) -> None:
+    """The program file `path` loads with every node on the device, and each seed's outputs
+    (inputs ``inputs_of(seed)``) equal the reference run's of `program`, bit for bit."""
+    import runtime
+
+    loaded = runtime.load(path)
+    assert {r["runs_on"] for r in loaded.placement()} == {"vulkan"}
+    for seed in seeds:
+        inputs = inputs_of(seed)
+        for got, want in zip(loaded(*inputs), program.run_reference(*inputs), strict=True):
+            assert torch.equal(got, want)
+
+
 def lower_and_save(module: nn.Module, inputs: tuple, folder) -> tuple:
     """(exported, lowered program, its file in `folder`): `module` in eval mode exported on
     `inputs`, lowered and saved, as the pattern tests' fixtures take it."""

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from program_cases import QD, check_agreement, dq, lower_and_save, q
+from program_cases import QD, check_agreement, dq, lower_and_save, maps_and_gate, q
 from torch import nn
 from torch.nn import functional as F
 
@@ -54,15 +54,9 @@ class Patterns(nn.Module):
         return logits, dq(other, 0.05, 1), dq(clamp, 0.01, 0)
 
 
-def _inputs(seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(2, 6, 9, 9, generator=gen), torch.randn(2, 6, 9, 9, generator=gen),
-            torch.randn(2, 6, 1, 1, generator=gen))
-
-
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    return lower_and_save(Patterns(), _inputs(0), tmp_path_factory.mktemp("patterns"))
+    return lower_and_save(Patterns(), maps_and_gate(0), tmp_path_factory.mktemp("patterns"))
 
 
 def test_each_pattern_becomes_its_op(lowered):
@@ -99,14 +93,14 @@ def test_placement_and_bit_exact_device_runs(lowered):
         else:
             assert row["runs_on"] == "cpu" and row["reason"] == f"no generated op for {row['target']}"
     for seed in (1, 2):
-        inputs = _inputs(seed)
+        inputs = maps_and_gate(seed)
         for got, want in zip(loaded(*inputs), program.run_reference(*inputs), strict=True):
             assert torch.equal(got, want)
 
 
 def test_agreement_with_pytorch(lowered, capsys):
     exported, program, _ = lowered
-    check_agreement("patterns", exported, program, _inputs(5), capsys)
+    check_agreement("patterns", exported, program, maps_and_gate(5), capsys)
 
 
 class DirectActivations(nn.Module):
@@ -128,14 +122,14 @@ class DirectActivations(nn.Module):
 
 
 def test_activations_between_a_conv_and_its_quantize(tmp_path):
-    exported = torch.export.export(DirectActivations().eval(), _inputs(0))
+    exported = torch.export.export(DirectActivations().eval(), maps_and_gate(0))
     program = runtime.lower(exported)
     convs = [n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default"]
     assert [c.args[14:] for c in convs] == [("hardswish",), ("hardtanh", -2.0, 3.0)]
     program.save(tmp_path / "act.etvk")
     loaded = runtime.load(tmp_path / "act.etvk")
     assert {r["runs_on"] for r in loaded.placement()} == {"vulkan"}
-    inputs = _inputs(3)
+    inputs = maps_and_gate(3)
     for got, want, theirs in zip(loaded(*inputs), program.run_reference(*inputs), exported.module()(*inputs),
                                  strict=True):
         assert torch.equal(got, want)
@@ -185,7 +179,7 @@ HEADS = [([2, 3], True, False, False), ([-2, -1], True, False, False), ([2, 3], 
     f"{d}-keepdim={k}-returned={r}-dropout={o}".replace(" ", "") for d, k, r, o in HEADS])
 def test_a_mean_over_h_and_w_is_a_global_pool_the_linear_reads_in_place(dims, keepdim, returned, dropout,
                                                                          tmp_path):
-    x = _inputs(6)[0]
+    x = maps_and_gate(6)[0]
     exported, program = _head(dims, keepdim, returned, dropout, x)
     assert not [n for n in program.nodes if n.target == "aten.mean.dim"]
     pool, linear = (next(n for n in program.nodes if n.target == f"etvk.q8ta_{op}.default")

@@ -9,7 +9,7 @@ from collections import Counter
 
 import pytest
 import torch
-from program_cases import Int8Convs, dq, lower_and_save, q
+from program_cases import Int8Convs, check_device_runs, dq, lower_and_save, q
 from torch.nn import functional as F
 
 import runtime
@@ -92,12 +92,7 @@ def test_the_lookups_that_may_fold_go_into_their_convs(lowered):
 
 def test_placement_and_bit_exact_device_runs(lowered):
     _, program, path = lowered
-    loaded = runtime.load(path)
-    assert {r["runs_on"] for r in loaded.placement()} == {"vulkan"}
-    for seed in (1, 2):
-        inputs = _inputs(seed)
-        for got, want in zip(loaded(*inputs), program.run_reference(*inputs), strict=True):
-            assert torch.equal(got, want)
+    check_device_runs(path, program, _inputs)
 
 
 def test_the_folded_program_computes_what_the_lookups_did(lowered, monkeypatch):

@@ -7,7 +7,15 @@ from __future__ import annotations
 
 import pytest
 import torch
-from program_cases import Int8Convs, check_agreement, dq, lower_and_save, q
+from program_cases import (
+    Int8Convs,
+    check_agreement,
+    check_device_runs,
+    dq,
+    lower_and_save,
+    maps_and_gate,
+    q,
+)
 from torch.nn import functional as F
 
 import runtime
@@ -52,15 +60,9 @@ class Residuals(Int8Convs):
         return dq(r7, 0.07, 1), dq(c5, 0.05, 2)
 
 
-def _inputs(seed: int):
-    gen = torch.Generator().manual_seed(seed)
-    return (torch.randn(2, 6, 9, 9, generator=gen), torch.randn(2, 6, 9, 9, generator=gen),
-            torch.randn(2, 6, 1, 1, generator=gen))
-
-
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    return lower_and_save(Residuals(), _inputs(0), tmp_path_factory.mktemp("residuals"))
+    return lower_and_save(Residuals(), maps_and_gate(0), tmp_path_factory.mktemp("residuals"))
 
 
 def test_the_adds_that_may_fuse_go_into_their_convs(lowered):
@@ -95,12 +97,7 @@ def test_the_adds_that_may_fuse_go_into_their_convs(lowered):
 
 def test_placement_and_bit_exact_device_runs(lowered):
     _, program, path = lowered
-    loaded = runtime.load(path)
-    assert {r["runs_on"] for r in loaded.placement()} == {"vulkan"}
-    for seed in (1, 2):
-        inputs = _inputs(seed)
-        for got, want in zip(loaded(*inputs), program.run_reference(*inputs), strict=True):
-            assert torch.equal(got, want)
+    check_device_runs(path, program, maps_and_gate)
 
 
 def test_the_fused_program_computes_what_the_adds_did(lowered, monkeypatch):
@@ -111,11 +108,11 @@ def test_the_fused_program_computes_what_the_adds_did(lowered, monkeypatch):
     monkeypatch.setattr(lower_residual, "fuse_residual_adds", lambda rw: None)
     unfused = runtime.lower(exported)
     assert [n.target for n in unfused.nodes].count(ADD) == 7
-    inputs = _inputs(3)
+    inputs = maps_and_gate(3)
     for got, want in zip(program.run_reference(*inputs), unfused.run_reference(*inputs), strict=True):
         assert torch.equal(got, want)
 
 
 def test_agreement_with_pytorch(lowered, capsys):
     exported, program, _ = lowered
-    check_agreement("residuals", exported, program, _inputs(5), capsys)
+    check_agreement("residuals", exported, program, maps_and_gate(5), capsys)
