@@ -196,10 +196,11 @@ def cascade_sum(values: torch.Tensor) -> torch.Tensor:
     lanes = CASCADE_LANES if length >= CASCADE_LANES else 1
     vectors = length // lanes
     items = vectors // CASCADE_ILP
-    step = 1 << cascade_level_power(items)
+    power = cascade_level_power(items)
+    step = 1 << power
     mask = step - 1
-    zero = torch.zeros(rows, dtype=torch.float32)
-    total = zero.clone()
+    zero = torch.zeros(rows, dtype=torch.float32)  # never changed in place: shared freely
+    total = zero
     for p in range(vectors * lanes, length):
         total = total + values[:, p]
     for lane in range(lanes):
@@ -207,7 +208,7 @@ def cascade_sum(values: torch.Tensor) -> torch.Tensor:
         for k in range(CASCADE_ILP):
             def item(j, k=k, lane=lane):
                 return values[:, (j * CASCADE_ILP + k) * lanes + lane]
-            acc = [zero.clone() for _ in range(CASCADE_LEVELS)]
+            acc = [zero] * CASCADE_LEVELS
             j = 0
             while j + step <= items:
                 for _ in range(step):
@@ -215,8 +216,8 @@ def cascade_sum(values: torch.Tensor) -> torch.Tensor:
                     j += 1
                 for level in range(1, CASCADE_LEVELS):
                     acc[level] = acc[level] + acc[level - 1]
-                    acc[level - 1] = zero.clone()
-                    if j & (mask << (level * cascade_level_power(items))):
+                    acc[level - 1] = zero
+                    if j & (mask << (level * power)):
                         break
             while j < items:
                 acc[0] = acc[0] + item(j)
