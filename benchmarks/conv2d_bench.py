@@ -66,6 +66,18 @@ DEPTHWISE_SHAPES = [
     for c, hw, s in ((32, 112, 1), (96, 112, 2), (192, 28, 1), (192, 28, 2), (384, 14, 1),
                      (576, 14, 1), (576, 14, 2), (960, 7, 1))
 ]
+# Convs the rule keeps off the cooperative-matrix GEMMs for fewer than 64 output channels or a
+# K under 64 bytes (conv2d_tiling.prefers_coop_gemm): DenseNet-121's 3x3 growth convs (32
+# channels), MobileNetV2's and EfficientNet-B0's narrow projections and short-K expansions. Their
+# rows time both kernels, to measure where the half-empty (or short-K) coop tile still wins.
+NARROW_SHAPES = [
+    *(C(f"densenet 3x3 128->32 {hw}", 1, 128, hw, hw, 32, (3, 3), padding=(1, 1)) for hw in (56, 28, 14, 7)),
+    C("mbv2 project 1x1 96->24 56", 1, 96, 56, 56, 24, (1, 1)),
+    C("mbv2 project 1x1 192->32 28", 1, 192, 28, 28, 32, (1, 1)),
+    C("effnet project 1x1 96->16 112", 1, 96, 112, 112, 16, (1, 1)),
+    C("mbv2 expand 1x1 16->96 112", 1, 16, 112, 112, 96, (1, 1), activation="relu"),
+    C("mbv2 expand 1x1 32->192 28", 1, 32, 28, 28, 192, (1, 1), activation="relu"),
+]
 # Real layer shapes at batch 1; the batch is replaced per run.
 SHAPES = [
     C("resnet50 stem 7x7/2 3->64 224", 1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3), activation="relu"),
@@ -83,6 +95,7 @@ SHAPES = [
     *DEPTHWISE_SHAPES,
     C("mbv2 project 1x1 144->24 56", 1, 144, 56, 56, 24, (1, 1)),
     C("mbv2 1x1 320->1280 7", 1, 320, 7, 7, 1280, (1, 1), activation="relu"),
+    *NARROW_SHAPES,
 ]
 
 # op short name -> (op, layout x is uploaded in, accepts(params))

@@ -73,7 +73,7 @@ from runtime.programs.recording import (
     record_program,
 )
 from runtime.vulkan.device import get_device
-from runtime.vulkan.memory import DIRECT_READ_LIMIT, Buffer
+from runtime.vulkan.memory import DIRECT_READ_LIMIT, Buffer, zero_all
 from runtime.vulkan.stream import HOST_OUTPUT_BYTES
 from runtime.vulkan.tensor import Constant, Tensor
 
@@ -358,11 +358,13 @@ class LoadedProgram:
         """Puts the state (the KV cache) back to its start: the next call begins a new sequence."""
         with self.device.lock:
             self._host_state = {name: self.program.initial_value(name) for name in self._host_state}
+            zeros = []
             for name, tensor in self._device_state.items():
                 if self.program.state[name]:  # starts as a constant
                     tensor.copy_from(self.program.initial_value(name))
                 else:  # starts at zero: filled on the device (a decoder's KV cache: no upload)
-                    tensor.memory.zero()
+                    zeros.append(tensor.memory)
+            zero_all(zeros)  # one submission for every cache
             self._next_position.clear()
 
     def state_placement(self) -> dict[str, str]:

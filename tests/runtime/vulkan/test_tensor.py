@@ -10,7 +10,13 @@ import torch
 
 from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.vulkan.device import get_device
-from runtime.vulkan.memory import DIRECT_READ_LIMIT, Buffer, choose_memory_type, size_class
+from runtime.vulkan.memory import (
+    DIRECT_READ_LIMIT,
+    Buffer,
+    choose_memory_type,
+    size_class,
+    zero_all,
+)
 from runtime.vulkan.tensor import Tensor, buffer_bytes, texture_extent
 
 DTYPES = [torch.float32, torch.float16, torch.int32, torch.int8, torch.uint8]
@@ -39,6 +45,22 @@ def test_round_trip(shape, dtype, storage):
     assert (tensor.memory is None) == (value.numel() == 0)
     back = tensor.to_torch()
     assert back.dtype == dtype and back.shape == value.shape and torch.equal(back, value)
+
+
+def test_zero_all_fills_every_kind_of_memory_in_one_call():
+    # device-local (filled by the GPU), host-mapped (memset) buffers and images at once
+    values = [torch.arange(1.0, 13.0).reshape(3, 4), torch.full((5, 3), -2.5), torch.full((2, 6), 9.0)]
+    tensors = [Tensor.from_torch(values[0], "buffer"), Tensor.from_torch(values[1], "texture3d")]
+    host = Tensor.empty([2, 6], torch.float32, placement="host")
+    host.copy_from(values[2])
+    device = Tensor.empty([3, 4], torch.float32, placement="device")
+    device.copy_from(values[0])
+    tensors += [host, device]
+    assert host.memory.mapped is not None and device.memory.mapped is None
+    assert all(t.to_torch().abs().sum() > 0 for t in tensors)
+    zero_all([t.memory for t in tensors])
+    for tensor in tensors:
+        assert torch.equal(tensor.to_torch(), torch.zeros(tensor.shape)), tensor.storage
 
 
 @pytest.mark.parametrize("storage", ["buffer", "texture3d", "texture2d"])
