@@ -11,8 +11,8 @@ of 8 or more accumulator ivec4 per invocation ran about 5x slower there, so
 every rule tiling is 4 pixels x 1 word. A tiling the tuner measured on the
 device (runtime/families/conv2d_tuning.py) replaces the rule.
 `prefers_coop_gemm` is the shape half of the choice of the cooperative-matrix
-GEMM (``q8ta_gemm_coop``, 64 x 64 output tiles): one group, enough tiles and
-a K long enough to pay. Pure arithmetic: no Vulkan. Called by the conv op specs through the
+GEMM (``q8ta_gemm_coop``, 64 x 64 output tiles): one group, enough pixels, at
+least half a tile of channels and a K long enough to pay. Pure arithmetic: no Vulkan. Called by the conv op specs through the
 ``gemm_tiling`` and ``conv2d_algorithm`` expression helpers.
 """
 
@@ -24,6 +24,11 @@ from dataclasses import dataclass
 GEMM_WORKGROUP = 256  # must equal q8ta_gemm's workgroup in op_specs/conv2d.yaml
 COOP_TILE = 64  # output pixels and channels of a q8ta_gemm_coop workgroup
 COOP_MIN_PIXELS = 16 * COOP_TILE  # smaller GEMMs leave too few workgroups (a guess: tune)
+# Fewer output channels leave most of a 64-channel tile empty. At 32 (half a tile) the coop GEMM
+# still won on the H200 at batch 32 (session 28, benchmarks/NOTES.md): MobileNetV2's 1x1
+# 192->32 at 28x28 pw_coop 8.2 us against pw 12.7; at 16 it lost (EfficientNet-B0's 1x1 96->16
+# at 112x112: 68.5 against 65.2).
+COOP_MIN_C_OUT = 32
 # Shorter K (bytes) ran slower on the cooperative matrices than on the dot-product GEMM. H200,
 # session 8's q8ta_gemm_coop (benchmarks/NOTES.md), coop time / dot-product time: K = 64 0.68
 # and 0.78 at batch 32, 0.86 at batch 1; K = 32 0.93; K = 24 1.06 and 1.24; K = 16 1.17 and 0.98.
@@ -150,4 +155,4 @@ def coop_k_splits(kernel: str, m: int, k: int, c_out: int, settings: Mapping | N
 def prefers_coop_gemm(m: int, k: int, c_out: int, groups: int) -> bool:
     """Whether a GEMM of `m` output pixels, `k` bytes of K and `c_out` channels suits
     ``q8ta_gemm_coop``."""
-    return groups == 1 and c_out >= COOP_TILE and m >= COOP_MIN_PIXELS and k >= COOP_MIN_K
+    return groups == 1 and c_out >= COOP_MIN_C_OUT and m >= COOP_MIN_PIXELS and k >= COOP_MIN_K

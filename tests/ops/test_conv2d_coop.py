@@ -165,7 +165,8 @@ def test_pack_gemm_coop_weights_rejects_non_int8():
 def test_shape_rule():
     assert prefers_coop_gemm(1024, 64, 64, 1)
     assert not prefers_coop_gemm(1023, 64, 64, 1)
-    assert not prefers_coop_gemm(4096, 64, 63, 1)
+    assert prefers_coop_gemm(4096, 64, 32, 1)  # half a tile of channels
+    assert not prefers_coop_gemm(4096, 64, 31, 1)
     assert not prefers_coop_gemm(4096, 63, 64, 1)
     assert not prefers_coop_gemm(4096, 64, 64, 2)
 

@@ -139,8 +139,8 @@ BOTH = frozenset({"pw", "im2col"})
     (stem(32, 64, 7, 2, 3), BOTH, "im2col_coop"),
     (stem(32, 64, 7, 2, 3), frozenset({"pw"}), "general"),
     (stem(32, 64, 7, 2, 3), frozenset(), "general"),
-    # MobileNetV2's: 32 channels (half a 64-channel tile) and K = 9 x 4 = 36 bytes, short of
-    # the coop GEMM's minimum (conv2d_tiling.prefers_coop_gemm): direct.
+    # MobileNetV2's: K = 9 x 4 = 36 bytes, short of the coop GEMM's minimum
+    # (conv2d_tiling.prefers_coop_gemm): direct.
     (stem(1, 32, 3, 2, 1), BOTH, "general"),
     (stem(32, 32, 3, 2, 1), BOTH, "general"),
     # Too few pixels for the coop GEMM: the family rule (im2col: at most 4096 output pixels).
@@ -148,6 +148,11 @@ BOTH = frozenset({"pw", "im2col"})
     # K of 1 x 4 bytes: pw stays on the dot-product GEMM; 16 channels: pw_coop.
     (conv2d_params((1, 3, 64, 64), (64, 3, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
     (conv2d_params((1, 64, 64, 64), (64, 64, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
+    # Half a 64-channel tile (DenseNet's 32-channel growth convs) still on the coop GEMMs; a
+    # quarter not.
+    (conv2d_params((32, 128, 28, 28), (32, 128, 3, 3), [3], [1], [1], [1], 1), BOTH, "im2col_coop"),
+    (conv2d_params((32, 192, 28, 28), (32, 192, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
+    (conv2d_params((32, 96, 112, 112), (16, 96, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
     (conv2d_params((1, 64, 64, 64), (64, 64, 1, 1), [1], [1], [0], [1], 1), frozenset({"im2col"}), "pw"),
     # Two groups: never coop; depthwise stays dw.
     (conv2d_params((1, 128, 64, 64), (128, 64, 3, 3), [3], [1], [1], [1], 2), BOTH, "general"),
