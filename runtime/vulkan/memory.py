@@ -31,6 +31,11 @@ from runtime.vulkan import raw
 
 PLACEMENTS = ("auto", "host", "device")
 SMALLEST_CLASS = 256
+# Mapped device-local memory (a discrete GPU's BAR) larger than this is zeroed by the device
+# (vkCmdFillBuffer) rather than by host writes across the bus. H200, session 28: a 512-token
+# prefill's wall time exceeded its GPU time by 4.5 ms while reset() memset its 84 MB of KV
+# cache that way (benchmarks/NOTES.md).
+HOST_FILL_LIMIT = 1 << 20
 # Larger reads of device-local mapped memory go through a host-cached staging copy (one
 # submission) rather than uncached loads over PCIe. Measured on the H200: direct 2.5 / 18.3 /
 # 65.1 / 269.8 us at 64 B / 1 / 4 / 16 KiB, staged 59.1 / 74.3 / 74.1 / 92.3 us.
@@ -114,6 +119,7 @@ class _Allocation:
         self.nbytes, self.handle, self.view, self.mapped = nbytes, handle, view, None
         self.serial = next(_SERIALS)  # never reused, unlike handles: streams key recordings by it
         self.uncached_reads = False  # mapped device-local memory without HOST_CACHED
+        self.device_local = False  # mapped device-local memory (a discrete GPU's BAR)
         _, ffi, lib = raw.load()
         if view is None:
             self.destroy = device.track(self, _destroy_buffer, lib, ffi.NULL, device.handle, handle, memory)
@@ -135,13 +141,14 @@ def _transfer(device, what: str, command) -> None:
 
 
 def zero_all(memories) -> None:
-    """Fill every buffer or image of `memories` (all of one device) with zeros: host-mapped ones
-    on the host, the others in one submission (a decoder's reset zeroes dozens of caches: one
-    wait instead of one per cache)."""
+    """Fill every buffer or image of `memories` (all of one device) with zeros: buffers in host
+    memory, and small ones mapped from device memory, on the host (`Buffer.host_fill`); the
+    others in one submission (a decoder's reset zeroes dozens of caches: one wait instead of
+    one per cache, and no host writes across the bus into device memory)."""
     on_device = []
     for memory in memories:
         memory.device.require_open()
-        if memory.mapped is not None:
+        if memory.host_fill:
             ctypes.memset(memory.mapped, 0, memory.nbytes)
         else:
             on_device.append(memory)
@@ -205,6 +212,7 @@ def _new_buffer(device, size: int, placement: str) -> _Allocation:
         raw.check(lib.vkMapMemory(device.handle, memory, 0, requirements.size, 0, pointer), "vkMapMemory")
         allocation.mapped = _address(pointer[0])
         allocation.uncached_reads = bool(flags & local) and not flags & cached
+        allocation.device_local = bool(flags & local)
     return allocation
 
 
@@ -222,6 +230,9 @@ class Buffer(_Holder):
         handle: the VkBuffer (possibly larger than `nbytes`: its size class).
         mapped: the host address of its memory, or None when staged.
         placement: as asked.
+        device_local: mapped from device-local memory.
+        host_fill: `zero_all` fills it on the host (mapped host memory, or device-local memory
+            of at most `HOST_FILL_LIMIT` bytes).
     """
 
     def __init__(self, device, nbytes: int, placement: str = "auto"):
@@ -233,7 +244,9 @@ class Buffer(_Holder):
         key = ("buffer", placement, size)
         allocation = device.spare_memory.take(key) or _new_buffer(device, size, placement)
         self.handle, self.mapped = allocation.handle, allocation.mapped
-        self.uncached_reads = allocation.uncached_reads
+        self.uncached_reads, self.device_local = allocation.uncached_reads, allocation.device_local
+        self.host_fill = allocation.mapped is not None and (
+            not allocation.device_local or nbytes <= HOST_FILL_LIMIT)
         self._hold(device, key, allocation)
 
     def write(self, source: int, nbytes: int) -> None:
@@ -374,7 +387,7 @@ class Image3D(_Holder):
         self._copy(staging, to_image=False)
         staging.read(destination, self.nbytes)
 
-    mapped = None  # images are never host-mapped (zero_all reads it)
+    host_fill = False  # images are never host-mapped (zero_all reads it)
 
     def zero(self) -> None:
         """Set every texel to zero."""

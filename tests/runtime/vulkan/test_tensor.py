@@ -12,6 +12,7 @@ from runtime.errors import TensorTooLarge, UnsupportedDtype
 from runtime.vulkan.device import get_device
 from runtime.vulkan.memory import (
     DIRECT_READ_LIMIT,
+    HOST_FILL_LIMIT,
     Buffer,
     choose_memory_type,
     size_class,
@@ -55,8 +56,11 @@ def test_zero_all_fills_every_kind_of_memory_in_one_call():
     host.copy_from(values[2])
     device = Tensor.empty([3, 4], torch.float32, placement="device")
     device.copy_from(values[0])
-    tensors += [host, device]
-    assert host.memory.mapped is not None and device.memory.mapped is None
+    # larger than HOST_FILL_LIMIT: where mapped from device-local memory, filled by the device
+    large = Tensor.from_torch(torch.ones(HOST_FILL_LIMIT // 4 + 1))
+    tensors += [host, device, large]
+    assert host.memory.host_fill and not device.memory.host_fill
+    assert large.memory.host_fill == (large.memory.mapped is not None and not large.memory.device_local)
     assert all(t.to_torch().abs().sum() > 0 for t in tensors)
     zero_all([t.memory for t in tensors])
     for tensor in tensors:
