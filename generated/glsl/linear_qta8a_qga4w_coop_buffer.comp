@@ -8,6 +8,7 @@
 #extension GL_EXT_control_flow_attributes : require
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 128, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int STEPS = 2;
+layout(constant_id = 4) const int STEP_SUMS = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
 } pc;
@@ -434,7 +435,37 @@ void main() {
         }
       }
     }
-    [[unroll]] for (int kk = 0; kk < MAX_STEPS; ++kk) {
+    if (STEP_SUMS == 1 && group_steps == 1u && (st + 1u) * uint(STEPS) <= ksteps) {  // uniform
+      C_MAT part[2 * MAX_STEPS];
+        [[unroll]] for (int kk = 0; kk < MAX_STEPS; ++kk) {
+          if (kk < STEPS) {
+            B_MAT b;
+            coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + kk * 8), uint(STRIDE),
+                        gl_CooperativeMatrixLayoutColumnMajor);
+            [[unroll]] for (int i = 0; i < 2; ++i) {
+              A_MAT a;
+              coopMatLoad(a, s_a, uint(16 * i * STRIDE + kk * 8), uint(STRIDE),
+                          gl_CooperativeMatrixLayoutRowMajor);
+              part[2 * kk + i] = coopMatMulAdd(a, b, C_MAT(0));
+            }
+          }
+        }
+        [[unroll]] for (int kk = 0; kk < MAX_STEPS; ++kk) {
+          if (kk < STEPS) {
+            C_MAT corr;
+            F_MAT scale;
+            coopMatLoad(corr, s_corr, uint(kk * BN + row0), 0u, gl_CooperativeMatrixLayoutRowMajor);
+            coopMatLoad(scale, s_scale, uint(kk * BN + row0), 0u, gl_CooperativeMatrixLayoutRowMajor);
+            [[unroll]] for (int i = 0; i < 2; ++i) {
+              const C_MAT isum = part[2 * kk + i] - izp[i] * corr;
+              precise F_MAT p = scale * F_MAT(isum);
+              precise F_MAT a = acc[i] + p;
+              acc[i] = a;
+            }
+          }
+        }
+    } else {
+      [[unroll]] for (int kk = 0; kk < MAX_STEPS; ++kk) {
         if (kk < STEPS && (st) * uint(STEPS) + uint(kk) < ksteps) {  // uniform
           const uint step = (st) * uint(STEPS) + uint(kk);
           A_MAT a0;
@@ -461,6 +492,7 @@ void main() {
           }
         }
       }
+    }
   }
 
   // out = input_scale * acc: acc[i] goes through the subgroup's own rows of s_b (no other

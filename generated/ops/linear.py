@@ -135,7 +135,7 @@ def linear_qta8a_qga4w_coop(stream, x, input_scale, input_zero_point, weight, gr
     input_scale = stream.upload(input_scale, v.binding("t_input_scale"), op.label("input_scale"))
     input_zero_point = stream.upload(input_zero_point, v.binding("t_input_zero_point"), op.label("input_zero_point"))
     out = stream.empty(tuple(x.shape[:-1]) + (n_out,), torch.float32, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_w": w_packed, "t_meta": w_meta, "t_input_scale": input_scale, "t_input_zero_point": input_zero_point}, push={"sizes": [rt.last_dim(x), n_out, rt.tokens(x), group_size]}, groups=[rt.ceil_div(n_out, 64), rt.ceil_div(rt.tokens(x), 32), 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_w": w_packed, "t_meta": w_meta, "t_input_scale": input_scale, "t_input_zero_point": input_zero_point}, push={"sizes": [rt.last_dim(x), n_out, rt.tokens(x), group_size]}, spec_constants={"STEP_SUMS": int(group_size == 32)}, groups=[rt.ceil_div(n_out, 64), rt.ceil_div(rt.tokens(x), 32), 1])
     return out
 
 
@@ -149,7 +149,7 @@ LINEAR_QTA8A_QGA4W_COOP = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_coop(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on cooperative matrices (shader linear_qta8a_qga4w_coop), for many tokens; needs group_size % 32 == 0 and a device with coopmat_s8_16x16x32_sg32.",
-    spec="op_specs/linear.yaml:253",
+    spec="op_specs/linear.yaml:254",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_coop_buffer", {"ACT_STORAGE": "buffer"}),
@@ -212,7 +212,7 @@ LINEAR_QTA8A_QGA4W_COOP_FEW = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_coop_few(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on cooperative matrices in tiles of 8 tokens (shader linear_qta8a_qga4w_coop_few), for any number of them; needs group_size % 64 == 0, activations in a buffer and a device with coopmat_s8_16x8x32_sg32.",
-    spec="op_specs/linear.yaml:283",
+    spec="op_specs/linear.yaml:285",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_coop_few_s4_registers", {"SPLIT": "s4", "SUMS": "registers"}),
@@ -276,7 +276,7 @@ LINEAR_QTA8A_QGA4W_TILED = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w_tiled(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="linear_qta8a_qga4w on the tiled kernels of shader linear_qta8a_qga4w: gemv for one token, gemm for more.",
-    spec="op_specs/linear.yaml:316",
+    spec="op_specs/linear.yaml:318",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_gemv_sdot_buffer_buffer", {"KERNEL": "gemv", "DOT": "sdot", "ACT_STORAGE": "buffer", "W_STORAGE": "buffer"}),
@@ -345,7 +345,7 @@ LINEAR_QTA8A_QGA4W = rt.OpDef(
     family="linear",
     schema="linear_qta8a_qga4w(Tensor x, Tensor input_scale, Tensor input_zero_point, Tensor weight, int group_size, Tensor weight_scales, Tensor weight_zeros) -> Tensor",
     doc="out[m, n] = input_scale[m] * \u03a3_g weight_scales[n, g] * \u03a3_{k in g} (x[m, k] - input_zero_point[m]) * (w[n, k] - weight_zeros[n, g]). Hands a call of 2 or more tokens to linear_qta8a_qga4w_coop_few, and one it cannot take (group sizes, image activations, device shapes) to linear_qta8a_qga4w_coop when there are many, where the device has int8 cooperative matrices and the call suits them (linear_uses_coop_few, linear_uses_coop), else to linear_qta8a_qga4w_tiled (gemv for one token, gemm for more).",
-    spec="op_specs/linear.yaml:216",
+    spec="op_specs/linear.yaml:217",
     reference="runtime.reference.linear:linear_qta8a_qga4w",
     variants=(
         ("linear_qta8a_qga4w_coop_few_s4_registers", {"SPLIT": "s4", "SUMS": "registers"}),

@@ -12,6 +12,7 @@ its kernel serves.
 
 from __future__ import annotations
 
+import itertools
 import math
 import zlib
 
@@ -271,19 +272,20 @@ def test_every_work_split_gives_the_same_bits(kernel, lead, storage, dot):
             assert_bit_equal(out.to_torch(), want, f"{variant.name} C={c} GL={gl}")
 
 
-@pytest.mark.parametrize("gs", [32, 256])
-def test_every_coop_staging_gives_the_same_bits(gs):
+@pytest.mark.parametrize(("gs", "k"), [(32, 512), (32, 480), (256, 512)])
+def test_every_coop_staging_gives_the_same_bits(gs, k):
     """The cooperative-matrix kernel stages STEPS K steps of 32 at a time (a spec constant,
-    at most 8 within 48 KB of shared memory); every value gives the reference's bits,
-    groups shorter and longer than a stage alike."""
+    at most 8 within 48 KB of shared memory), at group size 32 with each step's sums in their
+    own accumulators or not (STEP_SUMS); every pair gives the reference's bits, groups shorter
+    and longer than a stage alike, and a partial last stage (K 480: 15 steps)."""
     from runtime.vulkan.tensor import Tensor
 
     _skip_unless_runnable("linear_qta8a_qga4w_coop_buffer")
     variant = catalog().variant("linear_qta8a_qga4w_coop_buffer")
-    k, n, tokens = 512, 70, 40
+    n, tokens = 70, 40
     x, s, z, w, _, ws, wz = linear_args((tokens,), k, n, gs, torch.Generator().manual_seed(15))[0]
     want = ref.linear_qta8a_qga4w(x, s, z, w, gs, ws, wz)
-    for steps in (2, 4, 8):
+    for steps, step_sums in itertools.product((2, 4, 8), (0, 1)):
         with Stream() as stream:
             out = Tensor.empty((tokens, n), torch.float32, "buffer")
             bindings = {
@@ -295,9 +297,10 @@ def test_every_coop_staging_gives_the_same_bits(gs):
                 "t_input_zero_point": Tensor.from_torch(z.reshape(-1)),
             }
             stream.dispatch(variant, COOP, bindings=bindings, push={"sizes": [k, n, tokens, gs]},
-                            spec_constants={"STEPS": steps}, groups=[-(-n // 64), -(-tokens // 32), 1])
+                            spec_constants={"STEPS": steps, "STEP_SUMS": step_sums},
+                            groups=[-(-n // 64), -(-tokens // 32), 1])
             stream.run()
-            assert_bit_equal(out.to_torch(), want, f"STEPS={steps} group_size={gs}")
+            assert_bit_equal(out.to_torch(), want, f"STEPS={steps} STEP_SUMS={step_sums} group_size={gs} K={k}")
 
 
 @pytest.mark.parametrize("gs", [64, 128, 192, 256])
