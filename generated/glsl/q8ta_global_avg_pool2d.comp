@@ -284,49 +284,80 @@ int etvk_cascade_lanes(int count) {
   return count >= ETVK_CASCADE_LANES ? ETVK_CASCADE_LANES : 1;
 }
 
-// Stream (lane, k): the lane-`lane` values of vectors k, k + 4, ... (`items` of them) through
-// the 4 cascade levels, level 1 carried after every 2^P items (P = max(4, CeilLog2(items) / 4)),
-// level 2 when the count is a multiple of 2^2P, level 3 at 2^3P; the levels added at the end.
+// log2 of the items a cascade level holds before it carries: max(4, CeilLog2(items) / 4)
+// (cascade_level_power).
+int etvk_cascade_power(int items) {
+  return max(4, (items <= 2 ? 1 : findMSB(items - 1) + 1) / 4);
+}
+
+// Items first .. first + n - 1 of stream (lane, k) (its lane-`lane` values of vectors k, k + 4,
+// ...) added in order from 0: a level-0 block of the cascade (n = 2^P), or the items past the
+// last whole block. 16 values are loaded before they are added, so their loads are in flight
+// together (the additions stay in order).
+ETVK_CASCADE_T etvk_cascade_run(int lanes, int lane, int k, int first, int n) {
+  precise ETVK_CASCADE_T acc = ETVK_CASCADE_T(0.0);
+  int t0 = 0;
+  for (; t0 + 16 <= n; t0 += 16) {
+    ETVK_CASCADE_T block[16];
+    for (int t = 0; t < 16; ++t) {
+      block[t] = cascade_value(((first + t0 + t) * ETVK_CASCADE_ILP + k) * lanes + lane);
+    }
+    for (int t = 0; t < 16; ++t) {
+      acc += block[t];
+    }
+  }
+  for (; t0 < n; ++t0) {
+    acc += cascade_value(((first + t0) * ETVK_CASCADE_ILP + k) * lanes + lane);
+  }
+  return acc;
+}
+
+// The levels above 0 after a whole level-0 block with sum `block`, ending at item j: level 1
+// adds it; level 2 takes level 1 where j is a multiple of 2^2P, level 3 level 2 at 2^3P.
+void etvk_cascade_carry(inout ETVK_CASCADE_T acc1, inout ETVK_CASCADE_T acc2, inout ETVK_CASCADE_T acc3,
+                        ETVK_CASCADE_T block, int j, int power) {
+  const int mask = (1 << power) - 1;
+  precise ETVK_CASCADE_T a1 = acc1 + block;
+  acc1 = a1;
+  if ((j & (mask << power)) == 0) {
+    precise ETVK_CASCADE_T a2 = acc2 + acc1;
+    acc2 = a2;
+    acc1 = ETVK_CASCADE_T(0.0);
+    if ((j & (mask << (2 * power))) == 0) {
+      precise ETVK_CASCADE_T a3 = acc3 + acc2;
+      acc3 = a3;
+      acc2 = ETVK_CASCADE_T(0.0);
+    }
+  }
+}
+
+// A stream's sum: the items past its last whole block (from 0), then levels 1, 2 and 3.
+ETVK_CASCADE_T etvk_cascade_finish(ETVK_CASCADE_T rest, ETVK_CASCADE_T acc1, ETVK_CASCADE_T acc2,
+                                   ETVK_CASCADE_T acc3) {
+  precise ETVK_CASCADE_T acc = rest;
+  acc += acc1;
+  acc += acc2;
+  acc += acc3;
+  return acc;
+}
+
+// Stream (lane, k) by one invocation: its `items` items through the 4 cascade levels, level 1
+// carried after every 2^P items (P = etvk_cascade_power(items)), level 2 when the count is a
+// multiple of 2^2P, level 3 at 2^3P; the levels added at the end. Level-0 blocks start from 0,
+// so they may also be summed apart (the global pool) and carried in order.
 ETVK_CASCADE_T etvk_cascade_stream(int lanes, int lane, int k, int items) {
-  const int power = max(4, (items <= 2 ? 1 : findMSB(items - 1) + 1) / 4);
+  const int power = etvk_cascade_power(items);
   const int step = 1 << power;
-  const int mask = step - 1;
-  precise ETVK_CASCADE_T acc0 = ETVK_CASCADE_T(0.0);
-  precise ETVK_CASCADE_T acc1 = ETVK_CASCADE_T(0.0);
-  precise ETVK_CASCADE_T acc2 = ETVK_CASCADE_T(0.0);
-  precise ETVK_CASCADE_T acc3 = ETVK_CASCADE_T(0.0);
-  int j = 0;
-  while (j + step <= items) {
-    // step is a multiple of 16: 16 values loaded before they are added, so their loads are in
-    // flight together (the additions stay in order)
-    for (int t0 = 0; t0 < step; t0 += 16) {
-      ETVK_CASCADE_T block[16];
-      for (int t = 0; t < 16; ++t) {
-        block[t] = cascade_value(((j + t) * ETVK_CASCADE_ILP + k) * lanes + lane);
-      }
-      for (int t = 0; t < 16; ++t) {
-        acc0 += block[t];
-      }
-      j += 16;
-    }
-    acc1 += acc0;
-    acc0 = ETVK_CASCADE_T(0.0);
-    if ((j & (mask << power)) == 0) {
-      acc2 += acc1;
-      acc1 = ETVK_CASCADE_T(0.0);
-      if ((j & (mask << (2 * power))) == 0) {
-        acc3 += acc2;
-        acc2 = ETVK_CASCADE_T(0.0);
-      }
-    }
+  const int blocks = items >> power;
+  ETVK_CASCADE_T acc1 = ETVK_CASCADE_T(0.0);
+  ETVK_CASCADE_T acc2 = ETVK_CASCADE_T(0.0);
+  ETVK_CASCADE_T acc3 = ETVK_CASCADE_T(0.0);
+  for (int b = 0; b < blocks; ++b) {
+    etvk_cascade_carry(acc1, acc2, acc3, etvk_cascade_run(lanes, lane, k, b * step, step), (b + 1) * step,
+                       power);
   }
-  for (; j < items; ++j) {
-    acc0 += cascade_value((j * ETVK_CASCADE_ILP + k) * lanes + lane);
-  }
-  acc0 += acc1;
-  acc0 += acc2;
-  acc0 += acc3;
-  return acc0;
+  return etvk_cascade_finish(etvk_cascade_run(lanes, lane, k, blocks * step, items - blocks * step), acc1,
+                             acc2, acc3);
 }
 
 // Lane `lane`'s total from its 4 streams: stream 0, the lane's values of the leftover vectors
@@ -368,7 +399,13 @@ ETVK_CASCADE_T etvk_cascade_sum(int count) {
   return total;
 }
 
-shared vec4 s_streams[gl_WorkGroupSize.x];
+const int STREAMS = ETVK_CASCADE_LANES * ETVK_CASCADE_ILP;  // 32
+const int WORKERS = int(gl_WorkGroupSize.x) / (STREAMS * WORDS);  // invocations per stream
+const int BLOCKS = 4;                                        // level-0 blocks a worker sums per round
+const int ROUND = BLOCKS * WORKERS;                          // a stream's blocks per round
+
+shared vec4 s_blocks[WORDS * STREAMS * ROUND];  // [word][stream][block of the round]: 4 T
+shared vec4 s_streams[WORDS * STREAMS];         // [word][stream]
 
 // The channel word this invocation sums: (n, c4) of the input with sizes (W, H, C4, N).
 ivec4 g_in4;
@@ -385,8 +422,9 @@ vec4 cascade_value(int p) {
 
 void main() {
   const int lid = int(gl_LocalInvocationID.x);
-  const int s = lid / WORDS;            // the stream: lane s / 4, accumulator s % 4
-  const int slot = lid - s * WORDS;     // the word within the workgroup
+  const int slot = lid % WORDS;                  // the word within the workgroup
+  const int s = (lid / WORDS) % STREAMS;         // the stream: lane s / 4, accumulator s % 4
+  const int worker = lid / (WORDS * STREAMS);    // 0 .. WORKERS - 1
   const int c4_count = (pc.sizes.z + 3) >> 2;
   const int word = int(etvk_linear_group()) * WORDS + slot;
   g_n = word / c4_count;
@@ -396,21 +434,50 @@ void main() {
   const int lanes = etvk_cascade_lanes(count);
   const int vectors = count / lanes;
   const int items = vectors / ETVK_CASCADE_ILP;
-  // Words past the end still reach the barrier; they load and store nothing.
-  const bool in_range = g_n < pc.sizes.w;
+  const int power = etvk_cascade_power(items);
+  const int step = 1 << power;
+  const int blocks = items >> power;  // whole level-0 blocks per stream
+  // Words past the end, and streams of lanes the row does not have, still reach every
+  // barrier; they load and store nothing.
   const int lane = s / ETVK_CASCADE_ILP;
-  vec4 stream = vec4(0.0);
-  if (in_range && lane < lanes) {
-    stream = etvk_cascade_stream(lanes, lane, s - lane * ETVK_CASCADE_ILP, items);
+  const int k = s - lane * ETVK_CASCADE_ILP;
+  const bool live = g_n < pc.sizes.w && lane < lanes;
+  const int stream_at = (slot * STREAMS + s) * ROUND;
+  // Rounds of ROUND blocks a stream: the workers sum the blocks apart (each from 0), then the
+  // stream's first worker carries them through the levels in block order.
+  vec4 acc1 = vec4(0.0);
+  vec4 acc2 = vec4(0.0);
+  vec4 acc3 = vec4(0.0);
+  for (int first = 0; first < blocks; first += ROUND) {
+    for (int i = 0; i < BLOCKS; ++i) {
+      const int b = worker + WORKERS * i;
+      if (live && first + b < blocks) {
+        s_blocks[stream_at + b] = etvk_cascade_run(lanes, lane, k, (first + b) * step, step);
+      }
+    }
+    barrier();
+    if (live && worker == 0) {
+      for (int b = 0; b < min(ROUND, blocks - first); ++b) {
+        etvk_cascade_carry(acc1, acc2, acc3, s_blocks[stream_at + b], (first + b + 1) * step, power);
+      }
+    }
+    barrier();
   }
-  s_streams[lid] = stream;
+  if (worker == 0) {
+    vec4 stream = vec4(0.0);
+    if (live) {
+      stream = etvk_cascade_finish(etvk_cascade_run(lanes, lane, k, blocks * step, items - blocks * step),
+                                   acc1, acc2, acc3);
+    }
+    s_streams[slot * STREAMS + s] = stream;
+  }
   barrier();
-  if (in_range && s == 0) {
+  if (g_n < pc.sizes.w && s == 0 && worker == 0) {
     precise vec4 total = etvk_cascade_tail(lanes, vectors, count);
     for (int l = 0; l < lanes; ++l) {
-      const int first = slot + WORDS * (l * ETVK_CASCADE_ILP);
-      total += etvk_cascade_lane(lanes, l, items, vectors, s_streams[first], s_streams[first + WORDS],
-                                 s_streams[first + 2 * WORDS], s_streams[first + 3 * WORDS]);
+      const int first = slot * STREAMS + l * ETVK_CASCADE_ILP;
+      total += etvk_cascade_lane(lanes, l, items, vectors, s_streams[first], s_streams[first + 1],
+                                 s_streams[first + 2], s_streams[first + 3]);
     }
     vec4 mean;
     for (int j = 0; j < 4; ++j) {

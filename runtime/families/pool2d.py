@@ -151,20 +151,33 @@ class GlobalPoolTiling:
 
     ``words`` (a power of two dividing the workgroup) channel words per
     workgroup, each reduced over H*W by ``GLOBAL_POOL_THREADS // words``
-    invocations; ``groups`` the workgroup counts.
+    invocations: ``workers`` per stream of `cascade_sum`'s order; ``groups`` the
+    workgroup counts.
     """
 
     words: int
+    workers: int
     groups: tuple[int, int, int]
 
 
+# Level-0 blocks of the cascade a global pool's worker sums per round (the shader's BLOCKS).
+GLOBAL_POOL_BLOCKS = 4
+
+
 def global_pool_tiling(x_shape) -> GlobalPoolTiling:
-    """Tiling of a global pool over an ``[N, C, H, W]`` input: a word gets one invocation per
-    stream of `cascade_sum`'s order (`CASCADE_STREAMS`), so a workgroup holds
-    ``GLOBAL_POOL_THREADS // CASCADE_STREAMS`` channel words."""
-    n, c = int(x_shape[0]), int(x_shape[1])
-    words = GLOBAL_POOL_THREADS // CASCADE_STREAMS
-    return GlobalPoolTiling(words=words, groups=(-(-n * (-(-c // 4)) // words), 1, 1))
+    """Tiling of a global pool over an ``[N, C, H, W]`` input: each stream of `cascade_sum`'s
+    order (`CASCADE_STREAMS` a channel word) gets the fewest workers (1, 2, 4 or 8) that sum
+    its whole level-0 blocks in one round of `GLOBAL_POOL_BLOCKS` each, so that large maps
+    are summed block-parallel and small ones pack several words into a workgroup."""
+    n, c, h, w = (int(d) for d in x_shape)
+    count = h * w
+    items = count // (CASCADE_LANES if count >= CASCADE_LANES else 1) // CASCADE_ILP
+    blocks = items >> cascade_level_power(items)
+    workers = 1
+    while workers * GLOBAL_POOL_BLOCKS < blocks and workers * CASCADE_STREAMS < GLOBAL_POOL_THREADS:
+        workers *= 2
+    words = GLOBAL_POOL_THREADS // (CASCADE_STREAMS * workers)
+    return GlobalPoolTiling(words=words, workers=workers, groups=(-(-n * (-(-c // 4)) // words), 1, 1))
 
 
 # PyTorch's CPU sum of a contiguous row of fp32 values (ATen's cascade_sum, SumKernel.cpp; the

@@ -8,8 +8,8 @@ padding), padding up to half the kernel, asymmetric kernels and strides, an
 empty stride, dilation (max only), count_include_pad, divisor_override
 (negative too) and a window that sees only padding; those whose windows are
 all full also serve the window sum. `GLOBAL_CASES` are global
-average poolings, at the real sizes of ResNet-50 and MobileNetV2 and on a
-56x56 map. `ADAPTIVE_CASES` are adaptive average poolings to VGG's and
+average poolings, at the real sizes of ResNet-50, MobileNetV2 and
+EfficientNet-B0's first gate and on maps whose sums need several workers. `ADAPTIVE_CASES` are adaptive average poolings to VGG's and
 AlexNet's heads and to sizes that do not divide the input or exceed it. The
 argument builders give each op's arguments in schema order.
 Used by the pool tests (tests/ops), the demo (through runtime/tools/examples.py)
@@ -118,7 +118,10 @@ G = GlobalCase
 GLOBAL_CASES = [
     G("resnet50_7x7x2048", 1, 2048, 7, 7, real="ResNet-50 global pool: 2048 channels, 7x7"),
     G("mobilenetv2_7x7x1280", 1, 1280, 7, 7, real="MobileNetV2 global pool: 1280 channels, 7x7"),
-    G("map_56x56_c64", 1, 64, 56, 56, real="a large 56x56 map: one channel word per workgroup"),
+    G("map_56x56_c64", 1, 64, 56, 56, real="a large 56x56 map: two workers a stream"),
+    G("map_112x112_c8", 1, 8, 112, 112,
+      real="EfficientNet-B0's first gate: 8 workers a stream, carries into level 2"),
+    G("map_136x136_c4", 1, 4, 136, 136, real="36 blocks a stream: two rounds of 32"),
     G("map_17x19_c9_batch3", 3, 9, 17, 19, real="H*W not a power of two, above the workgroup size"),
     G("map_5x3_c13_batch2", 2, 13, 5, 3, real="fewer channel words than a workgroup holds"),
     G("map_1x1_c6", 1, 6, 1, 1, real="a 1x1 map (the pool only requantizes)"),

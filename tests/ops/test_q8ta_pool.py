@@ -302,11 +302,17 @@ def test_random_geometries_follow_pytorch(kind):
     assert ran > 40 and refused > 10, (ran, refused)
 
 
-def test_global_tiling_covers_every_word():
-    for shape in [(1, 2048, 7, 7), (1, 64, 56, 56), (2, 13, 5, 3), (1, 6, 1, 1), (3, 9, 17, 19)]:
-        t = global_pool_tiling(shape)
-        assert t.words * CASCADE_STREAMS == 256  # an invocation per stream of every word
-        assert t.groups[0] * t.words >= shape[0] * math.ceil(shape[1] / 4)
+@pytest.mark.parametrize(("shape", "workers"), [
+    ((1, 2048, 7, 7), 1), ((1, 64, 28, 28), 1), ((1, 64, 56, 56), 2), ((1, 32, 112, 112), 8),
+    ((1, 4, 136, 136), 8), ((2, 13, 5, 3), 1), ((1, 6, 1, 1), 1), ((3, 9, 17, 19), 1)])
+def test_global_tiling_covers_every_word(shape, workers):
+    """Workers per stream: the fewest (up to 8) that sum a stream's whole level-0 blocks in one
+    round of GLOBAL_POOL_BLOCKS each (28x28: 1 block; 56x56: 6; 112x112: 24; 136x136: 36,
+    two rounds); every channel word gets them all."""
+    t = global_pool_tiling(shape)
+    assert t.workers == workers
+    assert t.words * t.workers * CASCADE_STREAMS == 256
+    assert t.groups[0] * t.words >= shape[0] * math.ceil(shape[1] / 4)
 
 
 @pytest.mark.parametrize("length", [*range(1, 40), 48, 49, 64, 65, 196, 255, 257, 784, 3136, 12544])
