@@ -33,7 +33,8 @@ measured in the same run:
   before the split); then one layer's prefill of each of
   ``--attention-prefills`` tokens at positions 0..S-1 (those within the
   cache): the split kernel and the tiled one, each forced through the rule's
-  threshold, their ratio and the rule's choice.
+  threshold, the tiled one also with tiles of 8 and 32 keys, the split/tiled
+  ratio and the rule's choice.
 
 Usage: ``python benchmarks/llm_bench.py [--preset llama-3.2-1b] [--layers N] [--cache 1280]``
 ``[--positions 128,1024] [--prefill 512] [--repeat 20] [--warmup 1.0] [--no-torch] [--attention-only]``
@@ -193,16 +194,21 @@ def attention_alone(args) -> None:
 
 def attention_prefill(args, config, op) -> None:
     """Prints the GPU time of one layer's cache_attention for a prefill of each of
-    ``--attention-prefills`` tokens (at most ``--cache``) at positions 0..S-1, per dtype, with
-    the split kernel and the tiled one (the rule's threshold set to force each), their ratio
-    and the kernel the rule picks ("n/a" where the device has no timestamps)."""
+    ``--attention-prefills`` tokens (at most ``--cache``) at positions 0..S-1, per dtype: the
+    split kernel and the tiled one, each forced through the rule's threshold, the tiled one
+    also with tiles of 8 and 32 keys (the rule's `TILE_KEYS` set, within its shared-memory
+    budget), the split kernel's time over the tiled one's (the rule's tiles) and the kernel
+    the rule picks ("n/a" where the device has no timestamps)."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     gen = torch.Generator().manual_seed(1)
-    kernels = (("split", 1 << 62), ("tiled", 1))  # kernel -> the threshold that forces it
+    # column -> (the threshold that forces its kernel, TILE_KEYS)
+    kernels = {"split": (1 << 62, split_rule.TILE_KEYS), "tiled": (1, split_rule.TILE_KEYS),
+               "tiled k8": (1, 8), "tiled k32": (1, 32)}
     print(f"cache_attention prefill alone, one layer (Hq {heads}, Hkv {kv_heads}, D {dim}, L {args.cache}), "
           f"positions 0..S-1, GPU us:")
-    print(f"  {'dtype':<8}  {'S':>5}  {'split':>9}  {'tiled':>9}  {'split/tiled':>11}  rule")
+    print(f"  {'dtype':<8}  {'S':>5}" + "".join(f"  {kernel:>9}" for kernel in kernels) +
+          f"  {'split/tiled':>11}  rule")
     for dtype in (torch.float32, torch.float16):
         k, v = (Tensor.from_torch(torch.randn(1, kv_heads, args.cache, dim, generator=gen).to(dtype))
                 for _ in range(2))
@@ -210,21 +216,21 @@ def attention_prefill(args, config, op) -> None:
             q = Tensor.from_torch(torch.randn(1, tokens, heads, dim, generator=gen).to(dtype))
             positions = Tensor.from_torch(torch.arange(tokens, dtype=torch.int32))
             times = {}
-            for kernel, threshold in kernels:
-                rule_threshold = split_rule.TILED_MIN_TOKENS
-                split_rule.TILED_MIN_TOKENS = threshold
+            for kernel, (threshold, tile_keys) in kernels.items():
+                rule = split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS
+                split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS = threshold, tile_keys
                 try:
                     with Stream() as stream:
                         op.record(stream, q, k, v, positions, dim**-0.5)
                         stream.run()
                         times[kernel] = median_seconds_gpu(stream, args.repeat, args.warmup / 4)
                 finally:
-                    split_rule.TILED_MIN_TOKENS = rule_threshold
-            rule = "tiled" if split_rule.attention_tile_keys(tokens, dim) else "split"
+                    split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS = rule
+            pick = "tiled" if split_rule.attention_tile_keys(tokens, dim) else "split"
             ratio = f"{times['split'] / times['tiled']:.2f}" if None not in times.values() else "n/a"
             print(f"  {str(dtype).removeprefix('torch.'):<8}  {tokens:>5}" + "".join(
-                f"  {times[kernel] * 1e6:9.1f}" if times[kernel] is not None else f"  {'n/a':>9}"
-                for kernel, _ in kernels) + f"  {ratio:>11}  {rule}")
+                f"  {seconds * 1e6:9.1f}" if seconds is not None else f"  {'n/a':>9}"
+                for seconds in times.values()) + f"  {ratio:>11}  {pick}")
 
 
 def median_seconds_gpu(stream: Stream, repeat: int, warmup: float) -> float | None:

@@ -148,7 +148,8 @@ def test_llm_bench_prints_decode_rows(tmp_path):
     """A tiny decoder through the whole LLM benchmark: one row per position, the prefill row, the
     KV cache's home, the time per op kind (the torch columns are n/a without CUDA), and
     cache_attention alone: a row per dtype and chunk length, a time per position, then a prefill
-    row per dtype and token count within the cache (both kernels, their ratio, the rule's pick)."""
+    row per dtype and token count within the cache (both kernels, the tiled one with three tile
+    lengths, the split/tiled ratio, the rule's pick)."""
     result = _run([str(BENCHMARKS / "llm_bench.py"), "--preset", "tiny-llama", "--cache", "32",
                    "--positions", "3,20", "--prefill", "8", "--repeat", "2", "--warmup", "0.05", "--no-torch",
                    "--attention-prefills", "8,20,64"],
@@ -169,4 +170,4 @@ def test_llm_bench_prints_decode_rows(tmp_path):
     prefill = [row.split() for row in prefill.splitlines()[2:]]  # 64 tokens: past the cache
     assert [row[:2] for row in prefill] == [[dtype, tokens] for dtype in ("float32", "float16")
                                            for tokens in ("8", "20")]
-    assert all(float(row[2]) > 0 and float(row[3]) > 0 and row[5] == "split" for row in prefill)
+    assert all(all(float(time) > 0 for time in row[2:6]) and row[7] == "split" for row in prefill)
