@@ -96,15 +96,21 @@ void main() {
   const uint s = row / GROUP;
   // The row's q and out: token (b, s), head g * GROUP + row % GROUP.
   const uint q_unit0 = ((b * S + s) * HQ + g * GROUP + row % GROUP) * HEAD_UNITS;
-  const int last = has_row ? min(t_positions_load(s), L - 1) : -1;
-  s_last[lid] = last;
-
+  // A row past the last token (the last block's) reads nothing and takes no key.
+  int last = -1;
   vec4 q[HEAD_UNITS];
   vec4 acc[HEAD_UNITS];
   for (uint u = 0u; u < HEAD_UNITS; ++u) {
-    q[u] = has_row ? t_q_load(q_unit0 + u) : vec4(0.0);
+    q[u] = vec4(0.0);
     acc[u] = vec4(0.0);
   }
+  if (has_row) {
+    last = min(t_positions_load(s), L - 1);
+    for (uint u = 0u; u < HEAD_UNITS; ++u) {
+      q[u] = t_q_load(q_unit0 + u);
+    }
+  }
+  s_last[lid] = last;
   barrier();
   int block_last = -1;
   for (uint r = 0u; r < ROWS; ++r) {
