@@ -30,10 +30,15 @@ measured in the same run:
   over the same cache at each position (GPU time, fp32 as the program runs
   it and fp16): the keys split by the rule (runtime/families/attention.py),
   in chunks of 128 and 256 keys, and in one chunk (one dispatch, the order
-  before the split).
+  before the split); then one layer's prefill of each of
+  ``--attention-prefills`` tokens at positions 0..S-1 (those within the
+  cache): the split kernel and the tiled one, each forced through the rule's
+  threshold, the tiled one also with tiles of 8 and 32 keys, the split/tiled
+  ratio and the rule's choice.
 
 Usage: ``python benchmarks/llm_bench.py [--preset llama-3.2-1b] [--layers N] [--cache 1280]``
 ``[--positions 128,1024] [--prefill 512] [--repeat 20] [--warmup 1.0] [--no-torch] [--attention-only]``
+``[--attention-prefills 32,64,128,512]``
 """
 
 from __future__ import annotations
@@ -184,6 +189,50 @@ def attention_alone(args) -> None:
             f"  {s * 1e6:8.1f}" if s is not None else f"  {'n/a':>8}" for s in seconds))
 
 
+    attention_prefill(args, config, op)
+
+
+def attention_prefill(args, config, op) -> None:
+    """Prints the GPU time of one layer's cache_attention for a prefill of each of
+    ``--attention-prefills`` tokens (at most ``--cache``) at positions 0..S-1, per dtype: the
+    split kernel and the tiled one, each forced through the rule's threshold, the tiled one
+    also with tiles of 8 and 32 keys (the rule's `TILE_KEYS` set, within its shared-memory
+    budget), the split kernel's time over the tiled one's (the rule's tiles) and the kernel
+    the rule picks ("n/a" where the device has no timestamps)."""
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    gen = torch.Generator().manual_seed(1)
+    # column -> (the threshold that forces its kernel, TILE_KEYS)
+    kernels = {"split": (1 << 62, split_rule.TILE_KEYS), "tiled": (1, split_rule.TILE_KEYS),
+               "tiled k8": (1, 8), "tiled k32": (1, 32)}
+    print(f"cache_attention prefill alone, one layer (Hq {heads}, Hkv {kv_heads}, D {dim}, L {args.cache}), "
+          f"positions 0..S-1, GPU us:")
+    print(f"  {'dtype':<8}  {'S':>5}" + "".join(f"  {kernel:>9}" for kernel in kernels) +
+          f"  {'split/tiled':>11}  rule")
+    for dtype in (torch.float32, torch.float16):
+        k, v = (Tensor.from_torch(torch.randn(1, kv_heads, args.cache, dim, generator=gen).to(dtype))
+                for _ in range(2))
+        for tokens in (t for t in args.attention_prefills if t <= args.cache):
+            q = Tensor.from_torch(torch.randn(1, tokens, heads, dim, generator=gen).to(dtype))
+            positions = Tensor.from_torch(torch.arange(tokens, dtype=torch.int32))
+            times = {}
+            for kernel, (threshold, tile_keys) in kernels.items():
+                rule = split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS
+                split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS = threshold, tile_keys
+                try:
+                    with Stream() as stream:
+                        op.record(stream, q, k, v, positions, dim**-0.5)
+                        stream.run()
+                        times[kernel] = median_seconds_gpu(stream, args.repeat, args.warmup / 4)
+                finally:
+                    split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS = rule
+            pick = "tiled" if split_rule.attention_tile_keys(tokens, dim) else "split"
+            ratio = f"{times['split'] / times['tiled']:.2f}" if None not in times.values() else "n/a"
+            print(f"  {str(dtype).removeprefix('torch.'):<8}  {tokens:>5}" + "".join(
+                f"  {seconds * 1e6:9.1f}" if seconds is not None else f"  {'n/a':>9}"
+                for seconds in times.values()) + f"  {ratio:>11}  {pick}")
+
+
 def median_seconds_gpu(stream: Stream, repeat: int, warmup: float) -> float | None:
     """Median GPU seconds (first dispatch's start to last one's end) of `repeat` replays of
     `stream` after `warmup` seconds of replays; None without timestamps."""
@@ -263,8 +312,11 @@ def main() -> int:
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch CUDA baselines")
     parser.add_argument("--attention-only", action="store_true",
                         help="time cache_attention alone, without building the model")
+    parser.add_argument("--attention-prefills", default="32,64,128,512",
+                        help="prompt tokens of the prefill rows of cache_attention alone (default 32,64,128,512)")
     args = parser.parse_args()
     args.positions = [int(p) for p in args.positions.split(",")]
+    args.attention_prefills = [int(t) for t in args.attention_prefills.split(",")]
     if open_device() is None:
         return 1
     if args.attention_only:

@@ -172,6 +172,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "`cache_len` keys: `.chunk_keys` (keys per workgroup) and `.chunks` (workgroups per "
         "pair; 1: one dispatch, no combine; runtime/families/attention.py)",
     ),
+    "attention_tile_keys": (
+        "tokens, head_dim",
+        "keys per tile of cache_attention_tiled for a call of `tokens` query tokens of head dim "
+        "`head_dim`, 0 where cache_attention takes its split kernel (few tokens, or a head dim "
+        "too large to stage; runtime/families/attention.py)",
+    ),
 }
 
 # Device capabilities a shader may `require` (runtime Capabilities.supports names).

@@ -30,7 +30,8 @@ PURE_HELPERS = frozenset({
     "numel", "last_dim", "tokens", "token_shape", "ceil_div", "int_range", "fp32", "fp16", "fp32_recip",
     "fits_int32", "positive_fp32", "elementwise", "per_storage", "pair", "layout_code",
     "on_host", "layout_of", "packed_words", "pool2d_params", "global_pool_tiling", "coop_chunk",
-    "broadcast", "bad_indices", "scalar_operand", "attention_split", "channel_lut_shape",
+    "broadcast", "bad_indices", "scalar_operand", "attention_split", "attention_tile_keys",
+    "channel_lut_shape",
 })
 # The pure helpers that read only the shape, dtype or kind of a tensor passed to them.
 SHAPE_HELPERS = frozenset({"numel", "last_dim", "tokens", "token_shape", "on_host", "layout_of",

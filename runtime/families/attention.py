@@ -1,4 +1,16 @@
-"""How ``etvk.cache_attention`` splits the keys of a query over workgroups (docs/attention_ops.md).
+"""How ``etvk.cache_attention`` spreads its work over workgroups (docs/attention_ops.md).
+
+`attention_tile_keys(tokens, head_dim)` picks the kernel: a call of at least
+`TILED_MIN_TOKENS` query tokens (a prefill) takes the ``cache_attention_tiled``
+shader, which shares each tile of keys among 64 (token, query head) rows of a
+workgroup, with
+
+    tile_keys = min(TILE_KEYS, TILE_BYTES // (8 * head_dim))
+
+keys per tile (a key row and a value row of fp32 each, so the two staged
+tiles stay within `TILE_BYTES` of shared memory); 0, the split kernel below,
+for fewer tokens or a head dim over ``TILE_BYTES / 8``. Decode steps keep the
+split kernel.
 
 `attention_split(items, cache_len)` chooses the chunk of keys one workgroup of
 the ``cache_attention`` shader takes and how many chunks cover the cache. The
@@ -13,11 +25,12 @@ rule spreads the whole cache's keys, ``items * L``, over about
     chunks = max(1, ceil(L / chunk_keys))
 
 A decode step of Llama-3.2-1B (8 kv heads) over a 1280-position cache gets
-20 chunks of 64 keys (160 workgroups); a prefill of 128 tokens gets one chunk
-(1024 items already fill the GPU), and one chunk means one dispatch, no
+20 chunks of 64 keys (160 workgroups); a call of 32 tokens gets one chunk
+(256 items already fill the GPU), and one chunk means one dispatch, no
 combine. Chunks that start past a query's position find no key and exit; the
 combine step reads only the chunks with keys.
 
+Both rules read the static sizes only, and their constants at each call.
 Pure arithmetic; called by the op stub (through runtime/ops/stub_support.py),
 the tests and benchmarks/llm_bench.py.
 """
@@ -33,6 +46,14 @@ CHUNK_GRAIN = 64
 # Workgroups the whole cache's keys are spread over: two per SM of a 132-SM GPU (H100, H200),
 # not yet measured (benchmarks/llm_bench.py times the rule next to other chunk lengths).
 TARGET_WORKGROUPS = 264
+# Query tokens from which a call takes the tiled kernel: a first guess, to be measured
+# (benchmarks/llm_bench.py --attention-only times both kernels at several token counts).
+TILED_MIN_TOKENS = 64
+# Keys per tile of the tiled kernel, and the shared memory its two staged tiles may take:
+# with the shader's other 256 bytes within 32 KiB (lavapipe's limit; the H100's and H200's
+# is 48 KiB). D = 64 and 128 take 16 keys a tile, D = 256 12.
+TILE_KEYS = 16
+TILE_BYTES = 24576
 
 
 @dataclass(frozen=True)
@@ -50,3 +71,12 @@ def attention_split(items: int, cache_len: int) -> AttentionSplit:
     grains = max(1, -(-items * cache_len // (TARGET_WORKGROUPS * grain)))
     chunk_keys = grain * grains
     return AttentionSplit(chunk_keys, max(1, -(-cache_len // chunk_keys)))
+
+
+def attention_tile_keys(tokens: int, head_dim: int) -> int:
+    """Keys per tile of the tiled kernel for a call of `tokens` query tokens of head dim
+    `head_dim`, 0 where the call takes the split kernel (the rule of the module docstring;
+    `TILED_MIN_TOKENS`, `TILE_KEYS` and `TILE_BYTES` read at each call)."""
+    if tokens < TILED_MIN_TOKENS:
+        return 0
+    return min(TILE_KEYS, TILE_BYTES // (8 * head_dim))

@@ -18,7 +18,7 @@ import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
-from runtime.families.attention import attention_split
+from runtime.families.attention import attention_split, attention_tile_keys
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
@@ -331,6 +331,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         bad_indices,
         scalar_operand,
         attention_split,
+        attention_tile_keys,
     )
 }
 

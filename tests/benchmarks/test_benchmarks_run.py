@@ -147,9 +147,12 @@ def test_linear_bench_times_the_streaming_floor(tmp_path):
 def test_llm_bench_prints_decode_rows(tmp_path):
     """A tiny decoder through the whole LLM benchmark: one row per position, the prefill row, the
     KV cache's home, the time per op kind (the torch columns are n/a without CUDA), and
-    cache_attention alone: a row per dtype and chunk length, a time per position."""
+    cache_attention alone: a row per dtype and chunk length, a time per position, then a prefill
+    row per dtype and token count within the cache (both kernels, the tiled one with three tile
+    lengths, the split/tiled ratio, the rule's pick)."""
     result = _run([str(BENCHMARKS / "llm_bench.py"), "--preset", "tiny-llama", "--cache", "32",
-                   "--positions", "3,20", "--prefill", "8", "--repeat", "2", "--warmup", "0.05", "--no-torch"],
+                   "--positions", "3,20", "--prefill", "8", "--repeat", "2", "--warmup", "0.05", "--no-torch",
+                   "--attention-prefills", "8,20,64"],
                   "nvidia", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert "KV cache in vulkan memory" in result.stdout and "peak host memory" in result.stdout
@@ -159,7 +162,12 @@ def test_llm_bench_prints_decode_rows(tmp_path):
     assert float(prefill.split("ours ")[1].split()[0]) > 0 and "int4 compile n/a" in prefill
     assert result.stdout.count("time per op kind at position") == 2
     assert "etvk.cache_attention.default" in result.stdout
-    attention = result.stdout.split("cache_attention alone")[1].splitlines()[2:]
+    decode, prefill = result.stdout.split("cache_attention alone")[1].split("cache_attention prefill alone")
+    attention = decode.splitlines()[2:]
     assert [row.split()[:2] for row in attention] == [[dtype, label] for dtype in ("float32", "float16")
                                                       for label in ("rule:", "grain", "grain", "one")]
     assert all(len(row.split(":")[1].split()) == 5 for row in attention)  # chunks x keys, 2 times
+    prefill = [row.split() for row in prefill.splitlines()[2:]]  # 64 tokens: past the cache
+    assert [row[:2] for row in prefill] == [[dtype, tokens] for dtype in ("float32", "float16")
+                                           for tokens in ("8", "20")]
+    assert all(all(float(time) > 0 for time in row[2:6]) and row[7] == "split" for row in prefill)

@@ -7,7 +7,11 @@ reference; cache rows past the largest position are NaN, so a shader that read o
 would fail. The same holds with the keys split into chunks of a few keys (the
 split's grain made small, so that small caches take many chunks, some partly
 filled, and chunks that do not start on a tile); a call whose keys fit one chunk
-is one dispatch, a split one two. cache_update: every case in every variant equals
+is one dispatch, a split one two. The tiled kernel (the rule made to take it for
+every call) holds every case, and seeded random prefills (head dims 16 to 128, GQA
+groups 1, 4 and 8, rows that do not fill the last block of 64, positions past 0, with
+gaps or unsorted), to the same tolerance in one dispatch; the rule gives it a call of
+many tokens and keeps decode on the split kernel. cache_update: every case in every variant equals
 the reference (index_copy) bit for bit, special bit patterns included; a device
 cache is written in place and returned; a recorded decode step (two cache writes
 and the attention) replays with new tokens and positions, split or not.
@@ -37,6 +41,7 @@ from runtime.tools.examples_attention import (
     ROPE_UPDATE_CASES,
     UPDATE_BY_NAME,
     UPDATE_CASES,
+    AttentionCase,
     attention_inputs,
     rope_update_inputs,
     sdpa_caches,
@@ -49,9 +54,10 @@ ATTENTION = "etvk.cache_attention.default"
 UPDATE = "etvk.cache_update.default"
 ROPE_UPDATE = "etvk.rope_cache_update.default"
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16}
-# The second step of a split cache_attention, by DTYPE.
-COMBINE = {info.axes["DTYPE"]: info.name for info in runtime.get_op(ATTENTION).variants
-           if info.shader == "cache_attention_combine"}
+# The kernel of many-token calls and the second step of a split cache_attention, by DTYPE.
+TILED, COMBINE = ({info.axes["DTYPE"]: info.name for info in runtime.get_op(ATTENTION).variants
+                   if info.shader == shader}
+                  for shader in ("cache_attention_tiled", "cache_attention_combine"))
 # Grains of the split that make the cases' small caches take several chunks: 4 keys (many
 # chunks of one partial tile) and 100 (chunks of a whole and a partial tile, starting off the
 # tiles of 64).
@@ -73,6 +79,17 @@ def split_of(case):
 def chunks_with_keys(case) -> int:
     """The most chunks one query of `case` finds keys in (0 without queries)."""
     return max((p // split_of(case).chunk_keys + 1 for p in case.positions), default=0)
+
+
+def tiled_of(case) -> int:
+    """Keys per tile of the tiled kernel for `case` by the rule as it stands (0: split)."""
+    return split_rule.attention_tile_keys(len(case.positions), case.head_dim)
+
+
+@pytest.fixture
+def tiled(monkeypatch):
+    """Makes the rule give every call (one token or more) the tiled kernel."""
+    monkeypatch.setattr(split_rule, "TILED_MIN_TOKENS", 1)
 
 
 @pytest.fixture
@@ -103,9 +120,10 @@ def assert_within(got, want, tol, what):
 
 
 def check_attention(variant, dtype, case, trace_path):
-    """The op (first step forced to `variant`) and the reference are within the tolerance of
-    the exact result; the call is one dispatch where the keys are not split, two where they
-    are (the combine dispatched, whether or not a query finds keys past its first chunk)."""
+    """The op (its kernel's variant forced to `variant`) and the reference are within the
+    tolerance of the exact result; the call is one dispatch where the kernel is tiled or the
+    keys are not split, two where they are (the combine dispatched, whether or not a query
+    finds keys past its first chunk)."""
     args = attention_inputs(case, DTYPES[dtype])
     tol = ref.attention_tolerance(*args)
     truth = exact(case, args)
@@ -118,7 +136,9 @@ def check_attention(variant, dtype, case, trace_path):
     assert got.dtype == DTYPES[dtype]
     assert_within(got, truth, tol, f"{variant} {case.name}")
     assert bool(torch.isfinite(got).all()), f"{variant} {case.name}: a NaN or inf came out"
-    if got.numel():
+    if got.numel() and tiled_of(case):
+        assert variants == [TILED[dtype]], variants
+    elif got.numel():
         split = split_of(case)
         assert variants == [variant] + [COMBINE[dtype]] * (split.chunks > 1), (split, variants)
 
@@ -134,6 +154,60 @@ def test_split_keys_match_pytorch_sdpa(variant, dtype, case, grain, small_grain,
     """Every case with the keys in chunks of `grain` (or a few grains) keys."""
     small_grain(grain)
     check_attention(variant, dtype, case, dispatch_trace_path)
+
+
+def random_prefills() -> list[AttentionCase]:
+    """Seeded prefill shapes for the tiled kernel: (head dim, GQA group, kv heads, batch)
+    as listed, 17 to 40 tokens (rows rarely a multiple of 64), positions from past 0 with
+    gaps (every other case unsorted) and a cache a little past them."""
+    gen = torch.Generator().manual_seed(40)
+    cases = []
+    for i, (dim, group, kv_heads, batch) in enumerate(
+            ((80, 4, 2, 1), (128, 8, 1, 2), (64, 1, 3, 1), (16, 4, 1, 1), (96, 8, 1, 1))):
+        tokens = int(torch.randint(17, 41, (), generator=gen))
+        start = int(torch.randint(1, 40, (), generator=gen))
+        span = start + tokens + int(torch.randint(0, 2 * tokens, (), generator=gen))
+        chosen = start + torch.randperm(span - start, generator=gen)[:tokens]
+        positions = chosen if i % 2 else chosen.sort().values
+        cases.append(AttentionCase(f"prefill_d{dim}_gqa{group}_b{batch}", batch, group * kv_heads,
+                                   kv_heads, span + 3, dim, tuple(positions.tolist()),
+                                   torch.int32 if i % 2 else torch.int64))
+    return cases
+
+
+PREFILLS = random_prefills()
+
+
+@pytest.mark.parametrize(("variant", "dtype", "case"), _variants(ATTENTION, ATTENTION_CASES + PREFILLS,
+                                                                 "cache_attention_tiled"))
+def test_tiled_kernel_matches_pytorch_sdpa(variant, dtype, case, tiled, dispatch_trace_path):
+    check_attention(variant, dtype, case, dispatch_trace_path)
+
+
+def test_prefills_cover_what_they_claim():
+    """Head dims 80 and 128 among others, GQA groups 1, 4 and 8, rows that leave the last
+    block of 64 partly filled, no prefill from 0, unsorted positions and several tiles of
+    keys (16 a tile at these head dims)."""
+    assert {80, 128} <= {c.head_dim for c in PREFILLS}
+    assert {1, 4, 8} <= {c.heads // c.kv_heads for c in PREFILLS}
+    assert all(len(c.positions) * c.heads // c.kv_heads % 64 for c in PREFILLS)
+    assert all(min(c.positions) > 0 for c in PREFILLS)
+    assert any(list(c.positions) != sorted(c.positions) for c in PREFILLS)
+    assert all(max(c.positions) >= 2 * split_rule.TILE_KEYS for c in PREFILLS)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_the_rule_tiles_many_tokens_and_splits_decode(dtype, dispatch_trace_path):
+    """At the rule's own threshold: TILED_MIN_TOKENS tokens take the tiled kernel, one token
+    (a decode step) the split kernel, as before, each within the tolerance."""
+    tokens = split_rule.TILED_MIN_TOKENS
+    prefill = AttentionCase("rule_prefill", 1, 2, 1, tokens + 8, 8, tuple(range(3, 3 + tokens)))
+    decode = AttentionCase("rule_decode", 1, 2, 1, tokens + 8, 8, (tokens + 2,))
+    assert tiled_of(prefill) and not tiled_of(decode)
+    check_attention(TILED[dtype], dtype, prefill, dispatch_trace_path)
+    split_variant = next(info.name for info in runtime.get_op(ATTENTION).variants
+                         if info.shader == "cache_attention" and info.axes["DTYPE"] == dtype)
+    check_attention(split_variant, dtype, decode, dispatch_trace_path)
 
 
 @pytest.mark.parametrize(("variant", "dtype", "case"), _variants(UPDATE, UPDATE_CASES))
@@ -243,11 +317,14 @@ def test_int32_and_int64_positions_and_device_tensors_agree(dtype):
         assert torch.equal(out.to_torch(), host)
 
 
-@pytest.mark.parametrize("grain", [None, 4])
-def test_device_positions_outside_the_cache_stay_inside_it(grain, small_grain):
+@pytest.mark.parametrize("grain", [None, 4, "tiled"])
+def test_device_positions_outside_the_cache_stay_inside_it(grain, small_grain, monkeypatch):
     """Device positions are not checked: one past the cache reads keys up to L - 1 (the row
-    of position L - 1), a negative one no key (a NaN row, 0 / 0), split or not."""
-    if grain is not None:
+    of position L - 1), a negative one no key (a NaN row, 0 / 0), split or not, and in the
+    tiled kernel."""
+    if grain == "tiled":
+        monkeypatch.setattr(split_rule, "TILED_MIN_TOKENS", 1)
+    elif grain is not None:
         small_grain(grain)
     case = ATTENTION_BY_NAME["prefill_from_zero_gqa3"]  # caches [1, 2, 40, 16]
     q, k, v, _, scale = attention_inputs(case, torch.float32)

@@ -1,7 +1,8 @@
-"""How cache_attention splits the keys over workgroups (runtime/families/attention.py), as a
-table: decode at Llama shapes takes many chunks of whole tiles, prefill and small caches one
-chunk (one dispatch), and the chunks always cover the cache. No Vulkan (the split's results
-against PyTorch: tests/ops/test_attention.py)."""
+"""How cache_attention spreads its work over workgroups (runtime/families/attention.py), as
+tables: decode at Llama shapes takes many chunks of whole tiles, many tokens and small caches
+one chunk (one dispatch), and the chunks always cover the cache; from TILED_MIN_TOKENS tokens
+a call takes the tiled kernel, its key tiles within the shared-memory budget. No Vulkan (the
+kernels' results against PyTorch: tests/ops/test_attention.py)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,11 @@ import pytest
 from runtime.families.attention import (
     CHUNK_GRAIN,
     TARGET_WORKGROUPS,
+    TILE_BYTES,
+    TILED_MIN_TOKENS,
     AttentionSplit,
     attention_split,
+    attention_tile_keys,
 )
 
 
@@ -20,7 +24,7 @@ from runtime.families.attention import (
     (8, 4096, AttentionSplit(128, 32)),      # a longer cache: longer chunks, 256 workgroups
     (1, 131072, AttentionSplit(512, 256)),   # MQA, 128k positions
     (16, 1280, AttentionSplit(128, 10)),     # batch 2: 160 workgroups
-    (8 * 128, 1280, AttentionSplit(78 * 64, 1)),  # prefill of 128 tokens: one chunk
+    (8 * 128, 1280, AttentionSplit(78 * 64, 1)),  # 128 tokens (the tiled kernel's): one chunk
     (8, 64, AttentionSplit(64, 1)),          # one tile of keys: one chunk
     (8, 65, AttentionSplit(64, 2)),          # the second chunk holds one key
     (TARGET_WORKGROUPS, 64 * 7, AttentionSplit(64 * 7, 1)),
@@ -41,3 +45,24 @@ def test_chunks_are_whole_grains_that_cover_the_cache_once(items, cache_len):
     workgroups = items * split.chunks
     assert workgroups <= max(TARGET_WORKGROUPS, items) + items
     assert workgroups >= min(TARGET_WORKGROUPS // 2, items * -(-cache_len // CHUNK_GRAIN))
+
+
+@pytest.mark.parametrize(("tokens", "head_dim", "want"), [
+    (1, 64, 0),                      # decode: the split kernel
+    (TILED_MIN_TOKENS - 1, 64, 0),
+    (TILED_MIN_TOKENS, 64, 16),      # the threshold: tiled, 16 keys a tile
+    (512, 64, 16),                   # Llama-3.2-1B's prefill
+    (512, 80, 16),
+    (512, 128, 16),
+    (512, 256, 12),                  # 24 KiB: 12 key and value rows of 256 fp32 values
+    (512, 3072, 1),
+    (512, 3076, 0),                  # no key row fits: the split kernel
+])
+def test_tiled_rule(tokens, head_dim, want):
+    assert attention_tile_keys(tokens, head_dim) == want
+
+
+@pytest.mark.parametrize("head_dim", [4, 64, 80, 96, 128, 256, 1024])
+def test_staged_tiles_fit_the_budget(head_dim):
+    keys = attention_tile_keys(512, head_dim)
+    assert keys >= 1 and 2 * keys * head_dim * 4 <= TILE_BYTES
