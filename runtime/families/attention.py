@@ -8,7 +8,7 @@ workgroup, with
     tile_keys = min(TILE_KEYS, TILE_BYTES // (8 * head_dim))
 
 keys per tile (a key row and a value row of fp32 each, so the two staged
-tiles stay within `TILE_BYTES` of shared memory); 0, the split kernel below,
+tiles stay within `TILE_BYTES` of shared memory: 8 keys up to D = 384); 0, the split kernel below,
 for fewer tokens or a head dim over ``TILE_BYTES / 8``. Decode steps keep the
 split kernel.
 
@@ -46,13 +46,17 @@ CHUNK_GRAIN = 64
 # Workgroups the whole cache's keys are spread over: two per SM of a 132-SM GPU (H100, H200),
 # not yet measured (benchmarks/llm_bench.py times the rule next to other chunk lengths).
 TARGET_WORKGROUPS = 264
-# Query tokens from which a call takes the tiled kernel: a first guess, to be measured
-# (benchmarks/llm_bench.py --attention-only times both kernels at several token counts).
-TILED_MIN_TOKENS = 64
+# Query tokens from which a call takes the tiled kernel. H200, session 28
+# (benchmarks/llm_bench.py --attention-only, Llama-3.2-1B's layer, positions 0..S-1, fp32;
+# split / tiled at 8-key tiles): S = 32 0.64, 64 0.59, 128 0.70, 512 1.47 (fp16 alike). The
+# tiled kernel's 64 rows a workgroup leave too few workgroups for short prompts; between 128
+# and 512 the crossing is unmeasured, and 256 sits between them.
+TILED_MIN_TOKENS = 256
 # Keys per tile of the tiled kernel, and the shared memory its two staged tiles may take:
 # with the shader's other 256 bytes within 32 KiB (lavapipe's limit; the H100's and H200's
-# is 48 KiB). D = 64 and 128 take 16 keys a tile, D = 256 12.
-TILE_KEYS = 16
+# is 48 KiB). Same run, S = 512: 8 keys a tile 168.5 us, 16 204.6, 32 234.2 (fp32), so every
+# head dim up to 384 takes 8.
+TILE_KEYS = 8
 TILE_BYTES = 24576
 
 
