@@ -249,7 +249,7 @@ def choose_algorithm(params: Conv2dParams, family: str, coop: Collection[str] = 
     kernel = "pw" if rule == "pw" else "im2col"
     eligible = rule == "pw" or params.im2col_coop_eligible
     m = params.N * params.H_out * params.W_out
-    if kernel in coop and eligible and prefers_coop_gemm(m, params.gemm_k, params.C_out, params.groups):
+    if kernel in coop and eligible and prefers_coop_gemm(kernel, m, params.gemm_k, params.C_out, params.groups):
         return f"{kernel}_coop"
     return rule
 

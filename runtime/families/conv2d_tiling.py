@@ -11,8 +11,9 @@ of 8 or more accumulator ivec4 per invocation ran about 5x slower there, so
 every rule tiling is 4 pixels x 1 word. A tiling the tuner measured on the
 device (runtime/families/conv2d_tuning.py) replaces the rule.
 `prefers_coop_gemm` is the shape half of the choice of the cooperative-matrix
-GEMM (``q8ta_gemm_coop``, 64 x 64 output tiles): one group, enough pixels, at
-least half a tile of channels and a K long enough to pay. Pure arithmetic: no Vulkan. Called by the conv op specs through the
+GEMM (``q8ta_gemm_coop``, 64 x 64 output tiles): one group, enough pixels (or,
+for the implicit im2col, a long K), at least half a tile of channels and a K long
+enough to pay. Pure arithmetic: no Vulkan. Called by the conv op specs through the
 ``gemm_tiling`` and ``conv2d_algorithm`` expression helpers.
 """
 
@@ -33,6 +34,12 @@ COOP_MIN_C_OUT = 32
 # session 8's q8ta_gemm_coop (benchmarks/NOTES.md), coop time / dot-product time: K = 64 0.68
 # and 0.78 at batch 32, 0.86 at batch 1; K = 32 0.93; K = 24 1.06 and 1.24; K = 16 1.17 and 0.98.
 COOP_MIN_K = 64
+# ... but the implicit im2col won at any pixel count from this K on. H200, batch 1, session 28
+# (benchmarks/NOTES.md), im2col_coop (K splits by the rule) against the dot-product im2col:
+# ResNet-50's 3x3 256 at 14x14 (196 pixels, K 2304) 12.1 against 17.2 us, 3x3 512 at 7x7 (49,
+# 4608) 13.1 against 17.5, DenseNet-121's 3x3 128->32 (K 1152) at 28, 14 and 7: 0.71-0.74x. The
+# pointwise kernel did not (1x1 1024->256 at 14x14: pw_coop 9.1 against pw 8.8 us).
+COOP_IM2COL_SMALL_MAP_MIN_K = 1152
 # The coop GEMMs stage 128-byte K chunks up to this many 64 x 64 tiles, else 64-byte ones. H200,
 # 128- against 64-byte chunks (benchmarks/NOTES.md): q8ta_gemm_coop_im2col (session 9) 0.90-0.97x
 # the time at 100 and 196-200 tiles, 1.0 at 49, 1.12-1.49x at 392 tiles and more (occupancy wins
@@ -152,7 +159,10 @@ def coop_k_splits(kernel: str, m: int, k: int, c_out: int, settings: Mapping | N
     return splits
 
 
-def prefers_coop_gemm(m: int, k: int, c_out: int, groups: int) -> bool:
-    """Whether a GEMM of `m` output pixels, `k` bytes of K and `c_out` channels suits
-    ``q8ta_gemm_coop``."""
-    return groups == 1 and c_out >= COOP_MIN_C_OUT and m >= COOP_MIN_PIXELS and k >= COOP_MIN_K
+def prefers_coop_gemm(kernel: str, m: int, k: int, c_out: int, groups: int) -> bool:
+    """Whether a GEMM of `m` output pixels, `k` bytes of K and `c_out` channels suits the coop
+    GEMM `kernel` ("pw": ``q8ta_gemm_coop``, "im2col": ``q8ta_gemm_coop_im2col``)."""
+    if kernel not in COOP_CHUNK_KERNELS:
+        raise ValueError(f"prefers_coop_gemm: kernel must be one of {COOP_CHUNK_KERNELS}, got {kernel!r}")
+    enough_pixels = m >= COOP_MIN_PIXELS or (kernel == "im2col" and k >= COOP_IM2COL_SMALL_MAP_MIN_K)
+    return groups == 1 and c_out >= COOP_MIN_C_OUT and enough_pixels and k >= COOP_MIN_K

@@ -163,12 +163,19 @@ def test_pack_gemm_coop_weights_rejects_non_int8():
 
 
 def test_shape_rule():
-    assert prefers_coop_gemm(1024, 64, 64, 1)
-    assert not prefers_coop_gemm(1023, 64, 64, 1)
-    assert prefers_coop_gemm(4096, 64, 32, 1)  # half a tile of channels
-    assert not prefers_coop_gemm(4096, 64, 31, 1)
-    assert not prefers_coop_gemm(4096, 63, 64, 1)
-    assert not prefers_coop_gemm(4096, 64, 64, 2)
+    for kernel in ("pw", "im2col"):
+        assert prefers_coop_gemm(kernel, 1024, 64, 64, 1)
+        assert not prefers_coop_gemm(kernel, 1023, 64, 64, 1)
+        assert prefers_coop_gemm(kernel, 4096, 64, 32, 1)  # half a tile of channels
+        assert not prefers_coop_gemm(kernel, 4096, 64, 31, 1)
+        assert not prefers_coop_gemm(kernel, 4096, 63, 64, 1)
+        assert not prefers_coop_gemm(kernel, 4096, 64, 64, 2)
+    # a long K: the implicit im2col at any pixel count, the pointwise GEMM not
+    assert prefers_coop_gemm("im2col", 49, 1152, 64, 1)
+    assert not prefers_coop_gemm("im2col", 49, 1151, 64, 1)
+    assert not prefers_coop_gemm("pw", 49, 4096, 64, 1)
+    with pytest.raises(ValueError, match="kernel must be one of"):
+        prefers_coop_gemm("dw", 4096, 64, 64, 1)
 
 
 @pytest.mark.parametrize("kernel", ["pw", "im2col"])
@@ -407,7 +414,8 @@ def test_dispatcher_routes_large_gemms_by_capability(case, dispatch_trace_path):
     """Coop where the device runs it and the shape suits it, else the existing GEMM."""
     inp = make_inputs(case)
     p = case.params
-    assert prefers_coop_gemm(p.N * p.H_out * p.W_out, p.gemm_k, p.C_out, p.groups)
+    kernel = "pw" if p.is_pointwise else "im2col"
+    assert prefers_coop_gemm(kernel, p.N * p.H_out * p.W_out, p.gemm_k, p.C_out, p.groups)
     coop = catalog().variant(VARIANT).runnable(get_device().caps)[0]
     before = _trace_length(dispatch_trace_path)
     got = runtime.get_op("etvk.q8ta_conv2d.default")(*inp.args())

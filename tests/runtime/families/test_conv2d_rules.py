@@ -149,7 +149,11 @@ BOTH = frozenset({"pw", "im2col"})
     (conv2d_params((1, 3, 64, 64), (64, 3, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
     (conv2d_params((1, 64, 64, 64), (64, 64, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
     # Half a 64-channel tile (DenseNet's 32-channel growth convs) still on the coop GEMMs; a
-    # quarter not.
+    # quarter not. Few pixels: the implicit im2col from K = 1152 bytes (ResNet's 3x3 512 at
+    # 7x7, batch 1), the pointwise GEMM not.
+    (conv2d_params((1, 512, 7, 7), (512, 512, 3, 3), [3], [1], [1], [1], 1), BOTH, "im2col_coop"),
+    (conv2d_params((1, 128, 14, 14), (32, 128, 3, 3), [3], [1], [1], [1], 1), BOTH, "im2col_coop"),
+    (conv2d_params((1, 1024, 14, 14), (256, 1024, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
     (conv2d_params((32, 128, 28, 28), (32, 128, 3, 3), [3], [1], [1], [1], 1), BOTH, "im2col_coop"),
     (conv2d_params((32, 192, 28, 28), (32, 192, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
     (conv2d_params((32, 96, 112, 112), (16, 96, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
