@@ -253,7 +253,8 @@ _ALIAS_OPS = {"aten.alias.default", "aten.detach.default", "aten.to.dtype", "ate
 
 
 # In-place dropouts, (self, p, train): with train False they change nothing (PT2E exports of
-# some torch versions keep a classifier's inplace Dropout, on a view).
+# some torch versions keep a classifier's inplace Dropout, on a view); each becomes the functional
+# ``aten.dropout`` (train False), which lower_cnn.py drops as the identity it is.
 _EVAL_IDENTITIES = {"aten.dropout_.default", "aten.feature_dropout_.default", "aten.alpha_dropout_.default",
                     "aten.feature_alpha_dropout_.default"}
 
@@ -290,7 +291,7 @@ def _functionalize(program: Program) -> None:
         if not node.target.startswith("aten.") or not node.outputs:
             continue
         if node.target in _EVAL_IDENTITIES and node.args[2:3] == (False,):  # in place, and a no-op
-            node.target, node.args, node.kwargs = "aten.alias.default", node.args[:1], {}
+            node.target, node.args, node.kwargs = "aten.dropout.default", node.args[:3], {}
         op = resolve_op(node.target)
         first = node.args[0] if node.args and isinstance(node.args[0], Ref) else None
         position = _written_argument(op)

@@ -20,10 +20,13 @@ of `ELEMENTWISE`, deterministic and functional, whose arguments are values
 of the pattern and scalars), and every walk ends at an int8 per-tensor
 dequantize of x, all with the same qparams. It is rewritten only where it
 holds at least one op, x is not empty, every op's output has x's shape and
-is read only by the pattern's ops and quantize (not a program output), and x
-is made by a node: a 4-D x and the output are packed (the placeholder
-layout), another rank stays a plain int8 tensor. The dequantizes stay for their other
-readers; the ops, no longer read, are dropped (with every other unread node).
+is no program output, and x is made by a node: a 4-D x and the output are
+packed (the placeholder layout), another rank stays a plain int8 tensor. The
+dequantizes and the ops stay for their other readers (an op that something
+else reads too, such as the fp32 activation torch 2.11's PT2E graph of
+EfficientNet pools for its squeeze-and-excite gate, which
+`lower_channel_tables` then lowers); what is no longer read is dropped (with
+every other unread node).
 
 `lower_channel_tables` extends the idea to one table per channel: the
 quantize of a chain of per-channel functions (an eval batch norm, elementwise
@@ -34,7 +37,12 @@ expression's int8 bytes, each channel with its source's qparams
 tables are the chain and the quantize run over each channel's 256 values
 dequantized with its qparams; where the chain's mean over H and W is quantized
 (DenseNet's head), one ``etvk.q8ta_channel_lut_mean`` averages the chain's fp32
-values the same way. Where the expression's first channels are an average pool
+values the same way, into int8 rows ``[N, C]``; where the quantize keeps the
+pooled ``[N, C, 1, 1]`` (torch 2.11's PT2E graph of a squeeze-and-excite gate,
+``dq -> silu | hardswish -> adaptive_avg_pool2d(1) -> q``, which pools the fp32
+activation), the rows are dequantized, viewed as ``[N, C, 1, 1]`` and quantized
+again with the same qparams (the same int8 values, as the 4-D quantize the conv
+after it reads). Where the expression's first channels are an average pool
 with full windows that PT2E left in fp32 (DenseNet's transition), those
 channels read the pool's ``etvk.q8ta_window_sum`` instead, through tables over
 the window sums (`pooled`: the chain and the quantize run over the pooled
@@ -56,7 +64,7 @@ import torch
 from runtime.families.conv2d_layouts import PLACEHOLDER
 from runtime.programs.cpu import resolve_op, run_node
 from runtime.programs.lower_gather import Gathers, after_prefix
-from runtime.programs.nodes import Const, Node, Ref, walk_args
+from runtime.programs.nodes import Const, Node, Ref, ValueSpec, walk_args
 from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor, ints
 
 LUT = "etvk.q8ta_lut.default"
@@ -107,15 +115,13 @@ def _pattern(rw: Rewriter, quantize: Node):
         else:
             return None
     program = rw.program
-    inside = {id(n) for n in (*ops, quantize)}
     shape = program.values[quantize.outputs[0]].shape
     if not ops or rw.producer(x[0]) is None or rw.shape(x[0]) != shape or 0 in shape \
             or program.values[x[0].name].dtype != torch.int8:
         return None
     for op in ops:
         value = op.outputs[0]
-        if program.values[value].shape != shape or value in program.outputs \
-                or any(id(u) not in inside for u in rw.users.get(value, [])):
+        if program.values[value].shape != shape or value in program.outputs:
             return None
     position = {id(n): i for i, n in enumerate(program.nodes)}
     return x[0], sorted([*dequantizes, *ops], key=lambda n: position[id(n)]) + [quantize]
@@ -168,29 +174,45 @@ def _per_channel(node: Node | None) -> Ref | None:
 
 
 def _mean_of(rw: Rewriter, quantize: Node) -> Ref | None:
-    """The value whose mean over H and W `quantize` quantizes as ``[N, C]``: what
-    ``adaptive_avg_pool2d(1)`` or ``mean(dim=[2, 3], keepdim=True)`` pools before a
-    ``flatten(1)``, or ``mean(dim=[2, 3])`` reduces, each node read by the next alone (not a
-    program output); None for anything else."""
+    """The value whose mean over H and W `quantize` quantizes, as ``[N, C]`` or ``[N, C, 1, 1]``:
+    what ``adaptive_avg_pool2d(1)`` or ``mean(dim=[2, 3], keepdim=True)`` pools, with or
+    without a ``flatten(1)`` after it, or ``mean(dim=[2, 3])`` reduces, each node read by the
+    next alone (not a program output); None for anything else."""
     node = rw.producer(quantize.args[0])
-    pool, keep = node, False
+    pool, flat = node, None
     if node is not None and node.target == "aten.flatten.using_ints":
         b = bind(node)
         if b["start_dim"] != 1 or b["end_dim"] not in (-1, 3) or rw.only_user(node) is not quantize:
             return None
-        pool, keep = rw.producer(b["self"]), True
+        pool, flat = rw.producer(b["self"]), node
     if pool is None or pool.target not in ("aten.adaptive_avg_pool2d.default", "aten.mean.dim") \
-            or rw.only_user(pool) is not (node if keep else quantize):
+            or rw.only_user(pool) is not (flat or quantize):
         return None
     b = bind(pool)
     x = b["self"]
     if not isinstance(x, Ref) or len(rw.shape(x)) != 4:
         return None
     if pool.target == "aten.adaptive_avg_pool2d.default":
-        return x if keep and ints(b["output_size"]) in ([1], [1, 1]) else None
+        return x if ints(b["output_size"]) in ([1], [1, 1]) else None
     if isinstance(b["dim"], (list, tuple)) and b.get("dtype") is None:  # mean
-        return x if sorted(d % 4 for d in b["dim"]) == [2, 3] and b["keepdim"] == keep else None
+        return x if sorted(d % 4 for d in b["dim"]) == [2, 3] and (flat is None or b["keepdim"]) else None
     return None
+
+
+def _pooled_from_rows(rw: Rewriter, quantize: Node, rows: str) -> list[Node]:
+    """The nodes that give `quantize`'s ``[N, C, 1, 1]`` output from the int8 rows ``[N, C]``
+    named `rows`, which hold the same values with the same qparams: ``dq -> view -> q`` (exact:
+    ``q(dq(v)) = v`` for int8 v); `quantize` is replaced by the last of them."""
+    program, qparams = rw.program, int8_per_tensor(quantize, Q)[1:]
+    name, shape = quantize.outputs[0], rw.shape(Ref(quantize.outputs[0]))
+    dequantized, viewed = f"{name}_rows_dq", f"{name}_rows_view"
+    program.values[rows] = ValueSpec(shape[:2], torch.int8)
+    program.values[dequantized] = ValueSpec(shape[:2], torch.float32)
+    program.values[viewed] = ValueSpec(shape, torch.float32)
+    arguments = (*qparams, -128, 127, torch.int8)
+    return [Node(dequantized, DQ, (Ref(rows), *arguments), {}, (dequantized,)),
+            Node(viewed, "aten.view.default", (Ref(dequantized), list(shape)), {}, (viewed,)),
+            Node(quantize.name, Q, (Ref(viewed), *arguments), {}, quantize.outputs)]
 
 
 def _channel_pattern(rw: Rewriter, gathers: Gathers, quantize: Node, mean: bool):
@@ -270,7 +292,8 @@ def lower_channel_tables(rw: Rewriter) -> None:
     whose tables are the chain and the quantize run on the CPU over the 256 values of each
     channel (`channel_table`); the quantize of the mean over H and W of such a chain (DenseNet's
     head: ``norm -> relu -> adaptive_avg_pool2d(1) -> flatten``) -> one
-    ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values; a full-window
+    ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values (where the quantize
+    keeps the pooled ``[N, C, 1, 1]``, into rows that `_pooled_from_rows` makes that); a full-window
     average pool giving the expression's first channels (`Gathers.window_sums`) goes in
     through tables over its window sums (`pooled`), the int8 input then holding the channels
     after it (None where there are none: the output's layout is then its readers'). Then
@@ -303,15 +326,20 @@ def lower_channel_tables(rw: Rewriter) -> None:
         for packed in (*[n.outputs[0] for n in new if program.values[n.outputs[0]].dtype == torch.int8],
                        *([] if raw is None else [raw.name])):
             rw.mark_packed(packed)
+        after = []
         if mean:
+            out = quantize.outputs
+            if len(rw.shape(Ref(name))) == 4:  # the pooled [N, C, 1, 1]: from the rows
+                out = (f"{name}_rows",)
+                after = _pooled_from_rows(rw, quantize, out[0])
             last = Node(f"{quantize.name}_channel_mean", CHANNEL_MEAN,
-                        (raw, table, *int8_per_tensor(quantize, Q)[1:], *wide), {}, quantize.outputs)
+                        (raw, table, *int8_per_tensor(quantize, Q)[1:], *wide), {}, out)
         else:  # without x, the output's layout is its readers' (the placeholder)
             rw.mark_packed(name)
             last = Node(f"{quantize.name}_channel_lut", CHANNEL_LUT,
                         (raw, table, *wide, *([] if raw is not None else [PLACEHOLDER])), {}, quantize.outputs)
         position = program.nodes.index(quantize)
-        program.nodes[position:position + 1] = [*new, last]
+        program.nodes[position:position + 1] = [*new, last, *after]
         rw.refresh()
     program.remove_dead()
     rw.refresh()

@@ -13,7 +13,17 @@ from collections import Counter
 
 import pytest
 import torch
-from program_cases import dq, int8_agreement, lower_and_save, q, random_batches, sqnr_db
+from program_cases import (
+    Int8Convs,
+    check_device_runs,
+    dq,
+    int8_agreement,
+    lower_and_save,
+    maps_and_gate,
+    q,
+    random_batches,
+    sqnr_db,
+)
 from torch import nn
 from torch.nn import functional as F
 
@@ -221,3 +231,46 @@ def test_squeeze_and_excite_models_run_on_the_device(name, tmp_path, capsys):
     assert found[LUT][1] == found[LUT][0]
     pools = found["etvk.q8ta_global_avg_pool2d.default"]
     assert pools[1] == pools[0]
+
+
+class FloatPooledGate(Int8Convs):
+    """A squeeze-and-excite block and a classifier head as torch 2.11's PT2E graph of
+    EfficientNet-B0 (silu, sigmoid) or MobileNetV3 (hardswish, hardsigmoid) has them: the
+    activation of an int8 map is quantized for the gate's product alone, and the gate's pool
+    reads it in fp32 (torch 2.13 quantizes it once for both); the head pools its activation
+    the same way, its in-place dropout (train False) on the flattened pool kept in the graph.
+    The gate's quantized pool is an output too."""
+
+    def __init__(self, activation, gate):
+        super().__init__(seed=3)
+        self.activation, self.gate = activation, gate
+
+    def forward(self, x):
+        act = self.activation(dq(q(x, 0.05, 3), 0.05, 3), inplace=True)
+        pooled = q(F.adaptive_avg_pool2d(act, 1), 0.004, -10)
+        fc = q(self.conv(dq(pooled, 0.004, -10), "w1"), 0.01, 0)
+        scale = q(self.gate(dq(fc, 0.01, 0)), 1 / 256, -128)
+        y = q(dq(scale, 1 / 256, -128) * dq(q(act, 0.02, -90), 0.02, -90), 0.03, 0)
+        head = self.activation(dq(y, 0.03, 0), inplace=True)
+        flat = torch.ops.aten.dropout_.default(F.adaptive_avg_pool2d(head, 1).flatten(1), 0.2, False)
+        return dq(pooled, 0.004, -10), dq(q(flat, 0.003, -20), 0.003, -20)
+
+
+@pytest.mark.parametrize("activation, gate", [(F.silu, torch.sigmoid), (F.hardswish, F.hardsigmoid)],
+                         ids=["silu", "hardswish"])
+def test_a_gate_pooling_the_fp32_activation_runs_on_the_device(activation, gate, tmp_path):
+    """The activation's quantize becomes a LUT and both pools of the fp32 activation one
+    ``q8ta_channel_lut_mean`` each (the gate's rows viewed as its ``[N, C, 1, 1]``): no node
+    stays on the CPU, the device run equals the reference bit for bit, and both pools equal
+    PyTorch's int8 values (the gate's on the program's own run, the head's teacher-forced)."""
+    exported, program, path = lower_and_save(FloatPooledGate(activation, gate), maps_and_gate(0)[:1], tmp_path)
+    targets = Counter(n.target for n in program.nodes)
+    assert targets["etvk.q8ta_channel_lut_mean.default"] == 2 and targets[LUT] >= 1, targets
+    assert {t for t in targets if t.startswith("aten.")} == {"aten.view.default"}, targets
+    check_device_runs(path, program, lambda seed: maps_and_gate(seed)[:1])
+    loaded = runtime.load(path)
+    for seed in (1, 2):
+        inputs = maps_and_gate(seed)[:1]
+        assert torch.equal(loaded(*inputs)[0], exported.module()(*inputs)[0])
+        total, exact, _ = int8_agreement(exported, program, inputs)["etvk.q8ta_channel_lut_mean.default"]
+        assert exact == total == 2 * 6
