@@ -4,6 +4,7 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size
 layout(constant_id = 3) const int LAYOUT = 2;
 layout(constant_id = 4) const int HAS_SUMS = 0;
 layout(constant_id = 5) const int HAS_X = 1;
+layout(constant_id = 6) const int SHARED_TABLE = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -498,7 +499,8 @@ float cascade_value(int p) {
   const int h = p / W;
   const uint v = t_x_load_word(etvk_packed_word(LAYOUT, ivec4(W, H, (C - Cs + 3) >> 2, pc.sizes.w), g_n,
                                                 cx >> 2, h, p - h * W));
-  return t_table_load(uint(cx * 256 + bitfieldExtract(int(v), (cx & 3) * 8, 8) + 128));
+  const int row = SHARED_TABLE == 1 ? 0 : cx;
+  return t_table_load(uint(row * 256 + bitfieldExtract(int(v), (cx & 3) * 8, 8) + 128));
 }
 
 void main() {

@@ -40,9 +40,9 @@ dequantized with its qparams; where the chain's mean over H and W is quantized
 values the same way, into int8 rows ``[N, C]``; where the quantize keeps the
 pooled ``[N, C, 1, 1]`` (torch 2.11's PT2E graph of a squeeze-and-excite gate,
 ``dq -> silu | hardswish -> adaptive_avg_pool2d(1) -> q``, which pools the fp32
-activation), the rows are dequantized, viewed as ``[N, C, 1, 1]`` and quantized
-again with the same qparams (the same int8 values, as the 4-D quantize the conv
-after it reads). Where the expression's first channels are an average pool
+activation; its table one row, every channel's alike), the rows are
+dequantized, viewed as ``[N, C, 1, 1]`` and quantized again with the same
+qparams (the same int8 values, as the 4-D quantize the conv after it reads). Where the expression's first channels are an average pool
 with full windows that PT2E left in fp32 (DenseNet's transition), those
 channels read the pool's ``etvk.q8ta_window_sum`` instead, through tables over
 the window sums (`pooled`: the chain and the quantize run over the pooled
@@ -292,7 +292,8 @@ def lower_channel_tables(rw: Rewriter) -> None:
     whose tables are the chain and the quantize run on the CPU over the 256 values of each
     channel (`channel_table`); the quantize of the mean over H and W of such a chain (DenseNet's
     head: ``norm -> relu -> adaptive_avg_pool2d(1) -> flatten``) -> one
-    ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values (where the quantize
+    ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values (one row where
+    every channel's is alike: a function of a per-tensor int8 value; where the quantize
     keeps the pooled ``[N, C, 1, 1]``, into rows that `_pooled_from_rows` makes that); a full-window
     average pool giving the expression's first channels (`Gathers.window_sums`) goes in
     through tables over its window sums (`pooled`), the int8 input then holding the channels
@@ -317,8 +318,10 @@ def lower_channel_tables(rw: Rewriter) -> None:
         qparams = prefix + qparams
         name, table, wide = quantize.outputs[0], None, ()
         if raw is not None:
-            tables = channel_table(nodes, x, dequantized(qparams), program.constants)
-            table = rw.add_constant(f"{name}_tables", tables[len(prefix):].contiguous())
+            tables = channel_table(nodes, x, dequantized(qparams), program.constants)[len(prefix):]
+            if mean and bool((tables.view(torch.int32) == tables[:1].view(torch.int32)).all()):  # all alike
+                tables = tables[:1]
+            table = rw.add_constant(f"{name}_tables", tables.contiguous())
         if window_sums is not None:
             values = pooled(window_sums[1], prefix[0], len(qparams), len(prefix))
             wide = window_sums[0], rw.add_constant(f"{name}_sum_tables", channel_table(

@@ -8,7 +8,8 @@ with PyTorch's own ops for the exact qparams of a lowered graph).
 per channel of an ``[N, C, H, W]`` input. ``q8ta_channel_lut_mean(x, table,
 output_scale, output_zero_point)`` averages fp32 per-channel tables of x over
 H and W (the fp32 sum in PyTorch's CPU order, then one correctly rounded
-division by H * W) and quantizes the mean. Both may take ``sums`` (int32
+division by H * W) and quantizes the mean; its table may be one row, ``[1,
+256]``, for every channel. Both may take ``sums`` (int32
 window sums S of K taps, ``[N, Cs, H, W]``) and ``sums_table`` (``[Cs,
 255 * K + 1]``): the output's first Cs channels are then ``sums_table[c, S +
 128 * K]`` (a function of an average pool's window, which PyTorch keeps in
@@ -61,15 +62,17 @@ def q8ta_channel_lut(x: torch.Tensor | None, table: torch.Tensor | None, sums: t
 def q8ta_channel_lut_mean(x: torch.Tensor | None, table: torch.Tensor | None, output_scale: float,
                           output_zero_point: int, sums: torch.Tensor | None = None,
                           sums_table: torch.Tensor | None = None) -> torch.Tensor:
-    """The mean over H and W of `q8ta_channel_lut`'s fp32 values (an fp32 ``[C_x, 256]`` `table`
-    of int8 ``[N, C_x, H, W]`` `x`, after the window sums' channels where `sums` and
-    `sums_table` are given), quantized: the fp32 sum over the pixels (p = h * W + w) in
+    """The mean over H and W of `q8ta_channel_lut`'s fp32 values (an fp32 ``[C_x, 256]`` `table`,
+    or ``[1, 256]`` for every channel, of int8 ``[N, C_x, H, W]`` `x`, after the window sums'
+    channels where `sums` and `sums_table` are given), quantized: the fp32 sum over the pixels (p = h * W + w) in
     PyTorch's CPU order (`runtime.families.pool2d.cascade_sum`, each add rounded), divided by
     H * W (fp32 division, correctly rounded): PyTorch's mean of those values, bit for bit.
 
     Returns:
         int8 ``[N, Cs + C_x]``.
     """
+    if table is not None and table.shape[0] == 1:  # one row for every channel
+        table = table.expand(x.shape[1], -1)
     values = q8ta_channel_lut(x, table, sums, sums_table).flatten(2)  # [N, C, H * W]: fp32
     n, c, count = values.shape
     total = cascade_sum(values.reshape(n * c, count)).reshape(n, c)

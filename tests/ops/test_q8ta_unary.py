@@ -9,7 +9,7 @@ layouts; bad arguments name the op and the argument. The per-channel table
 (q8ta_channel_lut) likewise in every packed layout, every value through each
 channel's own table; the mean of per-channel fp32 tables (q8ta_channel_lut_mean)
 in every packed layout, its plain output's tail bytes 0, within one step of
-the float64 mean. Both with window sums for the output's first channels (a table
+the float64 mean, and with one table row for every channel. Both with window sums for the output's first channels (a table
 over the sums of 4 and of 9 taps) before x's channels, and with the sums alone
 (no x), in every packed layout, bit-exact, padding bytes included.
 """
@@ -304,6 +304,22 @@ def test_channel_lut_mean_case_matches_reference(name, layout):
         got = out.to_torch()
     assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
     assert torch.equal(raw, _expected_bytes(want, None)), f"{name} {layout}: bytes past the end not 0"
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+def test_channel_lut_mean_with_one_table_row_for_every_channel(layout):
+    """A ``[1, 256]`` table serves every channel: the values of its ``[C, 256]`` copy, on the
+    device bit for bit."""
+    x, table, scale, zero_point = channel_mean_inputs(LUT_BY_NAME["lut_c6_w5_batch2"])
+    row = table[:1]
+    want = q8ta_channel_lut_mean(x, row.expand(x.shape[1], 256).contiguous(), scale, zero_point)
+    assert torch.equal(q8ta_channel_lut_mean(x, row, scale, zero_point), want)
+    with Stream() as stream:
+        out = runtime.get_op(MEAN_OP).record(stream, Tensor.from_torch(x, layout=layout), Tensor.from_torch(row),
+                                              scale, zero_point)
+        stream.run()
+        got = out.to_torch()
+    assert torch.equal(got, want)
 
 
 def test_channel_lut_mean_host_inputs_and_bad_arguments():

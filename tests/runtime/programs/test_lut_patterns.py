@@ -260,13 +260,16 @@ class FloatPooledGate(Int8Convs):
                          ids=["silu", "hardswish"])
 def test_a_gate_pooling_the_fp32_activation_runs_on_the_device(activation, gate, tmp_path):
     """The activation's quantize becomes a LUT and both pools of the fp32 activation one
-    ``q8ta_channel_lut_mean`` each (the gate's rows viewed as its ``[N, C, 1, 1]``): no node
+    ``q8ta_channel_lut_mean`` each (one table row for every channel; the gate's rows viewed as
+    its ``[N, C, 1, 1]``): no node
     stays on the CPU, the device run equals the reference bit for bit, and both pools equal
     PyTorch's int8 values (the gate's on the program's own run, the head's teacher-forced)."""
     exported, program, path = lower_and_save(FloatPooledGate(activation, gate), maps_and_gate(0)[:1], tmp_path)
     targets = Counter(n.target for n in program.nodes)
     assert targets["etvk.q8ta_channel_lut_mean.default"] == 2 and targets[LUT] >= 1, targets
     assert {t for t in targets if t.startswith("aten.")} == {"aten.view.default"}, targets
+    means = [n for n in program.nodes if n.target == "etvk.q8ta_channel_lut_mean.default"]
+    assert [program.constants[n.args[1].name].shape for n in means] == [(1, 256)] * 2  # one row each
     check_device_runs(path, program, lambda seed: maps_and_gate(seed)[:1])
     loaded = runtime.load(path)
     for seed in (1, 2):
