@@ -33,7 +33,7 @@ measured in the same run:
   before the split); then one layer's prefill of each of
   ``--attention-prefills`` tokens at positions 0..S-1 (those within the
   cache): the split kernel and the tiled one, each forced through the rule's
-  threshold, the tiled one also with tiles of 8 and 32 keys, the split/tiled
+  threshold, the tiled one also with tiles of 16 and 32 keys, the split/tiled
   ratio and the rule's choice.
 
 Usage: ``python benchmarks/llm_bench.py [--preset llama-3.2-1b] [--layers N] [--cache 1280]``
@@ -153,7 +153,8 @@ def attention_alone(args) -> None:
     """Prints the GPU time of one layer's cache_attention for one decode token at the preset's
     heads over a cache of ``--cache`` positions, at each of ``--positions`` (recorded once, the
     position a device tensor rewritten before each replay, as a loaded program runs it), per
-    dtype and grain of `ATTENTION_GRAINS` ("n/a" where the device has no timestamps)."""
+    dtype and grain of `ATTENTION_GRAINS` ("n/a" where the device has no timestamps); then
+    the prefill rows (`attention_prefill`)."""
     config = decoder_config(args.preset)
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     dim = getattr(config, "head_dim", None) or config.hidden_size // heads
@@ -187,24 +188,20 @@ def attention_alone(args) -> None:
     for dtype, chunks, seconds in rows:
         print(f"  {dtype:<8}  {chunks:<22}" + "".join(
             f"  {s * 1e6:8.1f}" if s is not None else f"  {'n/a':>8}" for s in seconds))
+    attention_prefill(args, op, heads, kv_heads, dim)
 
 
-    attention_prefill(args, config, op)
-
-
-def attention_prefill(args, config, op) -> None:
+def attention_prefill(args, op, heads: int, kv_heads: int, dim: int) -> None:
     """Prints the GPU time of one layer's cache_attention for a prefill of each of
     ``--attention-prefills`` tokens (at most ``--cache``) at positions 0..S-1, per dtype: the
     split kernel and the tiled one, each forced through the rule's threshold, the tiled one
-    also with tiles of 8 and 32 keys (the rule's `TILE_KEYS` set, within its shared-memory
+    also with tiles of 16 and 32 keys (the rule's `TILE_KEYS` set, within its shared-memory
     budget), the split kernel's time over the tiled one's (the rule's tiles) and the kernel
     the rule picks ("n/a" where the device has no timestamps)."""
-    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-    dim = getattr(config, "head_dim", None) or config.hidden_size // heads
     gen = torch.Generator().manual_seed(1)
     # column -> (the threshold that forces its kernel, TILE_KEYS)
     kernels = {"split": (1 << 62, split_rule.TILE_KEYS), "tiled": (1, split_rule.TILE_KEYS),
-               "tiled k8": (1, 8), "tiled k32": (1, 32)}
+               "tiled k16": (1, 16), "tiled k32": (1, 32)}
     print(f"cache_attention prefill alone, one layer (Hq {heads}, Hkv {kv_heads}, D {dim}, L {args.cache}), "
           f"positions 0..S-1, GPU us:")
     print(f"  {'dtype':<8}  {'S':>5}" + "".join(f"  {kernel:>9}" for kernel in kernels) +
