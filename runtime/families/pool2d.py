@@ -170,8 +170,7 @@ def global_pool_tiling(x_shape) -> GlobalPoolTiling:
     its whole level-0 blocks in one round of `GLOBAL_POOL_BLOCKS` each, so that large maps
     are summed block-parallel and small ones pack several words into a workgroup."""
     n, c, h, w = (int(d) for d in x_shape)
-    count = h * w
-    items = count // (CASCADE_LANES if count >= CASCADE_LANES else 1) // CASCADE_ILP
+    _, _, items = cascade_shape(h * w)
     blocks = items >> cascade_level_power(items)
     workers = 1
     while workers * GLOBAL_POOL_BLOCKS < blocks and workers * CASCADE_STREAMS < GLOBAL_POOL_THREADS:
@@ -191,6 +190,15 @@ CASCADE_LEVELS = 4
 CASCADE_STREAMS = CASCADE_LANES * CASCADE_ILP
 
 
+def cascade_shape(length: int) -> tuple[int, int, int]:
+    """(lanes, vectors, items) of a row of `length` values in the cascade order: CASCADE_LANES
+    lanes (1 under a whole vector), ``length // lanes`` vectors and ``vectors // CASCADE_ILP``
+    items a stream."""
+    lanes = CASCADE_LANES if length >= CASCADE_LANES else 1
+    vectors = length // lanes
+    return lanes, vectors, vectors // CASCADE_ILP
+
+
 def cascade_level_power(items: int) -> int:
     """log2 of the items a cascade level holds before it carries: ``max(4, CeilLog2(items) //
     4)``, with ATen's CeilLog2 (1 up to 2 items)."""
@@ -206,9 +214,7 @@ def cascade_sum(values: torch.Tensor) -> torch.Tensor:
     values, then plus streams 1, 2 and 3; the row's sum is 0 plus the values past the last
     whole vector, then plus the lanes' totals in order. Each step one fp32 addition."""
     rows, length = values.shape
-    lanes = CASCADE_LANES if length >= CASCADE_LANES else 1
-    vectors = length // lanes
-    items = vectors // CASCADE_ILP
+    lanes, vectors, items = cascade_shape(length)
     power = cascade_level_power(items)
     step = 1 << power
     mask = step - 1
