@@ -42,9 +42,10 @@ pooled ``[N, C, 1, 1]`` (torch 2.11's PT2E graph of a squeeze-and-excite gate,
 ``dq -> silu | hardswish -> adaptive_avg_pool2d(1) -> q``, which pools the fp32
 activation; its table one row, every channel's alike), the rows are
 dequantized, viewed as ``[N, C, 1, 1]`` and quantized again with the same
-qparams (the same int8 values, as the 4-D quantize the conv after it reads). Where the expression's first channels are an average pool
-with full windows that PT2E left in fp32 (DenseNet's transition), those
-channels read the pool's ``etvk.q8ta_window_sum`` instead, through tables over
+qparams (the same int8 values, as the 4-D quantize the conv after it reads).
+Where the expression's first channels are an average pool with full windows
+that PT2E left in fp32 (DenseNet's transition), those channels read the
+pool's ``etvk.q8ta_window_sum`` instead, through tables over
 the window sums (`pooled`: the chain and the quantize run over the pooled
 value of one window of each sum; docs/int8_cnn_ops.md), and the op's int8
 input holds the expression's later channels alone (`after_prefix`; none for
