@@ -119,13 +119,14 @@ def cache_attention(stream, q, k_cache, v_cache, positions, scale, *, variant=No
     tile_keys = rt.attention_tile_keys(q.shape[1], q.shape[3])
     group = q.shape[2] // k_cache.shape[1]
     blocks = rt.ceil_div(q.shape[1] * group, 64)
+    tiled_groups = q.shape[0] * k_cache.shape[1] * blocks
     v = op.select(variant, storage, {"DTYPE": ("q", q.dtype)}, step=0)
     q = stream.upload(q, v.binding("t_q"), op.label("q"))
     k_cache = stream.upload(k_cache, v.binding("t_k"), op.label("k_cache"))
     v_cache = stream.upload(v_cache, v.binding("t_v"), op.label("v_cache"))
     positions = stream.upload(positions, v.binding("t_positions"), op.label("positions"))
     out = stream.empty(q.shape, q.dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "blocks": blocks, "groups": q.shape[0] * k_cache.shape[1] * blocks, "scale": rt.fp32(scale)}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4, "TILE_KEYS": max(tile_keys, 1)}, groups=[q.shape[0] * k_cache.shape[1] * blocks if tile_keys else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "blocks": blocks, "groups": tiled_groups, "scale": rt.fp32(scale)}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4, "TILE_KEYS": max(tile_keys, 1)}, groups=[tiled_groups if tile_keys else 0, 1, 1])
     v = op.select(variant, storage, {"DTYPE": ("q", q.dtype)}, step=1)
     partials = stream.empty([items * split.chunks * group * (q.shape[3] // 4 + 1) * 4] if split.chunks > 1 and (not tile_keys) else [4], torch.float32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions, "t_partials": partials}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "items": items, "scale": rt.fp32(scale), "chunk_keys": split.chunk_keys, "chunks": split.chunks}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4}, groups=[0 if tile_keys else items * split.chunks, 1, 1])
@@ -191,7 +192,7 @@ CACHE_UPDATE = rt.OpDef(
     family="attention",
     schema="cache_update(Tensor cache, Tensor positions, Tensor value) -> Tensor",
     doc="cache[b, h, positions[s], d] = value[b, s, h, d], bit for bit: the KV-cache write of S tokens (value [B, S, Hkv, D] as the k/v projections make it, cache [B, Hkv, L, D]). The output is the cache itself: a device cache is written in place and returned; a host cache comes back as an updated copy.",
-    spec="op_specs/attention.yaml:298",
+    spec="op_specs/attention.yaml:300",
     reference="runtime.reference.attention:cache_update",
     variants=(
         ("cache_update_float", {"DTYPE": "float32"}),
@@ -253,7 +254,7 @@ ROPE_CACHE_UPDATE = rt.OpDef(
     family="attention",
     schema="rope_cache_update(Tensor q, Tensor k_new, Tensor v_new, Tensor cos, Tensor sin, Tensor k_cache, Tensor v_cache, Tensor positions) -> (Tensor, Tensor, Tensor)",
     doc="(rope(q, cos, sin), cache_update(k_cache, positions, rope(k_new, cos, sin)), cache_update(v_cache, positions, v_new)) in one dispatch: the rotary embedding of q and of the new keys (llm.yaml's rope, partial rotary included) and both KV-cache writes of an attention layer, bit-identical to those four ops. q [B, S, Hq, D] and k_new, v_new [B, S, Hkv, D] token-major, caches [B, Hkv, L, D], cos and sin [B, S, R], [1, S, R] or [S, R], all of one dtype, D a multiple of 4. Returns (rope(q), k_cache, v_cache): rope(k_new) is written to the k cache only; a device cache is written in place and returned, a host cache comes back as an updated copy.",
-    spec="op_specs/attention.yaml:318",
+    spec="op_specs/attention.yaml:320",
     reference="runtime.reference.attention:rope_cache_update",
     variants=(
         ("rope_cache_update_float", {"DTYPE": "float32"}),
