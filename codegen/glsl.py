@@ -82,8 +82,8 @@ def literal(type_: str, value) -> str:
 
 def buffer_binding(name: str, binding: int, dtype: str, vec: int, access: str,
                    wide: bool = False) -> str:
-    """Declaration and accessors of a storage buffer; `wide` (int8/uint8, read only) adds a
-    second, 16-byte view of the same binding for NAME_load_word4."""
+    """Declaration and accessors of a storage buffer; `wide` (int8/uint8) adds a second,
+    16-byte view of the same binding for NAME_load_word4 (read) and NAME_store_word4 (written)."""
     unit = scalar_type(dtype) if vec == 1 else DTYPE_TABLE[dtype][0]
     qual = ACCESS_QUALIFIERS[access]
     lines = [
@@ -114,13 +114,16 @@ def buffer_binding(name: str, binding: int, dtype: str, vec: int, access: str,
             lines.append(f"uint {name}_load_word(uint unit) {{ return {name}.data[unit]; }}")
         if writes:
             lines.append(f"void {name}_store_word(uint unit, uint w) {{ {name}.data[unit] = w; }}")
-    if wide:  # words 4i .. 4i+3 in one load: the same binding, aliased as 16-byte units
+    if wide:  # words 4i .. 4i+3 in one access: the same binding, aliased as 16-byte units
         lines += [
-            f"layout(set = 0, binding = {binding}, std430) readonly buffer {name}_wide_block {{",
+            f"layout(set = 0, binding = {binding}, std430) {qual}buffer {name}_wide_block {{",
             "  uvec4 data[];",
             f"}} {name}_wide;",
-            f"uvec4 {name}_load_word4(uint i) {{ return {name}_wide.data[i]; }}",
         ]
+        if reads:
+            lines.append(f"uvec4 {name}_load_word4(uint i) {{ return {name}_wide.data[i]; }}")
+        if writes:
+            lines.append(f"void {name}_store_word4(uint i, uvec4 w) {{ {name}_wide.data[i] = w; }}")
     return "\n".join(lines) + "\n"
 
 

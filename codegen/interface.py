@@ -61,13 +61,12 @@ def build_interface(variant: Variant) -> tuple[Interface | None, list[SpecError]
                 )
             )
             continue
-        if b.wide and (dtype not in ("int8", "uint8") or storage != "buffer" or b.access != "read"):
+        if b.wide and (dtype not in ("int8", "uint8") or storage != "buffer"):
             errors.append(
                 SpecError(
                     b.loc,
-                    f"{where}: wide needs an int8 or uint8 buffer that is only read, got {dtype} "
-                    f"in {storage} with access {b.access}; split the binding with `when` so that "
-                    "only its buffer variants are wide",
+                    f"{where}: wide needs an int8 or uint8 buffer, got {dtype} in {storage}; "
+                    "split the binding with `when` so that only its buffer variants are wide",
                 )
             )
             continue

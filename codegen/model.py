@@ -66,7 +66,7 @@ class Binding:
     storage: str  # may contain ${AXIS}
     vec: int
     access: str
-    wide: bool  # also a 16-byte view (int8/uint8 read buffers)
+    wide: bool  # also a 16-byte view (int8/uint8 buffers)
     when: tuple[AxisMatch, ...]
     loc: Location
 
@@ -262,7 +262,7 @@ class BindingSlot:
     access: str
     descriptor: str  # "storage_buffer" or "storage_image"
     format: str | None  # image format for texture3d
-    wide: bool = False  # also NAME_load_word4 (a 16-byte view of an int8/uint8 read buffer)
+    wide: bool = False  # also NAME_load_word4 / NAME_store_word4 (a 16-byte view of an int8/uint8 buffer)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,7 @@ BINDING = (
     F("storage", "storage", "buffer", "buffer, texture3d or texture2d, or ${AXIS}."),
     F("vec", "integer", 4, "Values per unit: 4, or 1 (32-bit dtypes in buffers only)."),
     F("access", "access", "read", "read, write or read_write."),
-    F("wide", "boolean", False, "int8/uint8 buffers read: also NAME_load_word4(i), words 4i..4i+3."),
+    F("wide", "boolean", False, "int8/uint8 buffers: also NAME_load_word4(i) (read) and NAME_store_word4(i, uvec4) (written), words 4i..4i+3 as one 16-byte access."),
     F("when", "axis mapping", {}, "Only in variants whose axes match."),
 )
 PUSH_CONSTANT = (

@@ -131,21 +131,36 @@ def test_wide_buffer_gets_a_16_byte_view_of_the_same_binding():
     assert "layout(set = 0, binding = 1, std430) readonly buffer t_in_block {\n  uint data[];" in header
     assert "layout(set = 0, binding = 1, std430) readonly buffer t_in_wide_block {\n  uvec4 data[];" in header
     assert "uvec4 t_in_load_word4(uint i) { return t_in_wide.data[i]; }" in header
+    assert "store_word4" not in header
     assert "wide" not in glsl_header(build_interface(variants["s_texture3d"])[0], "t.glsl.j2", "f.yaml:1")
     # One descriptor: the manifest lists the binding once.
     assert [b["name"] for b in interface_dict(iface)["bindings"]] == ["t_out", "t_in"]
 
 
-@pytest.mark.parametrize("fields, fault", [
-    ("dtype: int32, wide: true", "got int32 in buffer with access read"),
-    ("dtype: int8, wide: true, access: read_write", "got int8 in buffer with access read_write"),
-    ("dtype: int8, storage: texture3d, wide: true", "got int8 in texture3d with access read"),
+@pytest.mark.parametrize("access, qualifier, load, store", [
+    ("write", "writeonly ", False, True),
+    ("read_write", "", True, True),
 ])
-def test_wide_needs_an_int8_buffer_only_read(fields, fault):
+def test_wide_written_buffer_gets_a_16_byte_store(access, qualifier, load, store):
+    text = WIDE_SPEC.replace("dtype: int8, wide: true", f"dtype: int8, wide: true, access: {access}")
+    iface, errors = build_interface(_wide_variants(text)["s_buffer"])
+    assert not errors
+    header = glsl_header(iface, "t.glsl.j2", "f.yaml:1")
+    assert f"layout(set = 0, binding = 1, std430) {qualifier}buffer t_in_wide_block {{\n  uvec4 data[];" in header
+    assert ("uvec4 t_in_load_word4(uint i) { return t_in_wide.data[i]; }" in header) == load
+    assert ("void t_in_store_word4(uint i, uvec4 w) { t_in_wide.data[i] = w; }" in header) == store
+
+
+@pytest.mark.parametrize("fields, fault", [
+    ("dtype: int32, wide: true", "got int32 in buffer"),
+    ("dtype: float16, wide: true, access: write", "got float16 in buffer"),
+    ("dtype: int8, storage: texture3d, wide: true", "got int8 in texture3d"),
+])
+def test_wide_needs_an_int8_buffer(fields, fault):
     text = WIDE_SPEC.replace("dtype: int8, wide: true", fields)
     iface, errors = build_interface(_wide_variants(text)["s_buffer"])
     assert iface is None
-    assert "wide needs an int8 or uint8 buffer that is only read" in errors[0].message
+    assert "wide needs an int8 or uint8 buffer" in errors[0].message
     assert fault in errors[0].message
 
 
