@@ -150,6 +150,13 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the `[N, Cs + C_x, H, W]` output of a per-channel table op whose first Cs channels come "
         "from window sums `sums` and the rest from `x` (either may be `None`, not both)",
     ),
+    "copy_quads": (
+        "layout=None, width=0, channel_parts=None",
+        "whether a copy-like int8 op writes 16-byte quads (spec constant `QUADS`; "
+        "`runtime.families.q8ta_copy`): always for an elementwise op (no layout), in 4W4C, in "
+        "4C1W for `width % 4 == 0`, in 4C for a concat of `channel_parts` whose parts but the "
+        "last have a multiple of 16 channels and whose last has a multiple of 4 channel words",
+    ),
     "broadcast": (
         "a, b",
         "how `b` broadcasts to `a`'s shape (PyTorch's rules), "

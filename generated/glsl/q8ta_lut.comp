@@ -2,6 +2,7 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
+layout(constant_id = 4) const bool QUADS = false;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -42,6 +43,10 @@ void t_out_store(uint unit, ivec4 v) {
   t_out.data[unit] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
 }
 void t_out_store_word(uint unit, uint w) { t_out.data[unit] = w; }
+layout(set = 0, binding = 0, std430) writeonly buffer t_out_wide_block {
+  uvec4 data[];
+} t_out_wide;
+void t_out_store_word4(uint i, uvec4 w) { t_out_wide.data[i] = w; }
 layout(set = 0, binding = 1, std430) readonly buffer t_x_block {
   uint data[];
 } t_x;
@@ -50,6 +55,10 @@ ivec4 t_x_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_x_load_word(uint unit) { return t_x.data[unit]; }
+layout(set = 0, binding = 1, std430) readonly buffer t_x_wide_block {
+  uvec4 data[];
+} t_x_wide;
+uvec4 t_x_load_word4(uint i) { return t_x_wide.data[i]; }
 layout(set = 0, binding = 2, std430) readonly buffer t_table_block {
   uint data[];
 } t_table;
@@ -294,16 +303,8 @@ const int ETVK_PLAIN = 3;
 
 shared uint s_table[64];
 
-void main() {
-  const uint lid = gl_LocalInvocationIndex;
-  if (lid < 64u) {
-    s_table[lid] = t_table_load_word(lid);
-  }
-  barrier();
-  const uint word = etvk_linear_invocation();
-  if (word >= pc.words) {
-    return;
-  }
+// Output word `word` from x's word `x_word`: each byte q becomes table[q + 128], padding 0.
+uint lut_word(uint word, uint x_word) {
   bvec4 valid = bvec4(true);
   if (LAYOUT == ETVK_PLAIN) {
     valid = lessThan(ivec4(int(word) * 4) + ivec4(0, 1, 2, 3), ivec4(pc.sizes.x));
@@ -315,17 +316,41 @@ void main() {
     if (ragged_width || (C & 3) != 0) {
       const EtvkChannelWord p = etvk_split_channel_word(word, etvk_channel_word_span(LAYOUT, W), (C + 3) >> 2);
       if (ragged_width && etvk_past_width(p, W)) {
-        t_out_store_word(word, 0u);
-        return;
+        return 0u;
       }
       valid = etvk_valid_channels(p.c4, C);
     }
   }
   // table[q + 128] is byte (q + 128) % 4 of word (q + 128) / 4, sign-extended.
-  const ivec4 index = t_x_load(word) + 128;
+  const ivec4 index = etvk_unpack_i8x4(x_word) + 128;
   ivec4 y;
   for (int i = 0; i < 4; ++i) {
     y[i] = bitfieldExtract(int(s_table[index[i] >> 2]), (index[i] & 3) * 8, 8);
   }
-  t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), y, valid)));
+  return etvk_pack_i8x4(mix(ivec4(0), y, valid));
+}
+
+void main() {
+  const uint lid = gl_LocalInvocationIndex;
+  if (lid < 64u) {
+    s_table[lid] = t_table_load_word(lid);
+  }
+  barrier();
+  const uint item = etvk_linear_invocation();
+  if (!QUADS) {
+    if (item < pc.words) {
+      t_out_store_word(item, lut_word(item, t_x_load_word(item)));
+    }
+    return;
+  }
+  const uint first = item * 4u;
+  if (first + 4u <= pc.words) {
+    const uvec4 x = t_x_load_word4(item);
+    t_out_store_word4(item, uvec4(lut_word(first, x.x), lut_word(first + 1u, x.y),
+                                  lut_word(first + 2u, x.z), lut_word(first + 3u, x.w)));
+    return;
+  }
+  for (uint word = first; word < pc.words; ++word) {
+    t_out_store_word(word, lut_word(word, t_x_load_word(word)));
+  }
 }

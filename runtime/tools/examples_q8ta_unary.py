@@ -44,9 +44,13 @@ LUT_CASES = [
     L("lut_c6_w5_batch2", (2, 6, 3, 5), real="C and W not multiples of 4, batch 2"),
     L("lut_c5_w9", (1, 5, 2, 9), real="padding channels, 4W4C padding widths"),
     L("lut_c3_w1", (1, 3, 1, 1), real="one word, three channels"),
+    L("lut_c4_w7", (1, 4, 1, 7), real="7 words in 4C and 4C1W: one 16-byte quad, then 3 words"),
+    L("lut_c4_h3_w7", (1, 4, 3, 7), real="21 words in 4C and 4C1W: 5 quads, then 1 word"),
+    L("lut_c6_h3_w7", (1, 6, 3, 7), real="42 words in 4C and 4C1W: 10 quads, then 2 words"),
     L("mobilenetv3_classifier_hardswish", (1, 1024), real="MobileNetV3-Small classifier: linear -> hardswish (plain)"),
     L("plain_rows_odd", (3, 7), real="plain, the last word 1 value past the end"),
     L("plain_1d_5", (5,), real="plain 1-D, 3 bytes of the last word past the end"),
+    L("plain_1d_17", (17,), real="plain 1-D, 5 words: one 16-byte quad, then 1 word"),
 ]
 LUT_BY_NAME = {case.name: case for case in LUT_CASES}
 

@@ -11,15 +11,22 @@ channel's own table; the mean of per-channel fp32 tables (q8ta_channel_lut_mean)
 in every packed layout, its plain output's tail bytes 0, within one step of
 the float64 mean, and with one table row for every channel. Both with window sums for the output's first channels (a table
 over the sums of 4 and of 9 taps) before x's channels, and with the sums alone
-(no x), in every packed layout, bit-exact, padding bytes included.
+(no x), in every packed layout, bit-exact, padding bytes included. The
+table ops run on 16-byte quads (4 words an invocation, the last words % 4 one
+by one) and, within `one_word_each`, on one word an invocation: both paths are
+checked against the reference, and the dispatch's size says which ran.
 """
 
 from __future__ import annotations
+
+import contextlib
+import json
 
 import pytest
 import torch
 
 import runtime
+from runtime.families.q8ta_copy import one_word_each
 from runtime.reference.q8ta_unary import q8ta_channel_lut, q8ta_channel_lut_mean, q8ta_lut
 from runtime.reference.quantize import fp32
 from runtime.tools.examples_q8ta_unary import (
@@ -36,6 +43,21 @@ from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
 
 OP = "etvk.q8ta_lut.default"
+
+
+@pytest.fixture(params=[True, False], ids=["quads", "words"])
+def quads(request):
+    """Runs the test with the copy-like ops on 16-byte quads (True) or, within `one_word_each`,
+    one word an invocation (False)."""
+    with contextlib.nullcontext() if request.param else one_word_each():
+        yield request.param
+
+
+def assert_path(trace_path, quads: bool, words: int) -> None:
+    """The last dispatch wrote `words` words on quads (a quarter of the invocations, rounded
+    up) or one word an invocation."""
+    last = json.loads(trace_path.read_text().splitlines()[-1])
+    assert last["global"][0] == (-(-words // 4) if quads else words), last
 
 
 def run_on_device(x, table, layout):
@@ -65,11 +87,12 @@ def _cases():
 
 
 @pytest.mark.parametrize(("name", "layout"), _cases())
-def test_case_matches_reference(name, layout, dispatch_trace):
+def test_case_matches_reference(name, layout, quads, dispatch_trace, dispatch_trace_path):
     x, table = lut_inputs(LUT_BY_NAME[name])
     want = q8ta_lut(x, table)
     assert torch.equal(want, table[(x.to(torch.int64) + 128)])
     raw, got = run_on_device(x, table, layout)
+    assert_path(dispatch_trace_path, quads, raw.numel() // 4)
     assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
     assert torch.equal(raw, _expected_bytes(want, layout)), f"{name} {layout}: padding bytes not 0"
     assert "q8ta_lut" in dispatch_trace()
@@ -134,12 +157,17 @@ def test_a_device_table_in_a_packed_layout_is_refused():
 
 
 def test_cases_cover_what_they_claim():
-    """Padding channels, 4W4C padding widths, a batch, and plain tensors with a partial last word."""
+    """Padding channels, 4W4C padding widths, a batch, plain tensors with a partial last word,
+    and, on quads, every count of last words (0 to 3) after whole quads, packed and plain."""
     packed = [c.shape for c in LUT_CASES if c.packed]
     assert any(s[1] % 4 for s in packed) and any(s[3] % 4 for s in packed) and any(s[0] > 1 for s in packed)
     assert any(s[1] % 4 == 0 and s[3] % 4 == 0 for s in packed)
     plain = [c.shape for c in LUT_CASES if not c.packed]
     assert {torch.Size(s).numel() % 4 for s in plain} >= {0, 1}
+    packed_words = [layouts.packed_words(s, layout) for s in packed for layout in PACKED_LAYOUTS]
+    plain_words = [-(-torch.Size(s).numel() // 4) for s in plain]
+    assert {w % 4 for w in plain_words if w > 4} >= {1, 2}
+    assert {w % 4 for w in packed_words if w > 4} == {0, 1, 2, 3}
 
 
 CHANNEL_OP = "etvk.q8ta_channel_lut.default"
@@ -164,12 +192,13 @@ def _channel_cases():
 
 
 @pytest.mark.parametrize(("name", "layout"), _channel_cases())
-def test_channel_lut_case_matches_reference(name, layout, dispatch_trace):
+def test_channel_lut_case_matches_reference(name, layout, quads, dispatch_trace, dispatch_trace_path):
     x, table = channel_lut_inputs(LUT_BY_NAME[name])
     want = q8ta_channel_lut(x, table)
     for c in range(x.shape[1]):
         assert torch.equal(want[:, c], table[c][x[:, c].long() + 128])
     raw, got = run_channel_lut(x, table, layout)
+    assert_path(dispatch_trace_path, quads, raw.numel() // 4)
     assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
     assert torch.equal(raw, layouts.pack(want, layout)), f"{name} {layout}: padding bytes not 0"
     assert "q8ta_channel_lut" in dispatch_trace()
@@ -201,7 +230,7 @@ def _record(op, x, x_layout, *args, **kwargs):
 
 @pytest.mark.parametrize("taps", [4, 9])
 @pytest.mark.parametrize(("name", "layout"), _channel_cases())
-def test_channel_lut_with_window_sums_matches_reference(name, layout, taps):
+def test_channel_lut_with_window_sums_matches_reference(name, layout, taps, quads, dispatch_trace_path):
     """The sums' Cs channels first ((C + 1) // 2 of them: x's channels straddle output words
     where Cs % 4 != 0), then x's C channels; and the sums alone (no x)."""
     x, table = channel_lut_inputs(LUT_BY_NAME[name])
@@ -217,6 +246,7 @@ def test_channel_lut_with_window_sums_matches_reference(name, layout, taps):
     op = runtime.get_op(CHANNEL_OP)
     for x_, table_, expected, kwargs in ((x, table, want, {}), (None, None, alone, {"layout": layout})):
         raw, got = _record(op, x_, layout, table_, sums, sums_table, **kwargs)
+        assert_path(dispatch_trace_path, quads, raw.numel() // 4)
         assert torch.equal(got, expected), f"{name} {layout}: {int((got != expected).sum())} values differ"
         assert torch.equal(raw, layouts.pack(expected, layout)), f"{name} {layout}: padding bytes not 0"
 
