@@ -2,6 +2,7 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
+layout(constant_id = 4) const bool QUADS = false;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -49,6 +50,10 @@ void t_out_store(uint unit, ivec4 v) {
   t_out.data[unit] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
 }
 void t_out_store_word(uint unit, uint w) { t_out.data[unit] = w; }
+layout(set = 0, binding = 0, std430) writeonly buffer t_out_wide_block {
+  uvec4 data[];
+} t_out_wide;
+void t_out_store_word4(uint i, uvec4 w) { t_out_wide.data[i] = w; }
 layout(set = 0, binding = 1, std430) readonly buffer t_a_block {
   uint data[];
 } t_a;
@@ -57,6 +62,10 @@ ivec4 t_a_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_a_load_word(uint unit) { return t_a.data[unit]; }
+layout(set = 0, binding = 1, std430) readonly buffer t_a_wide_block {
+  uvec4 data[];
+} t_a_wide;
+uvec4 t_a_load_word4(uint i) { return t_a_wide.data[i]; }
 layout(set = 0, binding = 2, std430) readonly buffer t_b_block {
   uint data[];
 } t_b;
@@ -65,6 +74,10 @@ ivec4 t_b_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_b_load_word(uint unit) { return t_b.data[unit]; }
+layout(set = 0, binding = 2, std430) readonly buffer t_b_wide_block {
+  uvec4 data[];
+} t_b_wide;
+uvec4 t_b_load_word4(uint i) { return t_b_wide.data[i]; }
 
 // Shared numerics for the quantize family (OPS.md "Shared numeric conventions").
 // Plain GLSL, included by templates through Jinja; needs no bindings.
@@ -343,53 +356,109 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
   return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
 }
 
-void main() {
-  const uint word = etvk_linear_invocation();
-  if (word >= pc.words) {
-    return;
-  }
-  const int W = pc.sizes.x;
-  const int C = pc.sizes.z;
-  const int Ca = pc.a_channels;
-  const int span = etvk_channel_word_span(LAYOUT, W);
-  const EtvkChannelWord p = etvk_split_channel_word(word, span, (C + 3) >> 2);
-  if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
-    t_out_store_word(word, 0u);
-    return;
-  }
-  const int c0 = p.c4 * 4;
-  // a's channels c0 .. c0+3: a starts at channel 0, so its words line up with out's.
-  uint a_word = 0u;
-  if (c0 < Ca) {
-    a_word = t_a_load_word(etvk_channel_word(p.outer, p.c4, p.inner, span, (Ca + 3) >> 2));
-  }
-  // b's channels d .. d+3 (d = c0 - C_a, at least -3): bytes s .. s+3 of b's
-  // words k and k+1 taken as one 8-byte window (k = floor(d / 4), s = d mod 4;
-  // a word before b's first, k = -1, reads as 0).
-  uint b_word = 0u;
-  if (c0 + 3 >= Ca) {
-    const int d = c0 - Ca;
-    const int k = d >> 2;
-    const int shift = (d & 3) * 8;
-    const int b_c4s = (C - Ca + 3) >> 2;
-    uint lo = 0u;
-    if (k >= 0 && k < b_c4s) {
-      lo = t_b_load_word(etvk_channel_word(p.outer, k, p.inner, span, b_c4s));
-    }
-    b_word = lo;
-    if (shift != 0) {
-      uint hi = 0u;
-      if (k + 1 < b_c4s) {
-        hi = t_b_load_word(etvk_channel_word(p.outer, k + 1, p.inner, span, b_c4s));
-      }
-      b_word = (lo >> shift) | (hi << (32 - shift));
-    }
-  }
-  const bvec4 from_a = etvk_valid_channels(p.c4, Ca);
+// Output word of channels 4 c4 .. 4 c4 + 3 of one pixel: a's word `a_word` holds a's channels
+// 4 c4 .. (from a's first), `b_word` b's channels 4 c4 - C_a .. (bytes before b's first 0).
+uint concat_word(int c4, uint a_word, uint b_word) {
+  const bvec4 from_a = etvk_valid_channels(c4, pc.a_channels);
   const ivec4 q = mix(etvk_unpack_i8x4(b_word), etvk_unpack_i8x4(a_word), from_a);
   const ivec4 zero_point = mix(ivec4(pc.b_zero_point), ivec4(pc.a_zero_point), from_a);
   const vec4 scale = mix(vec4(pc.b_scale), vec4(pc.a_scale), from_a);
   const vec4 y = etvk_q8ta_dequantize4(q, zero_point, scale);
   const ivec4 r = etvk_q8ta_quantize4(y, pc.inv_output_scale, pc.output_zero_point);
-  t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), r, etvk_valid_channels(p.c4, C))));
+  return etvk_pack_i8x4(mix(ivec4(0), r, etvk_valid_channels(c4, pc.sizes.z)));
+}
+
+void main() {
+  const uint item = etvk_linear_invocation();
+  const int W = pc.sizes.x;
+  const int C = pc.sizes.z;
+  const int Ca = pc.a_channels;
+  const int c4s = (C + 3) >> 2;
+  const int a_c4s = (Ca + 3) >> 2;
+  const int b_c4s = (C - Ca + 3) >> 2;
+  if (!QUADS) {
+    if (item >= pc.words) {
+      return;
+    }
+    const int span = etvk_channel_word_span(LAYOUT, W);
+    const EtvkChannelWord p = etvk_split_channel_word(item, span, c4s);
+    if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
+      t_out_store_word(item, 0u);
+      return;
+    }
+    const int c0 = p.c4 * 4;
+    // a's channels c0 .. c0+3: a starts at channel 0, so its words line up with out's.
+    uint a_word = 0u;
+    if (c0 < Ca) {
+      a_word = t_a_load_word(etvk_channel_word(p.outer, p.c4, p.inner, span, a_c4s));
+    }
+    // b's channels d .. d+3 (d = c0 - C_a, at least -3): bytes s .. s+3 of b's
+    // words k and k+1 taken as one 8-byte window (k = floor(d / 4), s = d mod 4;
+    // a word before b's first, k = -1, reads as 0).
+    uint b_word = 0u;
+    if (c0 + 3 >= Ca) {
+      const int d = c0 - Ca;
+      const int k = d >> 2;
+      const int shift = (d & 3) * 8;
+      uint lo = 0u;
+      if (k >= 0 && k < b_c4s) {
+        lo = t_b_load_word(etvk_channel_word(p.outer, k, p.inner, span, b_c4s));
+      }
+      b_word = lo;
+      if (shift != 0) {
+        uint hi = 0u;
+        if (k + 1 < b_c4s) {
+          hi = t_b_load_word(etvk_channel_word(p.outer, k + 1, p.inner, span, b_c4s));
+        }
+        b_word = (lo >> shift) | (hi << (32 - shift));
+      }
+    }
+    t_out_store_word(item, concat_word(p.c4, a_word, b_word));
+    return;
+  }
+  // Quads: `per` channel words each (4 in 4C, else 1 of 4 widths), `span` quads between a
+  // pixel group's consecutive channel quads, so that q8ta_binary.glslh's word split and index
+  // work on quads of out, a and b alike.
+  if (item >= (pc.words >> 2)) {
+    return;
+  }
+  const bool lanes_are_channels = LAYOUT == ETVK_4C;
+  const int per = lanes_are_channels ? 4 : 1;
+  const int span = LAYOUT == ETVK_4C1W ? W >> 2 : 1;
+  const EtvkChannelWord p = etvk_split_channel_word(item, span, c4s / per);
+  const int c4 = p.c4 * per;
+  const int c0 = c4 * 4;
+  uvec4 a4 = uvec4(0u);
+  if (c0 < Ca) {
+    a4 = t_a_load_word4(etvk_channel_word(p.outer, p.c4, p.inner, span, a_c4s / per));
+  }
+  // b as in the one-word path, lane by lane; in 4C the quad is all of b (d % 16 == 0: no shift,
+  // which only per 1 has).
+  uvec4 b4 = uvec4(0u);
+  if (c0 + 4 * per - 1 >= Ca) {
+    const int d = c0 - Ca;
+    const int k = d >> 2;
+    const int shift = (d & 3) * 8;
+    uvec4 lo = uvec4(0u);
+    if (k >= 0 && k < b_c4s) {
+      lo = t_b_load_word4(etvk_channel_word(p.outer, k / per, p.inner, span, b_c4s / per));
+    }
+    b4 = lo;
+    if (shift != 0) {
+      uvec4 hi = uvec4(0u);
+      if (k + 1 < b_c4s) {
+        hi = t_b_load_word4(etvk_channel_word(p.outer, k + 1, p.inner, span, b_c4s));
+      }
+      b4 = (lo >> shift) | (hi << (32 - shift));
+    }
+  }
+  uvec4 out4;
+  for (int l = 0; l < 4; ++l) {
+    out4[l] = concat_word(lanes_are_channels ? c4 + l : c4, a4[l], b4[l]);
+    // 4W4C: lane l is width (outer % W4) * 4 + l
+    if (LAYOUT == ETVK_4W4C && (p.outer % ((W + 3) >> 2)) * 4 + l >= W) {
+      out4[l] = 0u;
+    }
+  }
+  t_out_store_word4(item, out4);
 }

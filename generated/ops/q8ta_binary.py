@@ -109,7 +109,7 @@ Q8TA_ADD = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_add(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra + rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1]. Device inputs share one layout; a host input takes the other input's layout (both on the host: 4C1W); the output takes a's.",
-    spec="op_specs/q8ta_binary.yaml:124",
+    spec="op_specs/q8ta_binary.yaml:127",
     reference="runtime.reference.q8ta_binary:q8ta_add",
     variants=(
         ("q8ta_binary", {}),
@@ -161,7 +161,7 @@ Q8TA_MUL = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_mul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra * rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1] (a squeeze-and- excite gate). Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:153",
+    spec="op_specs/q8ta_binary.yaml:156",
     reference="runtime.reference.q8ta_binary:q8ta_mul",
     variants=(
         ("q8ta_binary", {}),
@@ -194,11 +194,12 @@ def q8ta_concat(stream, a, a_scale, a_zero_point, b, b_scale, b_zero_point, outp
     _check_output_scale_valid(op, output_scale)
     _check_output_zero_point_int8(op, output_zero_point)
     layout = rt.layout_of(a, rt.layout_of(b, '4C1W'))
+    quads = rt.copy_quads(layout, a.shape[3], [a.shape[1], b.shape[1]])
     v = op.select(variant, storage, {})
     a = stream.upload(a, v.binding("t_a"), op.label("a"), layout=layout)
     b = stream.upload(b, v.binding("t_b"), op.label("b"), layout=layout)
     out = stream.empty([a.shape[0], a.shape[1] + b.shape[1], a.shape[2], a.shape[3]], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_a": a, "t_b": b}, push={"sizes": [a.shape[3], a.shape[2], a.shape[1] + b.shape[1], a.shape[0]], "words": rt.packed_words(out), "a_channels": a.shape[1], "a_scale": rt.fp32(a_scale), "a_zero_point": a_zero_point, "b_scale": rt.fp32(b_scale), "b_zero_point": b_zero_point, "inv_output_scale": rt.fp32_recip(output_scale), "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[rt.packed_words(out), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_a": a, "t_b": b}, push={"sizes": [a.shape[3], a.shape[2], a.shape[1] + b.shape[1], a.shape[0]], "words": rt.packed_words(out), "a_channels": a.shape[1], "a_scale": rt.fp32(a_scale), "a_zero_point": a_zero_point, "b_scale": rt.fp32(b_scale), "b_zero_point": b_zero_point, "inv_output_scale": rt.fp32_recip(output_scale), "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "QUADS": quads}, global_size=[rt.packed_words(out) // (4 if quads else 1), 1, 1])
     return out
 
 
@@ -211,14 +212,13 @@ Q8TA_CONCAT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Concat along the channels, out [N, C_a + C_b, H, W]: each input requantized to the output's qparams, out = clamp(roundEven(float(q - zero_point) * scale * fp32(1/output_scale)) + output_zero_point, -128, 127) (an input with the output's qparams is copied exactly). C_a need not be a multiple of 4. Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:181",
+    spec="op_specs/q8ta_binary.yaml:184",
     reference="runtime.reference.q8ta_binary:q8ta_concat",
     variants=(
         ("q8ta_concat", {}),
     ),
     record=q8ta_concat,
     fake=_q8ta_concat_fake,
-    plannable=True,
 )
 
 

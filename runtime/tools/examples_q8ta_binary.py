@@ -104,6 +104,10 @@ CONCAT_CASES = [
       real="both inputs in the output's qparams: an exact copy"),
     C("concat_c1_c2", 2, 1, 2, 3, 2, Q(0.3, 2), Q(0.1, -50), Q(0.3, 2),
       real="single channels, a copied exactly"),
+    C("concat_c16_c13_w4", 2, 16, 13, 2, 4, Q(0.04, 3), Q(0.09, -20), Q(0.06, 1),
+      real="16-byte quads in every layout (4C: C_a % 16 == 0, 4 channel words of b), padding channels"),
+    C("concat_c6_c10_w8", 1, 6, 10, 2, 8, Q(0.03, -5), Q(0.045, 7), Q(0.05, 0),
+      real="16-byte quads in 4C1W with b shifted by 2 channels, two quads a row"),
 ]
 BINARY_BY_NAME = {case.name: case for case in BINARY_CASES}
 CONCAT_BY_NAME = {case.name: case for case in CONCAT_CASES}

@@ -6,13 +6,17 @@ bytes included (the raw output words are compared with the packed reference).
 The reference must equal PyTorch's decomposed path (quantized_decomposed
 dequantize -> aten op -> [relu] -> quantize_per_tensor) bit for bit, on the
 cases and on every pair of int8 values under random qparams; so must the
-shaders on those pairs. Layouts flow from inputs to the output, a host input
-takes the device input's layout, and bad arguments name the op and argument.
+shaders on those pairs. The concat writes 16-byte quads where its layout and
+channels allow (the dispatch's size says which path ran) and one word an
+invocation within `one_word_each`, both checked. Layouts flow from inputs to
+the output, a host input takes the device input's layout, and bad arguments
+name the op and argument.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import zlib
 
@@ -21,6 +25,7 @@ import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers quantized_decomposed)
 
 import runtime
+from runtime.families.q8ta_copy import one_word_each
 from runtime.reference import q8ta_binary as ref
 from runtime.reference.quantize import fp32
 from runtime.tools.examples_q8ta_binary import (
@@ -82,16 +87,42 @@ def _cases():
     return params
 
 
+def concat_quads(layout, a, b) -> bool:
+    """Whether q8ta_concat of `a` and `b` in `layout` writes 16-byte quads: always in 4W4C, in
+    4C1W for W % 4 == 0, in 4C for C_a % 16 == 0 and b's channel words a multiple of 4."""
+    if layout == "4C":
+        return a.shape[1] % 16 == 0 and -(-b.shape[1] // 4) % 4 == 0
+    return layout == "4W4C" or a.shape[3] % 4 == 0
+
+
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
 @pytest.mark.parametrize(("kind", "name", "args"), _cases())
-def test_case_matches_reference_and_pytorch(kind, name, args, layout, dispatch_trace):
+def test_case_matches_reference_and_pytorch(kind, name, args, layout, dispatch_trace, dispatch_trace_path):
     want = reference(kind, *args)
     assert torch.equal(want, pytorch_decomposed(kind, *args)), f"{name}: reference != PyTorch"
     raw, got = run_on_device(kind, args, layout)
+    if kind == "concat":
+        words = raw.numel() // 4
+        quads = concat_quads(layout, args[0], args[3])
+        dispatched = json.loads(dispatch_trace_path.read_text().splitlines()[-1])["global"][0]
+        assert dispatched == (words // 4 if quads else words), f"{name} {layout}: quads {quads}"
     assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
     # Padding channels (and 4W4C padding widths) must be written as 0 bytes.
     assert torch.equal(raw, layouts.pack(want, layout)), f"{name} {layout}: padding bytes not 0"
     assert SHADERS[kind] in dispatch_trace()
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+@pytest.mark.parametrize("name", [case.name for case in CONCAT_CASES])
+def test_concat_one_word_each_matches_reference(name, layout, dispatch_trace_path):
+    """The one-word kernel (the path of shapes that no quads fit, forced for all here)."""
+    args = concat_inputs(CONCAT_BY_NAME[name])
+    with one_word_each():
+        raw, got = run_on_device("concat", args, layout)
+    assert json.loads(dispatch_trace_path.read_text().splitlines()[-1])["global"][0] == raw.numel() // 4
+    want = reference("concat", *args)
+    assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+    assert torch.equal(raw, layouts.pack(want, layout)), f"{name} {layout}: padding bytes not 0"
 
 
 @pytest.mark.parametrize("name", ["inception_concat_c8_c12", "concat_same_qparams_c5_c6",
@@ -289,3 +320,10 @@ def test_cases_cover_what_they_claim():
     assert any(c.a_shape[1] % 4 == 0 and c.a_shape[3] % 4 != 0 for c in plain)
     assert any(c.a_shape[1] % 4 != 0 for c in plain)
     assert any(dataclasses.astuple(c.a) == dataclasses.astuple(c.out) for c in CONCAT_CASES)
+    # quads: in 4C1W with b shifted (C_a % 4 != 0) and more than one quad a row, in 4C, and
+    # shapes where no quads fit in 4C1W (W % 4 != 0) and 4C
+    shapes = [((c.N, c.C_a, c.H, c.W), (c.N, c.C_b, c.H, c.W)) for c in CONCAT_CASES]
+    fits = {layout: [concat_quads(layout, torch.empty(a), torch.empty(b)) for a, b in shapes]
+            for layout in ("4C", "4C1W")}
+    assert any(f and a[1] % 4 and a[3] > 4 for f, (a, _) in zip(fits["4C1W"], shapes, strict=True))
+    assert all(any(f) and not all(f) for f in fits.values())
