@@ -2,6 +2,7 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
+layout(constant_id = 4) const bool QUADS = false;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -45,6 +46,10 @@ void t_out_store(uint unit, ivec4 v) {
   t_out.data[unit] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
 }
 void t_out_store_word(uint unit, uint w) { t_out.data[unit] = w; }
+layout(set = 0, binding = 0, std430) writeonly buffer t_out_wide_block {
+  uvec4 data[];
+} t_out_wide;
+void t_out_store_word4(uint i, uvec4 w) { t_out_wide.data[i] = w; }
 layout(set = 0, binding = 1, std430) readonly buffer t_x_block {
   uint data[];
 } t_x;
@@ -53,6 +58,10 @@ ivec4 t_x_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_x_load_word(uint unit) { return t_x.data[unit]; }
+layout(set = 0, binding = 1, std430) readonly buffer t_x_wide_block {
+  uvec4 data[];
+} t_x_wide;
+uvec4 t_x_load_word4(uint i) { return t_x_wide.data[i]; }
 
 // Shared numerics for the quantize family (OPS.md "Shared numeric conventions").
 // Plain GLSL, included by templates through Jinja; needs no bindings.
@@ -286,29 +295,54 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
 }
 
 void main() {
-  const uint word = etvk_linear_invocation();
-  if (word >= pc.words) {
-    return;
-  }
+  const uint item = etvk_linear_invocation();
   const int W = pc.sizes.x;
   const int count = pc.sizes.z;
-  const int span = etvk_channel_word_span(LAYOUT, W);
-  const EtvkChannelWord p = etvk_split_channel_word(word, span, (count + 3) >> 2);
-  if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
-    t_out_store_word(word, 0u);
-    return;
-  }
+  const int c4s = (count + 3) >> 2;
   // x and out share N, H and W, so they share outer, span and inner (q8ta_binary.glslh).
   const int x_c4s = (pc.x_channels + 3) >> 2;
   const int per_group = count / pc.groups;
-  uint out_word = 0u;
+  if (!QUADS) {
+    if (item >= pc.words) {
+      return;
+    }
+    const int span = etvk_channel_word_span(LAYOUT, W);
+    const EtvkChannelWord p = etvk_split_channel_word(item, span, c4s);
+    if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
+      t_out_store_word(item, 0u);
+      return;
+    }
+    uint out_word = 0u;
+    for (int i = 0; i < 4; ++i) {
+      const int c = p.c4 * 4 + i;
+      if (c < count) {
+        const int source = pc.start + (c % pc.groups) * per_group + c / pc.groups;
+        const uint x_word = t_x_load_word(etvk_channel_word(p.outer, source >> 2, p.inner, span, x_c4s));
+        out_word |= ((x_word >> ((source & 3) * 8)) & 0xFFu) << (i * 8);
+      }
+    }
+    t_out_store_word(item, out_word);
+    return;
+  }
+  // Quads of 4 widths of one channel word: `span` quads between a pixel group's consecutive
+  // channel quads (4W4C 1, 4C1W W / 4), in out and x alike.
+  if (item >= (pc.words >> 2)) {
+    return;
+  }
+  const int span = LAYOUT == ETVK_4C1W ? W >> 2 : 1;
+  const EtvkChannelWord p = etvk_split_channel_word(item, span, c4s);
+  uvec4 out4 = uvec4(0u);
   for (int i = 0; i < 4; ++i) {
     const int c = p.c4 * 4 + i;
     if (c < count) {
       const int source = pc.start + (c % pc.groups) * per_group + c / pc.groups;
-      const uint x_word = t_x_load_word(etvk_channel_word(p.outer, source >> 2, p.inner, span, x_c4s));
-      out_word |= ((x_word >> ((source & 3) * 8)) & 0xFFu) << (i * 8);
+      const uvec4 x4 = t_x_load_word4(etvk_channel_word(p.outer, source >> 2, p.inner, span, x_c4s));
+      out4 |= ((x4 >> ((source & 3) * 8)) & 0xFFu) << (i * 8);
     }
   }
-  t_out_store_word(word, out_word);
+  // 4W4C: lane l is width (outer % W4) * 4 + l
+  if (LAYOUT == ETVK_4W4C) {
+    out4 = mix(out4, uvec4(0u), greaterThanEqual(ivec4((p.outer % ((W + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(W)));
+  }
+  t_out_store_word4(item, out4);
 }

@@ -38,10 +38,11 @@ def q8ta_channel_gather(stream, x, start, count, groups=1, *, variant=None, stor
     _check_count_in_range(op, count, x, start)
     _check_groups_divide_count(op, groups, count)
     layout = rt.layout_of(x, '4C1W')
+    quads = rt.copy_quads(layout, x.shape[3])
     v = op.select(variant, storage, {})
     x = stream.upload(x, v.binding("t_x"), op.label("x"), layout=layout)
     out = stream.empty([x.shape[0], count, x.shape[2], x.shape[3]], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x}, push={"sizes": [x.shape[3], x.shape[2], count, x.shape[0]], "words": rt.packed_words(out), "x_channels": x.shape[1], "start": start, "groups": groups}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[rt.packed_words(out), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x}, push={"sizes": [x.shape[3], x.shape[2], count, x.shape[0]], "words": rt.packed_words(out), "x_channels": x.shape[1], "start": start, "groups": groups}, spec_constants={"LAYOUT": rt.layout_code(layout), "QUADS": quads}, global_size=[rt.packed_words(out) // (4 if quads else 1), 1, 1])
     return out
 
 
@@ -54,14 +55,13 @@ Q8TA_CHANNEL_GATHER = rt.OpDef(
     family="q8ta_gather",
     schema="q8ta_channel_gather(Tensor x, int start, int count, int groups=1) -> Tensor",
     doc="out[:, c] = x[:, start + (c % groups) * (count / groups) + c // groups] for c < count, out [N, count, H, W]: groups 1 is the slice x[:, start : start + count] (chunk, split), count = C with groups g is the channel shuffle view(N, g, C/g, H, W) -> transpose(1, 2) -> view(N, C, H, W). A copy of int8 values, so it commutes with dequantize and quantize. The output takes x's layout (x on the host: 4C1W).",
-    spec="op_specs/q8ta_gather.yaml:54",
+    spec="op_specs/q8ta_gather.yaml:57",
     reference="runtime.reference.q8ta_gather:q8ta_channel_gather",
     variants=(
         ("q8ta_channel_gather", {}),
     ),
     record=q8ta_channel_gather,
     fake=_q8ta_channel_gather_fake,
-    plannable=True,
 )
 
 

@@ -31,6 +31,8 @@ GATHER_CASES = [
     G("shuffle_g2_c10", (1, 10, 4, 7), 0, 10, 2),
     G("shuffle_g3_c12", (1, 12, 2, 4), 0, 12, 3),
     G("shuffle_of_slice", (1, 13, 2, 3), 3, 6, 2),
+    G("slice_c11_from_2_w8", (1, 11, 2, 8), 2, 9, 1),   # 16-byte quads in 4C1W, 2 a row
+    G("shuffle_g2_c10_w8", (2, 10, 2, 8), 0, 10, 2),
 ]
 GATHER_BY_NAME = {case.name: case for case in GATHER_CASES}
 
