@@ -1,16 +1,22 @@
-"""q8ta_binary benchmark (not a test): GPU time and bandwidth of int8 add, mul and concat.
+"""q8ta_binary benchmark (not a test): GPU time and bandwidth of int8 add, mul, concat and tables.
 
 For real activation shapes (ResNet-50 residual adds, squeeze-and-excite
-gates, DenseNet / Inception concats; batch 1 and 32) it times each op in each
-packed layout and reports the median GPU time per call and the bandwidth
-(bytes of a, b and the output, packed, over that time), next to the same
-traffic in torch on CUDA (``torch.add`` of the int8 tensors, or
-``torch.cat``), a yardstick of what the memory system gives an elementwise
-kernel. Inputs are uploaded once; timing follows benchmarks/NOTES.md (the
-conv benchmark's `time_ours`: back-to-back calls in one stream, ~1 s of
-warm-up replays, median of timestamped calls).
+gates, DenseNet / Inception concats, DenseNet-121's per-channel tables
+`q8ta_channel_lut` and EfficientNet's `q8ta_lut`; batch 1 and 32) it times
+each op in each packed layout and reports the median GPU time per call and
+the bandwidth (bytes of the inputs and the output, packed, over that time;
+the tables are not counted), next to the same traffic in torch on CUDA
+(``torch.add`` of the int8 tensors, ``torch.cat``, or for the tables a copy
+of x), a yardstick of what the memory system gives an elementwise kernel,
+and the ratio of the two bandwidths. With ``--one-word`` each row also times
+the op within `runtime.families.q8ta_copy.one_word_each` (the copy-like ops'
+kernels of one 4-byte word an invocation instead of 16-byte quads) in the
+same run, and prints the time ratio quads / one word. Inputs are uploaded
+once; timing follows benchmarks/NOTES.md (the conv benchmark's `time_ours`:
+back-to-back calls in one stream, ~1 s of warm-up replays, median of
+timestamped calls).
 
-Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX]``
+Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX] [--one-word]``
 (``--quick``: tiny sizes and short warm-up; runs on lavapipe.)
 """
 
@@ -31,12 +37,14 @@ from results import Results  # noqa: E402
 from timing import open_device, time_cuda  # noqa: E402
 
 import runtime  # noqa: E402
+from runtime.families.q8ta_copy import one_word_each  # noqa: E402
 from runtime.vulkan import layouts  # noqa: E402
 from runtime.vulkan.layouts import PACKED_LAYOUTS  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
 
 # (name, op, a shape, b shape, copy); batch 32 and 1 of each. copy: a, b and the output share
 # their qparams (DenseNet's lowered block concats: the bytes are copied, q8ta_concat's fast path).
+# The table ops (lut, channel_lut) take x alone (b None).
 SHAPES = [
     ("resnet50 l1 residual add+relu", "add", (256, 56, 56), (256, 56, 56), False),
     ("resnet50 l4 residual add+relu", "add", (2048, 7, 7), (2048, 7, 7), False),
@@ -47,14 +55,24 @@ SHAPES = [
     ("inception concat 192+64 28", "concat", (192, 28, 28), (64, 28, 28), False),
     ("densenet block concat 224+32 56", "concat", (224, 56, 56), (32, 56, 56), True),
     ("densenet block concat 480+32 14", "concat", (480, 14, 14), (32, 14, 14), True),
+    ("densenet channel_lut 256x56x56", "channel_lut", (256, 56, 56), None, False),
+    ("densenet channel_lut 512x28x28", "channel_lut", (512, 28, 28), None, False),
+    ("densenet channel_lut 1024x14x14", "channel_lut", (1024, 14, 14), None, False),
+    ("efficientnet lut 32x112x112", "lut", (32, 112, 112), None, False),
 ]
+TABLE_OPS = ("lut", "channel_lut")
 
 
 def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False):
     """The op's arguments with a and b int8 (uploaded in `layout`, or on the host when None);
-    with `copy`, one set of qparams for a, b and the output."""
+    with `copy`, one set of qparams for a, b and the output. A table op: x and a random table
+    (one per channel for channel_lut)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
+    if op in TABLE_OPS:
+        rows = (a_shape[1], 256) if op == "channel_lut" else (256,)
+        table = torch.randint(-128, 128, rows, generator=gen, dtype=torch.int8)
+        return (a if layout is None else Tensor.from_torch(a, layout=layout), table)
     b = torch.randint(-128, 128, b_shape, generator=gen, dtype=torch.int8)
     if layout is not None:
         a, b = Tensor.from_torch(a, layout=layout), Tensor.from_torch(b, layout=layout)
@@ -69,10 +87,17 @@ def packed_bytes(shape, layout: str) -> int:
 
 
 def time_torch(op: str, a_shape, b_shape, s: Settings) -> float | None:
+    """Median seconds of the same int8 traffic in torch on CUDA (a table op: a copy of x)."""
     if not torch.cuda.is_available():
         return None
     dev = torch.device("cuda")
     a = torch.randint(-128, 128, a_shape, device=dev, dtype=torch.int8)
+    if op in TABLE_OPS:
+        copy = torch.empty_like(a)
+
+        def fn(_):
+            return copy.copy_(a)
+        return time_cuda(fn, 1, s.repeats * s.max_calls, s.warmup)
     b = torch.randint(-128, 128, b_shape, device=dev, dtype=torch.int8)
     if op == "concat":
         def fn(_):
@@ -83,11 +108,27 @@ def time_torch(op: str, a_shape, b_shape, s: Settings) -> float | None:
     return time_cuda(fn, 1, s.repeats * s.max_calls, s.warmup)
 
 
+def shapes_of(op_kind: str, a_chw, b_chw, batch: int, quick: bool):
+    """(a, b, out) shapes at `batch` (b None for a table op); `quick` cuts channels and sizes
+    to an eighth (at least 1)."""
+    def scaled(chw):
+        return (chw[0] // 8, *[max(1, d // 8) for d in chw[1:]]) if quick else chw
+
+    a_shape = (batch, *scaled(a_chw))
+    if b_chw is None:
+        return a_shape, None, a_shape
+    b_shape = (batch, *scaled(b_chw))
+    out_c = a_shape[1] + b_shape[1] if op_kind == "concat" else a_shape[1]
+    return a_shape, b_shape, (batch, out_c, *a_shape[2:])
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="tiny sizes, short warm-up (CPU drivers)")
     parser.add_argument("--repeats", type=int, default=20, help="replays after the warm-up, at most")
     parser.add_argument("--only", default="", help="regular expression on '<shape> <batch> <layout>'")
+    parser.add_argument("--one-word", action="store_true",
+                        help="also time the one-word kernels of the copy-like ops (one_word_each)")
     options = parser.parse_args()
     started = time.perf_counter()
     caps = open_device()
@@ -97,37 +138,47 @@ def main() -> int:
     record.device(caps)
     s = Settings(repeats=3 if options.quick else options.repeats,
                  warmup=0.05 if options.quick else 1.0, max_calls=2 if options.quick else MAX_CALLS)
-    print("\n== q8ta_binary ops, median GPU time per call; GB/s = packed bytes of a, b and out "
-          "per second; torch: the same int8 traffic on CUDA (add / cat) ==")
-    print(f"{'shape':<32} {'batch':>5} {'layout':<6} {'GPU us':>9} {'GB/s':>8} {'torch us':>9} {'GB/s':>8}")
+    print("\n== q8ta_binary ops and int8 tables, median GPU time per call; GB/s = packed bytes "
+          "of the inputs and out per second (tables not counted); torch: the same int8 traffic on "
+          "CUDA (add / cat / a copy of x); ratio = our GB/s / torch's"
+          + ("; 1-word: the one-word kernels (one_word_each), same run, and quads / 1-word time"
+             if options.one_word else "") + " ==")
+    print(f"{'shape':<32} {'batch':>5} {'layout':<6} {'GPU us':>9} {'GB/s':>8} {'torch us':>9} {'GB/s':>8} "
+          f"{'ratio':>6}" + (f" {'1-word us':>9} {'q/1w':>6}" if options.one_word else ""))
     only = re.compile(options.only)
     for batch in (2, 1) if options.quick else (32, 1):
         for name, op_kind, a_chw, b_chw, copy in SHAPES:
-            a_shape, b_shape = (batch, *a_chw), (batch, *b_chw)
-            if options.quick:
-                a_shape = (batch, a_chw[0] // 8, *[max(1, d // 8) for d in a_chw[1:]])
-                b_shape = (batch, b_chw[0] // 8, *[max(1, d // 8) for d in b_chw[1:]])
-            out_c = a_shape[1] + b_shape[1] if op_kind == "concat" else a_shape[1]
-            out_shape = (batch, out_c, *a_shape[2:])
+            a_shape, b_shape, out_shape = shapes_of(op_kind, a_chw, b_chw, batch, options.quick)
+            inputs = [x for x in (a_shape, b_shape) if x is not None]
             theirs = None
             for layout in PACKED_LAYOUTS:
                 if not only.search(f"{name} {batch} {layout}"):
                     continue
-                torch_bytes = sum(torch.Size(x).numel() for x in (a_shape, b_shape, out_shape))
+                torch_bytes = sum(torch.Size(x).numel() for x in (*inputs, out_shape))
                 if theirs is None:
                     theirs = time_torch(op_kind, a_shape, b_shape, s)
                     record.kernel("q8ta_binary", f"{name} b{batch}", "torch CUDA", theirs, torch_bytes)
                 op = runtime.get_op(f"etvk.q8ta_{op_kind}.default")
-                moved = sum(packed_bytes(x, layout) for x in (a_shape, b_shape, out_shape))
-                timed = time_ours(op, arguments(op_kind, a_shape, b_shape, layout, copy), moved, s)
-                if timed is None:
+                moved = sum(packed_bytes(x, layout) for x in (*inputs, out_shape))
+                args = arguments(op_kind, a_shape, b_shape, layout, copy)
+                timed = [time_ours(op, args, moved, s)]
+                if options.one_word:
+                    with one_word_each():
+                        timed.append(time_ours(op, args, moved, s))
+                if None in timed:
                     print("device has no timestamp queries")
                     return 1
-                ours = timed[0]
+                ours = timed[0][0]
                 record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout}", ours, moved)
-                print(f"{name:<32} {batch:>5} {layout:<6} {ours * 1e6:>9.1f} {moved / ours / 1e9:>8.1f} "
-                      f"{fmt(theirs and theirs * 1e6, '.1f', 9)} "
-                      f"{fmt(theirs and torch_bytes / theirs / 1e9, '.1f', 8)}", flush=True)
+                rate, torch_rate = moved / ours / 1e9, theirs and torch_bytes / theirs / 1e9
+                line = (f"{name:<32} {batch:>5} {layout:<6} {ours * 1e6:>9.1f} {rate:>8.1f} "
+                        f"{fmt(theirs and theirs * 1e6, '.1f', 9)} {fmt(torch_rate, '.1f', 8)} "
+                        f"{fmt(torch_rate and rate / torch_rate, '.2f', 6)}")
+                if options.one_word:
+                    one_word = timed[1][0]
+                    record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout} one word", one_word, moved)
+                    line += f" {one_word * 1e6:>9.1f} {ours / one_word:>6.2f}"
+                print(line, flush=True)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0
 

@@ -171,3 +171,20 @@ def test_llm_bench_prints_decode_rows(tmp_path):
     assert [row[:2] for row in prefill] == [[dtype, tokens] for dtype in ("float32", "float16")
                                            for tokens in ("8", "20")]
     assert all(all(float(time) > 0 for time in row[2:6]) and row[7] == "split" for row in prefill)
+
+
+def test_q8ta_binary_bench_times_the_tables_beside_the_one_word_kernels(tmp_path):
+    """The table ops' rows (DenseNet's channel_lut, EfficientNet's lut) in every layout, and with
+    --one-word the one-word kernels' time and the quads / one-word ratio on every row."""
+    result = _run([str(BENCHMARKS / "q8ta_binary_bench.py"), "--quick", "--one-word",
+                   "--only", "(lut .*|block concat 224\\+32 56) 2 "], "nvidia", tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith(("densenet", "efficientnet"))]
+    names = {" ".join(row[:-9]) for row in rows}
+    assert names == {"densenet block concat 224+32 56", "densenet channel_lut 256x56x56",
+                     "densenet channel_lut 512x28x28", "densenet channel_lut 1024x14x14",
+                     "efficientnet lut 32x112x112"}
+    assert len(rows) == 3 * len(names) and all(row[-8] in ("4W4C", "4C", "4C1W") for row in rows)
+    assert all(float(row[-1]) > 0 and float(row[-2]) > 0 for row in rows)  # quads / one word, its time
+    records = [json.loads(line) for line in (tmp_path / "q8ta_binary.jsonl").read_text().splitlines()]
+    assert sum(r.get("impl", "").endswith(" one word") for r in records) == len(rows)
