@@ -22,12 +22,17 @@ the same run on the same machine:
   bandwidth measured in the same run (runtime_bench.py's yardstick: the faster of
   vkCmdCopyBuffer and torch's CUDA copy).
 
+With ``--one-word`` each program is loaded and timed a second time within
+`runtime.families.q8ta_copy.one_word_each` (the copy-like int8 ops on their
+one-word kernels instead of 16-byte quads), as the row ``NAME (one word)``
+without torch baselines, in the same run.
+
 Method (benchmarks/NOTES.md): every timed thing is first run for a second of
 continuous work (an idle GPU drops its clock); medians of ``--repeat`` runs.
 Validation is off. Without CUDA the torch columns print "n/a".
 
 Usage: ``python benchmarks/program_bench.py resnet50:r50_b1.etvk mobilenet_v2:mv2_b1.etvk``
-``[--repeat 20] [--warmup 1.0] [--no-compile | --compile-modes default,reduce-overhead]``
+``[--repeat 20] [--warmup 1.0] [--no-compile | --compile-modes default,reduce-overhead] [--one-word]``
 """
 
 from __future__ import annotations
@@ -47,6 +52,7 @@ from copy_bandwidth import copy_seconds  # noqa: E402
 from timing import cuda_copy_seconds, drop_validation, median_seconds, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
+from runtime.families.q8ta_copy import one_word_each  # noqa: E402
 from runtime.programs.nodes import Const, Ref, walk_args  # noqa: E402
 from runtime.tools.models import torchvision_model  # noqa: E402
 from runtime.vulkan.device import get_device  # noqa: E402
@@ -104,7 +110,8 @@ def _op_kind(row: dict) -> str:
         else f"cpu: {row['target']}"
 
 
-def bench(name: str, path: Path, repeat: int, warmup: float, modes) -> dict:
+def bench(name: str, path: Path, repeat: int, warmup: float, modes, torch_baselines: bool = True) -> dict:
+    """The program's timings (`torch_baselines`: also the torch model's, `name` its architecture)."""
     started = time.perf_counter()
     loaded = runtime.load(path)
     load_seconds = time.perf_counter() - started
@@ -126,7 +133,7 @@ def bench(name: str, path: Path, repeat: int, warmup: float, modes) -> dict:
         kind[0] += row["seconds"] or 0.0
         kind[1] += macs if nodes[row["node"]].target in _MAC_OPS else 0
         kind[2] += moved
-    torch_seconds = _torch_baselines(name, shape, repeat, warmup, modes)
+    torch_seconds = _torch_baselines(name, shape, repeat, warmup, modes) if torch_baselines else {}
     return {"name": name, "batch": shape[0], "load": load_seconds, "call": call, "resident": resident,
             "device": device, "cpu": cpu, "eager": torch_seconds.get("eager"),
             "compiled": torch_seconds.get("compiled"), "graphs": torch_seconds.get("graphs"),
@@ -146,6 +153,8 @@ def main() -> int:
     parser.add_argument("--no-compile", action="store_true", help="skip the torch.compile baselines")
     parser.add_argument("--compile-modes", default=",".join(COMPILE_MODES),
                         help=f"torch.compile modes timed (default {','.join(COMPILE_MODES)})")
+    parser.add_argument("--one-word", action="store_true",
+                        help="also time each program with the copy-like ops one word an invocation")
     args = parser.parse_args()
     if open_device() is None:
         return 1
@@ -169,6 +178,10 @@ def main() -> int:
         name, _, path = spec.partition(":")
         print(f"-- {name} {path}", flush=True)
         results.append(bench(name, Path(path), args.repeat, args.warmup, modes))
+        if args.one_word:
+            with one_word_each():
+                results.append(bench(f"{name} (one word)", Path(path), args.repeat, args.warmup, modes,
+                                     torch_baselines=False))
     print("\n| model | batch | nodes on device | call ms | resident ms | device ms | CPU nodes ms "
           "| torch fp16 eager ms | torch.compile ms | torch.compile + CUDA graphs ms "
           "| resident / compile | resident / CUDA graphs |")

@@ -102,8 +102,9 @@ def test_program_bench_runs(tmp_path):
     example = (torch.randn(1, 3, 16, 16),)
     runtime.lower(quantize_pt2e(SmallCNN().eval(), example, [example])).save(tmp_path / "small.etvk")
     result = _run([str(BENCHMARKS / "program_bench.py"), f"small_cnn:{tmp_path / 'small.etvk'}",
-                   "--repeat", "2", "--warmup", "0", "--no-compile"], "llvmpipe", tmp_path)
+                   "--repeat", "2", "--warmup", "0", "--no-compile", "--one-word"], "llvmpipe", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert any(line.startswith("| small_cnn (one word) |") for line in result.stdout.splitlines())
     row = next(line for line in result.stdout.splitlines() if line.startswith("| small_cnn |"))
     on_device, nodes = row.split("|")[3].strip().split("/")
     assert on_device == nodes  # every node on the device
