@@ -4,6 +4,7 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size
 layout(constant_id = 3) const uint GROUP = 1u;
 layout(constant_id = 4) const uint HEAD_UNITS = 16u;
 layout(constant_id = 5) const uint TILE_KEYS = 8u;
+layout(constant_id = 6) const uint LANES = 4u;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint blocks;
@@ -39,42 +40,46 @@ vec4 etvk_round_to_half(vec4 v) {
               etvk_half_value(h.y & 0xFFFFu), etvk_half_value(h.y >> 16u));
 }
 layout(set = 0, binding = 0, std430) writeonly buffer t_out_block {
-  uvec2 data[];
+  vec4 data[];
 } t_out;
 void t_out_store(uint unit, vec4 v) {
-  t_out.data[unit] = uvec2(packHalf2x16(v.xy), packHalf2x16(v.zw));
+  t_out.data[unit] = v;
 }
 layout(set = 0, binding = 1, std430) readonly buffer t_q_block {
-  uvec2 data[];
+  vec4 data[];
 } t_q;
 vec4 t_q_load(uint unit) {
-  const uvec2 u = t_q.data[unit];
-  return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
+  return t_q.data[unit];
 }
 layout(set = 0, binding = 2, std430) readonly buffer t_k_block {
-  uvec2 data[];
+  vec4 data[];
 } t_k;
 vec4 t_k_load(uint unit) {
-  const uvec2 u = t_k.data[unit];
-  return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
+  return t_k.data[unit];
 }
 layout(set = 0, binding = 3, std430) readonly buffer t_v_block {
-  uvec2 data[];
+  vec4 data[];
 } t_v;
 vec4 t_v_load(uint unit) {
-  const uvec2 u = t_v.data[unit];
-  return vec4(unpackHalf2x16(u.x), unpackHalf2x16(u.y));
+  return t_v.data[unit];
 }
 layout(set = 0, binding = 4, std430) readonly buffer t_positions_block {
   int data[];
 } t_positions;
 int t_positions_load(uint i) { return t_positions.data[i]; }
 
-const uint ROWS = gl_WorkGroupSize.x;  // query rows per workgroup: one per invocation
+const uint INVOCATIONS = gl_WorkGroupSize.x;
+const uint ROWS = INVOCATIONS / LANES;      // query rows per workgroup, LANES lanes each
+const uint LANE_UNITS = HEAD_UNITS / LANES; // units of a row's q and output one lane holds
 
 shared vec4 s_k[TILE_KEYS * HEAD_UNITS];  // [key of the tile][unit], fp32
 shared vec4 s_v[TILE_KEYS * HEAD_UNITS];
 shared int s_last[ROWS];                   // each row's last key (-1: none)
+
+// One invocation a row (LANES = 1): its sum is the row's.
+float row_sum(float partial) {
+  return partial;
+}
 
 void main() {
   const uint workgroup = etvk_linear_group();
@@ -85,32 +90,37 @@ void main() {
   const uint HQ = uint(pc.sizes.y);
   const uint HKV = uint(pc.sizes.z);
   const int L = pc.sizes.w;
-  const uint lid = gl_LocalInvocationID.x;
+  const uint lid = gl_LocalInvocationID.x;  // stages the tiles
+  const uint lane = 0u;
+  const uint row_slot = lid;
   const uint pairs = pc.groups / pc.blocks;  // B * Hkv
   const uint pair = workgroup % pairs;       // b * Hkv + g
   const uint block = pc.blocks - 1u - workgroup / pairs;
   const uint g = pair % HKV;
   const uint b = pair / HKV;
-  const uint row = block * ROWS + lid;  // s * GROUP + i
+  const uint row = block * ROWS + row_slot;  // s * GROUP + i
   const bool has_row = row < S * GROUP;
   const uint s = row / GROUP;
-  // The row's q and out: token (b, s), head g * GROUP + row % GROUP.
-  const uint q_unit0 = ((b * S + s) * HQ + g * GROUP + row % GROUP) * HEAD_UNITS;
+  // The row's q and out: token (b, s), head g * GROUP + row % GROUP; the lane's units are
+  // lane, lane + LANES, ... of it.
+  const uint q_unit0 = ((b * S + s) * HQ + g * GROUP + row % GROUP) * HEAD_UNITS + lane;
   // A row past the last token (the last block's) reads nothing and takes no key.
   int last = -1;
-  vec4 q[HEAD_UNITS];
-  vec4 acc[HEAD_UNITS];
-  for (uint u = 0u; u < HEAD_UNITS; ++u) {
-    q[u] = vec4(0.0);
-    acc[u] = vec4(0.0);
+  vec4 q[LANE_UNITS];
+  vec4 acc[LANE_UNITS];
+  for (uint i = 0u; i < LANE_UNITS; ++i) {
+    q[i] = vec4(0.0);
+    acc[i] = vec4(0.0);
   }
   if (has_row) {
     last = min(t_positions_load(s), L - 1);
-    for (uint u = 0u; u < HEAD_UNITS; ++u) {
-      q[u] = t_q_load(q_unit0 + u);
+    for (uint i = 0u; i < LANE_UNITS; ++i) {
+      q[i] = t_q_load(q_unit0 + i * LANES);
     }
   }
-  s_last[lid] = last;
+  if (lane == 0u) {
+    s_last[row_slot] = last;
+  }
   barrier();
   int block_last = -1;
   for (uint r = 0u; r < ROWS; ++r) {
@@ -124,31 +134,34 @@ void main() {
     // The tile's keys and values, staged once for all rows (none past block_last).
     const uint n = min(TILE_KEYS, uint(block_last + 1 - base));
     const uint tile_unit0 = kv_unit0 + uint(base) * HEAD_UNITS;
-    for (uint i = lid; i < n * HEAD_UNITS; i += ROWS) {
+    for (uint i = lid; i < n * HEAD_UNITS; i += INVOCATIONS) {
       s_k[i] = t_k_load(tile_unit0 + i);
       s_v[i] = t_v_load(tile_unit0 + i);
     }
     barrier();
-    // The keys of the tile this row takes: base .. base + seen - 1.
+    // The keys of the tile this row takes: base .. base + seen - 1 (the same in its lanes,
+    // so a row's lanes enter this branch, and its shuffles, together).
     const uint seen = uint(clamp(last + 1 - base, 0, int(n)));
     if (seen > 0u) {
-      // 1. The scores, each summed unit by unit; the keys of the tile go side by side (the
-      //    sums of keys the row does not see, staged or stale, are computed and dropped).
+      // 1. The scores: each lane's units summed in order, the lanes' sums added by row_sum;
+      //    the keys of the tile go side by side (the sums of keys the row does not see,
+      //    staged or stale, are computed and dropped).
       float scores[TILE_KEYS];
       for (uint t = 0u; t < TILE_KEYS; ++t) {
         scores[t] = 0.0;
       }
-      for (uint u = 0u; u < HEAD_UNITS; ++u) {
-        const vec4 q_u = q[u];
+      for (uint i = 0u; i < LANE_UNITS; ++i) {
+        const vec4 q_i = q[i];
+        const uint u = lane + i * LANES;
         for (uint t = 0u; t < TILE_KEYS; ++t) {
-          scores[t] += dot(q_u, s_k[t * HEAD_UNITS + u]);
+          scores[t] += dot(q_i, s_k[t * HEAD_UNITS + u]);
         }
       }
       for (uint t = 0u; t < TILE_KEYS; ++t) {
-        scores[t] *= pc.scale;
+        scores[t] = row_sum(scores[t]) * pc.scale;
       }
       // 2. The tile's max, the new running max and the factor that rescales what was
-      //    summed under the old one (0 on the first tile: nothing yet).
+      //    summed under the old one (0 on the first tile: nothing yet), in every lane alike.
       float tile_max = scores[0];
       for (uint t = 1u; t < TILE_KEYS; ++t) {
         tile_max = t < seen ? max(tile_max, scores[t]) : tile_max;
@@ -156,20 +169,20 @@ void main() {
       const float new_max = base == 0 ? tile_max : max(running_max, tile_max);
       const float rescale = base == 0 ? 0.0 : exp(running_max - new_max);
       running_max = new_max;
-      // 3. The weights; 4. the running sum and the accumulators, key by key.
+      // 3. The weights; 4. the running sum and the lane's accumulators, key by key.
       float tile_sum = 0.0;
       for (uint t = 0u; t < TILE_KEYS; ++t) {
         scores[t] = t < seen ? exp(scores[t] - new_max) : 0.0;
         tile_sum += scores[t];
       }
       running_sum = running_sum * rescale + tile_sum;
-      for (uint u = 0u; u < HEAD_UNITS; ++u) {
-        acc[u] *= rescale;
+      for (uint i = 0u; i < LANE_UNITS; ++i) {
+        acc[i] *= rescale;
       }
       for (uint t = 0u; t < TILE_KEYS; ++t) {
         if (t < seen) {
-          for (uint u = 0u; u < HEAD_UNITS; ++u) {
-            acc[u] += scores[t] * s_v[t * HEAD_UNITS + u];
+          for (uint i = 0u; i < LANE_UNITS; ++i) {
+            acc[i] += scores[t] * s_v[t * HEAD_UNITS + lane + i * LANES];
           }
         }
       }
@@ -180,8 +193,8 @@ void main() {
   if (has_row) {
     // No key at all (a negative position): 0 / 0, a NaN row.
     const float inverse = 1.0 / running_sum;
-    for (uint u = 0u; u < HEAD_UNITS; ++u) {
-      t_out_store(q_unit0 + u, acc[u] * inverse);
+    for (uint i = 0u; i < LANE_UNITS; ++i) {
+      t_out_store(q_unit0 + i * LANES, acc[i] * inverse);
     }
   }
 }
