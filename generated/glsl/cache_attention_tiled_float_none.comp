@@ -4,7 +4,7 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size
 layout(constant_id = 3) const uint GROUP = 1u;
 layout(constant_id = 4) const uint HEAD_UNITS = 16u;
 layout(constant_id = 5) const uint TILE_KEYS = 8u;
-layout(constant_id = 6) const uint LANES = 4u;
+layout(constant_id = 6) const uint LANES = 1u;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint blocks;
@@ -91,7 +91,7 @@ void main() {
   const uint HKV = uint(pc.sizes.z);
   const int L = pc.sizes.w;
   const uint lid = gl_LocalInvocationID.x;  // stages the tiles
-  const uint lane = 0u;
+  const uint lane = 0u;  // LANES = 1: one row per invocation
   const uint row_slot = lid;
   const uint pairs = pc.groups / pc.blocks;  // B * Hkv
   const uint pair = workgroup % pairs;       // b * Hkv + g

@@ -145,7 +145,7 @@ CACHE_ATTENTION = rt.OpDef(
     family="attention",
     schema="cache_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor positions, float scale) -> Tensor",
     doc="out[b, s, h] = softmax_j(scale * q[b, s, h] . k_cache[b, g, j]) @ v_cache[b, g, j] over the keys j <= positions[s], g = h // (Hq / Hkv): causal grouped-query attention over a static cache; q and out [B, S, Hq, D] (token-major), caches [B, Hkv, L, D]. Scores and sums in fp32 with a max-subtracted (online) softmax; equals scaled_dot_product_attention with the kv heads repeated and mask[i, j] = j <= positions[i] within docs/attention_ops.md's tolerance. Where few (token, kv head) pairs would leave the GPU idle, their keys are split into chunks over more workgroups whose partials a second dispatch merges (flash-decoding); a call of many tokens (a prefill) instead shares each tile of keys among the (token, query head) rows of a workgroup, a few invocations a row (cache_attention_tiled).",
-    spec="op_specs/attention.yaml:242",
+    spec="op_specs/attention.yaml:244",
     reference="runtime.reference.attention:cache_attention",
     variants=(
         ("cache_attention_tiled_float_shuffle", {"DTYPE": "float32", "EXCHANGE": "shuffle"}),
@@ -195,7 +195,7 @@ CACHE_UPDATE = rt.OpDef(
     family="attention",
     schema="cache_update(Tensor cache, Tensor positions, Tensor value) -> Tensor",
     doc="cache[b, h, positions[s], d] = value[b, s, h, d], bit for bit: the KV-cache write of S tokens (value [B, S, Hkv, D] as the k/v projections make it, cache [B, Hkv, L, D]). The output is the cache itself: a device cache is written in place and returned; a host cache comes back as an updated copy.",
-    spec="op_specs/attention.yaml:315",
+    spec="op_specs/attention.yaml:317",
     reference="runtime.reference.attention:cache_update",
     variants=(
         ("cache_update_float", {"DTYPE": "float32"}),
@@ -257,7 +257,7 @@ ROPE_CACHE_UPDATE = rt.OpDef(
     family="attention",
     schema="rope_cache_update(Tensor q, Tensor k_new, Tensor v_new, Tensor cos, Tensor sin, Tensor k_cache, Tensor v_cache, Tensor positions) -> (Tensor, Tensor, Tensor)",
     doc="(rope(q, cos, sin), cache_update(k_cache, positions, rope(k_new, cos, sin)), cache_update(v_cache, positions, v_new)) in one dispatch: the rotary embedding of q and of the new keys (llm.yaml's rope, partial rotary included) and both KV-cache writes of an attention layer, bit-identical to those four ops. q [B, S, Hq, D] and k_new, v_new [B, S, Hkv, D] token-major, caches [B, Hkv, L, D], cos and sin [B, S, R], [1, S, R] or [S, R], all of one dtype, D a multiple of 4. Returns (rope(q), k_cache, v_cache): rope(k_new) is written to the k cache only; a device cache is written in place and returned, a host cache comes back as an updated copy.",
-    spec="op_specs/attention.yaml:335",
+    spec="op_specs/attention.yaml:337",
     reference="runtime.reference.attention:rope_cache_update",
     variants=(
         ("rope_cache_update_float", {"DTYPE": "float32"}),
