@@ -33,12 +33,13 @@ measured in the same run:
   before the split); then one layer's prefill of each of
   ``--attention-prefills`` tokens at positions 0..S-1 (those within the
   cache): the split kernel and the tiled one, each forced through the rule's
-  threshold, the tiled one also with tiles of 16 and 32 keys, the split/tiled
-  ratio and the rule's choice.
+  threshold, the tiled one with the rule's lanes a query row, with 1 (one
+  invocation a row, the kernel before the lanes), 2 and 8 lanes and with tiles
+  of 16 keys, the split/tiled and 1-lane/tiled ratios and the rule's choice.
 
 Usage: ``python benchmarks/llm_bench.py [--preset llama-3.2-1b] [--layers N] [--cache 1280]``
 ``[--positions 128,1024] [--prefill 512] [--repeat 20] [--warmup 1.0] [--no-torch] [--attention-only]``
-``[--attention-prefills 32,64,128,512]``
+``[--attention-prefills 32,64,128,256,512]``
 """
 
 from __future__ import annotations
@@ -60,6 +61,7 @@ from timing import cuda_copy_seconds, drop_validation, median_seconds, open_devi
 
 import runtime  # noqa: E402
 from runtime.families import attention as split_rule  # noqa: E402
+from runtime.ops import stub_support  # noqa: E402
 from runtime.tools.llm_models import decoder, decoder_config, export_decoder, quantize_8da4w  # noqa: E402
 from runtime.vulkan.stream import Stream  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
@@ -195,17 +197,21 @@ def attention_prefill(args, op, heads: int, kv_heads: int, dim: int) -> None:
     """Prints the GPU time of one layer's cache_attention for a prefill of each of
     ``--attention-prefills`` tokens (at most ``--cache``) at positions 0..S-1, per dtype: the
     split kernel and the tiled one, each forced through the rule's threshold, the tiled one
-    also with tiles of 16 and 32 keys (the rule's `TILE_KEYS` set, within its shared-memory
-    budget), the split kernel's time over the tiled one's (the rule's tiles) and the kernel
-    the rule picks ("n/a" where the device has no timestamps)."""
+    with the rule's tiles and lanes ("tiled"), with 1 lane a row (its variant without
+    shuffles: one invocation a row, the kernel before the lanes), 2 and 8 lanes, and with
+    tiles of 16 keys (the rule's `TILE_LANES` and `TILE_KEYS` set; the device's subgroups and
+    the head dim may halve the lanes, the shared-memory budget the keys); then the split
+    kernel's time and the 1-lane one's over the tiled one's, and the kernel the rule picks
+    ("n/a" where the device has no timestamps)."""
     gen = torch.Generator().manual_seed(1)
-    # column -> (the threshold that forces its kernel, TILE_KEYS)
-    kernels = {"split": (1 << 62, split_rule.TILE_KEYS), "tiled": (1, split_rule.TILE_KEYS),
-               "tiled k16": (1, 16), "tiled k32": (1, 32)}
+    # column -> (the threshold that forces its kernel, TILE_KEYS, TILE_LANES)
+    keys, lanes = split_rule.TILE_KEYS, split_rule.TILE_LANES
+    kernels = {"split": (1 << 62, keys, lanes), "tiled": (1, keys, lanes), "tiled l1": (1, keys, 1),
+               "tiled l2": (1, keys, 2), "tiled l8": (1, keys, 8), "tiled k16": (1, 16, lanes)}
     print(f"cache_attention prefill alone, one layer (Hq {heads}, Hkv {kv_heads}, D {dim}, L {args.cache}), "
-          f"positions 0..S-1, GPU us:")
+          f"positions 0..S-1, tiled: {stub_support.attention_lanes(dim)} lanes a row, GPU us:")
     print(f"  {'dtype':<8}  {'S':>5}" + "".join(f"  {kernel:>9}" for kernel in kernels) +
-          f"  {'split/tiled':>11}  rule")
+          f"  {'split/tiled':>11}  {'l1/tiled':>8}  rule")
     for dtype in (torch.float32, torch.float16):
         k, v = (Tensor.from_torch(torch.randn(1, kv_heads, args.cache, dim, generator=gen).to(dtype))
                 for _ in range(2))
@@ -213,21 +219,22 @@ def attention_prefill(args, op, heads: int, kv_heads: int, dim: int) -> None:
             q = Tensor.from_torch(torch.randn(1, tokens, heads, dim, generator=gen).to(dtype))
             positions = Tensor.from_torch(torch.arange(tokens, dtype=torch.int32))
             times = {}
-            for kernel, (threshold, tile_keys) in kernels.items():
-                rule = split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS
-                split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS = threshold, tile_keys
+            for kernel, setting in kernels.items():
+                rule = split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS, split_rule.TILE_LANES
+                split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS, split_rule.TILE_LANES = setting
                 try:
                     with Stream() as stream:
                         op.record(stream, q, k, v, positions, dim**-0.5)
                         stream.run()
                         times[kernel] = median_seconds_gpu(stream, args.repeat, args.warmup / 4)
                 finally:
-                    split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS = rule
+                    split_rule.TILED_MIN_TOKENS, split_rule.TILE_KEYS, split_rule.TILE_LANES = rule
             pick = "tiled" if split_rule.attention_tile_keys(tokens, dim) else "split"
-            ratio = f"{times['split'] / times['tiled']:.2f}" if None not in times.values() else "n/a"
+            ratios = (f"{times[kernel] / times['tiled']:.2f}" if None not in times.values() else "n/a"
+                      for kernel in ("split", "tiled l1"))
             print(f"  {str(dtype).removeprefix('torch.'):<8}  {tokens:>5}" + "".join(
                 f"  {seconds * 1e6:9.1f}" if seconds is not None else f"  {'n/a':>9}"
-                for seconds in times.values()) + f"  {ratio:>11}  {pick}")
+                for seconds in times.values()) + f"  {next(ratios):>11}  {next(ratios):>8}  {pick}")
 
 
 def median_seconds_gpu(stream: Stream, repeat: int, warmup: float) -> float | None:
@@ -309,8 +316,8 @@ def main() -> int:
     parser.add_argument("--no-torch", action="store_true", help="skip the PyTorch CUDA baselines")
     parser.add_argument("--attention-only", action="store_true",
                         help="time cache_attention alone, without building the model")
-    parser.add_argument("--attention-prefills", default="32,64,128,512",
-                        help="prompt tokens of the prefill rows of cache_attention alone (default 32,64,128,512)")
+    parser.add_argument("--attention-prefills", default="32,64,128,256,512",
+                        help="prompt tokens of the prefill rows of cache_attention alone (default 32,64,128,256,512)")
     args = parser.parse_args()
     args.positions = [int(p) for p in args.positions.split(",")]
     args.attention_prefills = [int(t) for t in args.attention_prefills.split(",")]

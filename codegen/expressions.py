@@ -185,6 +185,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "`head_dim`, 0 where cache_attention takes its split kernel (few tokens, or a head dim "
         "too large to stage; runtime/families/attention.py)",
     ),
+    "attention_lanes": (
+        "head_dim",
+        "invocations per query row of cache_attention_tiled at head dim `head_dim` on this "
+        "device: `TILE_LANES` (4) or fewer, dividing `head_dim / 4` and the device's smallest subgroup size, where "
+        "it has subgroup shuffles, else 1 (runtime/families/attention.py)",
+    ),
 }
 
 # Device capabilities a shader may `require` (runtime Capabilities.supports names).

@@ -2,7 +2,7 @@
 
 `attention_tile_keys(tokens, head_dim)` picks the kernel: a call of at least
 `TILED_MIN_TOKENS` query tokens (a prefill) takes the ``cache_attention_tiled``
-shader, which shares each tile of keys among 64 (token, query head) rows of a
+shader, which shares each tile of keys among the (token, query head) rows of a
 workgroup, with
 
     tile_keys = min(TILE_KEYS, TILE_BYTES // (8 * head_dim))
@@ -10,7 +10,12 @@ workgroup, with
 keys per tile (a key row and a value row of fp32 each, so the two staged
 tiles stay within `TILE_BYTES` of shared memory: 8 keys up to D = 384); 0, the split kernel below,
 for fewer tokens or a head dim over ``TILE_BYTES / 8``. Decode steps keep the
-split kernel.
+split kernel. `attention_tile_lanes(head_dim, subgroup_size, shuffles)` gives
+the invocations (lanes) that serve one query row of the tiled kernel: the
+largest of `TILE_LANES`, its half, ... that divides the head dim's units
+(D / 4) and the device's smallest subgroup size, where the device has
+subgroup shuffles; 1 (one invocation a row) otherwise. A workgroup of 64
+invocations then holds 64 / lanes rows.
 
 `attention_split(items, cache_len)` chooses the chunk of keys one workgroup of
 the ``cache_attention`` shader takes and how many chunks cover the cache. The
@@ -30,7 +35,8 @@ A decode step of Llama-3.2-1B (8 kv heads) over a 1280-position cache gets
 combine. Chunks that start past a query's position find no key and exit; the
 combine step reads only the chunks with keys.
 
-Both rules read the static sizes only, and their constants at each call.
+The rules read the static sizes only (the lanes also the device's subgroups,
+which stub_support.attention_lanes passes), and their constants at each call.
 Pure arithmetic; called by the op stub (through runtime/ops/stub_support.py),
 the tests and benchmarks/llm_bench.py.
 """
@@ -50,7 +56,8 @@ TARGET_WORKGROUPS = 264
 # (benchmarks/llm_bench.py --attention-only, Llama-3.2-1B's layer, positions 0..S-1, fp32;
 # split / tiled at 8-key tiles): S = 32 0.64, 64 0.59, 128 0.70, 512 1.47 (fp16 alike). The
 # tiled kernel's 64 rows a workgroup leave too few workgroups for short prompts; between 128
-# and 512 the crossing is unmeasured, and 256 sits between them.
+# and 512 the crossing is unmeasured, and 256 sits between them. Those were one lane a row;
+# with `TILE_LANES` the crossing is to be measured again (llm_bench.py's prefill rows).
 TILED_MIN_TOKENS = 256
 # Keys per tile of the tiled kernel, and the shared memory its two staged tiles may take:
 # with the shader's other 256 bytes within 32 KiB (lavapipe's limit; the H100's and H200's
@@ -58,6 +65,13 @@ TILED_MIN_TOKENS = 256
 # head dim up to 384 takes 8.
 TILE_KEYS = 8
 TILE_BYTES = 24576
+# Invocations a query row of the tiled kernel takes (a power of 2, at most 8: each holds
+# D / 4 / lanes units of the row's q and accumulators, and the row's scores are their partial
+# dot products added by subgroup shuffles). 4 lanes give 16 rows a workgroup: 4x the
+# invocations and the workgroups of one row per invocation (Llama-3.2-1B, 512 tokens: 64 K
+# invocations in 1024 workgroups, about 16 warps an SM of the H200 against 4), each key tile
+# staged by 4x as many workgroups (from L2). Not yet measured on the GPU.
+TILE_LANES = 4
 
 
 @dataclass(frozen=True)
@@ -84,3 +98,13 @@ def attention_tile_keys(tokens: int, head_dim: int) -> int:
     if tokens < TILED_MIN_TOKENS:
         return 0
     return min(TILE_KEYS, TILE_BYTES // (8 * head_dim))
+
+
+def attention_tile_lanes(head_dim: int, subgroup_size: int, shuffles: bool) -> int:
+    """Invocations per query row of the tiled kernel at head dim `head_dim` on a device whose
+    smallest subgroup has `subgroup_size` invocations and which has subgroup shuffles (or not):
+    the rule of the module docstring (`TILE_LANES` read at each call)."""
+    lanes = TILE_LANES if shuffles else 1
+    while lanes > 1 and ((head_dim // 4) % lanes or subgroup_size % lanes):
+        lanes //= 2
+    return lanes

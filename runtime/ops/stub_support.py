@@ -18,7 +18,7 @@ import torch
 
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
-from runtime.families.attention import attention_split, attention_tile_keys
+from runtime.families.attention import attention_split, attention_tile_keys, attention_tile_lanes
 from runtime.families.q8ta_copy import copy_quads
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
@@ -244,6 +244,14 @@ def global_pool_tiling(x):
     return pool2d.global_pool_tiling(x.shape)
 
 
+def attention_lanes(head_dim: int) -> int:
+    """Invocations per query row of cache_attention_tiled on this device
+    (`attention_tile_lanes` with its smallest subgroup size and its subgroup shuffles)."""
+    caps = get_device().caps
+    return attention_tile_lanes(head_dim, min(caps.subgroup_size_range or (caps.subgroup_size,)),
+                                caps.supports("subgroup_shuffle"))
+
+
 def layout_of(t, default: str) -> str:
     """The packed int8 layout of a device tensor ``t``, or ``default`` for a host tensor or None."""
     return default if t is None or isinstance(t, torch.Tensor) or not t.packed else t.layout
@@ -334,6 +342,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         scalar_operand,
         attention_split,
         attention_tile_keys,
+        attention_lanes,
     )
 }
 

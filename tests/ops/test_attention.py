@@ -9,9 +9,10 @@ split's grain made small, so that small caches take many chunks, some partly
 filled, and chunks that do not start on a tile); a call whose keys fit one chunk
 is one dispatch, a split one two. The tiled kernel (the rule made to take it for
 every call) holds every case, and seeded random prefills (head dims 16 to 128, GQA
-groups 1, 4 and 8, rows that do not fill the last block of 64, positions past 0, with
-gaps or unsorted), to the same tolerance in one dispatch; the rule gives it a call of
-many tokens and keeps decode on the split kernel. cache_update: every case in every variant equals
+groups 1, 4 and 8, rows that do not fill the last block, positions past 0, with gaps or
+unsorted), to the same tolerance in one dispatch, with one lane a row (its variant
+without subgroup shuffles) and with the rule's lanes, the prefills with 2 and 8 lanes
+too; the rule gives it a call of many tokens and keeps decode on the split kernel. cache_update: every case in every variant equals
 the reference (index_copy) bit for bit, special bit patterns included; a device
 cache is written in place and returned; a recorded decode step (two cache writes
 and the attention) replays with new tokens and positions, split or not.
@@ -32,6 +33,7 @@ from op_testlib import assert_argument_error
 
 import runtime
 from runtime.families import attention as split_rule
+from runtime.ops import stub_support
 from runtime.reference import attention as ref
 from runtime.tools.examples_attention import (
     ATTENTION_BY_NAME,
@@ -54,10 +56,12 @@ ATTENTION = "etvk.cache_attention.default"
 UPDATE = "etvk.cache_update.default"
 ROPE_UPDATE = "etvk.rope_cache_update.default"
 BITS = {torch.float32: torch.int32, torch.float16: torch.int16}
-# The kernel of many-token calls and the second step of a split cache_attention, by DTYPE.
-TILED, COMBINE = ({info.axes["DTYPE"]: info.name for info in runtime.get_op(ATTENTION).variants
-                   if info.shader == shader}
-                  for shader in ("cache_attention_tiled", "cache_attention_combine"))
+# The second step of a split cache_attention, by DTYPE; the kernel of many-token calls, by
+# (DTYPE, EXCHANGE).
+COMBINE = {info.axes["DTYPE"]: info.name for info in runtime.get_op(ATTENTION).variants
+           if info.shader == "cache_attention_combine"}
+TILED = {(info.axes["DTYPE"], info.axes["EXCHANGE"]): info.name
+         for info in runtime.get_op(ATTENTION).variants if info.shader == "cache_attention_tiled"}
 # Grains of the split that make the cases' small caches take several chunks: 4 keys (many
 # chunks of one partial tile) and 100 (chunks of a whole and a partial tile, starting off the
 # tiles of 64).
@@ -84,6 +88,11 @@ def chunks_with_keys(case) -> int:
 def tiled_of(case) -> int:
     """Keys per tile of the tiled kernel for `case` by the rule as it stands (0: split)."""
     return split_rule.attention_tile_keys(len(case.positions), case.head_dim)
+
+
+def tiled_variant(dtype: str, case) -> str:
+    """The tiled kernel's variant the rule gives `case` on this device (its lanes as they stand)."""
+    return TILED[dtype, "shuffle" if stub_support.attention_lanes(case.head_dim) > 1 else "none"]
 
 
 @pytest.fixture
@@ -137,7 +146,7 @@ def check_attention(variant, dtype, case, trace_path):
     assert_within(got, truth, tol, f"{variant} {case.name}")
     assert bool(torch.isfinite(got).all()), f"{variant} {case.name}: a NaN or inf came out"
     if got.numel() and tiled_of(case):
-        assert variants == [TILED[dtype]], variants
+        assert variants == [tiled_variant(dtype, case)], variants
     elif got.numel():
         split = split_of(case)
         assert variants == [variant] + [COMBINE[dtype]] * (split.chunks > 1), (split, variants)
@@ -178,19 +187,44 @@ def random_prefills() -> list[AttentionCase]:
 PREFILLS = random_prefills()
 
 
-@pytest.mark.parametrize(("variant", "dtype", "case"), _variants(ATTENTION, ATTENTION_CASES + PREFILLS,
-                                                                 "cache_attention_tiled"))
-def test_tiled_kernel_matches_pytorch_sdpa(variant, dtype, case, tiled, dispatch_trace_path):
+def tiled_variants(cases):
+    """(variant, DTYPE, case) of the tiled kernel: its variant without shuffles on every case,
+    its shuffle variant on the cases whose head dim the rule gives more than one lane here."""
+    return [p for p in _variants(ATTENTION, cases, "cache_attention_tiled")
+            if p.values[0] == TILED[p.values[1], "none"] or stub_support.attention_lanes(p.values[2].head_dim) > 1]
+
+
+@pytest.mark.parametrize(("variant", "dtype", "case"), tiled_variants(ATTENTION_CASES + PREFILLS))
+def test_tiled_kernel_matches_pytorch_sdpa(variant, dtype, case, tiled, monkeypatch, dispatch_trace_path):
+    """Every case one lane a row (the variant without shuffles, the rule's lanes made 1), and
+    with the rule's lanes (4, or 2 where D / 4 is odd twice) where it gives more."""
+    if variant == TILED[dtype, "none"]:
+        monkeypatch.setattr(split_rule, "TILE_LANES", 1)
     check_attention(variant, dtype, case, dispatch_trace_path)
+
+
+@pytest.mark.parametrize("lanes", [2, 8])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("case", PREFILLS, ids=lambda case: case.name)
+def test_tiled_kernel_with_2_and_8_lanes(lanes, dtype, case, tiled, monkeypatch, dispatch_trace_path):
+    """The seeded prefills with 2 and 8 lanes a row where the head dim and the device's
+    subgroups allow them (the rule halves them otherwise), within the same tolerance."""
+    monkeypatch.setattr(split_rule, "TILE_LANES", lanes)
+    used = stub_support.attention_lanes(case.head_dim)
+    assert 1 < used <= lanes
+    check_attention(TILED[dtype, "shuffle"], dtype, case, dispatch_trace_path)
 
 
 def test_prefills_cover_what_they_claim():
     """Head dims 80 and 128 among others, GQA groups 1, 4 and 8, rows that leave the last
-    block of 64 partly filled, no prefill from 0, unsorted positions and several tiles of
-    keys (16 a tile at these head dims)."""
+    block partly filled (64 / lanes rows a block), no prefill from 0, unsorted positions and
+    several tiles of keys (16 a tile at these head dims); with the examples, head dims that
+    take 1, 2 and 4 lanes a row."""
     assert {80, 128} <= {c.head_dim for c in PREFILLS}
     assert {1, 4, 8} <= {c.heads // c.kv_heads for c in PREFILLS}
-    assert all(len(c.positions) * c.heads // c.kv_heads % 64 for c in PREFILLS)
+    assert all(len(c.positions) * c.heads // c.kv_heads % (64 // split_rule.attention_tile_lanes(c.head_dim, 32, True))
+               for c in PREFILLS)
+    assert {split_rule.attention_tile_lanes(c.head_dim, 32, True) for c in ATTENTION_CASES + PREFILLS} == {1, 2, 4}
     assert all(min(c.positions) > 0 for c in PREFILLS)
     assert any(list(c.positions) != sorted(c.positions) for c in PREFILLS)
     assert all(max(c.positions) >= 2 * split_rule.TILE_KEYS for c in PREFILLS)
@@ -204,7 +238,7 @@ def test_the_rule_tiles_many_tokens_and_splits_decode(dtype, dispatch_trace_path
     prefill = AttentionCase("rule_prefill", 1, 2, 1, tokens + 8, 8, tuple(range(3, 3 + tokens)))
     decode = AttentionCase("rule_decode", 1, 2, 1, tokens + 8, 8, (tokens + 2,))
     assert tiled_of(prefill) and not tiled_of(decode)
-    check_attention(TILED[dtype], dtype, prefill, dispatch_trace_path)
+    check_attention(tiled_variant(dtype, prefill), dtype, prefill, dispatch_trace_path)
     split_variant = next(info.name for info in runtime.get_op(ATTENTION).variants
                          if info.shader == "cache_attention" and info.axes["DTYPE"] == dtype)
     check_attention(split_variant, dtype, decode, dispatch_trace_path)

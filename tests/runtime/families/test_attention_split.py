@@ -1,7 +1,8 @@
 """How cache_attention spreads its work over workgroups (runtime/families/attention.py), as
 tables: decode at Llama shapes takes many chunks of whole tiles, many tokens and small caches
 one chunk (one dispatch), and the chunks always cover the cache; from TILED_MIN_TOKENS tokens
-a call takes the tiled kernel, its key tiles within the shared-memory budget. No Vulkan (the
+a call takes the tiled kernel, its key tiles within the shared-memory budget, a row's lanes
+dividing its head dim's units and the subgroup (one lane without shuffles). No Vulkan (the
 kernels' results against PyTorch: tests/ops/test_attention.py)."""
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from runtime.families.attention import (
     AttentionSplit,
     attention_split,
     attention_tile_keys,
+    attention_tile_lanes,
 )
 
 
@@ -67,3 +69,18 @@ def test_tiled_rule(tokens, head_dim, want):
 def test_staged_tiles_fit_the_budget(head_dim):
     keys = attention_tile_keys(512, head_dim)
     assert keys >= 1 and 2 * keys * head_dim * 4 <= TILE_BYTES
+
+
+@pytest.mark.parametrize(("head_dim", "subgroup", "shuffles", "want"), [
+    (64, 32, True, 4),     # Llama-3.2-1B on the H100 and H200: 16 units, 4 lanes of 4
+    (64, 32, False, 1),    # no subgroup shuffles: one invocation a row
+    (80, 8, True, 4),      # 20 units
+    (8, 32, True, 2),      # 2 units
+    (24, 32, True, 2),     # 6 units
+    (12, 32, True, 1),     # 3 units
+    (4, 32, True, 1),
+    (128, 2, True, 2),     # subgroups of 2 invocations
+    (128, 1, True, 1),
+])
+def test_lanes_rule(head_dim, subgroup, shuffles, want):
+    assert attention_tile_lanes(head_dim, subgroup, shuffles) == want

@@ -5,7 +5,8 @@ tests/runtime/programs/test_decoders.py asks of the plain attention:
 - the split kernel (the split's grain made small, so that the 16-position cache takes 4 chunks
   of 4 keys): its scratch comes from the program's memory plan, and token after token the
   positions move through the chunks as the replays go on;
-- the tiled kernel (the rule's threshold made small, so that a call of 4 tokens takes it):
+- the tiled kernel (the rule's threshold made small, so that a call of 4 tokens takes it), its
+  rows in the rule's lanes (4 of a head dim of 16 where the device has subgroup shuffles):
   prompt after prompt, positions from 0 and further on, the cache holding the earlier prompts.
 """
 
@@ -18,6 +19,7 @@ from program_cases import sqnr_db
 
 import runtime
 from runtime.families import attention as split_rule
+from runtime.ops import stub_support
 from runtime.tools import llm_models
 
 CACHE = 16
@@ -66,7 +68,8 @@ def test_a_decoder_with_tiled_prefill_attention_matches_its_references(tmp_path,
     monkeypatch.setattr(split_rule, "TILED_MIN_TOKENS", TOKENS)
     loaded = runtime.load(path)
     variants = {r["variant"] for r in loaded.placement() if r["target"] == "etvk.cache_attention.default"}
-    assert variants == {"cache_attention_tiled_float"}, variants
+    lanes = stub_support.attention_lanes(CONFIG["hidden_size"] // CONFIG["num_attention_heads"])
+    assert variants == {f"cache_attention_tiled_float_{'shuffle' if lanes > 1 else 'none'}"}, variants
     gen = torch.Generator().manual_seed(5)
     _matches_its_references(loaded, exported, program,
                             [(torch.randint(0, CONFIG["vocab_size"], (1, TOKENS), generator=gen),
