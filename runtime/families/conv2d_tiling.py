@@ -23,6 +23,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 GEMM_WORKGROUP = 256  # must equal q8ta_gemm's workgroup in op_specs/conv2d.yaml
+# Batch-1 pointwise convs leave the rule few workgroups (H200, session 29: `runtime tune` of
+# MobileNetV2 and EfficientNet-B0 at batch 1, benchmarks/NOTES.md). Under GEMM_FEW_GROUPS
+# one-slice workgroups the tuner split K over 16 slices of 4 threads along N from
+# GEMM_FEW_DEEP_SPLIT_MIN_K4 K words on (1.12-1.48x the rule's speed at 96 to 288 K words and
+# 1, 49 and 196 pixels) and over 8 slices of 8 threads from 32 (1.07-1.19x); under 192
+# workgroups, K of 8 to 31 words went to 2 slices of 16 threads, or to 4 slices of 8 from 16
+# words under 40 workgroups (1.04-1.32x at 196 and 784 pixels), where the rule kept one slice.
+GEMM_FEW_GROUPS = 16
+GEMM_FEW_DEEP_SPLIT_MIN_K4 = 96
+GEMM_SHORT_K_SPLIT_MIN_K4 = 8
 COOP_TILE = 64  # output pixels and channels of a q8ta_gemm_coop workgroup
 COOP_MIN_PIXELS = 16 * COOP_TILE  # smaller GEMMs leave too few workgroups (a guess: tune)
 # Fewer output channels leave most of a 64-channel tile empty. At 32 (half a tile) the coop GEMM
@@ -103,15 +113,18 @@ def gemm_tiling(m: int, k4: int, c_out: int, settings: Mapping[str, int] | None 
                           settings["split_k"], settings["block_k"], m, n4)
     threads_n = 8 if n4 <= 8 else 16
     one_slice_groups = _ceil_div(m, 4 * GEMM_WORKGROUP // threads_n) * _ceil_div(n4, threads_n)
-    if k4 < 32:
+    few = one_slice_groups < GEMM_FEW_GROUPS
+    if one_slice_groups >= 192:
+        shape = (8, 1, 8) if k4 < 32 else (threads_n, 2 if k4 >= 512 else 1, 8)
+    elif k4 < GEMM_SHORT_K_SPLIT_MIN_K4:
         shape = (8, 1, 8)
-    elif one_slice_groups >= 192:
-        shape = (threads_n, 2 if k4 >= 512 else 1, 8)
-    elif k4 >= 512:
+    elif k4 < 32:
+        shape = (8, 4, 4) if k4 >= 16 and one_slice_groups < 40 else (threads_n, 2, 8)
+    elif k4 >= 512 or (few and k4 >= GEMM_FEW_DEEP_SPLIT_MIN_K4):
         shape = (4, 16, 4)
     elif one_slice_groups >= 40:
         shape = (threads_n, 2, 8)
-    elif k4 >= 128:
+    elif k4 >= 128 or few:
         shape = (8, 8, 4)
     else:
         shape = (8, 4, 4)
