@@ -4,7 +4,6 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size
 layout(constant_id = 3) const int LAYOUT = 2;
 layout(constant_id = 4) const int HAS_SUMS = 0;
 layout(constant_id = 5) const int HAS_X = 1;
-layout(constant_id = 6) const bool QUADS = false;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -46,10 +45,6 @@ void t_out_store(uint unit, ivec4 v) {
   t_out.data[unit] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
 }
 void t_out_store_word(uint unit, uint w) { t_out.data[unit] = w; }
-layout(set = 0, binding = 0, std430) writeonly buffer t_out_wide_block {
-  uvec4 data[];
-} t_out_wide;
-void t_out_store_word4(uint i, uvec4 w) { t_out_wide.data[i] = w; }
 layout(set = 0, binding = 1, std430) readonly buffer t_x_block {
   uint data[];
 } t_x;
@@ -58,10 +53,6 @@ ivec4 t_x_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_x_load_word(uint unit) { return t_x.data[unit]; }
-layout(set = 0, binding = 1, std430) readonly buffer t_x_wide_block {
-  uvec4 data[];
-} t_x_wide;
-uvec4 t_x_load_word4(uint i) { return t_x_wide.data[i]; }
 layout(set = 0, binding = 2, std430) readonly buffer t_table_block {
   uint data[];
 } t_table;
@@ -314,20 +305,24 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
   return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
 }
 
-// Output word `word`; with HAS_SUMS 0 from x's word `x_word` (its same word).
-uint channel_lut_word(uint word, uint x_word) {
+void main() {
+  const uint word = etvk_linear_invocation();
+  if (word >= pc.words) {
+    return;
+  }
   const int W = pc.sizes.x;
   const int C = pc.sizes.z;
   const EtvkChannelWord p = etvk_split_channel_word(word, etvk_channel_word_span(LAYOUT, W), (C + 3) >> 2);
   if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
-    return 0u;
+    t_out_store_word(word, 0u);
+    return;
   }
   const bvec4 valid = etvk_valid_channels(p.c4, C);
   ivec4 y = ivec4(0);
   if (HAS_SUMS == 0) {
     // table[c, q + 128] is byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended;
     // a padding channel reads channel 0's table (in range) and is written as 0.
-    const ivec4 index = etvk_unpack_i8x4(x_word) + 128;
+    const ivec4 index = t_x_load(word) + 128;
     const ivec4 channel = mix(ivec4(0), ivec4(p.c4 * 4) + ivec4(0, 1, 2, 3), valid);
     for (int i = 0; i < 4; ++i) {
       const uint entry = t_table_load_word(uint(channel[i] * 64 + (index[i] >> 2)));
@@ -356,30 +351,5 @@ uint channel_lut_word(uint word, uint x_word) {
       }
     }
   }
-  return etvk_pack_i8x4(mix(ivec4(0), y, valid));
-}
-
-// x's word `word` where output word `word` reads it (HAS_SUMS 0), else 0 (unread).
-uint same_x_word(uint word) {
-  return HAS_SUMS == 0 ? t_x_load_word(word) : 0u;
-}
-
-void main() {
-  const uint item = etvk_linear_invocation();
-  if (!QUADS) {
-    if (item < pc.words) {
-      t_out_store_word(item, channel_lut_word(item, same_x_word(item)));
-    }
-    return;
-  }
-  const uint first = item * 4u;
-  if (first + 4u <= pc.words) {
-    const uvec4 x = HAS_SUMS == 0 ? t_x_load_word4(item) : uvec4(0u);
-    t_out_store_word4(item, uvec4(channel_lut_word(first, x.x), channel_lut_word(first + 1u, x.y),
-                                  channel_lut_word(first + 2u, x.z), channel_lut_word(first + 3u, x.w)));
-    return;
-  }
-  for (uint word = first; word < pc.words; ++word) {
-    t_out_store_word(word, channel_lut_word(word, same_x_word(word)));
-  }
+  t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), y, valid)));
 }
