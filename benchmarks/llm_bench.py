@@ -34,7 +34,7 @@ measured in the same run:
   ``--attention-prefills`` tokens at positions 0..S-1 (those within the
   cache): the split kernel and the tiled one, each forced through the rule's
   threshold, the tiled one with the rule's lanes a query row, with 1 (one
-  invocation a row, the kernel before the lanes), 2 and 8 lanes and with tiles
+  invocation a row, the kernel before the lanes), 4 and 8 lanes and with tiles
   of 16 keys, the split/tiled and 1-lane/tiled ratios and the rule's choice.
 
 Usage: ``python benchmarks/llm_bench.py [--preset llama-3.2-1b] [--layers N] [--cache 1280]``
@@ -198,7 +198,7 @@ def attention_prefill(args, op, heads: int, kv_heads: int, dim: int) -> None:
     ``--attention-prefills`` tokens (at most ``--cache``) at positions 0..S-1, per dtype: the
     split kernel and the tiled one, each forced through the rule's threshold, the tiled one
     with the rule's tiles and lanes ("tiled"), with 1 lane a row (its variant without
-    shuffles: one invocation a row, the kernel before the lanes), 2 and 8 lanes, and with
+    shuffles: one invocation a row, the kernel before the lanes), 4 and 8 lanes, and with
     tiles of 16 keys (the rule's `TILE_LANES` and `TILE_KEYS` set; the device's subgroups and
     the head dim may halve the lanes, the shared-memory budget the keys); then the split
     kernel's time and the 1-lane one's over the tiled one's, and the kernel the rule picks
@@ -207,7 +207,7 @@ def attention_prefill(args, op, heads: int, kv_heads: int, dim: int) -> None:
     # column -> (the threshold that forces its kernel, TILE_KEYS, TILE_LANES)
     keys, lanes = split_rule.TILE_KEYS, split_rule.TILE_LANES
     kernels = {"split": (1 << 62, keys, lanes), "tiled": (1, keys, lanes), "tiled l1": (1, keys, 1),
-               "tiled l2": (1, keys, 2), "tiled l8": (1, keys, 8), "tiled k16": (1, 16, lanes)}
+               "tiled l4": (1, keys, 4), "tiled l8": (1, keys, 8), "tiled k16": (1, 16, lanes)}
     print(f"cache_attention prefill alone, one layer (Hq {heads}, Hkv {kv_heads}, D {dim}, L {args.cache}), "
           f"positions 0..S-1, tiled: {stub_support.attention_lanes(dim)} lanes a row, GPU us:")
     print(f"  {'dtype':<8}  {'S':>5}" + "".join(f"  {kernel:>9}" for kernel in kernels) +

@@ -52,13 +52,12 @@ CHUNK_GRAIN = 64
 # Workgroups the whole cache's keys are spread over: two per SM of a 132-SM GPU (H100, H200),
 # not yet measured (benchmarks/llm_bench.py times the rule next to other chunk lengths).
 TARGET_WORKGROUPS = 264
-# Query tokens from which a call takes the tiled kernel. H200, session 28
-# (benchmarks/llm_bench.py --attention-only, Llama-3.2-1B's layer, positions 0..S-1, fp32;
-# split / tiled at 8-key tiles): S = 32 0.64, 64 0.59, 128 0.70, 512 1.47 (fp16 alike). The
-# tiled kernel's 64 rows a workgroup leave too few workgroups for short prompts; between 128
-# and 512 the crossing is unmeasured, and 256 sits between them. Those were one lane a row;
-# with `TILE_LANES` the crossing is to be measured again (llm_bench.py's prefill rows).
-TILED_MIN_TOKENS = 256
+# Query tokens from which a call takes the tiled kernel. H200, session 29 (.devkit probe of
+# llm_bench's prefill rows: Llama-3.2-1B's layer, positions 0..S-1, µs fp32, the rule's 2
+# lanes a row against the split kernel): S = 32 11.8 / 12.5, 64 17.4 / 17.2, 128 27.8 / 33.5,
+# 256 49.9 / 84.5, 512 111.6 / 246.6 (fp16 alike: 12.0 / 12.1, 17.3 / 17.0, 27.2 / 33.5, 48.3
+# / 86.4, 106.8 / 252.7). The two tie at 64 tokens; from 128 the tiled kernel wins.
+TILED_MIN_TOKENS = 128
 # Keys per tile of the tiled kernel, and the shared memory its two staged tiles may take:
 # with the shader's other 256 bytes within 32 KiB (lavapipe's limit; the H100's and H200's
 # is 48 KiB). Same run, S = 512: 8 keys a tile 168.5 us, 16 204.6, 32 234.2 (fp32), so every
@@ -67,11 +66,12 @@ TILE_KEYS = 8
 TILE_BYTES = 24576
 # Invocations a query row of the tiled kernel takes (a power of 2, at most 8: each holds
 # D / 4 / lanes units of the row's q and accumulators, and the row's scores are their partial
-# dot products added by subgroup shuffles). 4 lanes give 16 rows a workgroup: 4x the
-# invocations and the workgroups of one row per invocation (Llama-3.2-1B, 512 tokens: 64 K
-# invocations in 1024 workgroups, about 16 warps an SM of the H200 against 4), each key tile
-# staged by 4x as many workgroups (from L2). Not yet measured on the GPU.
-TILE_LANES = 4
+# dot products added by subgroup shuffles), in workgroups of 64 invocations (64 / lanes rows).
+# Same H200 run, µs at S = 128 / 512, fp32: one lane a row (the kernel before the lanes) 48.1 /
+# 168.5, 2 lanes 27.8 / 111.6, 4 lanes 36.5 / 169.2, 8 lanes 36.0 / 172.8; 4 lanes in
+# workgroups of 128 and 256 invocations (32 and 64 rows: less key staging, fewer workgroups)
+# 38.1 / 171.0 and 46.3 / 194.9.
+TILE_LANES = 2
 
 
 @dataclass(frozen=True)

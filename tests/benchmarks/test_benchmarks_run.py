@@ -149,8 +149,9 @@ def test_llm_bench_prints_decode_rows(tmp_path):
     """A tiny decoder through the whole LLM benchmark: one row per position, the prefill row, the
     KV cache's home, the time per op kind (the torch columns are n/a without CUDA), and
     cache_attention alone: a row per dtype and chunk length, a time per position, then a prefill
-    row per dtype and token count within the cache (both kernels, the tiled one with three tile
-    lengths, the split/tiled ratio, the rule's pick)."""
+    row per dtype and token count within the cache (both kernels, the tiled one with the rule's,
+    1, 4 and 8 lanes a row and with 16-key tiles, the split/tiled and 1-lane/tiled ratios, the
+    rule's pick)."""
     result = _run([str(BENCHMARKS / "llm_bench.py"), "--preset", "tiny-llama", "--cache", "32",
                    "--positions", "3,20", "--prefill", "8", "--repeat", "2", "--warmup", "0.05", "--no-torch",
                    "--attention-prefills", "8,20,64"],
@@ -171,7 +172,7 @@ def test_llm_bench_prints_decode_rows(tmp_path):
     prefill = [row.split() for row in prefill.splitlines()[2:]]  # 64 tokens: past the cache
     assert [row[:2] for row in prefill] == [[dtype, tokens] for dtype in ("float32", "float16")
                                            for tokens in ("8", "20")]
-    assert all(all(float(time) > 0 for time in row[2:6]) and row[7] == "split" for row in prefill)
+    assert all(all(float(time) > 0 for time in row[2:8]) and row[10] == "split" for row in prefill)
 
 
 def test_q8ta_binary_bench_times_the_tables_beside_the_one_word_kernels(tmp_path):
