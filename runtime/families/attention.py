@@ -8,7 +8,7 @@ workgroup, with
     tile_keys = min(TILE_KEYS, TILE_BYTES // (8 * head_dim))
 
 keys per tile (a key row and a value row of fp32 each, so the two staged
-tiles stay within `TILE_BYTES` of shared memory: 8 keys up to D = 384); 0, the split kernel below,
+tiles stay within `TILE_BYTES` of shared memory: 16 keys up to D = 192); 0, the split kernel below,
 for fewer tokens or a head dim over ``TILE_BYTES / 8``. Decode steps keep the
 split kernel. `attention_tile_lanes(head_dim, subgroup_size, shuffles)` gives
 the invocations (lanes) that serve one query row of the tiled kernel: the
@@ -60,9 +60,10 @@ TARGET_WORKGROUPS = 264
 TILED_MIN_TOKENS = 128
 # Keys per tile of the tiled kernel, and the shared memory its two staged tiles may take:
 # with the shader's other 256 bytes within 32 KiB (lavapipe's limit; the H100's and H200's
-# is 48 KiB). Same run, S = 512: 8 keys a tile 168.5 us, 16 204.6, 32 234.2 (fp32), so every
-# head dim up to 384 takes 8.
-TILE_KEYS = 8
+# is 48 KiB). H200, session 29, 2 lanes a row, µs fp32 at S = 128 / 256 / 512: 8 keys a tile
+# 28.3 / 49.8 / 112.0, 16 keys 25.8 / 44.1 / 96.7 (fp16 alike). With one lane a row (session
+# 28, S = 512) 8 keys had won: 168.5 against 204.6 with 16 and 234.2 with 32.
+TILE_KEYS = 16
 TILE_BYTES = 24576
 # Invocations a query row of the tiled kernel takes (a power of 2, at most 8: each holds
 # D / 4 / lanes units of the row's q and accumulators, and the row's scores are their partial

@@ -52,11 +52,12 @@ def test_chunks_are_whole_grains_that_cover_the_cache_once(items, cache_len):
 @pytest.mark.parametrize(("tokens", "head_dim", "want"), [
     (1, 64, 0),                      # decode: the split kernel
     (TILED_MIN_TOKENS - 1, 64, 0),
-    (TILED_MIN_TOKENS, 64, 8),       # the threshold: tiled, 8 keys a tile
-    (512, 64, 8),                    # Llama-3.2-1B's prefill
-    (512, 80, 8),
-    (512, 128, 8),
-    (512, 384, 8),                   # 24 KiB: 8 key and value rows of 384 fp32 values
+    (TILED_MIN_TOKENS, 64, 16),      # the threshold: tiled, 16 keys a tile
+    (512, 64, 16),                   # Llama-3.2-1B's prefill
+    (512, 80, 16),
+    (512, 128, 16),
+    (512, 192, 16),                  # 24 KiB: 16 key and value rows of 192 fp32 values
+    (512, 384, 8),
     (512, 512, 6),
     (512, 3072, 1),
     (512, 3076, 0),                  # no key row fits: the split kernel
