@@ -12,8 +12,8 @@ every rule tiling is 4 pixels x 1 word. A tiling the tuner measured on the
 device (runtime/families/conv2d_tuning.py) replaces the rule.
 `prefers_coop_gemm` is the shape half of the choice of the cooperative-matrix
 GEMM (``q8ta_gemm_coop``, 64 x 64 output tiles): one group, enough pixels (or,
-for the implicit im2col, a long K), at least half a tile of channels and a K long
-enough to pay. Pure arithmetic: no Vulkan. Called by the conv op specs through the
+for the implicit im2col, a long K; for the pointwise GEMM, many tiles and a long K), at
+least half a tile of channels and a K long enough to pay. Pure arithmetic: no Vulkan. Called by the conv op specs through the
 ``gemm_tiling`` and ``conv2d_algorithm`` expression helpers.
 """
 
@@ -47,9 +47,17 @@ COOP_MIN_K = 64
 # ... but the implicit im2col won at any pixel count from this K on. H200, batch 1, session 28
 # (benchmarks/NOTES.md), im2col_coop (K splits by the rule) against the dot-product im2col:
 # ResNet-50's 3x3 256 at 14x14 (196 pixels, K 2304) 12.1 against 17.2 us, 3x3 512 at 7x7 (49,
-# 4608) 13.1 against 17.5, DenseNet-121's 3x3 128->32 (K 1152) at 28, 14 and 7: 0.71-0.74x. The
-# pointwise kernel did not (1x1 1024->256 at 14x14: pw_coop 9.1 against pw 8.8 us).
-COOP_IM2COL_SMALL_MAP_MIN_K = 1152
+# 4608) 13.1 against 17.5, DenseNet-121's 3x3 128->32 (K 1152) at 28, 14 and 7: 0.71-0.74x.
+# Session 29 (`runtime tune` of ResNet-50 at batch 1): its 1x1 stride-2 1024->2048 (49 pixels, K
+# 1024) 10.1 against 14.0 us; at K 512 (512->1024, 196 pixels) the dot-product im2col stayed best.
+COOP_IM2COL_SMALL_MAP_MIN_K = 1024
+# ... and the pointwise coop GEMM won under COOP_MIN_PIXELS where its tiles are many and K
+# long. H200, batch 1, session 29 (`runtime tune`, benchmarks/NOTES.md), pw_coop against the
+# rule's pw: ResNet-50's 1x1 1024->512 at 14x14 (32 tiles) 8.8 against 12.2 us, 512->256 at 28x28
+# (52) 7.4 against 9.9, 512->2048 at 7x7 (32) 7.0 against 8.4; with fewer tiles pw stayed best
+# (1024->256 at 14x14, 16 tiles: pw 7.9 us; DenseNet-121's 1x1 ->128 at 14x14, 8 tiles).
+COOP_PW_SMALL_MAP_MIN_TILES = 32
+COOP_PW_SMALL_MAP_MIN_K = 512
 # The coop GEMMs stage 128-byte K chunks up to this many 64 x 64 tiles, else 64-byte ones. H200,
 # 128- against 64-byte chunks (benchmarks/NOTES.md): q8ta_gemm_coop_im2col (session 9) 0.90-0.97x
 # the time at 100 and 196-200 tiles, 1.0 at 49, 1.12-1.49x at 392 tiles and more (occupancy wins
@@ -177,5 +185,8 @@ def prefers_coop_gemm(kernel: str, m: int, k: int, c_out: int, groups: int) -> b
     GEMM `kernel` ("pw": ``q8ta_gemm_coop``, "im2col": ``q8ta_gemm_coop_im2col``)."""
     if kernel not in COOP_CHUNK_KERNELS:
         raise ValueError(f"prefers_coop_gemm: kernel must be one of {COOP_CHUNK_KERNELS}, got {kernel!r}")
-    enough_pixels = m >= COOP_MIN_PIXELS or (kernel == "im2col" and k >= COOP_IM2COL_SMALL_MAP_MIN_K)
+    tiles = _ceil_div(m, COOP_TILE) * _ceil_div(c_out, COOP_TILE)
+    small_map = (k >= COOP_IM2COL_SMALL_MAP_MIN_K if kernel == "im2col"
+                 else tiles >= COOP_PW_SMALL_MAP_MIN_TILES and k >= COOP_PW_SMALL_MAP_MIN_K)
+    enough_pixels = m >= COOP_MIN_PIXELS or small_map
     return groups == 1 and c_out >= COOP_MIN_C_OUT and enough_pixels and k >= COOP_MIN_K

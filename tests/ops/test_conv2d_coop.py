@@ -170,10 +170,13 @@ def test_shape_rule():
         assert not prefers_coop_gemm(kernel, 4096, 64, 31, 1)
         assert not prefers_coop_gemm(kernel, 4096, 63, 64, 1)
         assert not prefers_coop_gemm(kernel, 4096, 64, 64, 2)
-    # a long K: the implicit im2col at any pixel count, the pointwise GEMM not
-    assert prefers_coop_gemm("im2col", 49, 1152, 64, 1)
-    assert not prefers_coop_gemm("im2col", 49, 1151, 64, 1)
+    # a long K: the implicit im2col at any pixel count, the pointwise GEMM only with 32 tiles
+    assert prefers_coop_gemm("im2col", 49, 1024, 64, 1)
+    assert not prefers_coop_gemm("im2col", 49, 1023, 64, 1)
     assert not prefers_coop_gemm("pw", 49, 4096, 64, 1)
+    assert prefers_coop_gemm("pw", 196, 512, 512, 1)  # 4 x 8 tiles
+    assert not prefers_coop_gemm("pw", 196, 511, 512, 1)
+    assert not prefers_coop_gemm("pw", 196, 1024, 448, 1)  # 4 x 7 tiles
     with pytest.raises(ValueError, match="kernel must be one of"):
         prefers_coop_gemm("dw", 4096, 64, 64, 1)
 

@@ -149,11 +149,15 @@ BOTH = frozenset({"pw", "im2col"})
     (conv2d_params((1, 3, 64, 64), (64, 3, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
     (conv2d_params((1, 64, 64, 64), (64, 64, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
     # Half a 64-channel tile (DenseNet's 32-channel growth convs) still on the coop GEMMs; a
-    # quarter not. Few pixels: the implicit im2col from K = 1152 bytes (ResNet's 3x3 512 at
-    # 7x7, batch 1), the pointwise GEMM not.
+    # quarter not. Few pixels: the implicit im2col from K = 1024 bytes (ResNet's 3x3 512 at
+    # 7x7 and its 1x1 stride-2 1024->2048, batch 1), the pointwise GEMM from 32 tiles and K =
+    # 512 bytes (ResNet's 1x1 1024->512 at 14x14, 4 x 8 tiles; not 1024->256, 4 x 4).
     (conv2d_params((1, 512, 7, 7), (512, 512, 3, 3), [3], [1], [1], [1], 1), BOTH, "im2col_coop"),
     (conv2d_params((1, 128, 14, 14), (32, 128, 3, 3), [3], [1], [1], [1], 1), BOTH, "im2col_coop"),
+    (conv2d_params((1, 1024, 14, 14), (2048, 1024, 1, 1), [1], [2], [0], [1], 1), BOTH, "im2col_coop"),
+    (conv2d_params((1, 512, 28, 28), (1024, 512, 1, 1), [1], [2], [0], [1], 1), BOTH, "im2col"),
     (conv2d_params((1, 1024, 14, 14), (256, 1024, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
+    (conv2d_params((1, 1024, 14, 14), (512, 1024, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
     (conv2d_params((32, 128, 28, 28), (32, 128, 3, 3), [3], [1], [1], [1], 1), BOTH, "im2col_coop"),
     (conv2d_params((32, 192, 28, 28), (32, 192, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
     (conv2d_params((32, 96, 112, 112), (16, 96, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
