@@ -36,6 +36,14 @@ ACTIVATIONS = ("none", "relu", "hardtanh", "hardswish")
 INT8_MIN, INT8_MAX = -128, 127
 IM2COL_MIN_GROUP_CHANNELS = 32
 IM2COL_MAX_OUTPUT_PIXELS = 4096
+# Pointwise convs of at most this many input channels run the direct conv on NVIDIA: their K
+# (C_in / 4 words) is too short for the GEMM's staging to pay. H200 (session 29 `runtime tune`
+# at batch 1, benchmarks/NOTES.md): the squeeze-and-excite expansions 4, 6, 8, 10 and 20 ->
+# 96-480 channels on 1x1 maps 3.5-4.0 µs against pw's 4.6 (8 -> 32 7.9 against 9.9), 16 -> 96
+# at 112x112 6.8 against 7.9; at batch 32 the same 16 -> 96 98.1 against 113.6 (session 28's
+# conv2d_bench). From 24 channels pw was as fast or faster (24 -> 144 at 56x56, 32 -> 16 at
+# 112x112).
+POINTWISE_DIRECT_MAX_C_IN = 20
 # q8ta_gemm_coop_im2col keeps tap coordinates in 16 bits: H + 2 * pad_y and W + 2 * pad_x must
 # stay below this (the op's check coop_im2col_extent in op_specs/conv2d.yaml says the same).
 COOP_IM2COL_EXTENT = 32768
@@ -230,7 +238,9 @@ def prefers_im2col(params: Conv2dParams, family: str) -> bool:
 
 def choose_algorithm(params: Conv2dParams, family: str, coop: Collection[str] = ()) -> str:
     """The algorithm ``etvk.q8ta_conv2d.default`` runs with nothing measured: "pw", "dw",
-    "im2col" or "general" by the family's rule, or "pw_coop" / "im2col_coop".
+    "im2col" or "general" by the family's rule, or "pw_coop" / "im2col_coop". Pointwise convs
+    take pw, on NVIDIA the direct conv ("general") up to `POINTWISE_DIRECT_MAX_C_IN` input
+    channels.
 
     `coop` names the GEMM kernels ("pw", "im2col") the device runs on cooperative matrices.
     Where the shape suits them (`conv2d_tiling.prefers_coop_gemm` over `Conv2dParams.gemm_k`),
@@ -241,7 +251,7 @@ def choose_algorithm(params: Conv2dParams, family: str, coop: Collection[str] = 
     """
     check_family(family)
     if params.is_pointwise and params.groups == 1:
-        rule = "pw"
+        rule = "general" if family == "nvidia" and params.C_in <= POINTWISE_DIRECT_MAX_C_IN else "pw"
     elif params.is_depthwise:
         return "dw"
     else:

@@ -104,7 +104,13 @@ def test_prefers_im2col_and_choose_algorithm(name, family):
     params, mali_im2col, other_im2col, mali_alg, other_alg = RULES[name]
     mali = family == "mali"
     assert prefers_im2col(params, family) == (mali_im2col if mali else other_im2col)
-    assert choose_algorithm(params, family) == (mali_alg if mali else other_alg)
+    want = NVIDIA_ALGORITHMS.get(name, other_alg) if family == "nvidia" else mali_alg if mali else other_alg
+    assert choose_algorithm(params, family) == want
+
+
+# Where NVIDIA's rule differs from the other families': pointwise convs of at most
+# POINTWISE_DIRECT_MAX_C_IN input channels run the direct conv there.
+NVIDIA_ALGORITHMS = {"pointwise_c6": "general"}
 
 
 def test_flags():
@@ -145,8 +151,10 @@ BOTH = frozenset({"pw", "im2col"})
     (stem(32, 32, 3, 2, 1), BOTH, "general"),
     # Too few pixels for the coop GEMM: the family rule (im2col: at most 4096 output pixels).
     (stem(1, 64, 7, 2, 3, hw=56), BOTH, "im2col"),
-    # K of 1 x 4 bytes: pw stays on the dot-product GEMM; 16 channels: pw_coop.
-    (conv2d_params((1, 3, 64, 64), (64, 3, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
+    # 3 input channels: the direct conv on NVIDIA (POINTWISE_DIRECT_MAX_C_IN); 24 stay on pw,
+    # 64 go to pw_coop.
+    (conv2d_params((1, 3, 64, 64), (64, 3, 1, 1), [1], [1], [0], [1], 1), BOTH, "general"),
+    (conv2d_params((1, 24, 8, 8), (64, 24, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw"),
     (conv2d_params((1, 64, 64, 64), (64, 64, 1, 1), [1], [1], [0], [1], 1), BOTH, "pw_coop"),
     # Half a 64-channel tile (DenseNet's 32-channel growth convs) still on the coop GEMMs; a
     # quarter not. Few pixels: the implicit im2col from K = 1024 bytes (ResNet's 3x3 512 at
