@@ -391,23 +391,19 @@ void stage_tables(int c4_first) {
   barrier();
 }
 
-// Output word (outer, c4, inner) from the staged tables of its channels, from shared word
-// `row` on (STAGED 1).
-uint staged_word(int outer, int c4, int inner, int row) {
+// The byte offsets, in their channels' staged rows, of output word (outer, c4, inner)'s 4
+// entries (STAGED 1), -1 for a 0 byte (padding channels and widths): the loads of x and the
+// sums, issued before the tables are staged.
+ivec4 staged_entries(int outer, int c4, int inner) {
   const int W = pc.sizes.x;
   const int C = pc.sizes.z;
   const int span = etvk_channel_word_span(LAYOUT, W);
   if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(EtvkChannelWord(outer, c4, inner), W)) {
-    return 0u;
+    return ivec4(-1);
   }
-  ivec4 y = ivec4(0);
   if (HAS_SUMS == 0) {
-    // padding channels' slots hold zeros
     const ivec4 index = t_x_load(etvk_channel_word(outer, c4, inner, span, (C + 3) >> 2)) + 128;
-    for (int i = 0; i < 4; ++i) {
-      y[i] = staged_entry(row + i * ROW_WORDS, index[i]);
-    }
-    return etvk_pack_i8x4(y);
+    return mix(ivec4(-1), index, etvk_valid_channels(c4, C));
   }
   const int H = pc.sizes.y;
   const int Cs = pc.sums.x;
@@ -423,22 +419,42 @@ uint staged_word(int outer, int c4, int inner, int row) {
     const int h = r / w4;
     pixel = h * W + (r - h * w4) * 4 + inner;
   }
+  ivec4 entries = ivec4(-1);
   int loaded = -1;  // the channel word of x in `bytes`: a word of out spans at most two of x
   uint bytes = 0u;
   for (int i = 0; i < 4 && c4 * 4 + i < C; ++i) {
     const int c = c4 * 4 + i;
     if (c < Cs) {
-      y[i] = staged_entry(row + i * ROW_WORDS, t_sums_load(uint((n * Cs + c) * H * W + pixel)) + pc.sums.z);
+      entries[i] = t_sums_load(uint((n * Cs + c) * H * W + pixel)) + pc.sums.z;
     } else if (HAS_X == 1) {
       const int cx = c - Cs;
       if ((cx >> 2) != loaded) {
         loaded = cx >> 2;
         bytes = t_x_load_word(etvk_channel_word(outer, loaded, inner, span, (C - Cs + 3) >> 2));
       }
-      y[i] = staged_entry(row + i * ROW_WORDS, bitfieldExtract(int(bytes), (cx & 3) * 8, 8) + 128);
+      entries[i] = bitfieldExtract(int(bytes), (cx & 3) * 8, 8) + 128;
+    }
+  }
+  return entries;
+}
+
+// The output word of `entries` (staged_entries) from the staged tables of its 4 channels,
+// from shared word `row` on.
+uint staged_word(ivec4 entries, int row) {
+  ivec4 y = ivec4(0);
+  for (int i = 0; i < 4; ++i) {
+    if (entries[i] >= 0) {
+      y[i] = staged_entry(row + i * ROW_WORDS, entries[i]);
     }
   }
   return etvk_pack_i8x4(y);
+}
+
+// (outer, g, inner) of item m of a workgroup row of `group` channel words.
+ivec3 staged_item(int m, int span, int group) {
+  const int t = m / span;
+  const int outer = t / group;
+  return ivec3(outer, t - outer * group, m - t * span);
 }
 
 void main() {
@@ -452,17 +468,19 @@ void main() {
   const int C4 = (pc.sizes.z + 3) >> 2;
   const int span = etvk_channel_word_span(LAYOUT, pc.sizes.x);
   const int c4_first = int(gl_WorkGroupID.y) * CHANNEL_WORDS;
-  stage_tables(c4_first);
   const int group = min(CHANNEL_WORDS, C4 - c4_first);
   const int items = int(pc.words) / C4 * group;
   const int lanes = int(gl_WorkGroupSize.x);
-  int m = int(gl_WorkGroupID.x) * PIXELS * lanes + int(gl_LocalInvocationIndex);
-  for (int p = 0; p < PIXELS && m < items; ++p, m += lanes) {
-    const int t = m / span;
-    const int inner = m - t * span;
-    const int outer = t / group;
-    const int g = t - outer * group;
-    t_out_store_word(etvk_channel_word(outer, c4_first + g, inner, span, C4),
-                     staged_word(outer, c4_first + g, inner, g * 4 * ROW_WORDS));
+  const int first = int(gl_WorkGroupID.x) * PIXELS * lanes + int(gl_LocalInvocationIndex);
+  ivec4 entries[PIXELS];
+  for (int p = 0; p < PIXELS && first + p * lanes < items; ++p) {
+    const ivec3 at = staged_item(first + p * lanes, span, group);
+    entries[p] = staged_entries(at.x, c4_first + at.y, at.z);
+  }
+  stage_tables(c4_first);
+  for (int p = 0; p < PIXELS && first + p * lanes < items; ++p) {
+    const ivec3 at = staged_item(first + p * lanes, span, group);
+    t_out_store_word(etvk_channel_word(at.x, c4_first + at.y, at.z, span, C4),
+                     staged_word(entries[p], at.y * 4 * ROW_WORDS));
   }
 }

@@ -14,7 +14,12 @@ over the sums of 4 and of 9 taps) before x's channels, and with the sums alone
 (no x), in every packed layout, bit-exact, padding bytes included. The
 single-table op runs on 16-byte quads (4 words an invocation, the last words % 4
 one by one) and, within `one_word_each`, on one word an invocation: both paths
-are checked against the reference, and the dispatch's size says which ran.
+are checked against the reference, and the dispatch's size says which ran. The
+per-channel table's staged kernel (tables in shared memory) runs every case above;
+with 8 words an invocation forced (partial blocks of pixels and of channel words,
+batch 3, C not a multiple of 4, every layout, with and without sums, the sums alone)
+it and the one-word kernel (within `global_table_each`, and for a sums table over
+16 KiB) equal the reference, the grid saying which ran.
 """
 
 from __future__ import annotations
