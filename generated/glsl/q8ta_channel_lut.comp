@@ -472,15 +472,20 @@ void main() {
   const int items = int(pc.words) / C4 * group;
   const int lanes = int(gl_WorkGroupSize.x);
   const int first = int(gl_WorkGroupID.x) * PIXELS * lanes + int(gl_LocalInvocationIndex);
+  // loops of a constant count (PIXELS), so that they unroll and `entries` stays in registers
   ivec4 entries[PIXELS];
-  for (int p = 0; p < PIXELS && first + p * lanes < items; ++p) {
-    const ivec3 at = staged_item(first + p * lanes, span, group);
-    entries[p] = staged_entries(at.x, c4_first + at.y, at.z);
+  for (int p = 0; p < PIXELS; ++p) {
+    if (first + p * lanes < items) {
+      const ivec3 at = staged_item(first + p * lanes, span, group);
+      entries[p] = staged_entries(at.x, c4_first + at.y, at.z);
+    }
   }
   stage_tables(c4_first);
-  for (int p = 0; p < PIXELS && first + p * lanes < items; ++p) {
-    const ivec3 at = staged_item(first + p * lanes, span, group);
-    t_out_store_word(etvk_channel_word(at.x, c4_first + at.y, at.z, span, C4),
-                     staged_word(entries[p], at.y * 4 * ROW_WORDS));
+  for (int p = 0; p < PIXELS; ++p) {
+    if (first + p * lanes < items) {
+      const ivec3 at = staged_item(first + p * lanes, span, group);
+      t_out_store_word(etvk_channel_word(at.x, c4_first + at.y, at.z, span, C4),
+                       staged_word(entries[p], at.y * 4 * ROW_WORDS));
+    }
   }
 }
