@@ -25,10 +25,7 @@ the same run on the same machine:
 With ``--one-word`` each program is loaded and timed a second time within
 `runtime.families.q8ta_copy.one_word_each` (the copy-like int8 ops on their
 one-word kernels instead of 16-byte quads), as the row ``NAME (one word)``
-without torch baselines, in the same run. With ``--global-table`` likewise within
-`runtime.families.channel_lut.global_table_each` (`q8ta_channel_lut` on its one-word
-kernel, the tables read from the buffer instead of staged in shared memory), as the
-row ``NAME (global table)``.
+without torch baselines, in the same run.
 
 Method (benchmarks/NOTES.md): every timed thing is first run for a second of
 continuous work (an idle GPU drops its clock); medians of ``--repeat`` runs.
@@ -36,7 +33,6 @@ Validation is off. Without CUDA the torch columns print "n/a".
 
 Usage: ``python benchmarks/program_bench.py resnet50:r50_b1.etvk mobilenet_v2:mv2_b1.etvk``
 ``[--repeat 20] [--warmup 1.0] [--no-compile | --compile-modes default,reduce-overhead] [--one-word]``
-``[--global-table]``
 """
 
 from __future__ import annotations
@@ -56,7 +52,6 @@ from copy_bandwidth import copy_seconds  # noqa: E402
 from timing import cuda_copy_seconds, drop_validation, median_seconds, open_device, time_cuda, warm  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.families.channel_lut import global_table_each  # noqa: E402
 from runtime.families.q8ta_copy import one_word_each  # noqa: E402
 from runtime.programs.nodes import Const, Ref, walk_args  # noqa: E402
 from runtime.tools.models import torchvision_model  # noqa: E402
@@ -160,8 +155,6 @@ def main() -> int:
                         help=f"torch.compile modes timed (default {','.join(COMPILE_MODES)})")
     parser.add_argument("--one-word", action="store_true",
                         help="also time each program with the copy-like ops one word an invocation")
-    parser.add_argument("--global-table", action="store_true",
-                        help="also time each program with q8ta_channel_lut's tables read from the buffer")
     args = parser.parse_args()
     if open_device() is None:
         return 1
@@ -188,10 +181,6 @@ def main() -> int:
         if args.one_word:
             with one_word_each():
                 results.append(bench(f"{name} (one word)", Path(path), args.repeat, args.warmup, modes,
-                                     torch_baselines=False))
-        if args.global_table:
-            with global_table_each():
-                results.append(bench(f"{name} (global table)", Path(path), args.repeat, args.warmup, modes,
                                      torch_baselines=False))
     print("\n| model | batch | nodes on device | call ms | resident ms | device ms | CPU nodes ms "
           "| torch fp16 eager ms | torch.compile ms | torch.compile + CUDA graphs ms "

@@ -11,19 +11,12 @@ of x), a yardstick of what the memory system gives an elementwise kernel,
 and the ratio of the two bandwidths. With ``--one-word`` each row also times
 the op within `runtime.families.q8ta_copy.one_word_each` (the copy-like ops'
 kernels of one 4-byte word an invocation instead of 16-byte quads) in the
-same run, and prints the time ratio quads / one word. With ``--global-table``
-each channel_lut row also times the op within
-`runtime.families.channel_lut.global_table_each` (the one-word kernel reading
-the tables from the buffer instead of shared memory) in the same run, and prints
-the time ratio staged / global. The channel_lut rows with window sums ("Cs s +
-C_x") read int32 sums of 2x2 windows for their first Cs channels (counted at 4
-bytes a value; the torch yardstick copies as many bytes). Inputs are uploaded
+same run, and prints the time ratio quads / one word. Inputs are uploaded
 once; timing follows benchmarks/NOTES.md (the conv benchmark's `time_ours`:
 back-to-back calls in one stream, ~1 s of warm-up replays, median of
 timestamped calls).
 
-Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX] [--one-word]
-[--global-table]``
+Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX] [--one-word]``
 (``--quick``: tiny sizes and short warm-up; runs on lavapipe.)
 """
 
@@ -44,7 +37,6 @@ from results import Results  # noqa: E402
 from timing import open_device, time_cuda  # noqa: E402
 
 import runtime  # noqa: E402
-from runtime.families.channel_lut import global_table_each  # noqa: E402
 from runtime.families.q8ta_copy import one_word_each  # noqa: E402
 from runtime.vulkan import layouts  # noqa: E402
 from runtime.vulkan.layouts import PACKED_LAYOUTS  # noqa: E402
@@ -52,8 +44,7 @@ from runtime.vulkan.tensor import Tensor  # noqa: E402
 
 # (name, op, a shape, b shape, copy); batch 32 and 1 of each. copy: a, b and the output share
 # their qparams (DenseNet's lowered block concats: the bytes are copied, q8ta_concat's fast path).
-# The table ops (lut, channel_lut) take x alone (b None); a channel_lut row with b takes window
-# sums of b's shape for its first channels (DenseNet-121's transition pools: 2x2, T = 1021).
+# The table ops (lut, channel_lut) take x alone (b None).
 SHAPES = [
     ("resnet50 l1 residual add+relu", "add", (256, 56, 56), (256, 56, 56), False),
     ("resnet50 l4 residual add+relu", "add", (2048, 7, 7), (2048, 7, 7), False),
@@ -67,30 +58,21 @@ SHAPES = [
     ("densenet channel_lut 256x56x56", "channel_lut", (256, 56, 56), None, False),
     ("densenet channel_lut 512x28x28", "channel_lut", (512, 28, 28), None, False),
     ("densenet channel_lut 1024x14x14", "channel_lut", (1024, 14, 14), None, False),
-    ("densenet channel_lut 128s+256 28", "channel_lut", (256, 28, 28), (128, 28, 28), False),
-    ("densenet channel_lut 256s+512 14", "channel_lut", (512, 14, 14), (256, 14, 14), False),
     ("efficientnet lut 32x112x112", "lut", (32, 112, 112), None, False),
 ]
 TABLE_OPS = ("lut", "channel_lut")
-SUMS_TAPS = 4
 
 
 def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False):
     """The op's arguments with a and b int8 (uploaded in `layout`, or on the host when None);
     with `copy`, one set of qparams for a, b and the output. A table op: x and a random table
-    (one per channel for channel_lut); with b, int32 window sums of `SUMS_TAPS` values of b's
-    shape (plain) and their random table."""
+    (one per channel for channel_lut)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
     if op in TABLE_OPS:
         rows = (a_shape[1], 256) if op == "channel_lut" else (256,)
         table = torch.randint(-128, 128, rows, generator=gen, dtype=torch.int8)
-        x = a if layout is None else Tensor.from_torch(a, layout=layout)
-        if b_shape is None:
-            return (x, table)
-        sums = torch.randint(-128 * SUMS_TAPS, 127 * SUMS_TAPS + 1, b_shape, generator=gen, dtype=torch.int32)
-        sums_table = torch.randint(-128, 128, (b_shape[1], 255 * SUMS_TAPS + 1), generator=gen, dtype=torch.int8)
-        return (x, table, sums if layout is None else Tensor.from_torch(sums), sums_table)
+        return (a if layout is None else Tensor.from_torch(a, layout=layout), table)
     b = torch.randint(-128, 128, b_shape, generator=gen, dtype=torch.int8)
     if layout is not None:
         a, b = Tensor.from_torch(a, layout=layout), Tensor.from_torch(b, layout=layout)
@@ -104,32 +86,18 @@ def packed_bytes(shape, layout: str) -> int:
     return 4 * layouts.packed_words(shape, layout)
 
 
-def traffic(op: str, a_shape, b_shape, out_shape, layout: str | None = None) -> int:
-    """Bytes of the inputs and the output, packed in `layout` (None: unpacked); a channel_lut's
-    window sums (b) plain, 4 bytes a value."""
-    def size(shape):
-        return torch.Size(shape).numel() if layout is None else packed_bytes(shape, layout)
-
-    total = size(a_shape) + size(out_shape)
-    if b_shape is not None:
-        total += 4 * torch.Size(b_shape).numel() if op == "channel_lut" else size(b_shape)
-    return total
-
-
-def time_torch(op: str, a_shape, b_shape, s: Settings, traffic: int) -> float | None:
-    """Median seconds of the same int8 traffic in torch on CUDA (a table op: a copy of
-    `traffic` / 2 bytes; without sums, of x)."""
+def time_torch(op: str, a_shape, b_shape, s: Settings) -> float | None:
+    """Median seconds of the same int8 traffic in torch on CUDA (a table op: a copy of x)."""
     if not torch.cuda.is_available():
         return None
     dev = torch.device("cuda")
+    a = torch.randint(-128, 128, a_shape, device=dev, dtype=torch.int8)
     if op in TABLE_OPS:
-        a = torch.randint(-128, 128, (traffic // 2,), device=dev, dtype=torch.int8)
         copy = torch.empty_like(a)
 
         def fn(_):
             return copy.copy_(a)
         return time_cuda(fn, 1, s.repeats * s.max_calls, s.warmup)
-    a = torch.randint(-128, 128, a_shape, device=dev, dtype=torch.int8)
     b = torch.randint(-128, 128, b_shape, device=dev, dtype=torch.int8)
     if op == "concat":
         def fn(_):
@@ -141,8 +109,8 @@ def time_torch(op: str, a_shape, b_shape, s: Settings, traffic: int) -> float | 
 
 
 def shapes_of(op_kind: str, a_chw, b_chw, batch: int, quick: bool):
-    """(a, b, out) shapes at `batch` (b None for a table op without sums); `quick` cuts channels
-    and sizes to an eighth (at least 1)."""
+    """(a, b, out) shapes at `batch` (b None for a table op); `quick` cuts channels and sizes
+    to an eighth (at least 1)."""
     def scaled(chw):
         return (chw[0] // 8, *[max(1, d // 8) for d in chw[1:]]) if quick else chw
 
@@ -150,7 +118,7 @@ def shapes_of(op_kind: str, a_chw, b_chw, batch: int, quick: bool):
     if b_chw is None:
         return a_shape, None, a_shape
     b_shape = (batch, *scaled(b_chw))
-    out_c = a_shape[1] + b_shape[1] if op_kind in ("concat", "channel_lut") else a_shape[1]
+    out_c = a_shape[1] + b_shape[1] if op_kind == "concat" else a_shape[1]
     return a_shape, b_shape, (batch, out_c, *a_shape[2:])
 
 
@@ -161,9 +129,6 @@ def main() -> int:
     parser.add_argument("--only", default="", help="regular expression on '<shape> <batch> <layout>'")
     parser.add_argument("--one-word", action="store_true",
                         help="also time the one-word kernels of the copy-like ops (one_word_each)")
-    parser.add_argument("--global-table", action="store_true",
-                        help="also time channel_lut's one-word kernel, tables read from the buffer "
-                             "(global_table_each)")
     options = parser.parse_args()
     started = time.perf_counter()
     caps = open_device()
@@ -177,34 +142,28 @@ def main() -> int:
           "of the inputs and out per second (tables not counted); torch: the same int8 traffic on "
           "CUDA (add / cat / a copy of x); ratio = our GB/s / torch's"
           + ("; 1-word: the one-word kernels (one_word_each), same run, and quads / 1-word time"
-             if options.one_word else "")
-          + ("; global: channel_lut's tables read from the buffer (global_table_each), same run, "
-             "and staged / global time" if options.global_table else "") + " ==")
+             if options.one_word else "") + " ==")
     print(f"{'shape':<32} {'batch':>5} {'layout':<6} {'GPU us':>9} {'GB/s':>8} {'torch us':>9} {'GB/s':>8} "
-          f"{'ratio':>6}" + (f" {'1-word us':>9} {'q/1w':>6}" if options.one_word else "")
-          + (f" {'global us':>9} {'s/g':>6}" if options.global_table else ""))
+          f"{'ratio':>6}" + (f" {'1-word us':>9} {'q/1w':>6}" if options.one_word else ""))
     only = re.compile(options.only)
     for batch in (2, 1) if options.quick else (32, 1):
         for name, op_kind, a_chw, b_chw, copy in SHAPES:
             a_shape, b_shape, out_shape = shapes_of(op_kind, a_chw, b_chw, batch, options.quick)
+            inputs = [x for x in (a_shape, b_shape) if x is not None]
             theirs = None
             for layout in PACKED_LAYOUTS:
                 if not only.search(f"{name} {batch} {layout}"):
                     continue
-                torch_bytes = traffic(op_kind, a_shape, b_shape, out_shape)
+                torch_bytes = sum(torch.Size(x).numel() for x in (*inputs, out_shape))
                 if theirs is None:
-                    theirs = time_torch(op_kind, a_shape, b_shape, s, torch_bytes)
+                    theirs = time_torch(op_kind, a_shape, b_shape, s)
                     record.kernel("q8ta_binary", f"{name} b{batch}", "torch CUDA", theirs, torch_bytes)
                 op = runtime.get_op(f"etvk.q8ta_{op_kind}.default")
-                moved = traffic(op_kind, a_shape, b_shape, out_shape, layout)
+                moved = sum(packed_bytes(x, layout) for x in (*inputs, out_shape))
                 args = arguments(op_kind, a_shape, b_shape, layout, copy)
                 timed = [time_ours(op, args, moved, s)]
                 if options.one_word:
                     with one_word_each():
-                        timed.append(time_ours(op, args, moved, s))
-                global_table = options.global_table and op_kind == "channel_lut"
-                if global_table:
-                    with global_table_each():
                         timed.append(time_ours(op, args, moved, s))
                 if None in timed:
                     print("device has no timestamp queries")
@@ -219,11 +178,6 @@ def main() -> int:
                     one_word = timed[1][0]
                     record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout} one word", one_word, moved)
                     line += f" {one_word * 1e6:>9.1f} {ours / one_word:>6.2f}"
-                if global_table:
-                    table_time = timed[-1][0]
-                    record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout} global table", table_time,
-                                  moved)
-                    line += f" {table_time * 1e6:>9.1f} {ours / table_time:>6.2f}"
                 print(line, flush=True)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0

@@ -150,12 +150,6 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the `[N, Cs + C_x, H, W]` output of a per-channel table op whose first Cs channels come "
         "from window sums `sums` and the rest from `x` (either may be `None`, not both)",
     ),
-    "channel_lut_tiling": (
-        "out_shape, layout, sums_columns=0",
-        "the q8ta_channel_lut tiling of an output `out_shape` in `layout` with sums tables of "
-        "`sums_columns` entries (`runtime.families.channel_lut`): `.staged .row_words "
-        ".channel_words .pixels .table_words` (spec constants) and `.groups` (workgroup counts)",
-    ),
     "copy_quads": (
         "layout=None, width=0, channel_parts=None",
         "whether a copy-like int8 op writes 16-byte quads (spec constant `QUADS`; "

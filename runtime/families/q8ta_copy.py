@@ -2,8 +2,7 @@
 
 `q8ta_lut`, `q8ta_concat` and `q8ta_channel_gather` write packed int8 words
 without arithmetic on their positions (`q8ta_channel_lut`, whose bytes each
-read their channel's own table, takes no quads but stages its tables in shared
-memory: docs/int8_cnn_ops.md, runtime/families/channel_lut.py). With their spec
+read their channel's own table, stays on one word: docs/int8_cnn_ops.md). With their spec
 constant QUADS one invocation writes output words 4q .. 4q+3 (a quad, 16
 bytes) through one 16-byte store, reading its input quads through 16-byte
 loads (the bindings' `wide` views), instead of one 4-byte word. An

@@ -19,7 +19,6 @@ import torch
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
 from runtime.families.attention import attention_split, attention_tile_keys, attention_tile_lanes
-from runtime.families.channel_lut import channel_lut_tiling
 from runtime.families.q8ta_copy import copy_quads
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
@@ -337,7 +336,6 @@ HELPERS: dict[str, Callable[..., Any]] = {
         packed_words,
         on_host,
         channel_lut_shape,
-        channel_lut_tiling,
         copy_quads,
         broadcast,
         bad_indices,

@@ -102,10 +102,9 @@ def test_program_bench_runs(tmp_path):
     example = (torch.randn(1, 3, 16, 16),)
     runtime.lower(quantize_pt2e(SmallCNN().eval(), example, [example])).save(tmp_path / "small.etvk")
     result = _run([str(BENCHMARKS / "program_bench.py"), f"small_cnn:{tmp_path / 'small.etvk'}",
-                   "--repeat", "2", "--warmup", "0", "--no-compile", "--one-word", "--global-table"], "llvmpipe", tmp_path)
+                   "--repeat", "2", "--warmup", "0", "--no-compile", "--one-word"], "llvmpipe", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert any(line.startswith("| small_cnn (one word) |") for line in result.stdout.splitlines())
-    assert any(line.startswith("| small_cnn (global table) |") for line in result.stdout.splitlines())
     row = next(line for line in result.stdout.splitlines() if line.startswith("| small_cnn |"))
     on_device, nodes = row.split("|")[3].strip().split("/")
     assert on_device == nodes  # every node on the device
@@ -176,11 +175,6 @@ def test_llm_bench_prints_decode_rows(tmp_path):
     assert all(all(float(time) > 0 for time in row[2:8]) and row[10] == "split" for row in prefill)
 
 
-CHANNEL_LUT_ROWS = {"densenet channel_lut 256x56x56", "densenet channel_lut 512x28x28",
-                    "densenet channel_lut 1024x14x14", "densenet channel_lut 128s+256 28",
-                    "densenet channel_lut 256s+512 14"}
-
-
 def test_q8ta_binary_bench_times_the_tables_beside_the_one_word_kernels(tmp_path):
     """The table ops' rows (DenseNet's channel_lut, EfficientNet's lut) in every layout, and with
     --one-word the one-word kernels' time and the quads / one-word ratio on every row."""
@@ -189,22 +183,10 @@ def test_q8ta_binary_bench_times_the_tables_beside_the_one_word_kernels(tmp_path
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith(("densenet", "efficientnet"))]
     names = {" ".join(row[:-9]) for row in rows}
-    assert names == {"densenet block concat 224+32 56", *CHANNEL_LUT_ROWS, "efficientnet lut 32x112x112"}
+    assert names == {"densenet block concat 224+32 56", "densenet channel_lut 256x56x56",
+                     "densenet channel_lut 512x28x28", "densenet channel_lut 1024x14x14",
+                     "efficientnet lut 32x112x112"}
     assert len(rows) == 3 * len(names) and all(row[-8] in ("4W4C", "4C", "4C1W") for row in rows)
     assert all(float(row[-1]) > 0 and float(row[-2]) > 0 for row in rows)  # quads / one word, its time
     records = [json.loads(line) for line in (tmp_path / "q8ta_binary.jsonl").read_text().splitlines()]
     assert sum(r.get("impl", "").endswith(" one word") for r in records) == len(rows)
-
-
-def test_q8ta_binary_bench_times_channel_lut_beside_its_global_table_kernel(tmp_path):
-    """With --global-table each channel_lut row (with and without window sums) in every layout
-    also gives the one-word kernel's time and the staged / global ratio."""
-    result = _run([str(BENCHMARKS / "q8ta_binary_bench.py"), "--quick", "--global-table",
-                   "--only", "channel_lut .* 1 "], "nvidia", tmp_path)
-    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
-    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("densenet")]
-    assert {" ".join(row[:-9]) for row in rows} == CHANNEL_LUT_ROWS
-    assert len(rows) == 3 * len(CHANNEL_LUT_ROWS) and all(row[-8] in ("4W4C", "4C", "4C1W") for row in rows)
-    assert all(float(row[-1]) > 0 and float(row[-2]) > 0 for row in rows)  # staged / global, its time
-    records = [json.loads(line) for line in (tmp_path / "q8ta_binary.jsonl").read_text().splitlines()]
-    assert sum(r.get("impl", "").endswith(" global table") for r in records) == len(rows)

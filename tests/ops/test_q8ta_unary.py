@@ -14,12 +14,7 @@ over the sums of 4 and of 9 taps) before x's channels, and with the sums alone
 (no x), in every packed layout, bit-exact, padding bytes included. The
 single-table op runs on 16-byte quads (4 words an invocation, the last words % 4
 one by one) and, within `one_word_each`, on one word an invocation: both paths
-are checked against the reference, and the dispatch's size says which ran. The
-per-channel table's staged kernel (tables in shared memory) runs every case above;
-with 8 words an invocation forced (partial blocks of pixels and of channel words,
-batch 3, C not a multiple of 4, every layout, with and without sums, the sums alone)
-it and the one-word kernel (within `global_table_each`, and for a sums table over
-16 KiB) equal the reference, the grid saying which ran.
+are checked against the reference, and the dispatch's size says which ran.
 """
 
 from __future__ import annotations
@@ -31,15 +26,12 @@ import pytest
 import torch
 
 import runtime
-from runtime.families import channel_lut
-from runtime.families.channel_lut import global_table_each
 from runtime.families.q8ta_copy import one_word_each
 from runtime.reference.q8ta_unary import q8ta_channel_lut, q8ta_channel_lut_mean, q8ta_lut
 from runtime.reference.quantize import fp32
 from runtime.tools.examples_q8ta_unary import (
     LUT_BY_NAME,
     LUT_CASES,
-    LutCase,
     channel_lut_inputs,
     channel_mean_inputs,
     channel_sums_inputs,
@@ -255,50 +247,6 @@ def test_channel_lut_with_window_sums_matches_reference(name, layout, taps):
         raw, got = _record(op, x_, layout, table_, sums, sums_table, **kwargs)
         assert torch.equal(got, expected), f"{name} {layout}: {int((got != expected).sum())} values differ"
         assert torch.equal(raw, layouts.pack(expected, layout)), f"{name} {layout}: padding bytes not 0"
-
-
-STAGED_CASES = [LutCase("staged_c10_h19_w23_batch3", (3, 10, 19, 23)),  # 1311 words a channel word
-                LutCase("staged_c21_h5_w6", (1, 21, 5, 6))]
-
-
-def _last_groups(trace_path) -> list[int]:
-    return json.loads(trace_path.read_text().splitlines()[-1])["groups"]
-
-
-@pytest.mark.parametrize("case", STAGED_CASES, ids=lambda case: case.name)
-@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
-def test_channel_lut_staged_blocks_and_one_word_kernel(case, layout, monkeypatch, dispatch_trace_path):
-    """The staged kernel with 8 words an invocation (the rule's MIN_GROUPS lowered: a last block
-    of pixels partly past the end, the last row of channel words partly past C4 in 4C and 4W4C,
-    padding channels and widths), with and without window sums (Cs = 5 or 11: x straddles output
-    words) and the sums alone, against the reference bit for bit, padding bytes included; the
-    same on the one-word kernel (within `global_table_each`, and for a 25-tap sums table over
-    16 KiB), the grid telling which ran."""
-    monkeypatch.setattr(channel_lut, "MIN_GROUPS", 1)
-    x, table = channel_lut_inputs(case)
-    op = runtime.get_op(CHANNEL_OP)
-    for taps in (None, 4, 25):
-        sums, sums_table = (None, None) if taps is None else channel_sums_inputs(case, taps, torch.int8)
-        calls = [(x, table, {})] if taps is None else [(x, table, {}), (None, None, {"layout": layout})]
-        for x_, table_, kwargs in calls:
-            want = q8ta_channel_lut(x_, table_, sums, sums_table)
-            out_shape = tuple(want.shape)
-            for one_word in (False, True):
-                with global_table_each() if one_word else contextlib.nullcontext():
-                    tiling = channel_lut.channel_lut_tiling(out_shape, layout, sums_table.shape[1] if taps else 0)
-                    raw, got = _record(op, x_, layout, table_, sums, sums_table, **kwargs)
-                what = f"{case.name} {layout} taps {taps} x {x_ is not None} one word {one_word}"
-                assert tiling.staged == (not one_word and taps != 25), what
-                assert tiling.pixels == (8 if tiling.staged else 1), what
-                groups = _last_groups(dispatch_trace_path)
-                if tiling.staged:
-                    assert groups == [-(-layouts.packed_words(out_shape, layout) // (-(-out_shape[1] // 4))
-                                        * tiling.channel_words // 1024),
-                                      -(-out_shape[1] // (4 * tiling.channel_words)), 1], what
-                else:
-                    assert groups[0] * groups[1] * 128 >= layouts.packed_words(out_shape, layout), what
-                assert torch.equal(got, want), f"{what}: {int((got != want).sum())} values differ"
-                assert torch.equal(raw, layouts.pack(want, layout)), f"{what}: padding bytes not 0"
 
 
 @pytest.mark.parametrize(("name", "layout"), _channel_cases())
