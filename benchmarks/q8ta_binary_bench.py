@@ -11,7 +11,8 @@ of x), a yardstick of what the memory system gives an elementwise kernel,
 and the ratio of the two bandwidths. With ``--one-word`` each row also times
 the op within `runtime.families.q8ta_copy.one_word_each` (the copy-like ops'
 kernels of one 4-byte word an invocation instead of 16-byte quads) in the
-same run, and prints the time ratio quads / one word. Inputs are uploaded
+same run, and prints the time ratio quads / one word (`q8ta_channel_lut` runs one
+word an invocation either way: its ratio shows the run's noise). Inputs are uploaded
 once; timing follows benchmarks/NOTES.md (the conv benchmark's `time_ours`:
 back-to-back calls in one stream, ~1 s of warm-up replays, median of
 timestamped calls).
