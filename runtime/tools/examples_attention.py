@@ -194,7 +194,10 @@ def rope_update_inputs(case: RopeUpdateCase, dtype: torch.dtype, seed: int | Non
 
 def build(op_name: str):
     """A builder for ``runtime.tools.examples.EXAMPLES``: the case of the op's table at
-    index (the shape's last size mod the table's length), in the variant's DTYPE."""
+    index (the shape's last size mod the table's length), in the variant's DTYPE. For a
+    variant with an EXCHANGE axis (the tiled kernel's), the first case from there that the
+    variant serves: a head dim of an odd number of 4-value units for "none" (one invocation a
+    row under any lanes rule: the lanes divide the units), an even number for "shuffle"."""
     cases, make = {
         "etvk.cache_attention.default": (ATTENTION_CASES, attention_inputs),
         "etvk.cache_update.default": (UPDATE_CASES, update_inputs),
@@ -202,7 +205,12 @@ def build(op_name: str):
     }[op_name]
 
     def builder(axes, shape, gen):
-        case = cases[(shape[-1] if shape else 0) % len(cases)]
+        start = shape[-1] if shape else 0
+        order = [cases[(start + i) % len(cases)] for i in range(len(cases))]
+        if "EXCHANGE" in axes:
+            even = axes["EXCHANGE"] == "shuffle"
+            order = [c for c in order if (c.head_dim // 4 % 2 == 0) == even]
+        case = order[0]
         seed = int(torch.randint(0, 2**31, (), generator=gen))
         return make(case, DTYPES[axes["DTYPE"]], seed), {}
 

@@ -543,3 +543,26 @@ def test_cases_cover_what_they_claim():
     assert {c.cos_rows for c in ROPE_UPDATE_CASES} == {"batch", "one", "shared"}
     assert any(c.batch > 1 for c in ROPE_UPDATE_CASES) and any(not c.positions for c in ROPE_UPDATE_CASES)
     assert {c.positions_dtype for c in ROPE_UPDATE_CASES} == {torch.int32, torch.int64}
+
+
+def test_the_examples_serve_every_tiled_variant():
+    """The demo forces each variant on `runtime.tools.examples.EXAMPLES`' arguments: from every
+    starting case the tiled variants without shuffles (one lane a row) and with them each get
+    a case they serve, within the tolerance."""
+    from runtime.tools.demo import max_error
+    from runtime.tools.examples import EXAMPLES, tolerance
+    from runtime.vulkan.device import get_device
+
+    op = runtime.get_op(ATTENTION)
+    build = EXAMPLES[ATTENTION]
+    caps = get_device().caps
+    tiled = [info for info in op.variants if "EXCHANGE" in info.axes and info.runnable(caps)[0]]
+    assert {info.axes["EXCHANGE"] for info in tiled} >= {"none"}
+    gen = torch.Generator().manual_seed(3)
+    for start in range(len(ATTENTION_CASES)):
+        for info in tiled:
+            args, kwargs = build(info.axes, (1, start), gen)
+            host = [a.to_torch() if isinstance(a, Tensor) else a for a in args]
+            got = op(*args, **kwargs, variant=info.name)
+            want = op.reference(*host, **kwargs)
+            assert max_error(got, want) <= tolerance(ATTENTION, want, host), (start, info.name)
