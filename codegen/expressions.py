@@ -188,8 +188,8 @@ HELPERS: dict[str, tuple[str, str]] = {
     "attention_lanes": (
         "head_dim",
         "invocations per query row of cache_attention_tiled at head dim `head_dim` on this "
-        "device: `TILE_LANES` (4) or fewer, dividing `head_dim / 4` and the device's smallest subgroup size, where "
-        "it has subgroup shuffles, else 1 (runtime/families/attention.py)",
+        "device: `TILE_LANES` (2) or fewer, dividing `head_dim / 4` and the device's smallest "
+        "subgroup size, where it has subgroup shuffles, else 1 (runtime/families/attention.py)",
     ),
 }
 

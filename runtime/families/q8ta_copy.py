@@ -2,10 +2,10 @@
 
 `q8ta_lut`, `q8ta_concat` and `q8ta_channel_gather` write packed int8 words
 without arithmetic on their positions (`q8ta_channel_lut`, whose bytes each
-read their channel's own table, stays on one word: docs/int8_cnn_ops.md). With their spec
-constant QUADS one invocation writes output words 4q .. 4q+3 (a quad, 16
-bytes) through one 16-byte store, reading its input quads through 16-byte
-loads (the bindings' `wide` views), instead of one 4-byte word. An
+read their channel's own table, stays on one word: docs/int8_cnn_ops.md).
+With their spec constant QUADS one invocation writes output words 4q .. 4q+3
+(a quad, 16 bytes) through one 16-byte store, reading its input quads through
+16-byte loads (the bindings' `wide` views), instead of one 4-byte word. An
 elementwise op (output word i from input word i) runs on quads in every
 layout, its last words one by one where the word count is no multiple of
 4. The concat and the gather read input words at other channel positions,
