@@ -3,7 +3,7 @@
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const uint GROUP = 1u;
 layout(constant_id = 4) const uint HEAD_UNITS = 16u;
-layout(constant_id = 5) const uint TILE_KEYS = 8u;
+layout(constant_id = 5) const uint TILE_KEYS = 16u;
 layout(constant_id = 6) const uint LANES = 1u;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
