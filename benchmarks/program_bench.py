@@ -20,7 +20,10 @@ the same run on the same machine:
   what it achieved: TOPS (two per multiply-add) for the convs and linears,
   GB/s (every tensor read and written, once) for the others, next to the copy
   bandwidth measured in the same run (runtime_bench.py's yardstick: the faster of
-  vkCmdCopyBuffer and torch's CUDA copy).
+  vkCmdCopyBuffer and torch's CUDA copy);
+- with ``--slowest N``, the N nodes that took the most device time in that
+  profile: node name, op kind, variant, output shape, time and rate, which points
+  at the dispatches inside an op kind (one slow pool among 17).
 
 With ``--one-word`` each program is loaded and timed a second time within
 `runtime.families.q8ta_copy.one_word_each` (the copy-like int8 ops on their
@@ -123,27 +126,41 @@ def bench(name: str, path: Path, repeat: int, warmup: float, modes, torch_baseli
     warm(loaded.run_resident, warmup)
     profiles = [loaded.profile(x) for _ in range(5)]
     per_kind: dict[str, list] = defaultdict(lambda: [0.0, 0, 0])  # seconds, multiply-adds, bytes
+    per_node = []  # (seconds, node, kind, variant, output shape, multiply-adds, bytes)
     device = statistics.median(sum(r["seconds"] or 0 for r in rows if r["runs_on"] == "vulkan")
                                for rows in profiles)
     cpu = statistics.median(sum(r["seconds"] for r in rows if r["runs_on"] == "cpu") for rows in profiles)
     nodes = {node.name: node for node in loaded.program.nodes}
     for row in profiles[-1]:
         kind = per_kind[_op_kind(row)]
-        macs, moved = _work(loaded.program, nodes[row["node"]])
+        node = nodes[row["node"]]
+        macs, moved = _work(loaded.program, node)
+        macs = macs if node.target in _MAC_OPS else 0
         kind[0] += row["seconds"] or 0.0
-        kind[1] += macs if nodes[row["node"]].target in _MAC_OPS else 0
+        kind[1] += macs
         kind[2] += moved
+        per_node.append((row["seconds"] or 0.0, row["node"], _op_kind(row), row["variant"],
+                         tuple(loaded.program.values[node.outputs[0]].shape), macs, moved))
     torch_seconds = _torch_baselines(name, shape, repeat, warmup, modes) if torch_baselines else {}
     return {"name": name, "batch": shape[0], "load": load_seconds, "call": call, "resident": resident,
             "device": device, "cpu": cpu, "eager": torch_seconds.get("eager"),
             "compiled": torch_seconds.get("compiled"), "graphs": torch_seconds.get("graphs"),
-            "kinds": dict(per_kind), "nodes": len(loaded.program.nodes),
+            "kinds": dict(per_kind), "per_node": sorted(per_node, reverse=True),
+            "nodes": len(loaded.program.nodes),
             "on_device": sum(r["runs_on"] == "vulkan" for r in loaded.placement())}
 
 
 def _ms(seconds) -> str:
     return "n/a" if seconds is None else f"{seconds * 1e3:.3f}"
 
+
+def _rate(seconds: float, macs: int, moved: int, bandwidth: float | None) -> str:
+    """TOPS for work counted in multiply-adds, else GB/s (and its share of the copy bandwidth)."""
+    if not seconds:
+        return "n/a"
+    if macs:
+        return f"{2 * macs / seconds / 1e12:.2f} TOPS"
+    return f"{moved / seconds / 1e9:.0f} GB/s" + (f" ({moved / seconds / bandwidth:.0%} of copy)" if bandwidth else "")
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -155,7 +172,11 @@ def main() -> int:
                         help=f"torch.compile modes timed (default {','.join(COMPILE_MODES)})")
     parser.add_argument("--one-word", action="store_true",
                         help="also time each program with the copy-like ops one word an invocation")
+    parser.add_argument("--slowest", type=int, default=0, metavar="N",
+                        help="also list each program's N nodes that took the most device time")
     args = parser.parse_args()
+    if args.slowest < 0:
+        parser.error(f"--slowest must be >= 0, got {args.slowest}")
     if open_device() is None:
         return 1
     modes = [] if args.no_compile else args.compile_modes.split(",")
@@ -195,11 +216,15 @@ def main() -> int:
         total = sum(seconds for seconds, _, _ in r["kinds"].values()) or 1.0
         print(f"\n{r['name']} batch {r['batch']} (load {r['load']:.1f} s), per op kind:")
         for kind, (seconds, macs, moved) in sorted(r["kinds"].items(), key=lambda kv: -kv[1][0]):
-            rate = "n/a" if not seconds else f"{2 * macs / seconds / 1e12:.2f} TOPS" if macs else \
-                f"{moved / seconds / 1e9:.0f} GB/s" + (f" ({moved / seconds / bandwidth:.0%} of copy)"
-                                                      if bandwidth else "")
-            print(f"  {kind:<40} {seconds * 1e3:8.3f} ms ({100 * seconds / total:3.0f} %)  {rate}")
+            print(f"  {kind:<40} {seconds * 1e3:8.3f} ms ({100 * seconds / total:3.0f} %)  "
+                  f"{_rate(seconds, macs, moved, bandwidth)}")
+        if args.slowest:
+            print(f"\n{r['name']} batch {r['batch']}, the {args.slowest} slowest nodes:")
+            for seconds, node, kind, variant, shape, macs, moved in r["per_node"][:args.slowest]:
+                print(f"  {node:<28} {kind:<26} {variant or '-':<40} {str(list(shape)):<20} "
+                      f"{seconds * 1e6:8.1f} us  {_rate(seconds, macs, moved, bandwidth)}")
     return 0
+
 
 
 if __name__ == "__main__":

@@ -102,7 +102,8 @@ def test_program_bench_runs(tmp_path):
     example = (torch.randn(1, 3, 16, 16),)
     runtime.lower(quantize_pt2e(SmallCNN().eval(), example, [example])).save(tmp_path / "small.etvk")
     result = _run([str(BENCHMARKS / "program_bench.py"), f"small_cnn:{tmp_path / 'small.etvk'}",
-                   "--repeat", "2", "--warmup", "0", "--no-compile", "--one-word"], "llvmpipe", tmp_path)
+                   "--repeat", "2", "--warmup", "0", "--no-compile", "--one-word", "--slowest", "3"],
+                  "llvmpipe", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     assert any(line.startswith("| small_cnn (one word) |") for line in result.stdout.splitlines())
     row = next(line for line in result.stdout.splitlines() if line.startswith("| small_cnn |"))
@@ -113,6 +114,11 @@ def test_program_bench_runs(tmp_path):
     rates = {kind[0]: kind[-1] for kind in kinds}
     assert any(k.startswith("q8ta_conv2d") and rates[k] == "TOPS" for k in rates), kinds
     assert rates.get("q8ta_quantize") == "copy)", kinds  # GB/s against the copy bandwidth
+    lines = result.stdout.splitlines()
+    at = lines.index("small_cnn batch 1, the 3 slowest nodes:")
+    slowest = [line.split() for line in lines[at + 1:at + 4]]
+    times = [float(row[row.index("us") - 1]) for row in slowest]
+    assert times == sorted(times, reverse=True) and all(t > 0 for t in times), slowest
 
 
 def test_coop_gemm_bench_runs_to_the_end(tmp_path):
