@@ -1,4 +1,5 @@
-"""``python -m runtime export | inspect | run`` and the demo's program part."""
+"""``python -m runtime export | inspect | run`` and the demo (its program part, and every variant
+forced on its example arguments, as `make demo` runs them)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from safetensors.torch import save_file
 
 from runtime.programs.program import Program
 from runtime.tools import cli, program_commands
-from runtime.tools.demo import run_program
+from runtime.tools.demo import run_program, run_variants
 from runtime.vulkan.device import get_device
 
 REPO = Path(__file__).resolve().parents[3]
@@ -93,3 +94,12 @@ def test_demo_program_part(capsys):
     assert run_program() == 0
     out = capsys.readouterr().out
     assert "device run vs CPU reference run: bit-exact" in out and "runs on" in out
+
+
+def test_demo_variants_part(capsys):
+    """Every variant this device runs is forced on its op's example arguments and matches the
+    reference (a variant its example cannot serve raises, as a new axis once did)."""
+    assert run_variants(repeats=1) == 0
+    out = capsys.readouterr().out
+    assert "all variants match their references" in out
+    assert "cache_attention_tiled_float_none" in out and "cache_attention_tiled_float_shuffle" in out
