@@ -294,6 +294,12 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
   return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
 }
 
+// The lanes past the row's width of a 4W4C quad of 4 widths (a quad split with span 1: its
+// lane l is width (outer % W4) * 4 + l, as inner is for one word).
+bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
+  return greaterThanEqual(ivec4((p.outer % ((width + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
+}
+
 void main() {
   const uint item = etvk_linear_invocation();
   const int W = pc.sizes.x;
@@ -340,9 +346,8 @@ void main() {
       out4 |= ((x4 >> ((source & 3) * 8)) & 0xFFu) << (i * 8);
     }
   }
-  // 4W4C: lane l is width (outer % W4) * 4 + l
   if (LAYOUT == ETVK_4W4C) {
-    out4 = mix(out4, uvec4(0u), greaterThanEqual(ivec4((p.outer % ((W + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(W)));
+    out4 = mix(out4, uvec4(0u), etvk_quad_past_width(p, W));
   }
   t_out_store_word4(item, out4);
 }

@@ -346,6 +346,12 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
   return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
 }
 
+// The lanes past the row's width of a 4W4C quad of 4 widths (a quad split with span 1: its
+// lane l is width (outer % W4) * 4 + l, as inner is for one word).
+bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
+  return greaterThanEqual(ivec4((p.outer % ((width + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
+}
+
 #define ETVK_CASCADE_T float
 float cascade_value(int p);
 // PyTorch's CPU order of an fp32 sum of a row of values (runtime.families.pool2d.cascade_sum,

@@ -356,6 +356,12 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
   return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
 }
 
+// The lanes past the row's width of a 4W4C quad of 4 widths (a quad split with span 1: its
+// lane l is width (outer % W4) * 4 + l, as inner is for one word).
+bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
+  return greaterThanEqual(ivec4((p.outer % ((width + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
+}
+
 // Output word of channels 4 c4 .. 4 c4 + 3 of one pixel: a's word `a_word` holds a's channels
 // 4 c4 .. (from a's first), `b_word` b's channels 4 c4 - C_a .. (bytes before b's first 0).
 uint concat_word(int c4, uint a_word, uint b_word) {
@@ -455,10 +461,9 @@ void main() {
   uvec4 out4;
   for (int l = 0; l < 4; ++l) {
     out4[l] = concat_word(lanes_are_channels ? c4 + l : c4, a4[l], b4[l]);
-    // 4W4C: lane l is width (outer % W4) * 4 + l
-    if (LAYOUT == ETVK_4W4C && (p.outer % ((W + 3) >> 2)) * 4 + l >= W) {
-      out4[l] = 0u;
-    }
+  }
+  if (LAYOUT == ETVK_4W4C) {
+    out4 = mix(out4, uvec4(0u), etvk_quad_past_width(p, W));
   }
   t_out_store_word4(item, out4);
 }

@@ -299,6 +299,12 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
   return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
 }
 
+// The lanes past the row's width of a 4W4C quad of 4 widths (a quad split with span 1: its
+// lane l is width (outer % W4) * 4 + l, as inner is for one word).
+bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
+  return greaterThanEqual(ivec4((p.outer % ((width + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
+}
+
 const int ETVK_PLAIN = 3;
 
 shared uint s_table[64];
