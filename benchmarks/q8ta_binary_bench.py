@@ -1,21 +1,21 @@
 """q8ta_binary benchmark (not a test): GPU time and bandwidth of int8 add, mul, concat and tables.
 
-For real activation shapes (ResNet-50 residual adds, squeeze-and-excite
-gates, DenseNet / Inception concats, DenseNet-121's per-channel tables
+For real activation shapes (ResNet-50 residual adds, squeeze-and-excite gates,
+DenseNet / Inception concats, DenseNet-121's per-channel tables
 `q8ta_channel_lut` and EfficientNet's `q8ta_lut`; batch 1 and 32) it times
-each op in each packed layout and reports the median GPU time per call and
-the bandwidth (bytes of the inputs and the output, packed, over that time;
-the tables are not counted), next to the same traffic in torch on CUDA
-(``torch.add`` of the int8 tensors, ``torch.cat``, or for the tables a copy
-of x), a yardstick of what the memory system gives an elementwise kernel,
-and the ratio of the two bandwidths. With ``--one-word`` each row also times
-the op within `runtime.families.q8ta_copy.one_word_each` (the copy-like ops'
-kernels of one 4-byte word an invocation instead of 16-byte quads) in the
-same run, and prints the time ratio quads / one word (`q8ta_channel_lut` runs one
-word an invocation either way: its ratio shows the run's noise). Inputs are uploaded
-once; timing follows benchmarks/NOTES.md (the conv benchmark's `time_ours`:
-back-to-back calls in one stream, ~1 s of warm-up replays, median of
-timestamped calls).
+each op in each packed layout and reports the median GPU time per call and the
+bandwidth (bytes of the inputs and the output, packed, over that time; the
+tables are not counted), next to the same traffic in torch on CUDA
+(``torch.add`` of the int8 tensors, ``torch.cat``, or for the tables a copy of
+x), a yardstick of what the memory system gives an elementwise kernel, and the
+ratio of the two bandwidths. With ``--one-word`` each row also times the op
+within `runtime.families.q8ta_copy.one_word_each` (the copy-like ops' kernels
+of one 4-byte word an invocation instead of 16-byte quads) in the same run,
+and prints the time ratio quads / one word (`q8ta_channel_lut` runs one word
+an invocation either way: its ratio shows the run's noise). Inputs are
+uploaded once; timing follows benchmarks/NOTES.md (the conv benchmark's
+`time_ours`: back-to-back calls in one stream, ~1 s of warm-up replays, median
+of timestamped calls).
 
 Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX] [--one-word]``
 (``--quick``: tiny sizes and short warm-up; runs on lavapipe.)
