@@ -36,6 +36,7 @@ Validation is off. Without CUDA the torch columns print "n/a".
 
 Usage: ``python benchmarks/program_bench.py resnet50:r50_b1.etvk mobilenet_v2:mv2_b1.etvk``
 ``[--repeat 20] [--warmup 1.0] [--no-compile | --compile-modes default,reduce-overhead] [--one-word]``
+``[--slowest N]``
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ def _rate(seconds: float, macs: int, moved: int, bandwidth: float | None) -> str
         return f"{2 * macs / seconds / 1e12:.2f} TOPS"
     return f"{moved / seconds / 1e9:.0f} GB/s" + (f" ({moved / seconds / bandwidth:.0%} of copy)" if bandwidth else "")
 
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("programs", nargs="+", help="NAME:PATH, NAME a torchvision architecture")
@@ -224,7 +226,6 @@ def main() -> int:
                 print(f"  {node:<28} {kind:<26} {variant or '-':<40} {str(list(shape)):<20} "
                       f"{seconds * 1e6:8.1f} us  {_rate(seconds, macs, moved, bandwidth)}")
     return 0
-
 
 
 if __name__ == "__main__":
