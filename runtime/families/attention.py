@@ -8,8 +8,8 @@ workgroup, with
     tile_keys = min(TILE_KEYS, TILE_BYTES // (8 * head_dim))
 
 keys per tile (a key row and a value row of fp32 each, so the two staged
-tiles stay within `TILE_BYTES` of shared memory: 16 keys up to D = 192); 0, the split kernel below,
-for fewer tokens or a head dim over ``TILE_BYTES / 8``. Decode steps keep the
+tiles stay within `TILE_BYTES` of shared memory: 16 keys up to D = 192); 0,
+the split kernel below, for fewer tokens or a head dim over ``TILE_BYTES / 8``. Decode steps keep the
 split kernel. `attention_tile_lanes(head_dim, subgroup_size, shuffles)` gives
 the invocations (lanes) that serve one query row of the tiled kernel: the
 largest of `TILE_LANES`, its half, ... that divides the head dim's units
