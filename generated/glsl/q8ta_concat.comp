@@ -398,21 +398,18 @@ void main() {
     if (c0 < Ca) {
       a_word = t_a_load_word(etvk_channel_word(p.outer, p.c4, p.inner, span, a_c4s));
     }
-    // b's channels d .. d+3 (d = c0 - C_a, at least -3): bytes s .. s+3 of b's
-    // words k and k+1 taken as one 8-byte window (k = floor(d / 4), s = d mod 4;
-    // a word before b's first, k = -1, reads as 0).
-    uint b_word = 0u;
-    if (c0 + 3 >= Ca) {
+    uint b_word = uint(0u);
+    if (c0 + 4 * 1 - 1 >= Ca) {
       const int d = c0 - Ca;
       const int k = d >> 2;
       const int shift = (d & 3) * 8;
-      uint lo = 0u;
+      uint lo = uint(0u);
       if (k >= 0 && k < b_c4s) {
-        lo = t_b_load_word(etvk_channel_word(p.outer, k, p.inner, span, b_c4s));
+        lo = t_b_load_word(etvk_channel_word(p.outer, k / 1, p.inner, span, b_c4s / 1));
       }
       b_word = lo;
       if (shift != 0) {
-        uint hi = 0u;
+        uint hi = uint(0u);
         if (k + 1 < b_c4s) {
           hi = t_b_load_word(etvk_channel_word(p.outer, k + 1, p.inner, span, b_c4s));
         }
@@ -438,8 +435,7 @@ void main() {
   if (c0 < Ca) {
     a4 = t_a_load_word4(etvk_channel_word(p.outer, p.c4, p.inner, span, a_c4s / per));
   }
-  // b as in the one-word path, lane by lane; in 4C the quad is all of b (d % 16 == 0: no shift,
-  // which only per 1 has).
+  // In 4C the quad is all of b (d % 16 == 0: no shift, which only per 1 has).
   uvec4 b4 = uvec4(0u);
   if (c0 + 4 * per - 1 >= Ca) {
     const int d = c0 - Ca;
