@@ -406,6 +406,7 @@ const int ROUND = BLOCKS * WORKERS;                          // a stream's block
 
 shared vec4 s_blocks[WORDS * STREAMS * ROUND];  // [word][stream][block of the round]: 4 T
 shared vec4 s_streams[WORDS * STREAMS];         // [word][stream]
+shared vec4 s_lanes[WORDS * ETVK_CASCADE_LANES];  // [word][lane]: the lane's total
 
 // The channel word this invocation sums: (n, c4) of the input with sizes (W, H, C4, N).
 ivec4 g_in4;
@@ -472,12 +473,19 @@ void main() {
     s_streams[slot * STREAMS + s] = stream;
   }
   barrier();
+  // Each lane's total by the invocation of its stream 0 (the lanes apart, their leftover
+  // vectors' loads in flight together), then added in lane order.
+  if (live && k == 0 && worker == 0) {
+    const int first = slot * STREAMS + s;
+    s_lanes[slot * ETVK_CASCADE_LANES + lane] =
+        etvk_cascade_lane(lanes, lane, items, vectors, s_streams[first], s_streams[first + 1],
+                          s_streams[first + 2], s_streams[first + 3]);
+  }
+  barrier();
   if (g_n < pc.sizes.w && s == 0 && worker == 0) {
     precise vec4 total = etvk_cascade_tail(lanes, vectors, count);
     for (int l = 0; l < lanes; ++l) {
-      const int first = slot * STREAMS + l * ETVK_CASCADE_ILP;
-      total += etvk_cascade_lane(lanes, l, items, vectors, s_streams[first], s_streams[first + 1],
-                                 s_streams[first + 2], s_streams[first + 3]);
+      total += s_lanes[slot * ETVK_CASCADE_LANES + l];
     }
     vec4 mean;
     for (int j = 0; j < 4; ++j) {
