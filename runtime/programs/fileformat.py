@@ -21,7 +21,9 @@ fault a damaged or foreign file can have; each becomes one
 non-safetensors file, another format version, a graph that fails its
 checksum or does not parse, a malformed graph, a missing, extra, mis-shaped
 or corrupted constant, a node reading an unknown value, an unknown op, an
-``etvk`` op whose schema changed, or state or checks that name unknown values. Used by program.py.
+``etvk`` op whose schema changed (other than by appended arguments with defaults, which
+the file's nodes leave at their defaults: `schema_reads`), or state or checks that name
+unknown values. Used by program.py.
 """
 
 from __future__ import annotations
@@ -231,8 +233,24 @@ def _check_ops(nodes: list[Node], schemas: dict) -> None:
             want = schemas.get(node.target)
             have = get_op(node.target).schema
             _require(want is not None, f"node {node.name!r}: the schema of {node.target} is not recorded")
-            _require(want == have, f"op {node.target} has changed: the file was written for "
-                                   f"{want!r}, this runtime has {have!r}")
+            _require(schema_reads(have, want), f"op {node.target} has changed: the file was written for "
+                                               f"{want!r}, this runtime has {have!r}")
+
+
+def schema_reads(have: str, want: str) -> bool:
+    """Whether an op of schema `have` runs the nodes of a file written for schema `want`: the same
+    schema, or `want` with arguments appended that all have defaults (an op that gained an
+    optional argument; the file's nodes leave it out, so it takes its default)."""
+    if have == want:
+        return True
+    head, sep, returns = want.rpartition(") -> ")
+    if not (sep and have.startswith(head + ", ") and have.endswith(sep + returns)):
+        return False
+    try:
+        old, new = torch._C.parse_schema(want), torch._C.parse_schema(have)
+    except RuntimeError:
+        return False
+    return all(argument.has_default_value() for argument in new.arguments[len(old.arguments):])
 
 
 def _open(path: Path):

@@ -78,6 +78,9 @@ CASES = {
     "changed schema": (lambda src, dst: _rewrite(src, dst, change_graph=lambda g: g["ops"].update(
         {"etvk.q8ta_conv2d.default": "q8ta_conv2d(Tensor x) -> Tensor"})),
         "op etvk.q8ta_conv2d.default has changed: the file was written for"),
+    "schema with an argument more": (lambda src, dst: _rewrite(src, dst, change_graph=lambda g: g["ops"].update(
+        {"etvk.q8ta_conv2d.default": g["ops"]["etvk.q8ta_conv2d.default"].replace(
+            ") -> Tensor", ", int extra) -> Tensor")})), "op etvk.q8ta_conv2d.default has changed"),
     "missing constant": (lambda src, dst: _rewrite(src, dst, change_tensors=lambda t: t.pop(
         sorted(t)[0])), "missing constant"),
     "mis-shaped constant": (lambda src, dst: _rewrite(src, dst, change_graph=lambda g: g["constants"][
@@ -102,6 +105,25 @@ def test_bad_file(case, small_cnn_file, tmp_path):
         Program.load(path)
     assert str(info.value).startswith(f"{path}: ") and fault in str(info.value), str(info.value)
     assert isinstance(info.value, ValueError)
+
+
+def _drop_last_argument(schema: str) -> str:
+    head, _, returns = schema.rpartition(") -> ")
+    return f"{head.rpartition(', ')[0]}) -> {returns}"
+
+
+def test_a_file_from_before_an_optional_argument_loads(small_cnn_file, tmp_path):
+    """A file written before an op gained a trailing argument with a default (the runtime's
+    schema is the file's plus that argument) loads, and its nodes run with the default."""
+    conv = "etvk.q8ta_conv2d.default"
+    older = _drop_last_argument(Program.load(small_cnn_file).op_schemas[conv])
+    path = _rewrite(small_cnn_file, tmp_path / "older.etvk", change_graph=lambda g: g["ops"].update(
+        {conv: older}))
+    loaded, current = Program.load(path), Program.load(small_cnn_file)
+    assert loaded.op_schemas[conv] == older != current.op_schemas[conv]
+    assert all(len(n.args) <= len(older.split(",")) for n in loaded.nodes if n.target == conv)
+    x = torch.randn(*current.values[current.inputs[0]].shape)
+    assert all(torch.equal(a, b) for a, b in zip(loaded.run_reference(x), current.run_reference(x), strict=True))
 
 
 def test_a_saved_file_has_the_umask_mode(small_cnn, tmp_path):
