@@ -145,20 +145,24 @@ def conv2d_output_bounds(activation, activation_min, activation_max, output_scal
                                        output_zero_point)
 
 
-def conv2d_algorithm(params) -> str:
+def conv2d_algorithm(params, input_table: bool = False) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs: the measured winner on this device
-    (runtime/ops/tuning.py), else `rule_algorithm`."""
-    winner = tuning.lookup(params)
-    return winner.algorithm if winner else rule_algorithm(params)
+    (runtime/ops/tuning.py), else `rule_algorithm`. With an `input_table` only the pointwise
+    GEMMs (`conv2d.INPUT_TABLE_ALGORITHMS`) can run the conv: the faster of their measured
+    choices, else the rule's."""
+    algorithms = conv2d.INPUT_TABLE_ALGORITHMS if input_table else (None,)
+    measured = [c for c in (tuning.lookup(params, a) for a in algorithms) if c is not None]
+    winner = min(measured, key=lambda c: c.seconds, default=None)
+    return winner.algorithm if winner else rule_algorithm(params, input_table)
 
 
-def rule_algorithm(params) -> str:
+def rule_algorithm(params, input_table: bool = False) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs with nothing measured: the rule for this
     device's GPU family (pw, dw, im2col, general), moved to the cooperative-matrix GEMMs
-    (pw_coop, im2col_coop) where the shape suits them and this device runs them
-    (`runtime.families.conv2d.choose_algorithm`)."""
+    (pw_coop, im2col_coop) where the shape suits them and this device runs them; pw or pw_coop
+    with an `input_table` (`runtime.families.conv2d.choose_algorithm`)."""
     caps = get_device().caps
-    return conv2d.choose_algorithm(params, caps.family, coop_gemm_kernels(caps))
+    return conv2d.choose_algorithm(params, caps.family, coop_gemm_kernels(caps), input_table)
 
 
 def coop_gemm_kernels(caps) -> frozenset[str]:
