@@ -19,6 +19,7 @@ import torch
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
 from runtime.families.attention import attention_split, attention_tile_keys, attention_tile_lanes
+from runtime.families.conv2d_layouts import dispatched_choice
 from runtime.families.q8ta_copy import copy_quads
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
@@ -147,12 +148,9 @@ def conv2d_output_bounds(activation, activation_min, activation_max, output_scal
 
 def conv2d_algorithm(params, input_table: bool = False) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs: the measured winner on this device
-    (runtime/ops/tuning.py), else `rule_algorithm`. With an `input_table` only the pointwise
-    GEMMs (`conv2d.INPUT_TABLE_ALGORITHMS`) can run the conv: the faster of their measured
-    choices, else the rule's."""
-    algorithms = conv2d.INPUT_TABLE_ALGORITHMS if input_table else (None,)
-    measured = [c for c in (tuning.lookup(params, a) for a in algorithms) if c is not None]
-    winner = min(measured, key=lambda c: c.seconds, default=None)
+    (runtime/ops/tuning.py), else `rule_algorithm`; with an `input_table` the faster measured
+    pointwise GEMM, else the rule's (`conv2d_layouts.dispatched_choice`)."""
+    winner = dispatched_choice(tuning.lookup, params, input_table)
     return winner.algorithm if winner else rule_algorithm(params, input_table)
 
 
