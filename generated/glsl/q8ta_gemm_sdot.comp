@@ -12,7 +12,6 @@ layout(constant_id = 8) const int SPLIT_K = 1;
 layout(constant_id = 9) const int BLOCK_K = 8;
 layout(constant_id = 10) const int RESIDUAL = 0;
 layout(constant_id = 11) const int HAS_LUT = 0;
-layout(constant_id = 12) const int IN_TABLE = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 in_sizes;
   layout(offset = 16) ivec4 out_sizes;
@@ -107,14 +106,6 @@ ivec4 t_lut_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_lut_load_word(uint unit) { return t_lut.data[unit]; }
-layout(set = 0, binding = 8, std430) readonly buffer t_in_table_block {
-  uint data[];
-} t_in_table;
-ivec4 t_in_table_load(uint unit) {
-  const int u = int(t_in_table.data[unit]);
-  return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
-}
-uint t_in_table_load_word(uint unit) { return t_in_table.data[unit]; }
 
 // Shared numerics for the quantize family (OPS.md "Shared numeric conventions").
 // Plain GLSL, included by templates through Jinja; needs no bindings.
@@ -471,28 +462,6 @@ uint etvk_q8ta_conv_word(uint word, ivec4 acc, EtvkQ8taChannels ch, int hardswis
                                       pc.add_output_zero_point);
   return etvk_pack_i8x4(mix(ivec4(0), sum, ch.valid));
 }
-// The input tables of the pointwise GEMMs (docs/int8_cnn_ops.md "Input tables"): with the
-// spec constant IN_TABLE 1 each input byte q of channel c is replaced by byte c * 256 + q + 128
-// of t_in_table (plain int8 [C_in, 256], 64 words per channel) where the GEMM stages its input,
-// before anything is multiplied, so the GEMM computes q8ta_channel_lut -> conv bit for bit.
-// Channels >= C_in (a word's padding bytes, and K words past the input's) stay 0, as
-// q8ta_channel_lut writes them. Needs include/packed_int8.glslh first and the int8 binding
-// t_in_table.
-
-// Input word `word` (channels 4 * c4 .. 4 * c4 + 3 of one pixel) through the tables of the
-// first `channels` channels.
-uint etvk_in_table_word(uint word, int c4, int channels) {
-  const ivec4 index = etvk_unpack_i8x4(word) + 128;
-  ivec4 y = ivec4(0);
-  [[unroll]] for (int i = 0; i < 4; ++i) {
-    const int c = c4 * 4 + i;
-    if (c < channels) {
-      // table[c, q + 128] is byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended.
-      y[i] = bitfieldExtract(int(t_in_table_load_word(uint(c * 64 + (index[i] >> 2)))), (index[i] & 3) * 8, 8);
-    }
-  }
-  return etvk_pack_i8x4(y);
-}
 
 const int WG = int(gl_WorkGroupSize.x);
 const int SLICE = WG / SPLIT_K;                 // invocations of one K slice
@@ -600,11 +569,7 @@ void main() {
         barrier();
         [[unroll]] for (int r = 0; r < IN_SLOTS; ++r) {
           if (in_k[r] >= 0) {
-            // IN_TABLE 1: chunk c - 1's K word of the slot, channel word (c - 1) * KC + k, through
-            // the input tables (a pixel outside the output stays 0).
-            s_in[in_k[r] >> 2][in_k[r] & 3] = IN_TABLE == 1 && in_addr[r] != ~0u
-                ? etvk_in_table_word(in_reg[r], (c - 1) * KC + in_k[r] / BM, pc.in_sizes.z)
-                : in_reg[r];
+            s_in[in_k[r] >> 2][in_k[r] & 3] = in_reg[r];
           }
         }
         [[unroll]] for (int r = 0; r < W_SLOTS; ++r) {

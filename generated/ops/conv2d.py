@@ -193,11 +193,6 @@ def _check_im2col_channels(op, groups, x):
         raise rt.ArgumentError(op, "groups", f"im2col needs groups == 1 or C_in / groups a multiple of 4, got C_in={x.shape[1]}, groups={groups}; use etvk.q8ta_conv2d_general.default")
 
 
-def _check_input_table_unsupported(op, input_table):
-    if input_table is not None:
-        raise rt.ArgumentError(op, "input_table", "must be None: only the pointwise GEMMs read their input through tables (etvk.q8ta_conv2d_pw, etvk.q8ta_conv2d_pw_coop, or etvk.q8ta_conv2d for a pointwise conv)")
-
-
 def _check_pointwise_kernel(op, kernel_size, stride, padding):
     if not (rt.pair(kernel_size) == (1, 1) and rt.pair(stride) == (1, 1) and (rt.pair(padding) == (0, 0))):
         raise rt.ArgumentError(op, "kernel_size", f"the pointwise conv needs a 1x1 kernel, stride 1 and padding 0, got kernel_size={kernel_size}, stride={stride}, padding={padding}")
@@ -206,16 +201,6 @@ def _check_pointwise_kernel(op, kernel_size, stride, padding):
 def _check_pointwise_groups(op, groups, x):
     if not (groups == 1 or x.shape[1] // groups % 4 == 0):
         raise rt.ArgumentError(op, "groups", f"the pointwise conv needs groups == 1 or C_in / groups a multiple of 4, got C_in={x.shape[1]}, groups={groups}")
-
-
-def _check_input_table_channels_int8(op, input_table, x):
-    if not (input_table is None or (input_table.dtype == torch.int8 and tuple(input_table.shape) == (x.shape[1], 256) and (rt.on_host(input_table) or (input_table.storage == 'buffer' and (not input_table.packed))))):
-        raise rt.ArgumentError(op, "input_table", f"must be None or an int8 [C_in, 256] tensor with C_in={x.shape[1]} (on the device: a plain buffer), input channel c's value for each int8 value -128 .. 127 in order, got {input_table.dtype} of shape {tuple(input_table.shape)}")
-
-
-def _check_input_table_pointwise(op, input_table, kernel_size, stride, padding, groups):
-    if not (input_table is None or (rt.pair(kernel_size) == (1, 1) and rt.pair(stride) == (1, 1) and (rt.pair(padding) == (0, 0)) and (groups == 1))):
-        raise rt.ArgumentError(op, "input_table", f"needs a pointwise conv (1x1 kernel, stride 1, padding 0, groups 1), whose GEMM reads the input through the tables; got kernel_size={kernel_size}, stride={stride}, padding={padding}, groups={groups}")
 
 
 def _check_coop_groups(op, groups):
@@ -261,7 +246,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:564",
+    spec="op_specs/conv2d.yaml:546",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -308,7 +293,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:587",
+    spec="op_specs/conv2d.yaml:569",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_buffer_float", {"STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -322,7 +307,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
 )
 
 
-def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None, *, variant=None, storage=None):
+def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_im2col.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_IM2COL
     rt.check_arg(op, "x", x, "Tensor")
@@ -349,7 +334,6 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
     rt.check_arg(op, "lut", lut, "Tensor?")
-    rt.check_arg(op, "input_table", input_table, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -380,7 +364,6 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     _check_lut_256_int8(op, lut)
     _check_lut_without_residual(op, lut, residual)
     _check_im2col_channels(op, groups, x)
-    _check_input_table_unsupported(op, input_table)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
@@ -400,13 +383,12 @@ def q8ta_conv2d_im2col(stream, x, input_scale, input_zero_point, weights, weight
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
-    input_table = stream.upload(input_table, v.binding("t_in_table"), op.label("input_table"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut, "t_in_table": input_table}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": cols, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W_out, p.H_out, p.groups * k, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "gemm": [k // 4, p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code('4W4C'), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=tiling.groups)
     return out
 
 
-def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None):
+def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -414,9 +396,9 @@ def _q8ta_conv2d_im2col_fake(x, input_scale, input_zero_point, weights, weight_s
 Q8TA_CONV2D_IM2COL = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col.default",
     family="conv2d",
-    schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None, Tensor? input_table=None) -> Tensor",
+    schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs groups == 1 or C_in / groups % 4 == 0 (one group of any C_in reads its padding channels, times zero weights). A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:611",
+    spec="op_specs/conv2d.yaml:593",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -433,7 +415,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
 )
 
 
-def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None, *, variant=None, storage=None):
+def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_pw.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_PW
     rt.check_arg(op, "x", x, "Tensor")
@@ -460,7 +442,6 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
     rt.check_arg(op, "lut", lut, "Tensor?")
-    rt.check_arg(op, "input_table", input_table, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -492,8 +473,6 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_lut_without_residual(op, lut, residual)
     _check_pointwise_kernel(op, kernel_size, stride, padding)
     _check_pointwise_groups(op, groups, x)
-    _check_input_table_channels_int8(op, input_table, x)
-    _check_input_table_pointwise(op, input_table, kernel_size, stride, padding, groups)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
@@ -509,13 +488,12 @@ def q8ta_conv2d_pw(stream, x, input_scale, input_zero_point, weights, weight_sum
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
-    input_table = stream.upload(input_table, v.binding("t_in_table"), op.label("input_table"))
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut, "t_in_table": input_table}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None), "IN_TABLE": int(input_table is not None)}, groups=tiling.groups)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "TILE_M": tiling.tile_m, "TILE_N4": tiling.tile_n4, "THREADS_N": tiling.threads_n, "SPLIT_K": tiling.split_k, "BLOCK_K": tiling.block_k, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=tiling.groups)
     return out
 
 
-def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None):
+def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H, p.W], dtype=torch.int8, device=x.device)
 
@@ -523,9 +501,9 @@ def _q8ta_conv2d_pw_fake(x, input_scale, input_zero_point, weights, weight_sums,
 Q8TA_CONV2D_PW = rt.OpDef(
     name="etvk.q8ta_conv2d_pw.default",
     family="conv2d",
-    schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None, Tensor? input_table=None) -> Tensor",
+    schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:670",
+    spec="op_specs/conv2d.yaml:652",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -536,7 +514,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
 )
 
 
-def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None, *, variant=None, storage=None):
+def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_im2col_coop.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_IM2COL_COOP
     rt.check_arg(op, "x", x, "Tensor")
@@ -563,7 +541,6 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
     rt.check_arg(op, "lut", lut, "Tensor?")
-    rt.check_arg(op, "input_table", input_table, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -596,7 +573,6 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     _check_im2col_channels(op, groups, x)
     _check_coop_groups(op, groups)
     _check_coop_im2col_extent(op, x, padding)
-    _check_input_table_unsupported(op, input_table)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
@@ -623,7 +599,7 @@ def q8ta_conv2d_im2col_coop(stream, x, input_scale, input_zero_point, weights, w
     return out
 
 
-def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None):
+def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -631,9 +607,9 @@ def _q8ta_conv2d_im2col_coop_fake(x, input_scale, input_zero_point, weights, wei
 Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_im2col_coop.default",
     family="conv2d",
-    schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None, Tensor? input_table=None) -> Tensor",
+    schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:710",
+    spec="op_specs/conv2d.yaml:692",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -651,7 +627,7 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
 )
 
 
-def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None, *, variant=None, storage=None):
+def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_pw_coop.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_PW_COOP
     rt.check_arg(op, "x", x, "Tensor")
@@ -678,7 +654,6 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
     rt.check_arg(op, "lut", lut, "Tensor?")
-    rt.check_arg(op, "input_table", input_table, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -710,8 +685,6 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     _check_lut_without_residual(op, lut, residual)
     _check_pointwise_kernel(op, kernel_size, stride, padding)
     _check_coop_groups(op, groups)
-    _check_input_table_channels_int8(op, input_table, x)
-    _check_input_table_pointwise(op, input_table, kernel_size, stride, padding, groups)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
@@ -730,16 +703,15 @@ def q8ta_conv2d_pw_coop(stream, x, input_scale, input_zero_point, weights, weigh
     bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
-    input_table = stream.upload(input_table, v.binding("t_in_table"), op.label("input_table"))
     out = stream.empty([p.N, p.C_out, p.H, p.W], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
     partials = stream.empty([splits, m_padded, n_padded] if splits > 1 else [4], torch.int32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual, "t_lut": lut, "t_in_table": input_table}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None), "IN_TABLE": int(input_table is not None)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_partials": partials, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W, p.H, p.C_out, p.N], "gemm": [rt.ceil_div(p.Cg, 4), p.Coutg, p.groups, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"IN_LAYOUT": rt.layout_code(layout), "OUT_LAYOUT": rt.layout_code(layout), "K_SPLITS": splits, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, groups=[rt.ceil_div(m, 64), rt.ceil_div(p.C_out, 64), splits])
     v = op.select(variant, storage, {}, step=1)
     stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"out_sizes": [p.W, p.H, p.C_out, p.N], "partials": [splits, m_padded, n_padded, m // (p.N * p.H)], "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"OUT_LAYOUT": rt.layout_code(layout), "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[m * rt.ceil_div(p.C_out, 4) if splits > 1 else 0, 1, 1])
     return out
 
 
-def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None):
+def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H, p.W], dtype=torch.int8, device=x.device)
 
@@ -747,9 +719,9 @@ def _q8ta_conv2d_pw_coop_fake(x, input_scale, input_zero_point, weights, weight_
 Q8TA_CONV2D_PW_COOP = rt.OpDef(
     name="etvk.q8ta_conv2d_pw_coop.default",
     family="conv2d",
-    schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None, Tensor? input_table=None) -> Tensor",
+    schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:779",
+    spec="op_specs/conv2d.yaml:761",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -767,7 +739,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
 )
 
 
-def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None, *, variant=None, storage=None):
+def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_general.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_GENERAL
     rt.check_arg(op, "x", x, "Tensor")
@@ -794,7 +766,6 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
     rt.check_arg(op, "lut", lut, "Tensor?")
-    rt.check_arg(op, "input_table", input_table, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -824,7 +795,6 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     _check_add_activation_known(op, add_activation)
     _check_lut_256_int8(op, lut)
     _check_lut_without_residual(op, lut, residual)
-    _check_input_table_unsupported(op, input_table)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C1W'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
@@ -844,7 +814,7 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     return out
 
 
-def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None):
+def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -852,9 +822,9 @@ def _q8ta_conv2d_general_fake(x, input_scale, input_zero_point, weights, weight_
 Q8TA_CONV2D_GENERAL = rt.OpDef(
     name="etvk.q8ta_conv2d_general.default",
     family="conv2d",
-    schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None, Tensor? input_table=None) -> Tensor",
+    schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:846",
+    spec="op_specs/conv2d.yaml:828",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -865,7 +835,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
 )
 
 
-def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None, *, variant=None, storage=None):
+def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d_dw.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D_DW
     rt.check_arg(op, "x", x, "Tensor")
@@ -892,7 +862,6 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
     rt.check_arg(op, "lut", lut, "Tensor?")
-    rt.check_arg(op, "input_table", input_table, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -923,7 +892,6 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     _check_lut_256_int8(op, lut)
     _check_lut_without_residual(op, lut, residual)
     _check_depthwise_groups(op, groups, x, weights)
-    _check_input_table_unsupported(op, input_table)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     layout = rt.layout_of(x, rt.layout_of(residual, '4C1W'))
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
@@ -943,7 +911,7 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     return out
 
 
-def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None):
+def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -951,9 +919,9 @@ def _q8ta_conv2d_dw_fake(x, input_scale, input_zero_point, weights, weight_sums,
 Q8TA_CONV2D_DW = rt.OpDef(
     name="etvk.q8ta_conv2d_dw.default",
     family="conv2d",
-    schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None, Tensor? input_table=None) -> Tensor",
+    schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:885",
+    spec="op_specs/conv2d.yaml:867",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -964,7 +932,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
 )
 
 
-def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None, *, variant=None, storage=None):
+def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, *, variant=None, storage=None):
     """Record etvk.q8ta_conv2d.default into `stream`; returns device tensors."""
     op = Q8TA_CONV2D
     rt.check_arg(op, "x", x, "Tensor")
@@ -991,7 +959,6 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     rt.check_arg(op, "add_output_zero_point", add_output_zero_point, "int")
     rt.check_arg(op, "add_activation", add_activation, "str")
     rt.check_arg(op, "lut", lut, "Tensor?")
-    rt.check_arg(op, "input_table", input_table, "Tensor?")
     _check_x_packed_int8(op, x)
     _check_weights_int8(op, weights)
     _check_groups_divide(op, groups, x, weights)
@@ -1014,10 +981,8 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
     _check_add_activation_known(op, add_activation)
     _check_lut_256_int8(op, lut)
     _check_lut_without_residual(op, lut, residual)
-    _check_input_table_channels_int8(op, input_table, x)
-    _check_input_table_pointwise(op, input_table, kernel_size, stride, padding, groups)
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
-    algorithm = rt.conv2d_algorithm(p, input_table is not None)
+    algorithm = rt.conv2d_algorithm(p)
     if algorithm == 'pw_coop':
         target = Q8TA_CONV2D_PW_COOP
     elif algorithm == 'im2col_coop':
@@ -1030,10 +995,10 @@ def q8ta_conv2d(stream, x, input_scale, input_zero_point, weights, weight_sums, 
         target = Q8TA_CONV2D_IM2COL
     else:
         target = Q8TA_CONV2D_GENERAL
-    return op.route(target, variant).record(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min, activation_max, residual, residual_scale, residual_zero_point, add_output_scale, add_output_zero_point, add_activation, lut, input_table, variant=variant, storage=storage)
+    return op.route(target, variant).record(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min, activation_max, residual, residual_scale, residual_zero_point, add_output_scale, add_output_zero_point, add_activation, lut, variant=variant, storage=storage)
 
 
-def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None, input_table=None):
+def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, output_scale, output_zero_point, bias, kernel_size, stride, padding, dilation, groups, activation, activation_min=0.0, activation_max=6.0, residual=None, residual_scale=1.0, residual_zero_point=0, add_output_scale=1.0, add_output_zero_point=0, add_activation='none', lut=None):
     p = rt.conv2d_params(x, weights, kernel_size, stride, padding, dilation, groups)
     return torch.empty([p.N, p.C_out, p.H_out, p.W_out], dtype=torch.int8, device=x.device)
 
@@ -1041,9 +1006,9 @@ def _q8ta_conv2d_fake(x, input_scale, input_zero_point, weights, weight_sums, we
 Q8TA_CONV2D = rt.OpDef(
     name="etvk.q8ta_conv2d.default",
     family="conv2d",
-    schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None, Tensor? input_table=None) -> Tensor",
+    schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it). Every conv op takes an optional `residual` (int8, the output's shape and layout) with its qparams and the add's; the epilogue then adds it to the conv's int8 output exactly as q8ta_add would, relu after it with add_activation \"relu\" (docs/int8_cnn_ops.md); or an optional `lut` (int8 [256]) that replaces each int8 output value q by lut[q + 128], as q8ta_lut would (not both).",
-    spec="op_specs/conv2d.yaml:925",
+    spec="op_specs/conv2d.yaml:907",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),

@@ -44,9 +44,6 @@ IM2COL_MAX_OUTPUT_PIXELS = 4096
 # conv2d_bench). From 24 channels pw was as fast or faster (24 -> 144 at 56x56, 32 -> 16 at
 # 112x112).
 POINTWISE_DIRECT_MAX_C_IN = 20
-# The algorithms that read a conv's input through per-channel tables (the pointwise GEMMs'
-# IN_TABLE; docs/int8_cnn_ops.md "Input tables").
-INPUT_TABLE_ALGORITHMS = ("pw", "pw_coop")
 # q8ta_gemm_coop_im2col keeps tap coordinates in 16 bits: H + 2 * pad_y and W + 2 * pad_x must
 # stay below this (the op's check coop_im2col_extent in op_specs/conv2d.yaml says the same).
 COOP_IM2COL_EXTENT = 32768
@@ -239,8 +236,7 @@ def prefers_im2col(params: Conv2dParams, family: str) -> bool:
     )
 
 
-def choose_algorithm(params: Conv2dParams, family: str, coop: Collection[str] = (),
-                     input_table: bool = False) -> str:
+def choose_algorithm(params: Conv2dParams, family: str, coop: Collection[str] = ()) -> str:
     """The algorithm ``etvk.q8ta_conv2d.default`` runs with nothing measured: "pw", "dw",
     "im2col" or "general" by the family's rule, or "pw_coop" / "im2col_coop". Pointwise convs
     take pw, on NVIDIA the direct conv ("general") up to `POINTWISE_DIRECT_MAX_C_IN` input
@@ -252,20 +248,10 @@ def choose_algorithm(params: Conv2dParams, family: str, coop: Collection[str] = 
     rule 2 weighs the im2col scratch's round trip against the direct conv, and the implicit
     im2col of the coop GEMM makes none (a stem, 3 channels at 112x112 outputs, is direct by
     rule 2 and im2col_coop here).
-
-    With `input_table` (the conv reads its input through per-channel tables) only the
-    pointwise GEMMs run it (`INPUT_TABLE_ALGORITHMS`): pw, or pw_coop where it suits.
-
-    Raises:
-        ValueError: an unknown family, or `input_table` for a conv that is not pointwise with
-            one group.
     """
     check_family(family)
-    if input_table and not (params.is_pointwise and params.groups == 1):
-        raise ValueError("only a pointwise conv of one group reads its input through tables")
     if params.is_pointwise and params.groups == 1:
-        direct = family == "nvidia" and params.C_in <= POINTWISE_DIRECT_MAX_C_IN and not input_table
-        rule = "general" if direct else "pw"
+        rule = "general" if family == "nvidia" and params.C_in <= POINTWISE_DIRECT_MAX_C_IN else "pw"
     elif params.is_depthwise:
         return "dw"
     else:

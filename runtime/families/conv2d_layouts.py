@@ -12,9 +12,8 @@ Per class:
    two different ones are an error;
 2. else rule 3: each conv op reading a class tensor as its input wants a
    layout: the one its measured choice reads where the tuner measured its
-   geometry on this device (the winner's for the dispatcher, among the pointwise
-   GEMMs for a conv with input tables; the algorithm's own best for an algorithm
-   op: the `tuned` lookup), else the layout its
+   geometry on this device (the winner's for the dispatcher, the algorithm's
+   own best for an algorithm op: the `tuned` lookup), else the layout its
    algorithm reads (`choose_algorithm` for the dispatcher, with the GEMM
    kernels the device runs on cooperative matrices: im2col and pw read 4C,
    on cooperative matrices too, direct and depthwise 4C1W); the layout most of the class's convs want
@@ -33,12 +32,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from runtime.families.conv2d import (
-    INPUT_TABLE_ALGORITHMS,
-    Conv2dParams,
-    check_family,
-    choose_algorithm,
-)
+from runtime.families.conv2d import Conv2dParams, check_family, choose_algorithm
 from runtime.families.conv2d_tuning import Conv2dChoice
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 
@@ -73,28 +67,15 @@ class PackedOp:
             is one tensor, so it ends up with one layout.
         conv: the geometry, needed for the dispatcher op ``etvk.q8ta_conv2d``.
         input_arg: the value name (a key of ``layouts``) a conv op reads as x.
-        input_table: a conv op that reads its input through per-channel tables, which only
-            the pointwise GEMMs run (`INPUT_TABLE_ALGORITHMS`).
     """
 
     target: str
     layouts: Mapping[str, str] = field(hash=False)
     conv: Conv2dParams | None = None
     input_arg: str = "x"
-    input_table: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "layouts", MappingProxyType(dict(self.layouts)))
-
-
-def dispatched_choice(tuned: TunedLookup, conv: Conv2dParams, input_table: bool) -> Conv2dChoice | None:
-    """The measured choice the dispatcher ``etvk.q8ta_conv2d`` runs `conv` with: the winner, or
-    with `input_table` the faster of the pointwise GEMMs' (`INPUT_TABLE_ALGORITHMS`); None where
-    nothing was measured (the rule decides)."""
-    if not input_table:
-        return tuned(conv, None)
-    choices = [c for c in (tuned(conv, a) for a in INPUT_TABLE_ALGORITHMS) if c is not None]
-    return min(choices, key=lambda c: c.seconds, default=None)
 
 
 def wanted_input_layout(op: PackedOp, family: str, tuned: TunedLookup | None = None,
@@ -114,12 +95,10 @@ def wanted_input_layout(op: PackedOp, family: str, tuned: TunedLookup | None = N
     algorithm = CONV_OP_ALGORITHMS.get(op.target)
     if op.conv is None and algorithm is None:
         raise ValueError(f"{op.target}: the conv geometry is needed to choose its algorithm")
-    choice = None
-    if tuned is not None and op.conv is not None:
-        choice = tuned(op.conv, algorithm) if algorithm else dispatched_choice(tuned, op.conv, op.input_table)
+    choice = tuned(op.conv, algorithm) if tuned is not None and op.conv is not None else None
     if choice is not None:
         return choice.layout
-    return ALGORITHM_INPUT_LAYOUT[algorithm or choose_algorithm(op.conv, family, coop, op.input_table)]
+    return ALGORITHM_INPUT_LAYOUT[algorithm or choose_algorithm(op.conv, family, coop)]
 
 
 class _Classes:

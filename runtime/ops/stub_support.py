@@ -19,7 +19,6 @@ import torch
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
 from runtime.families.attention import attention_split, attention_tile_keys, attention_tile_lanes
-from runtime.families.conv2d_layouts import dispatched_choice
 from runtime.families.q8ta_copy import copy_quads
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
@@ -146,21 +145,20 @@ def conv2d_output_bounds(activation, activation_min, activation_max, output_scal
                                        output_zero_point)
 
 
-def conv2d_algorithm(params, input_table: bool = False) -> str:
+def conv2d_algorithm(params) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs: the measured winner on this device
-    (runtime/ops/tuning.py), else `rule_algorithm`; with an `input_table` the faster measured
-    pointwise GEMM, else the rule's (`conv2d_layouts.dispatched_choice`)."""
-    winner = dispatched_choice(tuning.lookup, params, input_table)
-    return winner.algorithm if winner else rule_algorithm(params, input_table)
+    (runtime/ops/tuning.py), else `rule_algorithm`."""
+    winner = tuning.lookup(params)
+    return winner.algorithm if winner else rule_algorithm(params)
 
 
-def rule_algorithm(params, input_table: bool = False) -> str:
+def rule_algorithm(params) -> str:
     """What ``etvk.q8ta_conv2d.default`` runs with nothing measured: the rule for this
     device's GPU family (pw, dw, im2col, general), moved to the cooperative-matrix GEMMs
-    (pw_coop, im2col_coop) where the shape suits them and this device runs them; pw or pw_coop
-    with an `input_table` (`runtime.families.conv2d.choose_algorithm`)."""
+    (pw_coop, im2col_coop) where the shape suits them and this device runs them
+    (`runtime.families.conv2d.choose_algorithm`)."""
     caps = get_device().caps
-    return conv2d.choose_algorithm(params, caps.family, coop_gemm_kernels(caps), input_table)
+    return conv2d.choose_algorithm(params, caps.family, coop_gemm_kernels(caps))
 
 
 def coop_gemm_kernels(caps) -> frozenset[str]:

@@ -23,9 +23,8 @@ from runtime.families.conv2d_layouts import (
 )
 from runtime.programs.nodes import map_args
 
-# Argument positions of the conv schema (OPS.md family 2): weights, then kernel_size .. groups,
-# and input_table.
-_CONV_WEIGHTS, _CONV_GEOMETRY, _CONV_INPUT_TABLE = 3, slice(9, 14), 24
+# Argument positions of the conv schema (OPS.md family 2): weights, then kernel_size .. groups.
+_CONV_WEIGHTS, _CONV_GEOMETRY = 3, slice(9, 14)
 
 
 def conv_geometry(program, node):
@@ -45,8 +44,7 @@ def _packed_ops(program) -> list[PackedOp]:
             continue
         layouts = {n: program.values[n].layout for n in names}
         if node.target in CONV_OPS:
-            tables = len(node.args) > _CONV_INPUT_TABLE and node.args[_CONV_INPUT_TABLE] is not None
-            ops.append(PackedOp(node.target, layouts, conv_geometry(program, node), node.args[0].name, tables))
+            ops.append(PackedOp(node.target, layouts, conv_geometry(program, node), node.args[0].name))
         else:
             ops.append(PackedOp(node.target, layouts))
     return ops

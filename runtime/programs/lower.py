@@ -22,9 +22,7 @@ decoder's KV cache). The steps:
    ops on a cat of int8 tensors with different qparams (DenseNet) into one
    ``etvk.q8ta_channel_lut`` with a table per channel (and, averaged over H
    and W before the quantize, ``etvk.q8ta_channel_lut_mean``); lower_conv_lut.py
-   then folds a lookup of a conv's output into that conv's epilogue, and
-   lower_conv_in_table.py the per-channel tables a pointwise conv reads into
-   that conv's input staging;
+   then folds a lookup of a conv's output into that conv's epilogue;
 5. the remaining quantize / dequantize / choose-qparams ops become their
    ``etvk`` twins: a 4-D int8 per-tensor quantize becomes ``q8ta_quantize``
    (packed, placeholder layout) and the dequantize of a packed tensor
@@ -63,7 +61,6 @@ from runtime.ops.library import manifest_hash
 from runtime.ops.registry import get_op
 from runtime.programs import (
     lower_cnn,
-    lower_conv_in_table,
     lower_conv_lut,
     lower_fusion,
     lower_lut,
@@ -257,7 +254,6 @@ def _lower(program: Program) -> Program:
     lower_lut.lower_lookup_tables(lowering)
     lower_lut.lower_channel_tables(lowering)
     lower_conv_lut.fold_lookup_tables(lowering)
-    lower_conv_in_table.fold_input_tables(lowering)
     lower_torchao.fuse_affine_dynamic_quantize(lowering)
     lowering.drop_identity_casts()
     lower_decoder_ops(lowering)

@@ -18,7 +18,7 @@ import torch
 
 from runtime.families.conv2d import ACTIVATIONS, INT8_MAX, INT8_MIN, conv2d_params
 from runtime.reference.q8ta_binary import q8ta_add
-from runtime.reference.q8ta_unary import q8ta_channel_lut, q8ta_lut
+from runtime.reference.q8ta_unary import q8ta_lut
 from runtime.reference.quantize import dequantize_per_tensor, fp32, fp32_recip, quantize_per_tensor
 from runtime.vulkan.layouts import check_layout
 
@@ -92,8 +92,7 @@ def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_s
                 output_scale, output_zero_point, bias, kernel_size, stride, padding,
                 dilation, groups, activation, activation_min=0.0, activation_max=6.0,
                 residual=None, residual_scale=1.0, residual_zero_point=0,
-                add_output_scale=1.0, add_output_zero_point=0, add_activation="none", lut=None,
-                input_table=None):
+                add_output_scale=1.0, add_output_zero_point=0, add_activation="none", lut=None):
     """int8 conv2d with per-tensor activations and per-channel symmetric weights.
 
     Args follow the family 2 schema: ``x`` int8 ``[N, C_in, H, W]``, ``weights``
@@ -108,16 +107,11 @@ def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_s
     add_output_zero_point, add_activation)`` (the epilogue's residual add);
     without one the ``residual_*`` and ``add_*`` arguments are ignored. With
     a ``lut`` (int8 ``[256]``) it goes through ``q8ta_lut(out, lut)`` instead
-    (the epilogue's lookup table; the ops refuse a residual with it). With an
-    ``input_table`` (int8 ``[C_in, 256]``) the conv reads ``q8ta_channel_lut(x,
-    input_table)`` instead of ``x`` (the pointwise GEMMs' input tables; its
-    ``input_scale`` and ``input_zero_point`` are then the tables' output qparams).
+    (the epilogue's lookup table; the ops refuse a residual with it).
 
     Returns:
         int8 ``[N, C_out, H_out, W_out]``.
     """
-    if input_table is not None:
-        x = q8ta_channel_lut(x, input_table)
     params = conv2d_params(x.shape, weights.shape, kernel_size, stride, padding, dilation, groups)
     acc = conv2d_accumulators(x, input_zero_point, weights, params.stride, params.padding,
                               params.dilation, groups)

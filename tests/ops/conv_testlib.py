@@ -11,8 +11,6 @@
   each, and every variant with every input layout it reads;
 - `residual_args`: a random residual and the qparams of the add after a conv;
 - `random_lut`: a random lookup table for the conv epilogue (its entry for 0 not 0);
-- `random_input_table`: random per-channel input tables of the pointwise GEMMs (each
-  channel's entry for 0 not 0);
 - `packed_bytes`: the raw bytes of a packed device tensor.
 
 Imported by tests/ops/test_conv2d*.py (pytest puts this folder on sys.path).
@@ -169,15 +167,6 @@ def random_lut(seed: int) -> torch.Tensor:
     byte sent through it would show."""
     table = torch.randint(-128, 128, (256,), generator=torch.Generator().manual_seed(seed), dtype=torch.int8)
     table[128] = 77
-    return table
-
-
-def random_input_table(channels: int, seed: int) -> torch.Tensor:
-    """A random int8 ``[channels, 256]`` table per input channel whose entries for the value 0
-    are not 0, so that a padding byte sent through a table would show."""
-    table = torch.randint(-128, 128, (channels, 256), generator=torch.Generator().manual_seed(seed),
-                          dtype=torch.int8)
-    table[:, 128] = torch.arange(channels) % 100 + 1
     return table
 
 

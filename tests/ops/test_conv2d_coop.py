@@ -6,8 +6,7 @@ reports (fake capabilities: only the exact shape, types, scope and subgroup
 size run it). On a device that runs it: both coop ops, bit-exact against the
 OPS.md reference over shapes with ragged M, K and C_out, every activation and
 every input layout, K split into ranges (K_SPLITS) in every layout, the
-epilogue's residual add and lookup table, the pointwise GEMM's input tables (alone and with
-either epilogue), and the dispatcher routing large GEMMs to it. On a
+epilogue's residual add and lookup table, and the dispatcher routing large GEMMs to it. On a
 device without it (lavapipe) the device tests are skipped with the reason, and
 the dispatcher is checked to fall back to the existing GEMM. The split's second step, q8ta_gemm_coop_reduce,
 needs no cooperative matrices and is tested alone everywhere, with and without
@@ -22,13 +21,7 @@ import json
 
 import pytest
 import torch
-from conv_testlib import (
-    assert_bit_exact,
-    packed_bytes,
-    random_input_table,
-    random_lut,
-    residual_args,
-)
+from conv_testlib import assert_bit_exact, packed_bytes, random_lut, residual_args
 
 import runtime
 from runtime.families import conv2d as conv2d_module
@@ -343,41 +336,6 @@ def test_coop_adds_a_residual_or_applies_a_table(op_name, case, layout, k_splits
         want = ref.q8ta_conv2d(*inp.args(), *extra, lut=table)
         assert_bit_exact(out.to_torch(), want, f"{op_name} {layout} K_SPLITS={k_splits} {epilogue}")
         assert torch.equal(packed_bytes(out), pack(want, layout)), f"{op_name} {layout}: padding"
-
-
-# C_in of neither 4 nor 16 and of 4 but not 16 (4-byte staging loads), and of 16 (16-byte loads
-# in 4C), over 64- and 128-byte K chunks.
-IN_TABLE_CASES = ("pw_tiny_k6_n7", "pw_m1054_k40_n72", "pw_k96_n80_relu", "pw_k200_n130_hardswish")
-
-
-@pytest.mark.parametrize("epilogue", ["plain", "residual", "lut"])
-@pytest.mark.parametrize("k_splits", [1, 2])
-@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
-@pytest.mark.parametrize("case", [c for c in PW_CASES if c.name in IN_TABLE_CASES], ids=lambda c: c.name)
-def test_coop_reads_its_input_through_tables(case, layout, k_splits, epilogue, dispatch_trace_path):
-    """The input tables of q8ta_gemm_coop (IN_TABLE 1), staged 4 or 16 bytes at a time, in one
-    K range and split: the bytes of q8ta_channel_lut -> conv in every layout, padding included
-    although every table's entry for 0 is not 0, with the epilogue's residual add or output
-    table too."""
-    _require_coop()
-    inp = make_inputs(case)
-    table = random_input_table(case.C_in, 7)
-    extra = residual_args(inp, case.params.output_shape, 7, "relu") if epilogue == "residual" else ()
-    lut = random_lut(7) if epilogue == "lut" else None
-    forced = tuning.forcing(Conv2dChoice("pw_coop", layout, (("k_splits", k_splits),))) if k_splits > 1 \
-        else contextlib.nullcontext()
-    before = _trace_length(dispatch_trace_path)
-    with Stream() as stream, forced:
-        residual = (Tensor.from_torch(extra[0], layout=layout), *extra[1:]) if extra else ()
-        out = runtime.get_op(PW).record(stream, Tensor.from_torch(inp.x, layout=layout), *inp.args()[1:],
-                                        *residual, lut=lut, input_table=table)
-        stream.run()
-        want = ref.q8ta_conv2d(*inp.args(), *extra, lut=lut, input_table=table)
-        what = f"{case.name} {layout} K_SPLITS={k_splits} {epilogue}"
-        assert_bit_exact(out.to_torch(), want, what)
-        assert torch.equal(packed_bytes(out), pack(want, layout)), f"{what}: padding"
-    reduce = ["q8ta_gemm_coop_reduce"] if k_splits > 1 else []
-    assert _dispatched(dispatch_trace_path, before) == [_coop_variant(PW, case, layout), *reduce]
 
 
 @pytest.mark.parametrize("epilogue", ["plain", "residual", "lut"])

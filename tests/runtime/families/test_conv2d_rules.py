@@ -26,13 +26,8 @@ from runtime.families.conv2d import (
     prefers_im2col,
     weight_sums,
 )
-from runtime.families.conv2d_layouts import (
-    PLACEHOLDER,
-    PackedOp,
-    dispatched_choice,
-    resolve_packed_int8_conv2d,
-)
-from runtime.families.conv2d_tuning import Conv2dChoice, candidate_algorithms
+from runtime.families.conv2d_layouts import PLACEHOLDER, PackedOp, resolve_packed_int8_conv2d
+from runtime.families.conv2d_tuning import candidate_algorithms
 from runtime.reference.conv2d import conv2d_accumulators
 from runtime.vulkan.device import GPU_FAMILIES
 
@@ -273,30 +268,6 @@ def test_resolver_follows_the_coop_route():
            PackedOp("etvk.q8ta_conv2d.default", {"q": P, "a": P}, stem(1, 64, 7, 2, 3), "q")]
     assert layouts_of(resolve_packed_int8_conv2d(ops, "nvidia", coop=BOTH))[0] == {"q": "4C"}
     assert layouts_of(resolve_packed_int8_conv2d(ops, "nvidia"))[0] == {"q": "4C1W"}
-
-
-def test_a_conv_with_input_tables_wants_what_a_pointwise_gemm_reads():
-    """Few channels on NVIDIA: the direct conv's 4C1W without tables, pw's 4C with them; measured,
-    the faster pointwise GEMM's layout even where another algorithm won the geometry."""
-    few = conv2d_params([1, 8, 9, 9], [16, 8, 1, 1], 1, 1, 0, 1, 1)
-
-    def ops(tables):
-        return [PackedOp("etvk.q8ta_conv2d.default", {"q": P, "a": P}, few, "q", tables)]
-
-    assert layouts_of(resolve_packed_int8_conv2d(ops(False), "nvidia"))[0] == {"q": "4C1W", "a": "4C1W"}
-    assert layouts_of(resolve_packed_int8_conv2d(ops(True), "nvidia"))[0] == {"q": "4C", "a": "4C"}
-    measured = {"general": Conv2dChoice("general", "4C1W", (), 1e-6), "pw": Conv2dChoice("pw", "4W4C", (), 3e-6),
-                "pw_coop": Conv2dChoice("pw_coop", "4C", (), 2e-6)}
-
-    def tuned(p, algorithm):
-        return measured.get(algorithm) if algorithm else measured["general"]
-
-    assert dispatched_choice(tuned, few, False) is measured["general"]
-    assert dispatched_choice(tuned, few, True) is measured["pw_coop"]
-    assert layouts_of(resolve_packed_int8_conv2d(ops(True), "nvidia", tuned))[0]["q"] == "4C"
-    del measured["pw_coop"]
-    assert layouts_of(resolve_packed_int8_conv2d(ops(True), "nvidia", tuned))[0]["q"] == "4W4C"
-    assert layouts_of(resolve_packed_int8_conv2d(ops(False), "nvidia", tuned))[0]["q"] == "4C1W"
 
 
 def test_resolver_returns_new_ops_and_keeps_the_rest():
