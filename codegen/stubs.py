@@ -50,9 +50,10 @@ def _signature(name: str, lead: list[str], op: ResolvedOp, extra: list[str]) -> 
 
 
 def _negate(cond: str) -> str:
-    """`not (cond)`, written `a not in b` for a membership test (as linters want it)."""
+    """`not (cond)`, written `a not in b` for a membership test and `a is not b` for an
+    identity test (as linters want them)."""
     tree = ast.parse(cond, mode="eval").body
-    flip = {ast.In: ast.NotIn, ast.NotIn: ast.In}
+    flip = {ast.In: ast.NotIn, ast.NotIn: ast.In, ast.Is: ast.IsNot, ast.IsNot: ast.Is}
     if isinstance(tree, ast.Compare) and len(tree.ops) == 1 and type(tree.ops[0]) in flip:
         tree.ops = [flip[type(tree.ops[0])]()]
         return ast.unparse(tree)

@@ -94,7 +94,7 @@ def _check_b_dtype(op, b, a):
 
 
 def _check_b_broadcasts(op, b, a):
-    if not (rt.broadcast(a, b) is not None):
+    if rt.broadcast(a, b) is None:
         raise rt.ArgumentError(op, "b", f"of shape {tuple(b.shape)} does not broadcast to a's shape {tuple(a.shape)} (the output keeps a's shape)")
 
 

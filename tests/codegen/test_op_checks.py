@@ -6,6 +6,7 @@ from __future__ import annotations
 from codegen_testlib import HERE
 
 from codegen.spec import parse_family
+from codegen.stubs import _negate
 from codegen.yaml_loader import load_yaml
 
 
@@ -20,3 +21,12 @@ def test_an_aliased_check_list_counts_as_its_items_in_place():
         "scale": [("positive", "scale"), ("positive", "scale")],
         "scale_again": [("positive", "scale"), ("positive", "scale"), ("", "input")],
     }
+
+
+def test_a_failed_check_reads_as_linters_want_it():
+    """The stub raises where the condition fails: a membership or identity test flips its
+    operator, anything else is negated whole."""
+    assert _negate("x is None") == "x is not None"
+    assert _negate("f(a) is not None") == "f(a) is None"
+    assert _negate("layout in ('4C', '4W4C')") == "layout not in ('4C', '4W4C')"
+    assert _negate("x is None or y is None") == "not (x is None or y is None)"
