@@ -217,6 +217,23 @@ def test_global_pool_agreement_with_pytorch(path):
     print(f"global average pool vs PyTorch {path}: {exact / total:.4%} exact of {total}")
 
 
+@pytest.mark.parametrize(("h", "w"), [(7, 7), (17, 19), (112, 112)])
+def test_global_pool_keeps_the_summation_order(h, w):
+    """Maps whose channels are permutations of one map of values in +-pairs: every exact mean is
+    0, so each fp32 mean is the rounding residue of its summation order, which differs from
+    channel to channel; on an output scale that shows a few ulps of it the device equals the
+    reference's order (any other order of the same additions would give other residues)."""
+    gen = torch.Generator().manual_seed(12)
+    half = torch.randint(1, 128, (h * w // 2,), generator=gen, dtype=torch.int8)
+    first = torch.cat([half, -half, torch.zeros(h * w % 2, dtype=torch.int8)])
+    x = torch.stack([first[torch.randperm(h * w, generator=gen)] for _ in range(8)]).view(1, 8, h, w)
+    args = (x, 0.0123457, 0, 1e-9, 0)
+    want = ref.q8ta_global_avg_pool2d(*args)
+    assert len(set(want.flatten().tolist())) > 2, "the residues do not tell the orders apart"
+    got = runtime.get_op(OPS["global"])(*args)
+    assert torch.equal(got, want), f"{int((got != want).sum())} of {want.numel()} means differ"
+
+
 def test_power_of_two_scales_are_bit_exact_with_pytorch():
     """With scale 2^-5 every fp32 step of PyTorch's path is exact too: nothing to differ."""
     avg, glob = runtime.get_op(OPS["avg"]), runtime.get_op(OPS["global"])

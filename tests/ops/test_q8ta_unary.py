@@ -334,6 +334,36 @@ def test_channel_lut_mean_case_matches_reference(name, layout):
     assert torch.equal(raw, _expected_bytes(want, None)), f"{name} {layout}: bytes past the end not 0"
 
 
+def _cancelling_mean_inputs(h: int, w: int, channels: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """x whose channels are permutations of one map of values in +-pairs (and a 0 where H*W is
+    odd), and one odd table row (table[-q] = -table[q], values up to 1000): every channel's
+    exact mean is 0, so its fp32 mean is the rounding residue of its summation order alone."""
+    gen = torch.Generator().manual_seed(11)
+    half = torch.randint(1, 128, (h * w // 2,), generator=gen, dtype=torch.int8)
+    first = torch.cat([half, -half, torch.zeros(h * w % 2, dtype=torch.int8)])
+    x = torch.stack([first[torch.randperm(h * w, generator=gen)] for _ in range(channels)]).view(1, channels, h, w)
+    positive = torch.rand(127, generator=gen, dtype=torch.float64) * 1000
+    table = torch.cat([torch.zeros(1), -positive.flip(0), torch.zeros(1), positive]).float().view(1, 256)
+    return x, table
+
+
+@pytest.mark.parametrize(("h", "w"), [(7, 7), (17, 19), (56, 56)])
+def test_channel_lut_mean_keeps_the_summation_order(h, w):
+    """Means that are 0 exactly and in fp32 only the residue of the order (quantized on a scale
+    that shows a few ulps of it): the device equals the reference's order, which differs from
+    channel to channel; any other order of the same additions would give other residues."""
+    x, row = _cancelling_mean_inputs(h, w)
+    scale = 1e-8
+    want = q8ta_channel_lut_mean(x, row, scale, 0)
+    assert len(set(want.flatten().tolist())) > 2, "the residues do not tell the orders apart"
+    with Stream() as stream:
+        out = runtime.get_op(MEAN_OP).record(stream, Tensor.from_torch(x, layout="4C1W"), Tensor.from_torch(row),
+                                              scale, 0)
+        stream.run()
+        got = out.to_torch()
+    assert torch.equal(got, want), f"{int((got != want).sum())} of {want.numel()} means differ"
+
+
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
 def test_channel_lut_mean_with_one_table_row_for_every_channel(layout):
     """A ``[1, 256]`` table serves every channel: the values of its ``[C, 256]`` copy, on the
