@@ -78,6 +78,14 @@ NARROW_SHAPES = [
     C("mbv2 expand 1x1 16->96 112", 1, 16, 112, 112, 96, (1, 1), activation="relu"),
     C("mbv2 expand 1x1 32->192 28", 1, 32, 28, 28, 192, (1, 1), activation="relu"),
 ]
+# EfficientNet-B0's squeeze-and-excite convs on 1x1 maps (the GEMM's M is the batch): the
+# reductions from the expanded channels and the expansions back with more than
+# conv2d.POINTWISE_DIRECT_MAX_C_IN channels (fewer take the direct conv already).
+SE_SHAPES = [
+    *(C(f"effnet se reduce 1x1 {c}->{s}", 1, c, 1, 1, s, (1, 1), activation="relu")
+      for c, s in ((96, 4), (240, 10), (480, 20), (672, 28), (1152, 48))),
+    *(C(f"effnet se expand 1x1 {s}->{c}", 1, s, 1, 1, c, (1, 1)) for s, c in ((28, 672), (48, 1152))),
+]
 # Real layer shapes at batch 1; the batch is replaced per run.
 SHAPES = [
     C("resnet50 stem 7x7/2 3->64 224", 1, 3, 224, 224, 64, (7, 7), (2, 2), (3, 3), activation="relu"),
@@ -96,6 +104,7 @@ SHAPES = [
     C("mbv2 project 1x1 144->24 56", 1, 144, 56, 56, 24, (1, 1)),
     C("mbv2 1x1 320->1280 7", 1, 320, 7, 7, 1280, (1, 1), activation="relu"),
     *NARROW_SHAPES,
+    *SE_SHAPES,
 ]
 
 # op short name -> (op, layout x is uploaded in, accepts(params))
