@@ -468,15 +468,15 @@ void main() {
       [[unroll]] for (int kk = 0; kk < MAX_STEPS; ++kk) {
         if (kk < STEPS && (st) * uint(STEPS) + uint(kk) < ksteps) {  // uniform
           const uint step = (st) * uint(STEPS) + uint(kk);
-          A_MAT a0;
-          A_MAT a1;
           B_MAT b;
-          coopMatLoad(a0, s_a, uint(kk * 8), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
-          coopMatLoad(a1, s_a, uint(16 * STRIDE + kk * 8), uint(STRIDE), gl_CooperativeMatrixLayoutRowMajor);
           coopMatLoad(b, s_b, uint(sg * 16 * STRIDE + kk * 8), uint(STRIDE),
                       gl_CooperativeMatrixLayoutColumnMajor);
-          sums[0] = coopMatMulAdd(a0, b, sums[0]);
-          sums[1] = coopMatMulAdd(a1, b, sums[1]);
+          [[unroll]] for (int i = 0; i < 2; ++i) {
+            A_MAT a;
+            coopMatLoad(a, s_a, uint(16 * i * STRIDE + kk * 8), uint(STRIDE),
+                        gl_CooperativeMatrixLayoutRowMajor);
+            sums[i] = coopMatMulAdd(a, b, sums[i]);
+          }
           if ((step + 1u) % group_steps == 0u) {
             C_MAT corr;
             F_MAT scale;
