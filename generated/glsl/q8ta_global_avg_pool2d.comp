@@ -268,16 +268,24 @@ ivec4 etvk_q8ta_average4(ivec4 sums, int divisor, bvec4 valid) {
 }
 
 #define ETVK_CASCADE_T vec4
+#define ETVK_CASCADE_ROWS WORDS
 vec4 cascade_value(int p);
 // PyTorch's CPU order of an fp32 sum of a row of values (runtime.families.pool2d.cascade_sum,
 // docs/int8_cnn_ops.md), for the global pool and q8ta_channel_lut_mean. The including shader
-// defines ETVK_CASCADE_T (float or vec4: four rows at once) and declares
+// defines ETVK_CASCADE_T (float or vec4: four rows at once) and ETVK_CASCADE_ROWS (the rows a
+// workgroup sums, each stream on its own invocations) and declares
 //   ETVK_CASCADE_T cascade_value(int p);   // value p of the row (a prototype suffices)
 // first. A row of `count` values has lanes() lanes, vectors = count / lanes, and per stream
 // items = vectors / ETVK_CASCADE_ILP. Every addition is rounded once (`precise`).
 
 const int ETVK_CASCADE_LANES = 8;  // CASCADE_LANES
 const int ETVK_CASCADE_ILP = 4;    // CASCADE_ILP: accumulators (streams) per lane
+const int ETVK_CASCADE_STREAMS = ETVK_CASCADE_LANES * ETVK_CASCADE_ILP;  // 32 a row
+
+// The streams' sums of each row (row r's stream s = 4 * lane + k at r * 32 + s), which the
+// including shader stores, and the lanes' totals (etvk_cascade_store_lane).
+shared ETVK_CASCADE_T s_streams[ETVK_CASCADE_ROWS * ETVK_CASCADE_STREAMS];
+shared ETVK_CASCADE_T s_lanes[ETVK_CASCADE_ROWS * ETVK_CASCADE_LANES];
 
 // The lanes of a row of `count` values: 8, or 1 under a whole vector.
 int etvk_cascade_lanes(int count) {
@@ -384,29 +392,32 @@ ETVK_CASCADE_T etvk_cascade_tail(int lanes, int vectors, int count) {
   return total;
 }
 
-// The whole sum of a row by one invocation.
-ETVK_CASCADE_T etvk_cascade_sum(int count) {
-  const int lanes = etvk_cascade_lanes(count);
-  const int vectors = count / lanes;
-  const int items = vectors / ETVK_CASCADE_ILP;
+// Row `row`'s lane `lane` total (etvk_cascade_lane) from its streams in s_streams, into
+// s_lanes: by one invocation a lane, the lanes apart (after a barrier that follows the
+// streams' stores).
+void etvk_cascade_store_lane(int row, int lanes, int lane, int items, int vectors) {
+  const int first = row * ETVK_CASCADE_STREAMS + lane * ETVK_CASCADE_ILP;
+  s_lanes[row * ETVK_CASCADE_LANES + lane] =
+      etvk_cascade_lane(lanes, lane, items, vectors, s_streams[first], s_streams[first + 1],
+                        s_streams[first + 2], s_streams[first + 3]);
+}
+
+// Row `row`'s sum (after a barrier that follows the lanes' totals): 0 plus the values past the
+// last whole vector, then the lanes' totals in lane order.
+ETVK_CASCADE_T etvk_cascade_total(int row, int lanes, int vectors, int count) {
   precise ETVK_CASCADE_T total = etvk_cascade_tail(lanes, vectors, count);
-  for (int lane = 0; lane < lanes; ++lane) {
-    total += etvk_cascade_lane(lanes, lane, items, vectors, etvk_cascade_stream(lanes, lane, 0, items),
-                               etvk_cascade_stream(lanes, lane, 1, items),
-                               etvk_cascade_stream(lanes, lane, 2, items),
-                               etvk_cascade_stream(lanes, lane, 3, items));
+  for (int l = 0; l < lanes; ++l) {
+    total += s_lanes[row * ETVK_CASCADE_LANES + l];
   }
   return total;
 }
 
-const int STREAMS = ETVK_CASCADE_LANES * ETVK_CASCADE_ILP;  // 32
+const int STREAMS = ETVK_CASCADE_STREAMS;  // 32
 const int WORKERS = int(gl_WorkGroupSize.x) / (STREAMS * WORDS);  // invocations per stream
 const int BLOCKS = 4;                                        // level-0 blocks a worker sums per round
 const int ROUND = BLOCKS * WORKERS;                          // a stream's blocks per round
 
 shared vec4 s_blocks[WORDS * STREAMS * ROUND];  // [word][stream][block of the round]: 4 T
-shared vec4 s_streams[WORDS * STREAMS];         // [word][stream]
-shared vec4 s_lanes[WORDS * ETVK_CASCADE_LANES];  // [word][lane]: the lane's total
 
 // The channel word this invocation sums: (n, c4) of the input with sizes (W, H, C4, N).
 ivec4 g_in4;
@@ -476,17 +487,11 @@ void main() {
   // Each lane's total by the invocation of its stream 0 (the lanes apart, their leftover
   // vectors' loads in flight together), then added in lane order.
   if (live && k == 0 && worker == 0) {
-    const int first = slot * STREAMS + s;
-    s_lanes[slot * ETVK_CASCADE_LANES + lane] =
-        etvk_cascade_lane(lanes, lane, items, vectors, s_streams[first], s_streams[first + 1],
-                          s_streams[first + 2], s_streams[first + 3]);
+    etvk_cascade_store_lane(slot, lanes, lane, items, vectors);
   }
   barrier();
   if (g_n < pc.sizes.w && s == 0 && worker == 0) {
-    precise vec4 total = etvk_cascade_tail(lanes, vectors, count);
-    for (int l = 0; l < lanes; ++l) {
-      total += s_lanes[slot * ETVK_CASCADE_LANES + l];
-    }
+    const vec4 total = etvk_cascade_total(slot, lanes, vectors, count);
     vec4 mean;
     for (int j = 0; j < 4; ++j) {
       mean[j] = etvk_div_rn(total[j], float(count));
