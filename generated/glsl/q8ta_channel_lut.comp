@@ -310,6 +310,25 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
 bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
   return greaterThanEqual(ivec4((p.outer % ((width + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
 }
+// Per-channel int8 tables (op_specs: q8ta_channel_lut, q8ta_concat_channel_lut): binding
+// t_table, plain int8 [C, 256], 64 words a channel.
+
+// table[c, q + 128]: byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended.
+int etvk_channel_table(int c, int q) {
+  const int index = q + 128;
+  return bitfieldExtract(int(t_table_load_word(uint(c * 64 + (index >> 2)))), (index & 3) * 8, 8);
+}
+
+// The 4 values q of channels 4 c4 .. 4 c4 + 3 of one pixel, each through its channel's table; a
+// padding channel (not `valid`) reads channel 0's table (in range): the caller writes it as 0.
+ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
+  const ivec4 channel = mix(ivec4(0), ivec4(c4 * 4) + ivec4(0, 1, 2, 3), valid);
+  ivec4 y;
+  for (int i = 0; i < 4; ++i) {
+    y[i] = etvk_channel_table(channel[i], q[i]);
+  }
+  return y;
+}
 
 void main() {
   const uint word = etvk_linear_invocation();
@@ -326,14 +345,7 @@ void main() {
   const bvec4 valid = etvk_valid_channels(p.c4, C);
   ivec4 y = ivec4(0);
   if (HAS_SUMS == 0) {
-    // table[c, q + 128] is byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended;
-    // a padding channel reads channel 0's table (in range) and is written as 0.
-    const ivec4 index = t_x_load(word) + 128;
-    const ivec4 channel = mix(ivec4(0), ivec4(p.c4 * 4) + ivec4(0, 1, 2, 3), valid);
-    for (int i = 0; i < 4; ++i) {
-      const uint entry = t_table_load_word(uint(channel[i] * 64 + (index[i] >> 2)));
-      y[i] = bitfieldExtract(int(entry), (index[i] & 3) * 8, 8);
-    }
+    y = etvk_channel_table4(p.c4, valid, t_x_load(word));
   } else {
     const int H = pc.sizes.y;
     const int Cs = pc.sums.x;
@@ -352,8 +364,7 @@ void main() {
           loaded = cx >> 2;
           bytes = t_x_load_word(etvk_packed_word(LAYOUT, x4, at.w, loaded, at.y, at.x));
         }
-        const int index = bitfieldExtract(int(bytes), (cx & 3) * 8, 8) + 128;
-        y[i] = bitfieldExtract(int(t_table_load_word(uint(cx * 64 + (index >> 2)))), (index & 3) * 8, 8);
+        y[i] = etvk_channel_table(cx, bitfieldExtract(int(bytes), (cx & 3) * 8, 8));
       }
     }
   }

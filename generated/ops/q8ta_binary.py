@@ -68,6 +68,11 @@ def _check_b_concatenable(op, b, a):
         raise rt.ArgumentError(op, "b", f"must match a {tuple(a.shape)} in N, H and W to be concatenated along the channels, got {tuple(b.shape)}")
 
 
+def _check_table_concat_channels_int8(op, table, a, b):
+    if not (table.dtype == torch.int8 and tuple(table.shape) == (a.shape[1] + b.shape[1], 256) and (rt.on_host(table) or (table.storage == 'buffer' and (not table.packed)))):
+        raise rt.ArgumentError(op, "table", f"must be an int8 [C_a + C_b, 256] tensor = {(a.shape[1] + b.shape[1], 256)} (on the device: a plain buffer), the concat's channel c's output for each input value -128 .. 127 in order, got {table.dtype} of shape {tuple(table.shape)}")
+
+
 def q8ta_add(stream, a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point, activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_add.default into `stream`; returns device tensors."""
     op = Q8TA_ADD
@@ -109,7 +114,7 @@ Q8TA_ADD = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_add(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra + rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1]. Device inputs share one layout; a host input takes the other input's layout (both on the host: 4C1W); the output takes a's.",
-    spec="op_specs/q8ta_binary.yaml:127",
+    spec="op_specs/q8ta_binary.yaml:155",
     reference="runtime.reference.q8ta_binary:q8ta_add",
     variants=(
         ("q8ta_binary", {}),
@@ -161,7 +166,7 @@ Q8TA_MUL = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_mul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra * rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1] (a squeeze-and- excite gate). Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:156",
+    spec="op_specs/q8ta_binary.yaml:184",
     reference="runtime.reference.q8ta_binary:q8ta_mul",
     variants=(
         ("q8ta_binary", {}),
@@ -212,7 +217,7 @@ Q8TA_CONCAT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Concat along the channels, out [N, C_a + C_b, H, W]: each input requantized to the output's qparams, out = clamp(roundEven(float(q - zero_point) * scale * fp32(1/output_scale)) + output_zero_point, -128, 127) (an input with the output's qparams is copied exactly). C_a need not be a multiple of 4. Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:184",
+    spec="op_specs/q8ta_binary.yaml:212",
     reference="runtime.reference.q8ta_binary:q8ta_concat",
     variants=(
         ("q8ta_concat", {}),
@@ -222,8 +227,68 @@ Q8TA_CONCAT = rt.OpDef(
 )
 
 
+def q8ta_concat_channel_lut(stream, a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point, table, *, variant=None, storage=None):
+    """Record etvk.q8ta_concat_channel_lut.default into `stream`; returns device tensors."""
+    op = Q8TA_CONCAT_CHANNEL_LUT
+    rt.check_arg(op, "a", a, "Tensor")
+    rt.check_arg(op, "a_scale", a_scale, "float")
+    rt.check_arg(op, "a_zero_point", a_zero_point, "int")
+    rt.check_arg(op, "b", b, "Tensor")
+    rt.check_arg(op, "b_scale", b_scale, "float")
+    rt.check_arg(op, "b_zero_point", b_zero_point, "int")
+    rt.check_arg(op, "output_scale", output_scale, "float")
+    rt.check_arg(op, "output_zero_point", output_zero_point, "int")
+    rt.check_arg(op, "table", table, "Tensor")
+    _check_a_packed_int8(op, a)
+    _check_b_packed_int8(op, b)
+    _check_b_concatenable(op, b, a)
+    _check_b_same_layout(op, b, a)
+    _check_a_scale_valid(op, a_scale)
+    _check_a_zero_point_int8(op, a_zero_point)
+    _check_b_scale_valid(op, b_scale)
+    _check_b_zero_point_int8(op, b_zero_point)
+    _check_output_scale_valid(op, output_scale)
+    _check_output_zero_point_int8(op, output_zero_point)
+    _check_table_concat_channels_int8(op, table, a, b)
+    layout = rt.layout_of(a, rt.layout_of(b, '4C1W'))
+    shape = [a.shape[0], a.shape[1] + b.shape[1], a.shape[2], a.shape[3]]
+    v = op.select(variant, storage, {})
+    a = stream.upload(a, v.binding("t_a"), op.label("a"), layout=layout)
+    b = stream.upload(b, v.binding("t_b"), op.label("b"), layout=layout)
+    table = stream.upload(table, v.binding("t_table"), op.label("table"))
+    concat = stream.empty(shape, torch.int8, v.binding("t_concat"), op.label("concat", "output"), layout=layout)
+    out = stream.empty(shape, torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
+    stream.dispatch(v, op.name, bindings={"t_concat": concat, "t_out": out, "t_a": a, "t_b": b, "t_table": table}, push={"sizes": [a.shape[3], a.shape[2], a.shape[1] + b.shape[1], a.shape[0]], "words": rt.packed_words(out), "a_channels": a.shape[1], "a_scale": rt.fp32(a_scale), "a_zero_point": a_zero_point, "b_scale": rt.fp32(b_scale), "b_zero_point": b_zero_point, "inv_output_scale": rt.fp32_recip(output_scale), "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[rt.packed_words(out), 1, 1])
+    return concat, out
+
+
+def _q8ta_concat_channel_lut_fake(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point, table):
+    shape = [a.shape[0], a.shape[1] + b.shape[1], a.shape[2], a.shape[3]]
+    return (
+        torch.empty(shape, dtype=torch.int8, device=a.device),
+        torch.empty(shape, dtype=torch.int8, device=a.device),
+    )
+
+
+Q8TA_CONCAT_CHANNEL_LUT = rt.OpDef(
+    name="etvk.q8ta_concat_channel_lut.default",
+    family="q8ta_binary",
+    schema="q8ta_concat_channel_lut(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, Tensor table) -> (Tensor, Tensor)",
+    doc="(concat, out) = (q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point), q8ta_channel_lut(concat, table)) in one dispatch, bit-identical to the two ops: out[:, c] = table[c, concat[:, c] + 128] with one int8 [C_a + C_b, 256] table per channel of the concat. a and b are read once and the concat is not read back. DenseNet's layer: the raw concat of the block's features (every scale 1, zero point 0) and its batch norm, relu and quantize as tables. C_a need not be a multiple of 4. Both outputs take the concat's layout (layouts as for q8ta_add).",
+    spec="op_specs/q8ta_binary.yaml:243",
+    reference="runtime.reference.q8ta_binary:q8ta_concat_channel_lut",
+    variants=(
+        ("q8ta_concat_channel_lut", {}),
+    ),
+    record=q8ta_concat_channel_lut,
+    fake=_q8ta_concat_channel_lut_fake,
+    plannable=True,
+)
+
+
 OPS = (
     Q8TA_ADD,
     Q8TA_MUL,
     Q8TA_CONCAT,
+    Q8TA_CONCAT_CHANNEL_LUT,
 )

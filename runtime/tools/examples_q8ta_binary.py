@@ -5,8 +5,9 @@ names the original, shrunk spatially so that it runs quickly on a CPU Vulkan
 driver) or one that stresses the packing and the numerics: channel counts and
 widths that are not multiples of 4, a concat whose first input ends inside a
 channel word, qparams whose products land on rounding ties, outputs that
-saturate, inputs that share the output's qparams. `binary_inputs` and
-`concat_inputs` build the arguments in schema order. Used by the tests
+saturate, inputs that share the output's qparams. `binary_inputs`,
+`concat_inputs` and `concat_channel_lut_inputs` (a concat case and a table
+per channel) build the arguments in schema order. Used by the tests
 (tests/ops) and, through runtime/tools/examples.py, the demo. Pure torch; no
 Vulkan.
 """
@@ -142,11 +143,24 @@ def concat_inputs(case: ConcatCase, seed: int | None = None) -> tuple:
             case.out.scale, case.out.zero_point)
 
 
+def concat_channel_lut_inputs(case: ConcatCase, seed: int | None = None, raw: bool = False) -> tuple:
+    """Arguments of ``etvk.q8ta_concat_channel_lut`` for ``case``, in schema order: those of
+    `concat_inputs` (every scale 1 and zero point 0 where `raw`: the lowering's byte copy), then
+    a random int8 ``[C_a + C_b, 256]`` table."""
+    args = list(concat_inputs(case, seed))
+    if raw:
+        args[1:3], args[4:8] = (1.0, 0), (1.0, 0, 1.0, 0)
+    gen = _generator(case.name + "/table", seed)
+    return (*args, _int8(gen, (case.C_a + case.C_b, 256)))
+
+
 def build(op_name: str):
     """A builder for ``runtime.tools.examples.EXAMPLES``: the case of the op's table at
     index (the shape's last size mod the table's length), so a shape picks a case."""
     if op_name == "etvk.q8ta_concat.default":
         cases, make = CONCAT_CASES, concat_inputs
+    elif op_name == "etvk.q8ta_concat_channel_lut.default":
+        cases, make = CONCAT_CASES, concat_channel_lut_inputs
     else:
         kind = op_name.split(".")[1].removeprefix("q8ta_")
         cases, make = [c for c in BINARY_CASES if c.op == kind], binary_inputs
