@@ -5,7 +5,8 @@ of two layers (32x32) with random weights and batch-norm statistics measured on 
 quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered (every residual add
 of the CNNs into a conv's epilogue), saved, loaded, run, bit-exact against their CPU reference runs
 and in agreement with PyTorch's (the DenseNet's logits equal to PyTorch's int8 graph's); DenseNet-121
-at 32x32 likewise, one input, at least 30 dB from PyTorch's int8 graph."""
+at 32x32 likewise, one input, at least 30 dB from PyTorch's int8 graph; a dense block's concats
+sharing their dispatches with the table ops that read them."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import runtime
+from runtime.programs.nodes import Ref
 from runtime.tools.models import (
     quantize_pt2e,
     torchvision_model,
@@ -150,3 +152,33 @@ def test_llama_mlp_with_8da4w_linears(tmp_path):
     assert sqnr_db(got, program.run_reference(x)) >= 80
     want = model(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+
+
+def test_a_dense_blocks_tables_share_their_concats_dispatches(tmp_path):
+    """torchvision's DenseNet with one dense block of three layers (no transition, so no window
+    sums): each layer after the first reads the cat of the block's features through its batch
+    norm and relu, which lower to a raw concat and a table op of it; each such pair becomes one
+    q8ta_concat_channel_lut (whose concat the next layer's reads), so no concat feeds a table op,
+    and the device run equals the reference bit for bit."""
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
+    torchvision_package()
+    from torchvision.models.densenet import DenseNet
+
+    torch.manual_seed(0)
+    shape = (2, 3, 24, 20)
+    model = with_batch_statistics(DenseNet(growth_rate=6, block_config=(3,), num_init_features=10, bn_size=2).eval(),
+                                  random_batches(2, (8, *shape[1:]), seed=3))
+    exported = quantize_pt2e(model, random_batches(1, shape)[0], random_batches(2, shape, seed=1))
+    program = runtime.lower(exported)
+    users = program.users()
+    fused = [n for n in program.nodes if n.target == "etvk.q8ta_concat_channel_lut.default"]
+    assert len(fused) == 2
+    assert [n.args[0] for n in fused[1:]] == [Ref(fused[0].outputs[0])]  # the next layer's concat reads it
+    for node in program.nodes:
+        if node.target == "etvk.q8ta_concat.default":  # the head's: read by the mean alone
+            assert [u.target for u in users[node.outputs[0]]] == ["etvk.q8ta_channel_lut_mean.default"]
+    program.save(tmp_path / "dense_block.etvk")
+    loaded = runtime.load(tmp_path / "dense_block.etvk")
+    assert [r for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+    for (x,) in random_batches(2, shape, seed=7):
+        assert torch.equal(loaded(x), program.run_reference(x))
