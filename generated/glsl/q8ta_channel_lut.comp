@@ -311,7 +311,9 @@ bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
   return greaterThanEqual(ivec4((p.outer % ((width + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
 }
 // Per-channel int8 tables (op_specs: q8ta_channel_lut, q8ta_concat_channel_lut): binding
-// t_table, plain int8 [C, 256], 64 words a channel.
+// t_table, plain int8 [C, 256], 64 words a channel; and the window sums' tables of the output's
+// first Cs channels: bindings t_sums (plain int32 [N, Cs, H, W]) and t_sums_table (plain int8
+// [Cs, T]), push constants sizes (W, H in .x, .y) and sums (Cs, T, offset, 0).
 
 // table[c, q + 128]: byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended.
 int etvk_channel_table(int c, int q) {
@@ -328,6 +330,14 @@ ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
     y[i] = etvk_channel_table(channel[i], q[i]);
   }
   return y;
+}
+
+// sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at `at`
+// = (w, h, -, n): byte (c * T + S + offset) % 4 of that word of the table, sign-extended.
+int etvk_sums_table(int c, ivec4 at) {
+  const int S = t_sums_load(uint(((at.w * pc.sums.x + c) * pc.sizes.y + at.y) * pc.sizes.x + at.x));
+  const int entry = c * pc.sums.y + S + pc.sums.z;
+  return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
 }
 
 void main() {
@@ -356,8 +366,7 @@ void main() {
     for (int i = 0; i < 4 && p.c4 * 4 + i < C; ++i) {
       const int c = p.c4 * 4 + i;
       if (c < Cs) {
-        const int entry = c * pc.sums.y + t_sums_load(uint(((at.w * Cs + c) * H + at.y) * W + at.x)) + pc.sums.z;
-        y[i] = bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
+        y[i] = etvk_sums_table(c, at);
       } else if (HAS_X == 1) {
         const int cx = c - Cs;
         if ((cx >> 2) != loaded) {

@@ -2,6 +2,7 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
+layout(constant_id = 4) const int HAS_SUMS = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -12,6 +13,7 @@ layout(push_constant) uniform PushConstants {
   layout(offset = 36) int b_zero_point;
   layout(offset = 40) float inv_output_scale;
   layout(offset = 44) int output_zero_point;
+  layout(offset = 48) ivec4 sums;
 } pc;
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -81,6 +83,18 @@ ivec4 t_table_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_table_load_word(uint unit) { return t_table.data[unit]; }
+layout(set = 0, binding = 5, std430) readonly buffer t_sums_block {
+  int data[];
+} t_sums;
+int t_sums_load(uint i) { return t_sums.data[i]; }
+layout(set = 0, binding = 6, std430) readonly buffer t_sums_table_block {
+  uint data[];
+} t_sums_table;
+ivec4 t_sums_table_load(uint unit) {
+  const int u = int(t_sums_table.data[unit]);
+  return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
+}
+uint t_sums_table_load_word(uint unit) { return t_sums_table.data[unit]; }
 
 // Shared numerics for the quantize family (OPS.md "Shared numeric conventions").
 // Plain GLSL, included by templates through Jinja; needs no bindings.
@@ -416,7 +430,9 @@ uint concat_word_at(EtvkChannelWord p, int span) {
   return concat_word(p.c4, a_word, b_word);
 }
 // Per-channel int8 tables (op_specs: q8ta_channel_lut, q8ta_concat_channel_lut): binding
-// t_table, plain int8 [C, 256], 64 words a channel.
+// t_table, plain int8 [C, 256], 64 words a channel; and the window sums' tables of the output's
+// first Cs channels: bindings t_sums (plain int32 [N, Cs, H, W]) and t_sums_table (plain int8
+// [Cs, T]), push constants sizes (W, H in .x, .y) and sums (Cs, T, offset, 0).
 
 // table[c, q + 128]: byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended.
 int etvk_channel_table(int c, int q) {
@@ -435,6 +451,14 @@ ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
   return y;
 }
 
+// sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at `at`
+// = (w, h, -, n): byte (c * T + S + offset) % 4 of that word of the table, sign-extended.
+int etvk_sums_table(int c, ivec4 at) {
+  const int S = t_sums_load(uint(((at.w * pc.sums.x + c) * pc.sizes.y + at.y) * pc.sizes.x + at.x));
+  const int entry = c * pc.sums.y + S + pc.sums.z;
+  return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
+}
+
 void main() {
   const uint item = etvk_linear_invocation();
   if (item >= pc.words) {
@@ -442,15 +466,31 @@ void main() {
   }
   const int W = pc.sizes.x;
   const int C = pc.sizes.z;
+  const int c4s = (C + 3) >> 2;
+  const int sums_c4s = HAS_SUMS == 1 ? pc.sums.x >> 2 : 0;  // t_out's words before the concat's
   const int span = etvk_channel_word_span(LAYOUT, W);
-  const EtvkChannelWord p = etvk_split_channel_word(item, span, (C + 3) >> 2);
-  if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
-    t_concat_store_word(item, 0u);
+  const EtvkChannelWord q = etvk_split_channel_word(item, span, sums_c4s + c4s);
+  // (outer, inner) locate the pixel in both outputs, which differ only in their channel words.
+  const EtvkChannelWord p = EtvkChannelWord(q.outer, q.c4 - sums_c4s, q.inner);
+  const uint concat_item = etvk_channel_word(p.outer, p.c4, p.inner, span, c4s);
+  if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(q, W)) {
+    if (p.c4 >= 0) {
+      t_concat_store_word(concat_item, 0u);
+    }
     t_out_store_word(item, 0u);
     return;
   }
+  if (p.c4 < 0) {
+    const ivec4 at = etvk_packed_coords(LAYOUT, ivec4(W, pc.sizes.y, sums_c4s + c4s, pc.sizes.w), item);
+    ivec4 y;
+    for (int i = 0; i < 4; ++i) {
+      y[i] = etvk_sums_table(q.c4 * 4 + i, at);
+    }
+    t_out_store_word(item, etvk_pack_i8x4(y));
+    return;
+  }
   const uint word = concat_word_at(p, span);
-  t_concat_store_word(item, word);
+  t_concat_store_word(concat_item, word);
   const bvec4 valid = etvk_valid_channels(p.c4, C);
   t_out_store_word(item, etvk_pack_i8x4(mix(ivec4(0), etvk_channel_table4(p.c4, valid, etvk_unpack_i8x4(word)), valid)));
 }

@@ -79,12 +79,13 @@ def q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale
 
 
 def q8ta_concat_channel_lut(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale,
-                            output_zero_point, table):
-    """(`q8ta_concat`, ``q8ta_channel_lut`` of it through the int8 ``[C_a + C_b, 256]`` `table`).
+                            output_zero_point, table, sums=None, sums_table=None):
+    """(`q8ta_concat`, ``q8ta_channel_lut`` of it through the int8 ``[C_a + C_b, 256]`` `table`,
+    after the window sums' Cs channels where `sums` and `sums_table` are given).
 
     Returns:
-        two int8 ``[N, C_a + C_b, H, W]`` tensors.
+        int8 ``[N, C_a + C_b, H, W]`` and ``[N, Cs + C_a + C_b, H, W]`` tensors.
     """
     concat = q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale,
                          output_zero_point)
-    return concat, q8ta_channel_lut(concat, table)
+    return concat, q8ta_channel_lut(concat, table, sums, sums_table)

@@ -7,7 +7,8 @@ widths that are not multiples of 4, a concat whose first input ends inside a
 channel word, qparams whose products land on rounding ties, outputs that
 saturate, inputs that share the output's qparams. `binary_inputs`,
 `concat_inputs` and `concat_channel_lut_inputs` (a concat case and a table
-per channel) build the arguments in schema order. Used by the tests
+per channel, optionally after window sums and their tables) build the
+arguments in schema order. Used by the tests
 (tests/ops) and, through runtime/tools/examples.py, the demo. Pure torch; no
 Vulkan.
 """
@@ -18,6 +19,8 @@ import zlib
 from dataclasses import dataclass
 
 import torch
+
+from runtime.tools.examples_q8ta_unary import window_sums_inputs
 
 
 @dataclass(frozen=True)
@@ -143,15 +146,20 @@ def concat_inputs(case: ConcatCase, seed: int | None = None) -> tuple:
             case.out.scale, case.out.zero_point)
 
 
-def concat_channel_lut_inputs(case: ConcatCase, seed: int | None = None, raw: bool = False) -> tuple:
+def concat_channel_lut_inputs(case: ConcatCase, seed: int | None = None, raw: bool = False,
+                              sums_channels: int = 0, taps: int = 4) -> tuple:
     """Arguments of ``etvk.q8ta_concat_channel_lut`` for ``case``, in schema order: those of
     `concat_inputs` (every scale 1 and zero point 0 where `raw`: the lowering's byte copy), then
-    a random int8 ``[C_a + C_b, 256]`` table."""
+    a random int8 ``[C_a + C_b, 256]`` table; with `sums_channels` Cs > 0 then window sums
+    ``[N, Cs, H, W]`` of `taps` values and their int8 table (`window_sums_inputs`)."""
     args = list(concat_inputs(case, seed))
     if raw:
         args[1:3], args[4:8] = (1.0, 0), (1.0, 0, 1.0, 0)
     gen = _generator(case.name + "/table", seed)
-    return (*args, _int8(gen, (case.C_a + case.C_b, 256)))
+    args.append(_int8(gen, (case.C_a + case.C_b, 256)))
+    if sums_channels:
+        args.extend(window_sums_inputs(gen, (case.N, sums_channels, case.H, case.W), taps, torch.int8))
+    return tuple(args)
 
 
 def build(op_name: str):
