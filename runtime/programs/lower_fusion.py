@@ -43,10 +43,16 @@ concat's dispatch:
   -> y into ``etvk.q8ta_concat_channel_lut(a, ..., output_zero_point, table)`` -> (c, y), at
   the concat's place (the concat's other readers read c, the table op's readers y);
 
-where the table op has x and a constant table (made before any node), no window sums and no
-layout argument (its output then takes x's layout, as both of the fused op's do), the concat
-no keyword arguments, and c and y one layout; the fused op's table check, ``[C_a + C_b, 256]``,
-is the table op's ``[C_x, 256]``. It runs after the common calls are merged (lower_decoder.py:
+- ``etvk.q8ta_concat(a, ...)`` -> c, ``etvk.q8ta_channel_lut(c, table, sums, sums_table)`` -> y
+  (DenseNet's layers after a transition: the pooled channels first, as window sums) into
+  ``etvk.q8ta_concat_channel_lut(a, ..., table, sums, sums_table)`` -> (c, y) likewise;
+
+where the table op has x and a constant table (made before any node), no layout argument (its
+output then takes x's layout, as both of the fused op's do), and window sums, if any, made
+before the concat, with a constant table and a multiple of 4 channels (the fused op's check:
+y's word c4 + Cs / 4 is c's word c4); the concat no keyword arguments, and c and y one layout.
+The fused op's table check, ``[C_a + C_b, 256]``, is the table op's ``[C_x, 256]``, its sums
+checks the table op's. It runs after the common calls are merged (lower_decoder.py:
 the growing cats of a dense block emit their earlier layers' concats again, and those merge
 with the earlier ones only while those are still plain concats).
 
@@ -215,10 +221,17 @@ def fuse_concat_tables(rw: Rewriter) -> None:
     for lut in [n for n in program.nodes if n.target == CHANNEL_LUT]:
         b = bind(lut)
         concat = rw.made_by(b["x"], CONCAT)
-        if concat is None or concat.kwargs or not isinstance(b["table"], Const) \
-                or any(b[k] is not None for k in ("sums", "sums_table", "layout")) \
-                or program.values[concat.outputs[0]].layout != program.values[lut.outputs[0]].layout:
+        if concat is None or concat.kwargs or not isinstance(b["table"], Const) or b["layout"] is not None \
+                or program.values[concat.outputs[0]].layout != program.values[lut.outputs[0]].layout \
+                or (b["sums"] is not None and not _sums_fit(rw, b["sums"], b["sums_table"], concat)):
             continue
+        sums = () if b["sums"] is None else (b["sums"], b["sums_table"])
         program.nodes.remove(lut)
-        rw.replace(concat, Node(f"{concat.name}_channel_lut", CONCAT_LUT, (*concat.args, b["table"]), {},
+        rw.replace(concat, Node(f"{concat.name}_channel_lut", CONCAT_LUT, (*concat.args, b["table"], *sums), {},
                                 (*concat.outputs, *lut.outputs)))
+
+
+def _sums_fit(rw: Rewriter, sums, sums_table, concat: Node) -> bool:
+    """Whether a table op's window sums can join `concat`'s dispatch: made before it, a constant
+    table, and a multiple of 4 channels (the fused op's word c4 + Cs / 4 is the concat's c4)."""
+    return isinstance(sums_table, Const) and _made_before(rw, sums, concat) and rw.shape(sums)[1] % 4 == 0
