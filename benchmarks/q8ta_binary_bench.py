@@ -16,7 +16,9 @@ an invocation either way: its ratio shows the run's noise). The fused
 `q8ta_concat_channel_lut` rows (DenseNet-121's layer concats, raw copies, and
 their tables; bytes: a, b and both outputs) also time `q8ta_concat` then
 `q8ta_channel_lut` of its output (`ConcatThenTable`) in the same run and print
-that pair's time and the ratio fused / pair. Inputs are
+that pair's time and the ratio fused / pair; those named ``Cs|C_a+C_b``
+(`WINDOW_SUMS`: blocks 2-4) have the transition's Cs pooled channels first, from
+int32 window sums (their bytes counted) through tables, as both ops read them. Inputs are
 uploaded once; timing follows benchmarks/NOTES.md (the conv benchmark's
 `time_ours`: back-to-back calls in one stream, ~1 s of warm-up replays, median
 of timestamped calls).
@@ -69,9 +71,21 @@ SHAPES = [
     ("densenet concat_lut 448+32 28", "concat_channel_lut", (448, 28, 28), (32, 28, 28), True),
     ("densenet concat_lut 960+32 14", "concat_channel_lut", (960, 14, 14), (32, 14, 14), True),
     ("densenet concat_lut 480+32 7", "concat_channel_lut", (480, 7, 7), (32, 7, 7), True),
+    ("densenet concat_lut 128|32+32 28", "concat_channel_lut", (32, 28, 28), (32, 28, 28), True),
+    ("densenet concat_lut 128|320+32 28", "concat_channel_lut", (320, 28, 28), (32, 28, 28), True),
+    ("densenet concat_lut 256|352+32 14", "concat_channel_lut", (352, 14, 14), (32, 14, 14), True),
+    ("densenet concat_lut 256|704+32 14", "concat_channel_lut", (704, 14, 14), (32, 14, 14), True),
+    ("densenet concat_lut 512|448+32 7", "concat_channel_lut", (448, 7, 7), (32, 7, 7), True),
 ]
 TABLE_OPS = ("lut", "channel_lut")
 CONCATS = ("concat", "concat_channel_lut")
+# The fused rows whose table output starts with the transition's pooled channels (name -> Cs):
+# window sums of its 2x2 pool (4 taps) and their tables, DenseNet-121's blocks 2-4 (after the
+# first two layers: x is then a concat).
+WINDOW_SUMS = {"densenet concat_lut 128|32+32 28": 128, "densenet concat_lut 128|320+32 28": 128,
+               "densenet concat_lut 256|352+32 14": 256, "densenet concat_lut 256|704+32 14": 256,
+               "densenet concat_lut 512|448+32 7": 512}
+TAPS = 4
 
 
 class ConcatThenTable:
@@ -80,13 +94,14 @@ class ConcatThenTable:
 
     def record(self, stream, *args):
         concat = runtime.get_op("etvk.q8ta_concat.default").record(stream, *args[:8])
-        return runtime.get_op("etvk.q8ta_channel_lut.default").record(stream, concat, args[8])
+        return runtime.get_op("etvk.q8ta_channel_lut.default").record(stream, concat, *args[8:])
 
 
-def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False):
+def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False, sums_channels: int = 0):
     """The op's arguments with a and b int8 (uploaded in `layout`, or on the host when None);
     with `copy`, one set of qparams for a, b and the output. A table op: x and a random table
-    (one per channel for channel_lut)."""
+    (one per channel for channel_lut); the fused concat's table, then with `sums_channels` Cs
+    random window sums ``[N, Cs, H, W]`` of `TAPS` values and their table (plain buffers)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
     if op in TABLE_OPS:
@@ -99,6 +114,11 @@ def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False)
     tail = {"concat": (), "concat_channel_lut": (torch.randint(-128, 128, (a_shape[1] + b_shape[1], 256),
                                                                generator=gen, dtype=torch.int8),)}
     tail = tail.get(op, ("relu",))
+    if sums_channels:
+        sums = torch.randint(-128 * TAPS, 127 * TAPS + 1, (a_shape[0], sums_channels, *a_shape[2:]), generator=gen,
+                             dtype=torch.int32)
+        sums_table = torch.randint(-128, 128, (sums_channels, 255 * TAPS + 1), generator=gen, dtype=torch.int8)
+        tail += (sums, sums_table) if layout is None else (Tensor.from_torch(sums), Tensor.from_torch(sums_table))
     if copy:
         return (a, 1.0, 0, b, 1.0, 0, 1.0, 0, *tail)
     return (a, 0.031, -3, b, 0.027, 12, 0.043, -128, *tail)
@@ -182,9 +202,13 @@ def main() -> int:
                     theirs = time_torch(op_kind, a_shape, b_shape, s)
                     record.kernel("q8ta_binary", f"{name} b{batch}", "torch CUDA", theirs, torch_bytes)
                 op = runtime.get_op(f"etvk.q8ta_{op_kind}.default")
-                outputs = (out_shape, out_shape) if op_kind == "concat_channel_lut" else (out_shape,)
-                moved = sum(packed_bytes(x, layout) for x in (*inputs, *outputs))
-                args = arguments(op_kind, a_shape, b_shape, layout, copy)
+                cs = WINDOW_SUMS.get(name, 0) // (8 if options.quick else 1)
+                # the fused op: the concat and the table output (Cs more channels), and the sums
+                outputs = ((out_shape, (batch, cs + out_shape[1], *out_shape[2:]))
+                           if op_kind == "concat_channel_lut" else (out_shape,))
+                sums_bytes = 4 * batch * cs * out_shape[2] * out_shape[3]
+                moved = sum(packed_bytes(x, layout) for x in (*inputs, *outputs)) + sums_bytes
+                args = arguments(op_kind, a_shape, b_shape, layout, copy, cs)
                 timed = [time_ours(op, args, moved, s)]
                 if options.one_word:
                     with one_word_each():
