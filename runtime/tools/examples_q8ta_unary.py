@@ -47,6 +47,7 @@ LUT_CASES = [
     L("lut_c4_w7", (1, 4, 1, 7), real="7 words in 4C and 4C1W: one 16-byte quad, then 3 words"),
     L("lut_c4_h3_w7", (1, 4, 3, 7), real="21 words in 4C and 4C1W: 5 quads, then 1 word"),
     L("lut_c6_h3_w7", (1, 6, 3, 7), real="42 words in 4C and 4C1W: 10 quads, then 2 words"),
+    L("densenet_table_c64_batch2", (2, 64, 3, 5), real="16 channel words (tables read in tiles of 8 words in 4C), 30 pixels: a partial row of 6"),
     L("mobilenetv3_classifier_hardswish", (1, 1024), real="MobileNetV3-Small classifier: linear -> hardswish (plain)"),
     L("plain_rows_odd", (3, 7), real="plain, the last word 1 value past the end"),
     L("plain_1d_5", (5,), real="plain 1-D, 3 bytes of the last word past the end"),

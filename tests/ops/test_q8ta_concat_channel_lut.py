@@ -103,10 +103,12 @@ def test_both_outputs_match_reference(name, raw, layout, dispatch_trace_path):
     check_fused(args, layout, dispatch_trace_path, name)
 
 
-# (concat case, Cs, raw): batch 2 with W = 3 and 4, W = 6 and 5, C_a % 4 of 0 .. 3
+# (concat case, Cs, raw): batch 2 with W = 3 and 4, W = 6 and 5, C_a % 4 of 0 .. 3; 16 output
+# channel words (4C's tiles of 8) over 30 pixels
 SUMS_CASES = [("concat_c7_c6_batch2", 4, False), ("concat_c7_c6_batch2", 8, True),
               ("densenet_concat_c6_c4", 12, True), ("concat_c16_c13_w4", 16, False),
-              ("concat_c5_c7", 8, False), ("concat_c1_c2", 4, True)]
+              ("concat_c5_c7", 8, False), ("concat_c1_c2", 4, True),
+              ("densenet_concat_c24_c8_batch2", 32, True)]
 
 
 def sums_inputs(name: str, sums_channels: int, raw: bool) -> tuple:
