@@ -12,7 +12,13 @@ ratio of the two bandwidths. With ``--one-word`` each row also times the op
 within `runtime.families.q8ta_copy.one_word_each` (the copy-like ops' kernels
 of one 4-byte word an invocation instead of 16-byte quads) in the same run,
 and prints the time ratio quads / one word (`q8ta_channel_lut` runs one word
-an invocation either way: its ratio shows the run's noise). Inputs are
+an invocation either way: its ratio shows the run's noise). The fused
+`q8ta_concat_channel_lut` rows (DenseNet-121's layer concats, raw copies, and
+their tables; bytes: a, b and both outputs) also time `q8ta_concat` then
+`q8ta_channel_lut` of its output (`ConcatThenTable`) in the same run and print
+that pair's time and the ratio fused / pair; those named ``Cs|C_a+C_b``
+(`WINDOW_SUMS`: blocks 2-4) have the transition's Cs pooled channels first, from
+int32 window sums (their bytes counted) through tables, as both ops read them. Inputs are
 uploaded once; timing follows benchmarks/NOTES.md (the conv benchmark's
 `time_ours`: back-to-back calls in one stream, ~1 s of warm-up replays, median
 of timestamped calls).
@@ -60,14 +66,42 @@ SHAPES = [
     ("densenet channel_lut 512x28x28", "channel_lut", (512, 28, 28), None, False),
     ("densenet channel_lut 1024x14x14", "channel_lut", (1024, 14, 14), None, False),
     ("efficientnet lut 32x112x112", "lut", (32, 112, 112), None, False),
+    ("densenet concat_lut 64+32 56", "concat_channel_lut", (64, 56, 56), (32, 56, 56), True),
+    ("densenet concat_lut 192+32 56", "concat_channel_lut", (192, 56, 56), (32, 56, 56), True),
+    ("densenet concat_lut 448+32 28", "concat_channel_lut", (448, 28, 28), (32, 28, 28), True),
+    ("densenet concat_lut 960+32 14", "concat_channel_lut", (960, 14, 14), (32, 14, 14), True),
+    ("densenet concat_lut 480+32 7", "concat_channel_lut", (480, 7, 7), (32, 7, 7), True),
+    ("densenet concat_lut 128|32+32 28", "concat_channel_lut", (32, 28, 28), (32, 28, 28), True),
+    ("densenet concat_lut 128|320+32 28", "concat_channel_lut", (320, 28, 28), (32, 28, 28), True),
+    ("densenet concat_lut 256|352+32 14", "concat_channel_lut", (352, 14, 14), (32, 14, 14), True),
+    ("densenet concat_lut 256|704+32 14", "concat_channel_lut", (704, 14, 14), (32, 14, 14), True),
+    ("densenet concat_lut 512|448+32 7", "concat_channel_lut", (448, 7, 7), (32, 7, 7), True),
 ]
 TABLE_OPS = ("lut", "channel_lut")
+CONCATS = ("concat", "concat_channel_lut")
+# The fused rows whose table output starts with the transition's pooled channels (name -> Cs):
+# window sums of its 2x2 pool (4 taps) and their tables, DenseNet-121's blocks 2-4 (after the
+# first two layers: x is then a concat).
+WINDOW_SUMS = {"densenet concat_lut 128|32+32 28": 128, "densenet concat_lut 128|320+32 28": 128,
+               "densenet concat_lut 256|352+32 14": 256, "densenet concat_lut 256|704+32 14": 256,
+               "densenet concat_lut 512|448+32 7": 512}
+TAPS = 4
 
 
-def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False):
+class ConcatThenTable:
+    """q8ta_concat, then q8ta_channel_lut of its output: the two dispatches that
+    q8ta_concat_channel_lut replaces, recorded from its arguments."""
+
+    def record(self, stream, *args):
+        concat = runtime.get_op("etvk.q8ta_concat.default").record(stream, *args[:8])
+        return runtime.get_op("etvk.q8ta_channel_lut.default").record(stream, concat, *args[8:])
+
+
+def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False, sums_channels: int = 0):
     """The op's arguments with a and b int8 (uploaded in `layout`, or on the host when None);
     with `copy`, one set of qparams for a, b and the output. A table op: x and a random table
-    (one per channel for channel_lut)."""
+    (one per channel for channel_lut); the fused concat's table, then with `sums_channels` Cs
+    random window sums ``[N, Cs, H, W]`` of `TAPS` values and their table (plain buffers)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
     if op in TABLE_OPS:
@@ -77,7 +111,14 @@ def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False)
     b = torch.randint(-128, 128, b_shape, generator=gen, dtype=torch.int8)
     if layout is not None:
         a, b = Tensor.from_torch(a, layout=layout), Tensor.from_torch(b, layout=layout)
-    tail = () if op == "concat" else ("relu",)
+    tail = {"concat": (), "concat_channel_lut": (torch.randint(-128, 128, (a_shape[1] + b_shape[1], 256),
+                                                               generator=gen, dtype=torch.int8),)}
+    tail = tail.get(op, ("relu",))
+    if sums_channels:
+        sums = torch.randint(-128 * TAPS, 127 * TAPS + 1, (a_shape[0], sums_channels, *a_shape[2:]), generator=gen,
+                             dtype=torch.int32)
+        sums_table = torch.randint(-128, 128, (sums_channels, 255 * TAPS + 1), generator=gen, dtype=torch.int8)
+        tail += (sums, sums_table) if layout is None else (Tensor.from_torch(sums), Tensor.from_torch(sums_table))
     if copy:
         return (a, 1.0, 0, b, 1.0, 0, 1.0, 0, *tail)
     return (a, 0.031, -3, b, 0.027, 12, 0.043, -128, *tail)
@@ -100,7 +141,7 @@ def time_torch(op: str, a_shape, b_shape, s: Settings) -> float | None:
             return copy.copy_(a)
         return time_cuda(fn, 1, s.repeats * s.max_calls, s.warmup)
     b = torch.randint(-128, 128, b_shape, device=dev, dtype=torch.int8)
-    if op == "concat":
+    if op in CONCATS:
         def fn(_):
             return torch.cat([a, b], dim=1)
     else:
@@ -119,7 +160,7 @@ def shapes_of(op_kind: str, a_chw, b_chw, batch: int, quick: bool):
     if b_chw is None:
         return a_shape, None, a_shape
     b_shape = (batch, *scaled(b_chw))
-    out_c = a_shape[1] + b_shape[1] if op_kind == "concat" else a_shape[1]
+    out_c = a_shape[1] + b_shape[1] if op_kind in CONCATS else a_shape[1]
     return a_shape, b_shape, (batch, out_c, *a_shape[2:])
 
 
@@ -145,7 +186,8 @@ def main() -> int:
           + ("; 1-word: the one-word kernels (one_word_each), same run, and quads / 1-word time"
              if options.one_word else "") + " ==")
     print(f"{'shape':<32} {'batch':>5} {'layout':<6} {'GPU us':>9} {'GB/s':>8} {'torch us':>9} {'GB/s':>8} "
-          f"{'ratio':>6}" + (f" {'1-word us':>9} {'q/1w':>6}" if options.one_word else ""))
+          f"{'ratio':>6}" + (f" {'1-word us':>9} {'q/1w':>6}" if options.one_word else "")
+          + f" {'pair us':>9} {'f/pair':>6}")
     only = re.compile(options.only)
     for batch in (2, 1) if options.quick else (32, 1):
         for name, op_kind, a_chw, b_chw, copy in SHAPES:
@@ -155,13 +197,18 @@ def main() -> int:
             for layout in PACKED_LAYOUTS:
                 if not only.search(f"{name} {batch} {layout}"):
                     continue
-                torch_bytes = sum(torch.Size(x).numel() for x in (*inputs, out_shape))
+                torch_bytes = sum(torch.Size(x).numel() for x in (*inputs, out_shape))  # the cat's for the fused op
                 if theirs is None:
                     theirs = time_torch(op_kind, a_shape, b_shape, s)
                     record.kernel("q8ta_binary", f"{name} b{batch}", "torch CUDA", theirs, torch_bytes)
                 op = runtime.get_op(f"etvk.q8ta_{op_kind}.default")
-                moved = sum(packed_bytes(x, layout) for x in (*inputs, out_shape))
-                args = arguments(op_kind, a_shape, b_shape, layout, copy)
+                cs = WINDOW_SUMS.get(name, 0) // (8 if options.quick else 1)
+                # the fused op: the concat and the table output (Cs more channels), and the sums
+                outputs = ((out_shape, (batch, cs + out_shape[1], *out_shape[2:]))
+                           if op_kind == "concat_channel_lut" else (out_shape,))
+                sums_bytes = 4 * batch * cs * out_shape[2] * out_shape[3]
+                moved = sum(packed_bytes(x, layout) for x in (*inputs, *outputs)) + sums_bytes
+                args = arguments(op_kind, a_shape, b_shape, layout, copy, cs)
                 timed = [time_ours(op, args, moved, s)]
                 if options.one_word:
                     with one_word_each():
@@ -179,6 +226,11 @@ def main() -> int:
                     one_word = timed[1][0]
                     record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout} one word", one_word, moved)
                     line += f" {one_word * 1e6:>9.1f} {ours / one_word:>6.2f}"
+                if op_kind == "concat_channel_lut":
+                    pair = time_ours(ConcatThenTable(), args, moved, s)[0]
+                    record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout} concat + channel_lut", pair,
+                                  moved)
+                    line += f" {pair * 1e6:>9.1f} {ours / pair:>6.2f}"
                 print(line, flush=True)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0

@@ -310,14 +310,64 @@ bool etvk_past_width(EtvkChannelWord p, int width) {
 bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
   return greaterThanEqual(ivec4((p.outer % ((width + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
 }
+// Per-channel int8 tables (op_specs: q8ta_channel_lut, q8ta_concat_channel_lut): binding
+// t_table, plain int8 [C, 256], 64 words a channel; and the window sums' tables of the output's
+// first Cs channels: bindings t_sums (plain int32 [N, Cs, H, W]) and t_sums_table (plain int8
+// [Cs, T]), push constants sizes (W, H in .x, .y) and sums (Cs, T, offset, 0).
+
+// table[c, q + 128]: byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended.
+int etvk_channel_table(int c, int q) {
+  const int index = q + 128;
+  return bitfieldExtract(int(t_table_load_word(uint(c * 64 + (index >> 2)))), (index & 3) * 8, 8);
+}
+
+// The 4 values q of channels 4 c4 .. 4 c4 + 3 of one pixel, each through its channel's table; a
+// padding channel (not `valid`) reads channel 0's table (in range): the caller writes it as 0.
+ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
+  const ivec4 channel = mix(ivec4(0), ivec4(c4 * 4) + ivec4(0, 1, 2, 3), valid);
+  ivec4 y;
+  for (int i = 0; i < 4; ++i) {
+    y[i] = etvk_channel_table(channel[i], q[i]);
+  }
+  return y;
+}
+
+// sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at `at`
+// = (w, h, -, n): byte (c * T + S + offset) % 4 of that word of the table, sign-extended.
+int etvk_sums_table(int c, ivec4 at) {
+  const int S = t_sums_load(uint(((at.w * pc.sums.x + c) * pc.sizes.y + at.y) * pc.sizes.x + at.x));
+  const int entry = c * pc.sums.y + S + pc.sums.z;
+  return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
+}
+
+// The output word that invocation `item` (< pc.words, the output's words) writes: `item` itself,
+// except in 4C with `c4s` (the output's channel words) a multiple of 8. There, in word order a
+// subgroup's lanes are 32 channel words of one pixel, each lane looking up its own channels'
+// tables (32 rows a load); instead the words go in rows of 8 pixels (the last row the rest),
+// each row cut into tiles of 8 channel words x its pixels, a tile's invocations the 8 words of
+// one pixel after another: a subgroup looks up 8 channels' tables and each pixel's 8 words are
+// one 32-byte run. A bijection of [0, pc.words) (pc.words = pixels * c4s in 4C).
+uint etvk_table_word(uint item, int c4s) {
+  if (LAYOUT != ETVK_4C || (c4s & 7) != 0) {
+    return item;
+  }
+  const uint row_words = 8u * uint(c4s);
+  const uint row = item / row_words;
+  const uint r = item - row * row_words;
+  const uint tile_words = 8u * min(8u, pc.words / uint(c4s) - row * 8u);  // 8 x the row's pixels
+  const uint tile = r / tile_words;
+  const uint at = r - tile * tile_words;
+  return (row * 8u + at / 8u) * uint(c4s) + tile * 8u + (at & 7u);
+}
 
 void main() {
-  const uint word = etvk_linear_invocation();
-  if (word >= pc.words) {
+  const uint item = etvk_linear_invocation();
+  if (item >= pc.words) {
     return;
   }
   const int W = pc.sizes.x;
   const int C = pc.sizes.z;
+  const uint word = etvk_table_word(item, (C + 3) >> 2);
   const EtvkChannelWord p = etvk_split_channel_word(word, etvk_channel_word_span(LAYOUT, W), (C + 3) >> 2);
   if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
     t_out_store_word(word, 0u);
@@ -326,14 +376,7 @@ void main() {
   const bvec4 valid = etvk_valid_channels(p.c4, C);
   ivec4 y = ivec4(0);
   if (HAS_SUMS == 0) {
-    // table[c, q + 128] is byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended;
-    // a padding channel reads channel 0's table (in range) and is written as 0.
-    const ivec4 index = t_x_load(word) + 128;
-    const ivec4 channel = mix(ivec4(0), ivec4(p.c4 * 4) + ivec4(0, 1, 2, 3), valid);
-    for (int i = 0; i < 4; ++i) {
-      const uint entry = t_table_load_word(uint(channel[i] * 64 + (index[i] >> 2)));
-      y[i] = bitfieldExtract(int(entry), (index[i] & 3) * 8, 8);
-    }
+    y = etvk_channel_table4(p.c4, valid, t_x_load(word));
   } else {
     const int H = pc.sizes.y;
     const int Cs = pc.sums.x;
@@ -344,16 +387,14 @@ void main() {
     for (int i = 0; i < 4 && p.c4 * 4 + i < C; ++i) {
       const int c = p.c4 * 4 + i;
       if (c < Cs) {
-        const int entry = c * pc.sums.y + t_sums_load(uint(((at.w * Cs + c) * H + at.y) * W + at.x)) + pc.sums.z;
-        y[i] = bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
+        y[i] = etvk_sums_table(c, at);
       } else if (HAS_X == 1) {
         const int cx = c - Cs;
         if ((cx >> 2) != loaded) {
           loaded = cx >> 2;
           bytes = t_x_load_word(etvk_packed_word(LAYOUT, x4, at.w, loaded, at.y, at.x));
         }
-        const int index = bitfieldExtract(int(bytes), (cx & 3) * 8, 8) + 128;
-        y[i] = bitfieldExtract(int(t_table_load_word(uint(cx * 64 + (index >> 2)))), (index & 3) * 8, 8);
+        y[i] = etvk_channel_table(cx, bitfieldExtract(int(bytes), (cx & 3) * 8, 8));
       }
     }
   }

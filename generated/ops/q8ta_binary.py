@@ -68,6 +68,21 @@ def _check_b_concatenable(op, b, a):
         raise rt.ArgumentError(op, "b", f"must match a {tuple(a.shape)} in N, H and W to be concatenated along the channels, got {tuple(b.shape)}")
 
 
+def _check_table_concat_channels_int8(op, table, a, b):
+    if not (table.dtype == torch.int8 and tuple(table.shape) == (a.shape[1] + b.shape[1], 256) and (rt.on_host(table) or (table.storage == 'buffer' and (not table.packed)))):
+        raise rt.ArgumentError(op, "table", f"must be an int8 [C_a + C_b, 256] tensor = {(a.shape[1] + b.shape[1], 256)} (on the device: a plain buffer), the concat's channel c's output for each input value -128 .. 127 in order, got {table.dtype} of shape {tuple(table.shape)}")
+
+
+def _check_concat_sums_int32(op, sums, a):
+    if not (sums is None or (sums.dtype == torch.int32 and len(sums.shape) == 4 and (sums.shape[1] >= 4) and (sums.shape[1] % 4 == 0) and ((sums.shape[0], sums.shape[2], sums.shape[3]) == (a.shape[0], a.shape[2], a.shape[3])) and (rt.on_host(sums) or (sums.storage == 'buffer' and (not sums.packed))))):
+        raise rt.ArgumentError(op, "sums", f"must be None or an int32 [N, Cs, H, W] tensor with a's N, H, W and Cs a multiple of 4 (the table output's word c4 + Cs / 4 is the concat's word c4; on the device: a plain buffer), window sums for the table output's first Cs channels, got {sums.dtype} of shape {tuple(sums.shape)}")
+
+
+def _check_concat_sums_table_int8(op, sums_table, sums):
+    if not ((sums_table is None) == (sums is None) and (sums is None or (sums_table.dtype == torch.int8 and len(sums_table.shape) == 2 and (sums_table.shape[0] == sums.shape[1]) and (sums_table.shape[1] > 1) and ((sums_table.shape[1] - 1) % 255 == 0) and (rt.on_host(sums_table) or (sums_table.storage == 'buffer' and (not sums_table.packed)))))):
+        raise rt.ArgumentError(op, "sums_table", "must be given with sums and be an int8 [Cs, 255 * K + 1] tensor (K window taps; on the device: a plain buffer), channel c's output for each window sum -128 * K .. 127 * K in order")
+
+
 def q8ta_add(stream, a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point, activation='none', *, variant=None, storage=None):
     """Record etvk.q8ta_add.default into `stream`; returns device tensors."""
     op = Q8TA_ADD
@@ -109,7 +124,7 @@ Q8TA_ADD = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_add(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra + rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1]. Device inputs share one layout; a host input takes the other input's layout (both on the host: 4C1W); the output takes a's.",
-    spec="op_specs/q8ta_binary.yaml:127",
+    spec="op_specs/q8ta_binary.yaml:180",
     reference="runtime.reference.q8ta_binary:q8ta_add",
     variants=(
         ("q8ta_binary", {}),
@@ -161,7 +176,7 @@ Q8TA_MUL = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_mul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra * rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1] (a squeeze-and- excite gate). Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:156",
+    spec="op_specs/q8ta_binary.yaml:209",
     reference="runtime.reference.q8ta_binary:q8ta_mul",
     variants=(
         ("q8ta_binary", {}),
@@ -212,7 +227,7 @@ Q8TA_CONCAT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Concat along the channels, out [N, C_a + C_b, H, W]: each input requantized to the output's qparams, out = clamp(roundEven(float(q - zero_point) * scale * fp32(1/output_scale)) + output_zero_point, -128, 127) (an input with the output's qparams is copied exactly). C_a need not be a multiple of 4. Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:184",
+    spec="op_specs/q8ta_binary.yaml:237",
     reference="runtime.reference.q8ta_binary:q8ta_concat",
     variants=(
         ("q8ta_concat", {}),
@@ -222,8 +237,77 @@ Q8TA_CONCAT = rt.OpDef(
 )
 
 
+def q8ta_concat_channel_lut(stream, a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point, table, sums=None, sums_table=None, *, variant=None, storage=None):
+    """Record etvk.q8ta_concat_channel_lut.default into `stream`; returns device tensors."""
+    op = Q8TA_CONCAT_CHANNEL_LUT
+    rt.check_arg(op, "a", a, "Tensor")
+    rt.check_arg(op, "a_scale", a_scale, "float")
+    rt.check_arg(op, "a_zero_point", a_zero_point, "int")
+    rt.check_arg(op, "b", b, "Tensor")
+    rt.check_arg(op, "b_scale", b_scale, "float")
+    rt.check_arg(op, "b_zero_point", b_zero_point, "int")
+    rt.check_arg(op, "output_scale", output_scale, "float")
+    rt.check_arg(op, "output_zero_point", output_zero_point, "int")
+    rt.check_arg(op, "table", table, "Tensor")
+    rt.check_arg(op, "sums", sums, "Tensor?")
+    rt.check_arg(op, "sums_table", sums_table, "Tensor?")
+    _check_a_packed_int8(op, a)
+    _check_b_packed_int8(op, b)
+    _check_b_concatenable(op, b, a)
+    _check_b_same_layout(op, b, a)
+    _check_a_scale_valid(op, a_scale)
+    _check_a_zero_point_int8(op, a_zero_point)
+    _check_b_scale_valid(op, b_scale)
+    _check_b_zero_point_int8(op, b_zero_point)
+    _check_output_scale_valid(op, output_scale)
+    _check_output_zero_point_int8(op, output_zero_point)
+    _check_table_concat_channels_int8(op, table, a, b)
+    _check_concat_sums_int32(op, sums, a)
+    _check_concat_sums_table_int8(op, sums_table, sums)
+    layout = rt.layout_of(a, rt.layout_of(b, '4C1W'))
+    shape = [a.shape[0], a.shape[1] + b.shape[1], a.shape[2], a.shape[3]]
+    sums_channels = 0 if sums is None else sums.shape[1]
+    out_shape = [shape[0], sums_channels + shape[1], shape[2], shape[3]]
+    v = op.select(variant, storage, {})
+    a = stream.upload(a, v.binding("t_a"), op.label("a"), layout=layout)
+    b = stream.upload(b, v.binding("t_b"), op.label("b"), layout=layout)
+    table = stream.upload(table, v.binding("t_table"), op.label("table"))
+    sums = stream.upload(sums, v.binding("t_sums"), op.label("sums"))
+    sums_table = stream.upload(sums_table, v.binding("t_sums_table"), op.label("sums_table"))
+    concat = stream.empty(shape, torch.int8, v.binding("t_concat"), op.label("concat", "output"), layout=layout)
+    out = stream.empty(out_shape, torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
+    stream.dispatch(v, op.name, bindings={"t_concat": concat, "t_out": out, "t_a": a, "t_b": b, "t_table": table, "t_sums": sums, "t_sums_table": sums_table}, push={"sizes": [a.shape[3], a.shape[2], a.shape[1] + b.shape[1], a.shape[0]], "words": rt.packed_words(out), "a_channels": a.shape[1], "a_scale": a_scale, "a_zero_point": a_zero_point, "b_scale": b_scale, "b_zero_point": b_zero_point, "inv_output_scale": rt.fp32_recip(output_scale), "output_zero_point": output_zero_point, "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "HAS_SUMS": int(sums is not None)}, global_size=[rt.packed_words(out), 1, 1])
+    return concat, out
+
+
+def _q8ta_concat_channel_lut_fake(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point, table, sums=None, sums_table=None):
+    shape = [a.shape[0], a.shape[1] + b.shape[1], a.shape[2], a.shape[3]]
+    sums_channels = 0 if sums is None else sums.shape[1]
+    out_shape = [shape[0], sums_channels + shape[1], shape[2], shape[3]]
+    return (
+        torch.empty(shape, dtype=torch.int8, device=a.device),
+        torch.empty(out_shape, dtype=torch.int8, device=a.device),
+    )
+
+
+Q8TA_CONCAT_CHANNEL_LUT = rt.OpDef(
+    name="etvk.q8ta_concat_channel_lut.default",
+    family="q8ta_binary",
+    schema="q8ta_concat_channel_lut(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, Tensor table, Tensor? sums=None, Tensor? sums_table=None) -> (Tensor, Tensor)",
+    doc="(concat, out) = (q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point), q8ta_channel_lut(concat, table, sums, sums_table)) in one dispatch, bit-identical to the two ops: out[:, Cs + c] = table[c, concat[:, c] + 128] with one int8 [C_a + C_b, 256] table per channel of the concat, after Cs channels sums_table[c, S + 128 * K] of window sums S (K taps) where sums and sums_table are given (Cs = 0 without them; Cs a multiple of 4). a and b are read once and the concat is not read back. DenseNet's layer: the raw concat of the block's features (every scale 1, zero point 0), after the transition's pooled channels as window sums, and its batch norm, relu and quantize as tables. C_a need not be a multiple of 4. Both outputs take the concat's layout (layouts as for q8ta_add).",
+    spec="op_specs/q8ta_binary.yaml:268",
+    reference="runtime.reference.q8ta_binary:q8ta_concat_channel_lut",
+    variants=(
+        ("q8ta_concat_channel_lut", {}),
+    ),
+    record=q8ta_concat_channel_lut,
+    fake=_q8ta_concat_channel_lut_fake,
+)
+
+
 OPS = (
     Q8TA_ADD,
     Q8TA_MUL,
     Q8TA_CONCAT,
+    Q8TA_CONCAT_CHANNEL_LUT,
 )

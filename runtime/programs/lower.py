@@ -39,7 +39,8 @@ decoder's KV cache). The steps:
 6. what nothing reads is dropped; an RMSNorm or activation x up whose only
    reader is a per-token quantize fuses with it, a residual add with the
    fused RMSNorm that reads it, and an attention layer's rotary embeddings
-   of q and k with its two cache writes (lower_fusion.py); the checks the
+   of q and k with its two cache writes, and a per-channel table op with the
+   concat it reads, DenseNet's layers (lower_fusion.py); the checks the
    program's inputs need on the host are derived (input_checks.py).
 
 A decoder exported with a dynamic token count is lowered once per token
@@ -264,6 +265,7 @@ def _lower(program: Program) -> Program:
     program.remove_dead()
     lowering.refresh()
     lower_fusion.fuse_decoder_ops(lowering)
+    lower_fusion.fuse_concat_tables(lowering)
     # the checks the graph implies, and those a rewrite relied on (consecutive positions)
     program.input_checks = list(dict.fromkeys(derive_input_checks(program) + program.input_checks))
     program.op_schemas = {n.target: get_op(n.target).schema for n in program.nodes if n.is_etvk}

@@ -1,4 +1,4 @@
-"""Fusions of lowered ``etvk`` ops into one dispatch, after the decoder and torchao lowerings.
+"""Fusions of lowered ``etvk`` ops into one dispatch, after the decoder, torchao and CNN lowerings.
 
 An 8da4w decoder quantizes the input of each linear per token: the output of an RMSNorm
 (before q/k/v, before the MLP, before the lm_head) and of the MLP's activation x up (before
@@ -34,6 +34,28 @@ it), every argument is made before that place, no other node reads kc or vc at o
 and q and k share batch, token count and head dim, v has k's shape and the caches one shape
 (what the fused op checks beyond the four ops).
 
+In a CNN, ``fuse_concat_tables`` gives a ``q8ta_channel_lut`` that reads a ``q8ta_concat``'s
+output (DenseNet's layers: the raw concat of the block's features, which the next layer's
+concat reads too, and the layer's batch norm, relu and quantize as tables, lower_lut.py) the
+concat's dispatch:
+
+- ``etvk.q8ta_concat(a, ..., output_zero_point)`` -> c, ``etvk.q8ta_channel_lut(c, table)``
+  -> y into ``etvk.q8ta_concat_channel_lut(a, ..., output_zero_point, table)`` -> (c, y), at
+  the concat's place (the concat's other readers read c, the table op's readers y);
+
+- ``etvk.q8ta_concat(a, ...)`` -> c, ``etvk.q8ta_channel_lut(c, table, sums, sums_table)`` -> y
+  (DenseNet's layers after a transition: the pooled channels first, as window sums) into
+  ``etvk.q8ta_concat_channel_lut(a, ..., table, sums, sums_table)`` -> (c, y) likewise;
+
+where the table op has x and a constant table (made before any node), no layout argument (its
+output then takes x's layout, as both of the fused op's do), and window sums, if any, made
+before the concat, with a constant table and a multiple of 4 channels (the fused op's check:
+y's word c4 + Cs / 4 is c's word c4); the concat no keyword arguments, and c and y one layout.
+The fused op's table check, ``[C_a + C_b, 256]``, is the table op's ``[C_x, 256]``, its sums
+checks the table op's. It runs after the common calls are merged (lower_decoder.py:
+the growing cats of a dense block emit their earlier layers' concats again, and those merge
+with the earlier ones only while those are still plain concats).
+
 Each fused op is bit-exact against the ops it replaces on the device, and its argument checks
 are theirs (the quantize's input with a last dimension that is a multiple of 4 included; fp32
 checked here; rope_cache_update's extra ones checked here), so the rewrites change no result.
@@ -45,7 +67,7 @@ from __future__ import annotations
 
 import torch
 
-from runtime.programs.nodes import Node, Ref
+from runtime.programs.nodes import Const, Node, Ref
 from runtime.programs.rewrite import Rewriter, bind
 
 QUANTIZE = "etvk.quantize_affine_per_token_dynamic.default"
@@ -55,6 +77,8 @@ FUSED = {"etvk.rms_norm.default": "etvk.rms_norm_quantize.default",
 ADD_NORM = "etvk.add_rms_norm_quantize.default"
 ROPE, CACHE_UPDATE = "etvk.rope.default", "etvk.cache_update.default"
 ROPE_CACHE_UPDATE = "etvk.rope_cache_update.default"
+CHANNEL_LUT, CONCAT = "etvk.q8ta_channel_lut.default", "etvk.q8ta_concat.default"
+CONCAT_LUT = "etvk.q8ta_concat_channel_lut.default"
 # Reshapes (a view of the same buffer on the device); one to the shape its input has is the
 # same values.
 _VIEWS = ("aten.alias.default", "aten.view.default", "aten.reshape.default", "aten._unsafe_view.default")
@@ -188,3 +212,26 @@ def _read_after(rw: Rewriter, cache, place: Node, update: Node) -> bool:
     `place`: moved there, the write would no longer come after that read."""
     nodes = rw.program.nodes
     return any(nodes.index(n) >= nodes.index(place) for n in rw.users.get(cache.name, []) if n is not update)
+
+
+def fuse_concat_tables(rw: Rewriter) -> None:
+    """Every ``q8ta_concat -> q8ta_channel_lut`` the module docstring allows -> one
+    ``q8ta_concat_channel_lut`` at the concat's place."""
+    program = rw.program
+    for lut in [n for n in program.nodes if n.target == CHANNEL_LUT]:
+        b = bind(lut)
+        concat = rw.made_by(b["x"], CONCAT)
+        if concat is None or concat.kwargs or not isinstance(b["table"], Const) or b["layout"] is not None \
+                or program.values[concat.outputs[0]].layout != program.values[lut.outputs[0]].layout \
+                or (b["sums"] is not None and not _sums_fit(rw, b["sums"], b["sums_table"], concat)):
+            continue
+        sums = () if b["sums"] is None else (b["sums"], b["sums_table"])
+        program.nodes.remove(lut)
+        rw.replace(concat, Node(f"{concat.name}_channel_lut", CONCAT_LUT, (*concat.args, b["table"], *sums), {},
+                                (*concat.outputs, *lut.outputs)))
+
+
+def _sums_fit(rw: Rewriter, sums, sums_table, concat: Node) -> bool:
+    """Whether a table op's window sums can join `concat`'s dispatch: made before it, a constant
+    table, and a multiple of 4 channels (the fused op's word c4 + Cs / 4 is the concat's c4)."""
+    return isinstance(sums_table, Const) and _made_before(rw, sums, concat) and rw.shape(sums)[1] % 4 == 0

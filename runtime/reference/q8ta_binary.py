@@ -1,4 +1,5 @@
-"""Reference numerics of the q8ta_binary family: int8 add, mul and channel concat.
+"""Reference numerics of the q8ta_binary family: int8 add, mul and channel concat (also with
+the per-channel tables of q8ta_unary read from it, composed).
 
 Each op is PyTorch's decomposed path in fp32, step for step: every input is
 dequantized as ``quantized_decomposed.dequantize_per_tensor`` does
@@ -21,6 +22,7 @@ from __future__ import annotations
 import torch
 
 from runtime.families.conv2d import ACTIVATIONS, INT8_MAX, INT8_MIN
+from runtime.reference.q8ta_unary import q8ta_channel_lut
 from runtime.reference.quantize import dequantize_per_tensor, quantize_per_tensor
 
 
@@ -74,3 +76,16 @@ def q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale
     """
     y = torch.cat([_real(a, a_scale, a_zero_point), _real(b, b_scale, b_zero_point)], dim=1)
     return _requantize(y, output_scale, output_zero_point)
+
+
+def q8ta_concat_channel_lut(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale,
+                            output_zero_point, table, sums=None, sums_table=None):
+    """(`q8ta_concat`, ``q8ta_channel_lut`` of it through the int8 ``[C_a + C_b, 256]`` `table`,
+    after the window sums' Cs channels where `sums` and `sums_table` are given).
+
+    Returns:
+        int8 ``[N, C_a + C_b, H, W]`` and ``[N, Cs + C_a + C_b, H, W]`` tensors.
+    """
+    concat = q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale,
+                         output_zero_point)
+    return concat, q8ta_channel_lut(concat, table, sums, sums_table)

@@ -305,7 +305,8 @@ EXAMPLES = {
     "etvk.q8ta_channel_gather.default": examples_q8ta_gather.build,
     **{
         name: examples_q8ta_binary.build(name)
-        for name in ("etvk.q8ta_add.default", "etvk.q8ta_mul.default", "etvk.q8ta_concat.default")
+        for name in ("etvk.q8ta_add.default", "etvk.q8ta_mul.default", "etvk.q8ta_concat.default",
+                     "etvk.q8ta_concat_channel_lut.default")
     },
     **{
         name: build_conv2d(name)

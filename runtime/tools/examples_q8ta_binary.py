@@ -5,8 +5,10 @@ names the original, shrunk spatially so that it runs quickly on a CPU Vulkan
 driver) or one that stresses the packing and the numerics: channel counts and
 widths that are not multiples of 4, a concat whose first input ends inside a
 channel word, qparams whose products land on rounding ties, outputs that
-saturate, inputs that share the output's qparams. `binary_inputs` and
-`concat_inputs` build the arguments in schema order. Used by the tests
+saturate, inputs that share the output's qparams. `binary_inputs`,
+`concat_inputs` and `concat_channel_lut_inputs` (a concat case and a table
+per channel, optionally after window sums and their tables) build the
+arguments in schema order. Used by the tests
 (tests/ops) and, through runtime/tools/examples.py, the demo. Pure torch; no
 Vulkan.
 """
@@ -17,6 +19,8 @@ import zlib
 from dataclasses import dataclass
 
 import torch
+
+from runtime.tools.examples_q8ta_unary import window_sums_inputs
 
 
 @dataclass(frozen=True)
@@ -108,6 +112,8 @@ CONCAT_CASES = [
       real="16-byte quads in every layout (4C: C_a % 16 == 0, 4 channel words of b), padding channels"),
     C("concat_c6_c10_w8", 1, 6, 10, 2, 8, Q(0.03, -5), Q(0.045, 7), Q(0.05, 0),
       real="16-byte quads in 4C1W with b shifted by 2 channels, two quads a row"),
+    C("densenet_concat_c24_c8_batch2", 2, 24, 8, 3, 5, Q(0.047, -6), Q(0.052, 3), Q(0.05, -2),
+      real="8 channel words (tables read in tiles of 8 words in 4C), 30 pixels: a partial row of 6"),
 ]
 BINARY_BY_NAME = {case.name: case for case in BINARY_CASES}
 CONCAT_BY_NAME = {case.name: case for case in CONCAT_CASES}
@@ -142,11 +148,29 @@ def concat_inputs(case: ConcatCase, seed: int | None = None) -> tuple:
             case.out.scale, case.out.zero_point)
 
 
+def concat_channel_lut_inputs(case: ConcatCase, seed: int | None = None, raw: bool = False,
+                              sums_channels: int = 0, taps: int = 4) -> tuple:
+    """Arguments of ``etvk.q8ta_concat_channel_lut`` for ``case``, in schema order: those of
+    `concat_inputs` (every scale 1 and zero point 0 where `raw`: the lowering's byte copy), then
+    a random int8 ``[C_a + C_b, 256]`` table; with `sums_channels` Cs > 0 then window sums
+    ``[N, Cs, H, W]`` of `taps` values and their int8 table (`window_sums_inputs`)."""
+    args = list(concat_inputs(case, seed))
+    if raw:
+        args[1:3], args[4:8] = (1.0, 0), (1.0, 0, 1.0, 0)
+    gen = _generator(case.name + "/table", seed)
+    args.append(_int8(gen, (case.C_a + case.C_b, 256)))
+    if sums_channels:
+        args.extend(window_sums_inputs(gen, (case.N, sums_channels, case.H, case.W), taps, torch.int8))
+    return tuple(args)
+
+
 def build(op_name: str):
     """A builder for ``runtime.tools.examples.EXAMPLES``: the case of the op's table at
     index (the shape's last size mod the table's length), so a shape picks a case."""
     if op_name == "etvk.q8ta_concat.default":
         cases, make = CONCAT_CASES, concat_inputs
+    elif op_name == "etvk.q8ta_concat_channel_lut.default":
+        cases, make = CONCAT_CASES, concat_channel_lut_inputs
     else:
         kind = op_name.split(".")[1].removeprefix("q8ta_")
         cases, make = [c for c in BINARY_CASES if c.op == kind], binary_inputs

@@ -47,6 +47,7 @@ LUT_CASES = [
     L("lut_c4_w7", (1, 4, 1, 7), real="7 words in 4C and 4C1W: one 16-byte quad, then 3 words"),
     L("lut_c4_h3_w7", (1, 4, 3, 7), real="21 words in 4C and 4C1W: 5 quads, then 1 word"),
     L("lut_c6_h3_w7", (1, 6, 3, 7), real="42 words in 4C and 4C1W: 10 quads, then 2 words"),
+    L("densenet_table_c64_batch2", (2, 64, 3, 5), real="16 channel words (tables read in tiles of 8 words in 4C), 30 pixels: a partial row of 6"),
     L("mobilenetv3_classifier_hardswish", (1, 1024), real="MobileNetV3-Small classifier: linear -> hardswish (plain)"),
     L("plain_rows_odd", (3, 7), real="plain, the last word 1 value past the end"),
     L("plain_1d_5", (5,), real="plain 1-D, 3 bytes of the last word past the end"),
@@ -88,14 +89,22 @@ def channel_sums_inputs(case: LutCase, taps: int, dtype: torch.dtype) -> tuple[t
     """``sums`` and ``sums_table`` for the 4-D ``case``: window sums of `taps` int8 values for
     its first (C + 1) // 2 channels (uniform over -128 * taps .. 127 * taps, both ends first)
     and a random `dtype` table over them (int8, or fp32 values 0 .. 4)."""
-    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) + 3)
     n, c, h, w = case.shape
-    sums = torch.randint(-128 * taps, 127 * taps + 1, (n, (c + 1) // 2, h, w), generator=gen, dtype=torch.int32)
+    gen = torch.Generator().manual_seed(zlib.crc32(case.name.encode()) + 3)
+    return window_sums_inputs(gen, (n, (c + 1) // 2, h, w), taps, dtype)
+
+
+def window_sums_inputs(gen: torch.Generator, shape, taps: int,
+                       dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """int32 window sums of `shape` ``[N, Cs, H, W]`` over `taps` int8 values (uniform over
+    -128 * taps .. 127 * taps, both ends first) and a random `dtype` ``[Cs, 255 * taps + 1]``
+    table over them (int8, or fp32 values 0 .. 4), drawn from `gen`."""
+    sums = torch.randint(-128 * taps, 127 * taps + 1, tuple(shape), generator=gen, dtype=torch.int32)
     flat = sums.view(-1)
     flat[: min(2, flat.numel())] = torch.tensor([-128 * taps, 127 * taps], dtype=torch.int32)[: min(2, flat.numel())]
-    shape = ((c + 1) // 2, 255 * taps + 1)
-    table = torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8) if dtype == torch.int8 \
-        else torch.rand(shape, generator=gen) * 4
+    table_shape = (shape[1], 255 * taps + 1)
+    table = torch.randint(-128, 128, table_shape, generator=gen, dtype=torch.int8) if dtype == torch.int8 \
+        else torch.rand(table_shape, generator=gen) * 4
     return sums, table
 
 

@@ -185,7 +185,7 @@ def test_q8ta_binary_bench_times_the_tables_beside_the_one_word_kernels(tmp_path
     """The table ops' rows (DenseNet's channel_lut, EfficientNet's lut) in every layout, and with
     --one-word the one-word kernels' time and the quads / one-word ratio on every row."""
     result = _run([str(BENCHMARKS / "q8ta_binary_bench.py"), "--quick", "--one-word",
-                   "--only", "(lut .*|block concat 224\\+32 56) 2 "], "nvidia", tmp_path)
+                   "--only", "(channel_lut .*|efficientnet lut .*|block concat 224\\+32 56) 2 "], "nvidia", tmp_path)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     rows = [line.split() for line in result.stdout.splitlines() if line.startswith(("densenet", "efficientnet"))]
     names = {" ".join(row[:-9]) for row in rows}
@@ -196,3 +196,20 @@ def test_q8ta_binary_bench_times_the_tables_beside_the_one_word_kernels(tmp_path
     assert all(float(row[-1]) > 0 and float(row[-2]) > 0 for row in rows)  # quads / one word, its time
     records = [json.loads(line) for line in (tmp_path / "q8ta_binary.jsonl").read_text().splitlines()]
     assert sum(r.get("impl", "").endswith(" one word") for r in records) == len(rows)
+
+
+def test_q8ta_binary_bench_times_the_fused_concat_beside_the_two_ops(tmp_path):
+    """The fused concat + table rows, without and with the window sums, time q8ta_concat then
+    q8ta_channel_lut in the same run and print that pair's time and the ratio fused / pair, in
+    every layout."""
+    result = _run([str(BENCHMARKS / "q8ta_binary_bench.py"), "--quick", "--only",
+                   "concat_lut (64\\+32 56|128\\|32\\+32 28) 2 "], "nvidia", tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("densenet concat_lut")]
+    assert [row[2] for row in rows] == ["64+32", "64+32", "64+32", "128|32+32", "128|32+32", "128|32+32"]
+    assert [row[-8] for row in rows] == ["4W4C", "4C", "4C1W"] * 2
+    for row in rows:
+        fused, pair, ratio = float(row[-7]), float(row[-2]), float(row[-1])
+        assert fused > 0 and pair > 0 and abs(ratio - fused / pair) <= 0.01 + 0.01 * ratio
+    records = [json.loads(line) for line in (tmp_path / "q8ta_binary.jsonl").read_text().splitlines()]
+    assert sum(r.get("impl", "").endswith("concat + channel_lut") for r in records) == 6

@@ -142,9 +142,10 @@ def test_dense_layers_run_on_the_device_bit_exact(tmp_path):
     # the near miss only: its batch norm, relu and the cat it reads
     assert {t: n for t, n in targets.items() if t.startswith("aten.")} == {
         "aten.cat": 1, "aten.batch_norm": 1, "aten.relu": 1}, targets
-    assert targets["etvk.q8ta_channel_lut"] == 6 and targets["etvk.q8ta_channel_lut_mean"] == 2, targets
-    # the grown cat reuses the first one's concat; the pooled channels join no concat
-    assert targets["etvk.q8ta_concat"] == 3, targets
+    assert targets["etvk.q8ta_channel_lut"] == 4 and targets["etvk.q8ta_channel_lut_mean"] == 2, targets
+    # the grown cat reuses the first one's concat; the pooled channels join no concat; the second
+    # and third layers' tables share their concats' dispatches (the head's concat stays alone)
+    assert targets["etvk.q8ta_concat_channel_lut"] == 2 and targets["etvk.q8ta_concat"] == 1, targets
     # one avg pool for the padded pool's table, one for the pool's own quantize
     assert targets["etvk.q8ta_window_sum"] == 1 and targets["etvk.q8ta_avg_pool2d"] == 2, targets
     sums_tables = [n for n in program.nodes if n.target == "etvk.q8ta_channel_lut.default" and len(n.args) > 2]

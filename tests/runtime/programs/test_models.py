@@ -5,7 +5,9 @@ of two layers (32x32) with random weights and batch-norm statistics measured on 
 quantized with PT2E, and a Llama-style MLP with torchao's 8da4w linears: lowered (every residual add
 of the CNNs into a conv's epilogue), saved, loaded, run, bit-exact against their CPU reference runs
 and in agreement with PyTorch's (the DenseNet's logits equal to PyTorch's int8 graph's); DenseNet-121
-at 32x32 likewise, one input, at least 30 dB from PyTorch's int8 graph."""
+at 32x32 likewise, one input, at least 30 dB from PyTorch's int8 graph; a dense block's concats
+sharing their dispatches with the table ops that read them, after a transition with its window
+sums too (where they have a multiple of 4 channels)."""
 
 from __future__ import annotations
 
@@ -16,6 +18,7 @@ from torch import nn
 from torch.nn import functional as F
 
 import runtime
+from runtime.programs.nodes import Ref
 from runtime.tools.models import (
     quantize_pt2e,
     torchvision_model,
@@ -96,7 +99,8 @@ def test_agreement_with_pytorch(model_file, capsys):
 def test_densenet121_agrees_with_pytorch(tmp_path):
     """DenseNet-121 at 32x32 (random weights, statistics and PT2E as above): its three transition
     pools through tables over their window sums (no q8ta_avg_pool2d: the block concats hold the
-    layers' outputs alone), the device run bit-exact against the reference
+    layers' outputs alone), each table op over a concat (54 of 61, 48 with window sums) in the
+    concat's dispatch, the device run bit-exact against the reference
     and at least 30 dB SQNR from PyTorch's int8 graph (its logits equal there: 14.4 dB when the
     pools were rounded to int8)."""
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
@@ -109,6 +113,12 @@ def test_densenet121_agrees_with_pytorch(tmp_path):
     assert targets.count("etvk.q8ta_window_sum.default") == 3 and "etvk.q8ta_avg_pool2d.default" not in targets
     # each block after a transition: its first layer's table op reads the window sums alone
     assert len([n for n in program.nodes if n.target == "etvk.q8ta_channel_lut.default" and n.args[0] is None]) == 3
+    # every table op that reads a concat shares its dispatch: 6 in block 1 and the first
+    # transition, 48 with the window sums (blocks 2-4: 128, 256, 512 pooled channels)
+    fused = [n for n in program.nodes if n.target == "etvk.q8ta_concat_channel_lut.default"]
+    assert (len(fused), len([n for n in fused if len(n.args) > 9])) == (54, 48)
+    assert not any(program.producers()[n.args[0].name].target == "etvk.q8ta_concat.default"
+                   for n in program.nodes if n.target == "etvk.q8ta_channel_lut.default" and n.args[0] is not None)
     program.save(tmp_path / "densenet121.etvk")
     loaded = runtime.load(tmp_path / "densenet121.etvk")
     assert [r for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
@@ -150,3 +160,73 @@ def test_llama_mlp_with_8da4w_linears(tmp_path):
     assert sqnr_db(got, program.run_reference(x)) >= 80
     want = model(x)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6 * float(want.abs().max()))
+
+
+def test_a_dense_blocks_tables_share_their_concats_dispatches(tmp_path):
+    """torchvision's DenseNet with one dense block of three layers (no transition, so no window
+    sums): each layer after the first reads the cat of the block's features through its batch
+    norm and relu, which lower to a raw concat and a table op of it; each such pair becomes one
+    q8ta_concat_channel_lut (whose concat the next layer's reads), so no concat feeds a table op,
+    and the device run equals the reference bit for bit."""
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
+    torchvision_package()
+    from torchvision.models.densenet import DenseNet
+
+    torch.manual_seed(0)
+    shape = (2, 3, 24, 20)
+    model = with_batch_statistics(DenseNet(growth_rate=6, block_config=(3,), num_init_features=10, bn_size=2).eval(),
+                                  random_batches(2, (8, *shape[1:]), seed=3))
+    exported = quantize_pt2e(model, random_batches(1, shape)[0], random_batches(2, shape, seed=1))
+    program = runtime.lower(exported)
+    users = program.users()
+    fused = [n for n in program.nodes if n.target == "etvk.q8ta_concat_channel_lut.default"]
+    assert len(fused) == 2
+    assert [n.args[0] for n in fused[1:]] == [Ref(fused[0].outputs[0])]  # the next layer's concat reads it
+    for node in program.nodes:
+        if node.target == "etvk.q8ta_concat.default":  # the head's: read by the mean alone
+            assert [u.target for u in users[node.outputs[0]]] == ["etvk.q8ta_channel_lut_mean.default"]
+    program.save(tmp_path / "dense_block.etvk")
+    loaded = runtime.load(tmp_path / "dense_block.etvk")
+    assert [r for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+    for (x,) in random_batches(2, shape, seed=7):
+        assert torch.equal(loaded(x), program.run_reference(x))
+
+
+@pytest.mark.parametrize(("growth", "init", "fused_with_sums"), [(4, 8, 2), (3, 6, 0)],
+                         ids=["sums_8_channels", "sums_6_channels"])
+def test_tables_over_a_concat_and_window_sums_share_the_concats_dispatch(tmp_path, growth, init, fused_with_sums):
+    """torchvision's DenseNet with two dense blocks (2 and 4 layers) and a transition: the second
+    block's last two layers read the transition's pooled channels (window sums) and a concat of
+    the block's layers, through one table op each; with (8 + 2 * 4) / 2 = 8 pooled channels both
+    become q8ta_concat_channel_lut reading the sums (the second's concat reads the first's), and
+    with (6 + 2 * 3) / 2 = 6 neither does (the fused op needs a multiple of 4), while block 1's
+    second layer and the transition (tables over block 1's concat, no sums) fuse in both. The
+    device run equals the reference bit for bit."""
+    pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
+    torchvision_package()
+    from torchvision.models.densenet import DenseNet
+
+    torch.manual_seed(0)
+    shape = (2, 3, 24, 20)
+    model = with_batch_statistics(DenseNet(growth_rate=growth, block_config=(2, 4), num_init_features=init,
+                                           bn_size=2).eval(), random_batches(2, (8, *shape[1:]), seed=3))
+    exported = quantize_pt2e(model, random_batches(1, shape)[0], random_batches(2, shape, seed=1))
+    program = runtime.lower(exported)
+    fused = [n for n in program.nodes if n.target == "etvk.q8ta_concat_channel_lut.default"]
+    with_sums = [n for n in fused if len(n.args) > 9]
+    assert (len(fused), len(with_sums)) == (2 + fused_with_sums, fused_with_sums)
+    sums = [n for n in program.nodes if n.target == "etvk.q8ta_window_sum.default"]
+    assert len(sums) == 1
+    for node in with_sums:
+        assert node.args[9] == Ref(sums[0].outputs[0])
+    if with_sums:
+        assert with_sums[1].args[0] == Ref(with_sums[0].outputs[0])  # the next layer's concat reads it
+    luts = [n for n in program.nodes if n.target == "etvk.q8ta_channel_lut.default"]
+    # block 1's first layer, block 2's over the sums alone and over the sums and its first layer's
+    # output (no concat), and the sums forms left unfused
+    assert len(luts) == 3 + (2 - fused_with_sums), [n.name for n in luts]
+    program.save(tmp_path / "dense_transition.etvk")
+    loaded = runtime.load(tmp_path / "dense_transition.etvk")
+    assert [r for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+    for (x,) in random_batches(2, shape, seed=7):
+        assert torch.equal(loaded(x), program.run_reference(x))
