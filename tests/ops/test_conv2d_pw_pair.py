@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conv_testlib import assert_bit_exact, packed_bytes, random_lut
+from conv_testlib import assert_bit_exact, packed_bytes
 
 import runtime
-from runtime.families.conv2d import weight_sums
 from runtime.reference import conv2d as ref
+from runtime.tools.examples_conv2d import make_pw_pair, pw_pair_convs
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 from runtime.vulkan.stream import Stream
 from runtime.vulkan.tensor import Tensor
@@ -29,47 +29,14 @@ CONV = "etvk.q8ta_conv2d.default"
 SHAPES = [(32, 8, 32, 1), (30, 7, 13, 3), (1152, 48, 1152, 1), (10, 5, 1030, 3)]
 
 
-def _conv_args(generator, c_in: int, c_out: int, bias: bool, activation: str, lut) -> dict:
-    weights = torch.randint(-127, 128, (c_out, c_in, 1, 1), generator=generator, dtype=torch.int8)
-    return {"weights": weights, "weight_sums": weight_sums(weights),
-            "weight_scales": torch.rand(c_out, generator=generator) * 0.02 + 0.001,
-            "bias": torch.randn(c_out, generator=generator) if bias else None,
-            "activation": activation, "activation_min": -1.0, "activation_max": 2.5, "lut": lut}
-
-
-def make_pair(shape, seed: int, bias=(True, False), activations=("relu", "none"), luts=(None, None)):
-    """(x, the pair op's arguments after x by name)."""
-    c_in, c_mid, c_out, n = shape
-    generator = torch.Generator().manual_seed(seed)
-    x = torch.randint(-128, 128, (n, c_in, 1, 1), generator=generator, dtype=torch.int8)
-    first = _conv_args(generator, c_in, c_mid, bias[0], activations[0], luts[0])
-    second = _conv_args(generator, c_mid, c_out, bias[1], activations[1], luts[1])
-    args = {"input_scale": 0.05, "input_zero_point": -3, **first,
-            "mid_scale": 0.9 + c_in / 64, "mid_zero_point": 5, "input_scale2": 0.03 + c_mid / 500,
-            "input_zero_point2": -11,
-            **{f"{name}2" if not name.startswith("activation") else name.replace("activation", "activation2"): v
-               for name, v in second.items()},
-            "output_scale": 0.7 + c_mid / 8, "output_zero_point": -9}
-    return x, args
-
-
-def _convs(args: dict) -> tuple[dict, dict]:
-    """The two q8ta_conv2d calls' keyword arguments (after x) of the pair's arguments."""
-    def conv(suffix, scale, zero_point, out_scale, out_zero_point):
-        activation = f"activation{suffix}"
-        return {"input_scale": scale, "input_zero_point": zero_point, "weights": args[f"weights{suffix}"],
-                "weight_sums": args[f"weight_sums{suffix}"], "weight_scales": args[f"weight_scales{suffix}"],
-                "output_scale": out_scale, "output_zero_point": out_zero_point, "bias": args[f"bias{suffix}"],
-                "kernel_size": [1, 1], "stride": [1, 1], "padding": [0, 0], "dilation": [1, 1], "groups": 1,
-                "activation": args[activation], "activation_min": args[f"{activation}_min"],
-                "activation_max": args[f"{activation}_max"], "lut": args[f"lut{suffix}"]}
-    return (conv("", args["input_scale"], args["input_zero_point"], args["mid_scale"], args["mid_zero_point"]),
-            conv("2", args["input_scale2"], args["input_zero_point2"], args["output_scale"], args["output_zero_point"]))
+def make_pair(shape, seed: int, bias=(True, False), activations=("relu", "none"), luts=(False, False)):
+    """(x, the pair op's arguments after x by name) of a (C_in, C_mid, C_out, N) shape."""
+    return make_pw_pair(*shape, seed, bias=bias, activations=activations, luts=luts)
 
 
 def test_reference_is_two_convs():
-    x, args = make_pair((30, 7, 13, 3), 1, luts=(random_lut(1), None))
-    first, second = _convs(args)
+    x, args = make_pair((30, 7, 13, 3), 1, luts=(True, False))
+    first, second = pw_pair_convs(args)
     want = ref.q8ta_conv2d(ref.q8ta_conv2d(x, **first), **second)
     assert_bit_exact(ref.q8ta_conv2d_pw_pair(x, **args), want, "reference")
 
@@ -96,11 +63,10 @@ def test_pair_matches_two_convs_bit_exact(options, shape, layout, variant, dispa
     """One dispatch gives the reference's values and the bytes of two q8ta_conv2d calls."""
     options = dict(options)
     which = options.pop("luts", None)
-    luts = {None: (None, None), "first": (random_lut(2), None), "second": (None, random_lut(3)),
-            "both": (random_lut(4), random_lut(5))}[which]
+    luts = {None: (False, False), "first": (True, False), "second": (False, True), "both": (True, True)}[which]
     x, args = make_pair(shape, sum(shape), luts=luts, **options)
     want = ref.q8ta_conv2d_pw_pair(x, **args)
-    first, second = _convs(args)
+    first, second = pw_pair_convs(args)
     what = f"{variant} {layout} {shape} {options} {which}"
     with Stream() as stream:
         device_x = Tensor.from_torch(x, layout=layout)
