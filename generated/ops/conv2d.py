@@ -238,9 +238,34 @@ def _check_pair_weights2_pointwise(op, weights2, weights):
         raise rt.ArgumentError(op, "weights2", f"must be a host (torch) int8 [C_out, C_mid={weights.shape[0]}, 1, 1] tensor (a 1x1 kernel, groups 1, reading conv1's output), got {weights2.dtype} of shape {tuple(weights2.shape)}")
 
 
-def _check_pair_channel_values_host(op, weight_sums, weight_scales, weight_sums2, weight_scales2, bias, bias2):
-    if not (rt.on_host(weight_sums) and rt.on_host(weight_scales) and rt.on_host(weight_sums2) and rt.on_host(weight_scales2) and (bias is None or rt.on_host(bias)) and (bias2 is None or rt.on_host(bias2))):
-        raise rt.ArgumentError(op, "weight_sums", "and weight_scales, bias, weight_sums2, weight_scales2, bias2 must be host (torch) tensors, since the pair prepacks them into one vector per kind")
+def _check_pair_weight_sums_host(op, weight_sums):
+    if not (rt.on_host(weight_sums)):
+        raise rt.ArgumentError(op, "weight_sums", "must be a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_weight_scales_host(op, weight_scales):
+    if not (rt.on_host(weight_scales)):
+        raise rt.ArgumentError(op, "weight_scales", "must be a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_bias_host(op, bias):
+    if not (bias is None or rt.on_host(bias)):
+        raise rt.ArgumentError(op, "bias", "must be None or a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_weight_sums2_host(op, weight_sums2):
+    if not (rt.on_host(weight_sums2)):
+        raise rt.ArgumentError(op, "weight_sums2", "must be a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_weight_scales2_host(op, weight_scales2):
+    if not (rt.on_host(weight_scales2)):
+        raise rt.ArgumentError(op, "weight_scales2", "must be a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_bias2_host(op, bias2):
+    if not (bias2 is None or rt.on_host(bias2)):
+        raise rt.ArgumentError(op, "bias2", "must be None or a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
 
 
 def _check_pair_weight_sums2_per_channel(op, weight_sums2, weights2):
@@ -326,7 +351,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:649",
+    spec="op_specs/conv2d.yaml:669",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -373,7 +398,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:672",
+    spec="op_specs/conv2d.yaml:692",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_buffer_float", {"STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -478,7 +503,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs groups == 1 or C_in / groups % 4 == 0 (one group of any C_in reads its padding channels, times zero weights). A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:696",
+    spec="op_specs/conv2d.yaml:716",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -583,7 +608,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:755",
+    spec="op_specs/conv2d.yaml:775",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -689,7 +714,7 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:795",
+    spec="op_specs/conv2d.yaml:815",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -801,7 +826,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:864",
+    spec="op_specs/conv2d.yaml:884",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -904,7 +929,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:931",
+    spec="op_specs/conv2d.yaml:951",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -1001,7 +1026,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:970",
+    spec="op_specs/conv2d.yaml:990",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -1046,7 +1071,12 @@ def q8ta_conv2d_pw_pair(stream, x, input_scale, input_zero_point, weights, weigh
     _check_pair_weights_pointwise(op, weights, x)
     _check_pair_mid_channels(op, weights)
     _check_pair_weights2_pointwise(op, weights2, weights)
-    _check_pair_channel_values_host(op, weight_sums, weight_scales, weight_sums2, weight_scales2, bias, bias2)
+    _check_pair_weight_sums_host(op, weight_sums)
+    _check_pair_weight_scales_host(op, weight_scales)
+    _check_pair_bias_host(op, bias)
+    _check_pair_weight_sums2_host(op, weight_sums2)
+    _check_pair_weight_scales2_host(op, weight_scales2)
+    _check_pair_bias2_host(op, bias2)
     _check_weight_sums_per_channel(op, weight_sums, weights)
     _check_weight_scales_per_channel(op, weight_scales, weights)
     _check_bias_per_channel(op, bias, weights)
@@ -1102,7 +1132,7 @@ Q8TA_CONV2D_PW_PAIR = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_pair(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, Tensor? bias, str activation, float activation_min, float activation_max, Tensor? lut, float mid_scale, int mid_zero_point, float input_scale2, int input_zero_point2, Tensor weights2, Tensor weight_sums2, Tensor weight_scales2, Tensor? bias2, str activation2, float activation2_min, float activation2_max, Tensor? lut2, float output_scale, int output_zero_point) -> Tensor",
     doc="Two int8 1x1 convs (stride 1, padding 0, groups 1) on a 1x1 map in one dispatch, conv2 reading conv1's int8 output [N, C_mid, 1, 1], which stays in shared memory: the bits of m = q8ta_conv2d(x, input_scale, input_zero_point, ..., mid_scale, mid_zero_point, ...) then q8ta_conv2d(m, input_scale2, input_zero_point2, ...) with conv2's arguments (each with its activation and optional `lut`, no residual; a table's output has qparams of its own, hence conv2's input qparams). The squeeze-and-excite gate's two convs (lower_conv_pair.py). A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:1010",
+    spec="op_specs/conv2d.yaml:1030",
     reference="runtime.reference.conv2d:q8ta_conv2d_pw_pair",
     variants=(
         ("q8ta_conv2d_pw_pair_sdot", {"DOT": "sdot"}),
@@ -1189,7 +1219,7 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it). Every conv op takes an optional `residual` (int8, the output's shape and layout) with its qparams and the add's; the epilogue then adds it to the conv's int8 output exactly as q8ta_add would, relu after it with add_activation \"relu\" (docs/int8_cnn_ops.md); or an optional `lut` (int8 [256]) that replaces each int8 output value q by lut[q + 128], as q8ta_lut would (not both).",
-    spec="op_specs/conv2d.yaml:1042",
+    spec="op_specs/conv2d.yaml:1062",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),

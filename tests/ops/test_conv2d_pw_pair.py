@@ -99,11 +99,12 @@ BAD = [
     ("activation2", lambda x, a: (x, {**a, "activation2": "gelu"}), "must be one of"),
     ("activation2_max", lambda x, a: (x, {**a, "activation2": "hardtanh", "activation2_max": -5.0}), ">= activation2_min"),
     ("lut2", lambda x, a: (x, {**a, "lut2": torch.zeros(255, dtype=torch.int8)}), "int8 [256]"),
-    ("weight_sums", lambda x, a: (x, {**a, "weight_scales2": Tensor.from_torch(a["weight_scales2"])}), "host (torch)"),
+    ("weight_scales2", lambda x, a: (x, {**a, "weight_scales2": Tensor.from_torch(a["weight_scales2"])}), "host (torch)"),
+    ("bias", lambda x, a: (x, {**a, "bias": Tensor.from_torch(a["bias"])}), "host (torch)"),
 ]
 
 
-@pytest.mark.parametrize(("arg", "change", "text"), BAD, ids=[b[0] for b in BAD])
+@pytest.mark.parametrize(("arg", "change", "text"), BAD, ids=[f"{b[0]}-{b[2]}" for b in BAD])
 def test_bad_arguments_name_the_op_and_argument(arg, change, text):
     x, args = change(*make_pair((32, 8, 32, 1), 7))
     with pytest.raises((ValueError, TypeError)) as info:
