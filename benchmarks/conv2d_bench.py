@@ -26,6 +26,13 @@ the start of the run. The cuDNN side is warmed the same
 way and timed per call with CUDA events, queued behind a GPU spin so that
 host launch overhead does not leak into the kernel times.
 
+Then EfficientNet-B0's 16 squeeze-and-excite gates (``effnet se pair`` rows): each gate's
+``etvk.q8ta_conv2d_pw_pair`` (one dispatch) against its two ``etvk.q8ta_conv2d`` calls in
+sequence (x uploaded in 4C, a table on each conv as EfficientNet's silu and sigmoid), per
+distinct shape and summed over the 16 gates, with the ratio, in the same run. Both columns
+are sums of dispatch timestamps: the gap between the two convs' dependent dispatches (launch
+and barrier, ~2.5 us each in a recorded program) is not in them; program_bench.py shows it.
+
 Usage: ``python benchmarks/conv2d_bench.py [--quick] [--repeats R] [--batches 1,32] [--only REGEX]``
 (``--quick``: tiny spatial sizes, batch 1 and 2, short warm-up; runs on lavapipe.) The stems
 (3 input channels) alone: ``--only stem``.
@@ -51,7 +58,13 @@ from timing import cuda_copy_seconds, drop_validation, open_device, time_cuda, w
 
 import runtime  # noqa: E402
 from runtime.ops.stub_support import conv2d_algorithm, coop_gemm_kernels  # noqa: E402
-from runtime.tools.examples_conv2d import Conv2dCase, make_inputs  # noqa: E402
+from runtime.tools.examples_conv2d import (  # noqa: E402
+    SE_PAIRS,
+    Conv2dCase,
+    make_inputs,
+    make_pw_pair,
+    pw_pair_convs,
+)
 from runtime.vulkan.stream import Stream  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
 
@@ -259,6 +272,49 @@ def bench_shape(case: Conv2dCase, s: Settings, only: re.Pattern, results: dict,
               f"{fmt(tops(case.macs, cudnn), '.3g', 8)} {fmt(ratio, '.2f', 11)}  {note}", flush=True)
 
 
+class _Calls:
+    """`time_ours`'s op: ``record(stream, x)`` records one call of `record`."""
+
+    def __init__(self, record):
+        self.record = record
+
+
+def bench_se_pairs(batch: int, s: Settings, only: re.Pattern, record: Results) -> None:
+    """The ``effnet se pair`` rows of the module docstring at `batch`."""
+    counts = {shape: SE_PAIRS.count(shape) for shape in SE_PAIRS}
+    names = {shape: f"effnet se pair {shape[0]}->{shape[1]}->{shape[0]}" for shape in counts}
+    chosen = [shape for shape in counts if only.search(names[shape])]
+    if not chosen:
+        return
+    print(f"\n== EfficientNet-B0 squeeze-and-excite gates, batch {batch}: q8ta_conv2d_pw_pair vs two "
+          f"q8ta_conv2d (GPU us per call, dispatch timestamps) ==")
+    print(f"{'gate':<34} {'count':>5} {'pair':>10} {'two convs':>10} {'pair/two':>9}  variants")
+    pair_op, conv = runtime.get_op("etvk.q8ta_conv2d_pw_pair.default"), runtime.get_op("etvk.q8ta_conv2d.default")
+    totals = [0.0, 0.0]
+    for (c, c_mid) in chosen:
+        x, args = make_pw_pair(c, c_mid, c, batch, seed=c, activations=("none", "none"), luts=(True, True))
+        first, second = pw_pair_convs(args)
+        device_x = Tensor.from_torch(x, layout="4C", label=f"{names[(c, c_mid)]} x")
+        pair = _Calls(lambda stream, x, args=args: pair_op.record(stream, x, **args))
+        two = _Calls(lambda stream, x, first=first, second=second:
+                     conv.record(stream, conv.record(stream, x, **first), **second))
+        measured = [time_ours(op, (device_x,), batch * c, s) for op in (pair, two)]
+        if None in measured:
+            print("device has no timestamp queries: nothing to time")
+            sys.exit(1)
+        (pair_s, _, pair_variants), (two_s, _, two_variants) = measured
+        macs = 2 * batch * c * c_mid
+        for label, seconds in (("etvk pw pair", pair_s), ("etvk two q8ta_conv2d", two_s)):
+            record.kernel("conv2d", f"{names[(c, c_mid)]} b{batch}", label, seconds, ops=2 * macs)
+        totals[0] += counts[(c, c_mid)] * pair_s
+        totals[1] += counts[(c, c_mid)] * two_s
+        print(f"{names[(c, c_mid)]:<34} {counts[(c, c_mid)]:>5} {pair_s * 1e6:>10.2f} {two_s * 1e6:>10.2f} "
+              f"{pair_s / two_s:>9.2f}  {pair_variants[0]}; {', '.join(two_variants)}", flush=True)
+    gates = sum(counts[shape] for shape in chosen)
+    print(f"{f'all {gates} gates':<34} {'':>5} {totals[0] * 1e6:>10.2f} {totals[1] * 1e6:>10.2f} "
+          f"{totals[0] / totals[1]:>9.2f}", flush=True)
+
+
 def summary(cases: list[Conv2dCase], results: dict) -> None:
     print("\n== im2col vs direct, non-grouped shapes with C_in >= 32 (GPU time per call) ==")
     wins = total = 0
@@ -322,6 +378,8 @@ def main() -> int:
             case = shrink(shape, batch, options.quick)
             cases.append(case)
             bench_shape(case, s, only, results, record)
+    for batch in batches:
+        bench_se_pairs(batch, s, only, record)
     summary(cases, results)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0

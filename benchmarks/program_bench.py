@@ -89,12 +89,13 @@ def _torch_baselines(name: str, shape, repeat: int, warmup: float, modes) -> dic
 
 
 # Ops whose work is counted in multiply-adds (TOPS); the others move bytes (GB/s).
-_MAC_OPS = ("etvk.q8ta_conv2d.default", "etvk.q8ta_linear.default")
+_MAC_OPS = ("etvk.q8ta_conv2d.default", "etvk.q8ta_conv2d_pw_pair.default", "etvk.q8ta_linear.default")
 
 
 def _work(program, node) -> tuple[int, int]:
     """(multiply-adds, bytes read and written once) of `node`: a conv's from its output, its
-    input channels per group and its kernel; a linear's from its output and input rows."""
+    input channels per group and its kernel; a pointwise pair's, its two 1x1 convs'; a
+    linear's from its output and input rows."""
     def nbytes(name, table):  # a ValueSpec or a constant tensor
         return table[name].dtype.itemsize * int(torch.Size(table[name].shape).numel())
     moved = sum(nbytes(a.name, program.values) for a in walk_args(node.args) if isinstance(a, Ref))
@@ -104,6 +105,9 @@ def _work(program, node) -> tuple[int, int]:
     if node.target == "etvk.q8ta_conv2d.default":
         c_in, (kh, kw), groups = program.values[node.args[0].name].shape[1], node.args[9], node.args[13]
         return int(torch.Size(out).numel()) * c_in // groups * kh * kw, moved
+    if node.target == "etvk.q8ta_conv2d_pw_pair.default":
+        n, c_in = program.values[node.args[0].name].shape[:2]
+        return n * program.constants[node.args[3].name].shape[0] * (c_in + out[1]), moved
     if node.target == "etvk.q8ta_linear.default":
         return int(torch.Size(out).numel()) * program.values[node.args[0].name].shape[1], moved
     return 0, moved

@@ -218,6 +218,111 @@ def _check_depthwise_groups(op, groups, x, weights):
         raise rt.ArgumentError(op, "groups", f"the depthwise conv needs groups == C_in == C_out, got groups={groups}, C_in={x.shape[1]}, C_out={weights.shape[0]}")
 
 
+def _check_pair_x_map(op, x):
+    if not (tuple(x.shape[2:]) == (1, 1)):
+        raise rt.ArgumentError(op, "x", f"must be a 1x1 map [N, C_in, 1, 1], got shape {tuple(x.shape)}")
+
+
+def _check_pair_weights_pointwise(op, weights, x):
+    if not (tuple(weights.shape[1:]) == (x.shape[1], 1, 1)):
+        raise rt.ArgumentError(op, "weights", f"must be [C_mid, C_in={x.shape[1]}, 1, 1] (a 1x1 kernel, groups 1), got {tuple(weights.shape)}")
+
+
+def _check_pair_mid_channels(op, weights):
+    if not (weights.shape[0] <= 4096):
+        raise rt.ArgumentError(op, "weights", f"has C_mid={weights.shape[0]} output channels; the pair keeps them in shared memory, at most 4096")
+
+
+def _check_pair_weights2_pointwise(op, weights2, weights):
+    if not (rt.on_host(weights2) and weights2.dtype == torch.int8 and (weights2.dim() == 4) and (tuple(weights2.shape[1:]) == (weights.shape[0], 1, 1))):
+        raise rt.ArgumentError(op, "weights2", f"must be a host (torch) int8 [C_out, C_mid={weights.shape[0]}, 1, 1] tensor (a 1x1 kernel, groups 1, reading conv1's output), got {weights2.dtype} of shape {tuple(weights2.shape)}")
+
+
+def _check_pair_weight_sums_host(op, weight_sums):
+    if not (rt.on_host(weight_sums)):
+        raise rt.ArgumentError(op, "weight_sums", "must be a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_weight_scales_host(op, weight_scales):
+    if not (rt.on_host(weight_scales)):
+        raise rt.ArgumentError(op, "weight_scales", "must be a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_bias_host(op, bias):
+    if not (bias is None or rt.on_host(bias)):
+        raise rt.ArgumentError(op, "bias", "must be None or a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_weight_sums2_host(op, weight_sums2):
+    if not (rt.on_host(weight_sums2)):
+        raise rt.ArgumentError(op, "weight_sums2", "must be a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_weight_scales2_host(op, weight_scales2):
+    if not (rt.on_host(weight_scales2)):
+        raise rt.ArgumentError(op, "weight_scales2", "must be a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_bias2_host(op, bias2):
+    if not (bias2 is None or rt.on_host(bias2)):
+        raise rt.ArgumentError(op, "bias2", "must be None or a host (torch) tensor, since the pair prepacks both convs' per-channel values into one vector of each kind; got a device tensor")
+
+
+def _check_pair_weight_sums2_per_channel(op, weight_sums2, weights2):
+    if not (rt.numel(weight_sums2) == weights2.shape[0] and rt.fits_int32(weight_sums2)):
+        raise rt.ArgumentError(op, "weight_sums2", f"must hold one int32 value per output channel ({weights2.shape[0]}), got {weight_sums2.dtype} of shape {tuple(weight_sums2.shape)}")
+
+
+def _check_pair_weight_scales2_per_channel(op, weight_scales2, weights2):
+    if not (weight_scales2.dtype.is_floating_point and rt.numel(weight_scales2) == weights2.shape[0] and rt.positive_fp32(weight_scales2)):
+        raise rt.ArgumentError(op, "weight_scales2", f"must hold one finite fp32 value > 0 per output channel ({weights2.shape[0]}), got {weight_scales2.dtype} of shape {tuple(weight_scales2.shape)}")
+
+
+def _check_pair_bias2_per_channel(op, bias2, weights2):
+    if not (bias2 is None or (bias2.dtype.is_floating_point and rt.numel(bias2) == weights2.shape[0])):
+        raise rt.ArgumentError(op, "bias2", f"must be None or hold one float value per output channel ({weights2.shape[0]}), got {bias2.dtype} of shape {tuple(bias2.shape)}")
+
+
+def _check_pair_mid_scale_positive(op, mid_scale):
+    if not (math.isfinite(mid_scale) and mid_scale > 0):
+        raise rt.ArgumentError(op, "mid_scale", f"must be a finite number > 0, got {mid_scale}")
+
+
+def _check_pair_mid_zero_point_int8(op, mid_zero_point):
+    if not (-128 <= mid_zero_point <= 127):
+        raise rt.ArgumentError(op, "mid_zero_point", f"must be within int8 [-128, 127], got {mid_zero_point}")
+
+
+def _check_pair_input_scale2_positive(op, input_scale2):
+    if not (math.isfinite(input_scale2) and input_scale2 > 0):
+        raise rt.ArgumentError(op, "input_scale2", f"must be a finite number > 0, got {input_scale2}")
+
+
+def _check_pair_input_zero_point2_int8(op, input_zero_point2):
+    if not (-128 <= input_zero_point2 <= 127):
+        raise rt.ArgumentError(op, "input_zero_point2", f"must be within int8 [-128, 127], got {input_zero_point2}")
+
+
+def _check_pair_activation2_known(op, activation2):
+    if activation2 not in ('none', 'relu', 'hardtanh', 'hardswish'):
+        raise rt.ArgumentError(op, "activation2", f"must be one of 'none', 'relu', 'hardtanh', 'hardswish', got {activation2!r}")
+
+
+def _check_pair_activation2_min_finite(op, activation2_min, activation2):
+    if not (activation2 != 'hardtanh' or math.isfinite(rt.fp32(activation2_min))):
+        raise rt.ArgumentError(op, "activation2_min", f"must be a finite fp32 number for hardtanh, got {activation2_min}")
+
+
+def _check_pair_activation2_max_bounds(op, activation2_max, activation2, activation2_min):
+    if not (activation2 != 'hardtanh' or (math.isfinite(rt.fp32(activation2_max)) and activation2_min <= activation2_max)):
+        raise rt.ArgumentError(op, "activation2_max", f"must be a finite fp32 number >= activation2_min={activation2_min} for hardtanh, got {activation2_max}")
+
+
+def _check_pair_lut2_256_int8(op, lut2):
+    if not (lut2 is None or (lut2.dtype == torch.int8 and tuple(lut2.shape) == (256,) and (rt.on_host(lut2) or (lut2.storage == 'buffer' and (not lut2.packed))))):
+        raise rt.ArgumentError(op, "lut2", f"must be None or an int8 [256] tensor (on the device: a plain buffer), the output for each int8 value -128 .. 127 in order, got {lut2.dtype} of shape {tuple(lut2.shape)}")
+
+
 def q8ta_quantize(stream, input, scale, zero_point, layout=None, *, variant=None, storage=None):
     """Record etvk.q8ta_quantize.default into `stream`; returns device tensors."""
     op = Q8TA_QUANTIZE
@@ -246,7 +351,7 @@ Q8TA_QUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_quantize(Tensor input, float scale, int zero_point, str? layout=None) -> Tensor",
     doc="fp [N, C, H, W] -> packed int8 in `layout` (default 4C1W), q = clamp(roundEven(x * inv_scale) + zero_point, -128, 127).",
-    spec="op_specs/conv2d.yaml:546",
+    spec="op_specs/conv2d.yaml:669",
     reference="runtime.reference.conv2d:q8ta_quantize",
     variants=(
         ("q8ta_quantize_buffer_float", {"STORAGE": "buffer", "IN_DTYPE": "float32"}),
@@ -293,7 +398,7 @@ Q8TA_DEQUANTIZE = rt.OpDef(
     family="conv2d",
     schema="q8ta_dequantize(Tensor input, float scale, int zero_point, str? layout=None, *, ScalarType? out_dtype=None) -> Tensor",
     doc="packed int8 -> fp, x = float(q - zero_point) * scale; a device input keeps its layout, a host one is packed in `layout` (default 4C1W).",
-    spec="op_specs/conv2d.yaml:569",
+    spec="op_specs/conv2d.yaml:692",
     reference="runtime.reference.conv2d:q8ta_dequantize",
     variants=(
         ("q8ta_dequantize_buffer_float", {"STORAGE": "buffer", "OUT_DTYPE": "float32"}),
@@ -398,7 +503,7 @@ Q8TA_CONV2D_IM2COL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d by im2col into a 4W4C scratch and the pointwise GEMM; needs groups == 1 or C_in / groups % 4 == 0 (one group of any C_in reads its padding channels, times zero weights). A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:593",
+    spec="op_specs/conv2d.yaml:716",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_im2col_any_layout", {"INPUT": "any_layout"}),
@@ -503,7 +608,7 @@ Q8TA_CONV2D_PW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 1x1 conv (stride 1, padding 0) straight through the pointwise GEMM. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:652",
+    spec="op_specs/conv2d.yaml:775",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_sdot", {"DOT": "sdot"}),
@@ -609,7 +714,7 @@ Q8TA_CONV2D_IM2COL_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_im2col_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="The im2col conv on the cooperative-matrix GEMM, with the im2col implicit (q8ta_gemm_coop_im2col gathers the taps from the input; no im2col scratch; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1, H + 2 * pad_y and W + 2 * pad_x < 32768, and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:692",
+    spec="op_specs/conv2d.yaml:815",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_im2col_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -721,7 +826,7 @@ Q8TA_CONV2D_PW_COOP = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_coop(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="q8ta_conv2d_pw with the cooperative-matrix GEMM (q8ta_gemm_coop; K split over K_SPLITS ranges where few tiles would leave the GPU idle); needs groups == 1 and a device with coopmat_s8_16x16x32_sg32. A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:761",
+    spec="op_specs/conv2d.yaml:884",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -824,7 +929,7 @@ Q8TA_CONV2D_GENERAL = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_general(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Direct int8 conv2d for any groups, OUT_W output widths x 4 output channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:828",
+    spec="op_specs/conv2d.yaml:951",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_direct_sdot", {"DOT": "sdot"}),
@@ -921,7 +1026,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:867",
+    spec="op_specs/conv2d.yaml:990",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -929,6 +1034,112 @@ Q8TA_CONV2D_DW = rt.OpDef(
     ),
     record=q8ta_conv2d_dw,
     fake=_q8ta_conv2d_dw_fake,
+)
+
+
+def q8ta_conv2d_pw_pair(stream, x, input_scale, input_zero_point, weights, weight_sums, weight_scales, bias, activation, activation_min, activation_max, lut, mid_scale, mid_zero_point, input_scale2, input_zero_point2, weights2, weight_sums2, weight_scales2, bias2, activation2, activation2_min, activation2_max, lut2, output_scale, output_zero_point, *, variant=None, storage=None):
+    """Record etvk.q8ta_conv2d_pw_pair.default into `stream`; returns device tensors."""
+    op = Q8TA_CONV2D_PW_PAIR
+    rt.check_arg(op, "x", x, "Tensor")
+    rt.check_arg(op, "input_scale", input_scale, "float")
+    rt.check_arg(op, "input_zero_point", input_zero_point, "int")
+    rt.check_arg(op, "weights", weights, "Tensor")
+    rt.check_arg(op, "weight_sums", weight_sums, "Tensor")
+    rt.check_arg(op, "weight_scales", weight_scales, "Tensor")
+    rt.check_arg(op, "bias", bias, "Tensor?")
+    rt.check_arg(op, "activation", activation, "str")
+    rt.check_arg(op, "activation_min", activation_min, "float")
+    rt.check_arg(op, "activation_max", activation_max, "float")
+    rt.check_arg(op, "lut", lut, "Tensor?")
+    rt.check_arg(op, "mid_scale", mid_scale, "float")
+    rt.check_arg(op, "mid_zero_point", mid_zero_point, "int")
+    rt.check_arg(op, "input_scale2", input_scale2, "float")
+    rt.check_arg(op, "input_zero_point2", input_zero_point2, "int")
+    rt.check_arg(op, "weights2", weights2, "Tensor")
+    rt.check_arg(op, "weight_sums2", weight_sums2, "Tensor")
+    rt.check_arg(op, "weight_scales2", weight_scales2, "Tensor")
+    rt.check_arg(op, "bias2", bias2, "Tensor?")
+    rt.check_arg(op, "activation2", activation2, "str")
+    rt.check_arg(op, "activation2_min", activation2_min, "float")
+    rt.check_arg(op, "activation2_max", activation2_max, "float")
+    rt.check_arg(op, "lut2", lut2, "Tensor?")
+    rt.check_arg(op, "output_scale", output_scale, "float")
+    rt.check_arg(op, "output_zero_point", output_zero_point, "int")
+    _check_x_packed_int8(op, x)
+    _check_pair_x_map(op, x)
+    _check_weights_int8(op, weights)
+    _check_pair_weights_pointwise(op, weights, x)
+    _check_pair_mid_channels(op, weights)
+    _check_pair_weights2_pointwise(op, weights2, weights)
+    _check_pair_weight_sums_host(op, weight_sums)
+    _check_pair_weight_scales_host(op, weight_scales)
+    _check_pair_bias_host(op, bias)
+    _check_pair_weight_sums2_host(op, weight_sums2)
+    _check_pair_weight_scales2_host(op, weight_scales2)
+    _check_pair_bias2_host(op, bias2)
+    _check_weight_sums_per_channel(op, weight_sums, weights)
+    _check_weight_scales_per_channel(op, weight_scales, weights)
+    _check_bias_per_channel(op, bias, weights)
+    _check_pair_weight_sums2_per_channel(op, weight_sums2, weights2)
+    _check_pair_weight_scales2_per_channel(op, weight_scales2, weights2)
+    _check_pair_bias2_per_channel(op, bias2, weights2)
+    _check_input_scale_positive(op, input_scale)
+    _check_input_zero_point_int8(op, input_zero_point)
+    _check_pair_mid_scale_positive(op, mid_scale)
+    _check_pair_mid_zero_point_int8(op, mid_zero_point)
+    _check_pair_input_scale2_positive(op, input_scale2)
+    _check_pair_input_zero_point2_int8(op, input_zero_point2)
+    _check_output_scale_positive(op, output_scale)
+    _check_output_zero_point_int8(op, output_zero_point)
+    _check_activation_known(op, activation)
+    _check_activation_min_finite(op, activation_min, activation)
+    _check_activation_max_bounds(op, activation_max, activation, activation_min)
+    _check_pair_activation2_known(op, activation2)
+    _check_pair_activation2_min_finite(op, activation2_min, activation2)
+    _check_pair_activation2_max_bounds(op, activation2_max, activation2, activation2_min)
+    _check_lut_256_int8(op, lut)
+    _check_pair_lut2_256_int8(op, lut2)
+    layout = rt.layout_of(x, '4C')
+    c_in = x.shape[1]
+    c_mid = weights.shape[0]
+    c_out = weights2.shape[0]
+    bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, mid_scale, mid_zero_point)
+    bounds2 = rt.conv2d_output_bounds(activation2, activation2_min, activation2_max, output_scale, output_zero_point)
+    w_packed = rt.prepacked('runtime.families.conv2d:pack_pw_pair_weights', weights, weights2)
+    sums = rt.prepacked('runtime.families.conv2d:pack_pw_pair_channels', weight_sums, weight_sums2)
+    scales = rt.prepacked('runtime.families.conv2d:pack_pw_pair_channels', weight_scales, weight_scales2)
+    biases = rt.prepacked('runtime.families.conv2d:pack_pw_pair_biases', weights, weights2, bias, bias2)
+    v = op.select(variant, storage, {"DOT": (None, None)})
+    x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
+    w_packed = stream.upload(w_packed, v.binding("t_weights"), op.label("w_packed", "value"))
+    sums = stream.upload(sums, v.binding("t_weight_sums"), op.label("sums", "value"))
+    scales = stream.upload(scales, v.binding("t_weight_scales"), op.label("scales", "value"))
+    biases = stream.upload(biases, v.binding("t_bias"), op.label("biases", "value"))
+    lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
+    lut2 = stream.upload(lut2, v.binding("t_lut2"), op.label("lut2"))
+    out = stream.empty([x.shape[0], c_out, 1, 1], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": sums, "t_weight_scales": scales, "t_bias": biases, "t_lut": lut, "t_lut2": lut2}, push={"sizes": [c_in, c_mid, c_out, x.shape[0]], "scales": [input_scale, rt.fp32_recip(mid_scale), input_scale2, rt.fp32_recip(output_scale)], "first": [input_zero_point, mid_zero_point, bounds[0], bounds[1]], "second": [input_zero_point2, output_zero_point, bounds2[0], bounds2[1]], "hardswish": [int(activation == 'hardswish'), int(activation2 == 'hardswish'), 0, 0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "MID_WORDS": rt.ceil_div(c_mid, 4), "HAS_LUT1": int(lut is not None), "HAS_LUT2": int(lut2 is not None)}, groups=[x.shape[0], 1, 1])
+    return out
+
+
+def _q8ta_conv2d_pw_pair_fake(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, bias, activation, activation_min, activation_max, lut, mid_scale, mid_zero_point, input_scale2, input_zero_point2, weights2, weight_sums2, weight_scales2, bias2, activation2, activation2_min, activation2_max, lut2, output_scale, output_zero_point):
+    c_out = weights2.shape[0]
+    return torch.empty([x.shape[0], c_out, 1, 1], dtype=torch.int8, device=x.device)
+
+
+Q8TA_CONV2D_PW_PAIR = rt.OpDef(
+    name="etvk.q8ta_conv2d_pw_pair.default",
+    family="conv2d",
+    schema="q8ta_conv2d_pw_pair(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, Tensor? bias, str activation, float activation_min, float activation_max, Tensor? lut, float mid_scale, int mid_zero_point, float input_scale2, int input_zero_point2, Tensor weights2, Tensor weight_sums2, Tensor weight_scales2, Tensor? bias2, str activation2, float activation2_min, float activation2_max, Tensor? lut2, float output_scale, int output_zero_point) -> Tensor",
+    doc="Two int8 1x1 convs (stride 1, padding 0, groups 1) on a 1x1 map in one dispatch, conv2 reading conv1's int8 output [N, C_mid, 1, 1], which stays in shared memory: the bits of m = q8ta_conv2d(x, input_scale, input_zero_point, ..., mid_scale, mid_zero_point, ...) then q8ta_conv2d(m, input_scale2, input_zero_point2, ...) with conv2's arguments (each with its activation and optional `lut`, no residual; a table's output has qparams of its own, hence conv2's input qparams). The squeeze-and-excite gate's two convs (lower_conv_pair.py). A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
+    spec="op_specs/conv2d.yaml:1030",
+    reference="runtime.reference.conv2d:q8ta_conv2d_pw_pair",
+    variants=(
+        ("q8ta_conv2d_pw_pair_sdot", {"DOT": "sdot"}),
+        ("q8ta_conv2d_pw_pair_fallback", {"DOT": "fallback"}),
+    ),
+    record=q8ta_conv2d_pw_pair,
+    fake=_q8ta_conv2d_pw_pair_fake,
 )
 
 
@@ -1008,7 +1219,7 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it). Every conv op takes an optional `residual` (int8, the output's shape and layout) with its qparams and the add's; the epilogue then adds it to the conv's int8 output exactly as q8ta_add would, relu after it with add_activation \"relu\" (docs/int8_cnn_ops.md); or an optional `lut` (int8 [256]) that replaces each int8 output value q by lut[q + 128], as q8ta_lut would (not both).",
-    spec="op_specs/conv2d.yaml:907",
+    spec="op_specs/conv2d.yaml:1062",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),
@@ -1045,5 +1256,6 @@ OPS = (
     Q8TA_CONV2D_PW_COOP,
     Q8TA_CONV2D_GENERAL,
     Q8TA_CONV2D_DW,
+    Q8TA_CONV2D_PW_PAIR,
     Q8TA_CONV2D,
 )

@@ -413,6 +413,33 @@ def pack_depthwise_weights(w: torch.Tensor) -> torch.Tensor:
     return _words(rows.reshape(c4, 4, t4, 4).permute(0, 2, 1, 3))
 
 
+
+def pack_pw_pair_weights(w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
+    """Weights of q8ta_conv2d_pw_pair: conv1's `pack_gemm_weights` (``ceil(C_mid/4) *
+    ceil(C_in/4)`` ivec4), then conv2's (``ceil(C_out/4) * ceil(C_mid/4)``), each 1x1 of
+    groups 1.
+
+    Returns:
+        int32 ``[(ceil(C_mid/4) * ceil(C_in/4) + ceil(C_out/4) * ceil(C_mid/4)) * 4]``.
+    """
+    return torch.cat((pack_gemm_weights(w1, 1), pack_gemm_weights(w2, 1)))
+
+
+def pack_pw_pair_channels(first: torch.Tensor, second: torch.Tensor) -> torch.Tensor:
+    """conv1's per-channel values (weight sums or scales) followed by conv2's, as one
+    int32 vector (integer values) or fp32 vector (floating ones) for q8ta_conv2d_pw_pair."""
+    dtype = torch.float32 if first.dtype.is_floating_point else torch.int32
+    return torch.cat((first.reshape(-1), second.reshape(-1))).to(dtype)
+
+
+def pack_pw_pair_biases(w1: torch.Tensor, w2: torch.Tensor, bias1: torch.Tensor | None,
+                        bias2: torch.Tensor | None) -> torch.Tensor:
+    """fp32 ``[C_mid + C_out]``: conv1's bias then conv2's, 0 for a conv without one (the
+    epilogue adds 0 then, as without a bias; q8ta_conv2d_pw_pair)."""
+    parts = [torch.zeros(w.shape[0], dtype=torch.float32) if b is None else b.reshape(-1).to(torch.float32)
+             for w, b in ((w1, bias1), (w2, bias2))]
+    return torch.cat(parts)
+
 def weight_sums(w: torch.Tensor) -> torch.Tensor:
     """int32 ``[C_out]``: the sum of each output channel's weights."""
     _check_weights(w)

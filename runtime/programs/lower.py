@@ -63,6 +63,7 @@ from runtime.ops.registry import get_op
 from runtime.programs import (
     lower_cnn,
     lower_conv_lut,
+    lower_conv_pair,
     lower_fusion,
     lower_lut,
     lower_residual,
@@ -255,6 +256,7 @@ def _lower(program: Program) -> Program:
     lower_lut.lower_lookup_tables(lowering)
     lower_lut.lower_channel_tables(lowering)
     lower_conv_lut.fold_lookup_tables(lowering)
+    lower_conv_pair.pair_pointwise_convs(lowering)
     lower_torchao.fuse_affine_dynamic_quantize(lowering)
     lowering.drop_identity_casts()
     lower_decoder_ops(lowering)

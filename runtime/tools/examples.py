@@ -1,7 +1,8 @@
 """Example arguments for every op, built from a variant's axis values and a shape.
 
 For elementwise ops the shape is the input's; for the others it is a size
-hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`;
+hint (linear: K and tokens; conv: which layer of `runtime.tools.examples_conv2d`, the
+pointwise pair which of its `SE_PAIRS`;
 pools, q8ta_linear, q8ta_binary, q8ta_channel_gather and the lookup tables: which case of
 `runtime.tools.examples_q8ta_pool`, `runtime.tools.examples_q8ta_linear`,
 `runtime.tools.examples_q8ta_binary`, `runtime.tools.examples_q8ta_gather` or
@@ -195,6 +196,17 @@ def build_conv2d(op_name):
     return build
 
 
+def build_conv2d_pw_pair(axes, shape, gen):
+    """EfficientNet-B0's gate pair (`runtime.tools.examples_conv2d.SE_PAIRS`) that the shape's
+    last size picks (modulo the table's length), a table on both convs, N 2."""
+    from runtime.tools.examples_conv2d import SE_PAIRS, make_pw_pair
+
+    c, c_mid = SE_PAIRS[(shape[-1] if shape else 0) % len(SE_PAIRS)]
+    seed = int(torch.randint(0, 2**31, (), generator=gen))
+    x, kwargs = make_pw_pair(c, c_mid, c, 2, seed, activations=("none", "none"), luts=(True, True))
+    return (x,), kwargs
+
+
 def build_q8ta_pool(op_name):
     """A builder for a pool op: the case of its table (`runtime.tools.examples_q8ta_pool`)
     that the shape's last size picks (modulo the table's length), with a seed from ``gen``."""
@@ -320,6 +332,7 @@ EXAMPLES = {
             "etvk.q8ta_conv2d_dw.default",
         )
     },
+    "etvk.q8ta_conv2d_pw_pair.default": build_conv2d_pw_pair,
     **{f"etvk.{op}.default": examples_llm.build(f"etvk.{op}.default") for op in examples_llm.OPS},
     "etvk.cast.default": examples_llm.build_cast,
     **{

@@ -7,7 +7,8 @@ that stress the packing: widths and channel counts that are not multiples of
 4, groups whose channels straddle channel words, dilation, asymmetric
 kernels, strides and paddings, and every conv activation (MobileNetV2's
 ReLU6 as hardtanh(0, 6), MobileNetV3's hardswish). `make_inputs` builds the
-arguments of ``etvk.q8ta_conv2d`` in schema order. Used by the conv tests
+arguments of ``etvk.q8ta_conv2d`` in schema order, `make_pw_pair` those of
+``etvk.q8ta_conv2d_pw_pair`` (EfficientNet-B0's gate shapes: `SE_PAIRS`). Used by the conv tests
 (tests/ops), the demo (through runtime/examples.py) and the conv benchmark.
 Pure torch; no Vulkan.
 """
@@ -214,3 +215,55 @@ def make_inputs(case: Conv2dCase, seed: int | None = None,
         groups=case.groups, activation=case.activation, activation_min=case.activation_min,
         activation_max=case.activation_max,
     )
+
+
+# EfficientNet-B0's 16 squeeze-and-excite gates, (C, C_mid) each: the expanded channels and the
+# block input's / 4 (its q8ta_conv2d_pw_pair shapes, in network order).
+SE_PAIRS = [(32, 8), (96, 4), (144, 6), (144, 6), (240, 10), (240, 10), *[(480, 20)] * 3,
+            *[(672, 28)] * 3, *[(1152, 48)] * 4]
+
+
+def _pair_conv(gen: torch.Generator, c_in: int, c_out: int, bias: bool, activation: str,
+               lut: bool) -> dict:
+    weights = torch.randint(-127, 128, (c_out, c_in, 1, 1), generator=gen, dtype=torch.int8)
+    table = torch.randint(-128, 128, (256,), generator=gen, dtype=torch.int8) if lut else None
+    if table is not None:
+        table[128] = 77  # the entry of 0 not 0: a padding byte sent through the table would show
+    return {"weights": weights, "weight_sums": weight_sums(weights),
+            "weight_scales": _uniform(gen, 0.001, 0.021, (c_out,)).to(torch.float32),
+            "bias": torch.randn(c_out, generator=gen) if bias else None,
+            "activation": activation, "activation_min": -1.0, "activation_max": 2.5, "lut": table}
+
+
+def make_pw_pair(c_in: int, c_mid: int, c_out: int, n: int, seed: int, bias=(True, False),
+                 activations=("relu", "none"), luts=(False, False)) -> tuple[torch.Tensor, dict]:
+    """(x int8 ``[n, c_in, 1, 1]``, the other arguments of ``etvk.q8ta_conv2d_pw_pair`` by
+    name): random weights, per-channel scales, qparams that keep both convs' outputs off
+    saturation, a bias, activation and random table (``luts``) per conv as given."""
+    gen = torch.Generator().manual_seed(seed)
+    x = torch.randint(-128, 128, (n, c_in, 1, 1), generator=gen, dtype=torch.int8)
+    first = _pair_conv(gen, c_in, c_mid, bias[0], activations[0], luts[0])
+    second = _pair_conv(gen, c_mid, c_out, bias[1], activations[1], luts[1])
+    second = {name.replace("activation", "activation2") if name.startswith("activation") else f"{name}2": v
+              for name, v in second.items()}
+    return x, {"input_scale": 0.05, "input_zero_point": -3, **first,
+               "mid_scale": 0.9 + c_in / 64, "mid_zero_point": 5, "input_scale2": 0.03 + c_mid / 500,
+               "input_zero_point2": -11, **second, "output_scale": 0.7 + c_mid / 8,
+               "output_zero_point": -9}
+
+
+def pw_pair_convs(args: dict) -> tuple[dict, dict]:
+    """The keyword arguments (after x) of the two ``etvk.q8ta_conv2d`` calls that
+    ``etvk.q8ta_conv2d_pw_pair`` with `args` (its arguments after x by name) equals."""
+    def conv(suffix: str, input_qparams: tuple, output_qparams: tuple) -> dict:
+        activation = f"activation{suffix}"
+        return {"input_scale": input_qparams[0], "input_zero_point": input_qparams[1],
+                "weights": args[f"weights{suffix}"], "weight_sums": args[f"weight_sums{suffix}"],
+                "weight_scales": args[f"weight_scales{suffix}"], "output_scale": output_qparams[0],
+                "output_zero_point": output_qparams[1], "bias": args[f"bias{suffix}"],
+                "kernel_size": [1, 1], "stride": [1, 1], "padding": [0, 0], "dilation": [1, 1],
+                "groups": 1, "activation": args[activation], "activation_min": args[f"{activation}_min"],
+                "activation_max": args[f"{activation}_max"], "lut": args[f"lut{suffix}"]}
+    return (conv("", (args["input_scale"], args["input_zero_point"]), (args["mid_scale"], args["mid_zero_point"])),
+            conv("2", (args["input_scale2"], args["input_zero_point2"]),
+                 (args["output_scale"], args["output_zero_point"])))

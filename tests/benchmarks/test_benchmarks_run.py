@@ -91,6 +91,21 @@ def test_conv2d_bench_runs_on_every_family(family, tmp_path):
     assert rows and sum("*" in row.split()[7] for row in rows if len(row.split()) > 7) == 1, result.stdout
 
 
+def test_conv2d_bench_times_the_se_pairs(tmp_path):
+    """The squeeze-and-excite rows: the pair and the two convs of each chosen gate shape, their
+    ratio, and the total over the gates of those shapes."""
+    result = _run([str(BENCHMARKS / "conv2d_bench.py"), "--quick", "--batches", "1", "--only",
+                   "effnet se pair (32|144)-"], GPU_FAMILIES[0], tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("effnet se pair")]
+    assert [row[3] for row in rows] == ["32->8->32", "144->6->144"], result.stdout
+    assert [int(row[4]) for row in rows] == [1, 2]
+    for row in rows:
+        assert float(row[7]) == pytest.approx(float(row[5]) / float(row[6]), abs=0.01)
+        assert row[8].startswith("q8ta_conv2d_pw_pair_")
+    assert any(line.startswith("all 3 gates") for line in result.stdout.splitlines()), result.stdout
+
+
 def test_program_bench_runs(tmp_path):
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     import torch

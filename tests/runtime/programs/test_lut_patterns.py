@@ -31,6 +31,7 @@ import runtime
 from runtime.programs.nodes import Const
 
 LUT = "etvk.q8ta_lut.default"
+PAIR = "etvk.q8ta_conv2d_pw_pair.default"
 INT8 = torch.arange(-128, 128, dtype=torch.int8)
 
 
@@ -160,9 +161,12 @@ def _lower_unfolded(exported):
 
 
 def _folded_convs(program) -> int:
-    """How many convs of `program` apply a lookup table (the conv schema's last argument, lut)."""
-    return len([n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default" and len(n.args) == 24
-                and n.args[23] is not None])
+    """How many convs of `program` apply a lookup table (the conv schema's last argument, lut; a
+    pointwise pair's lut and lut2 count as its two convs')."""
+    convs = [n for n in program.nodes if n.target == "etvk.q8ta_conv2d.default" and len(n.args) == 24
+             and n.args[23] is not None]
+    pairs = [n.args[i] for n in program.nodes if n.target == PAIR for i in (10, 22)]  # lut, lut2
+    return len(convs) + len([t for t in pairs if t is not None])
 
 
 @pytest.mark.parametrize("activation", [F.hardswish, F.gelu, torch.sigmoid], ids=["hardswish", "gelu", "sigmoid"])
@@ -196,6 +200,8 @@ def test_pt2e_conv_activation_conv_runs_on_the_device(activation, tmp_path):
 # classifier's hardswish on plain rows, after a linear: the one not folded), EfficientNet-B0's
 # silus and the sigmoids of its gates
 SE_MODELS = {"mobilenet_v3_small": (19 + 9, 1, 19 + 9 - 1), "efficientnet_b0": (49 + 16, 0, 49 + 16)}
+# model -> its squeeze-and-excite gates, each gate's two convs one q8ta_conv2d_pw_pair
+SE_PAIRS = {"mobilenet_v3_small": 9, "efficientnet_b0": 16}
 
 
 @pytest.mark.parametrize("name", list(SE_MODELS))
@@ -217,6 +223,7 @@ def test_squeeze_and_excite_models_run_on_the_device(name, tmp_path, capsys):
     plain = [n for n in luts if len(unfolded.values[n.args[0].name].shape) == 2]
     assert (len(luts), len(plain), _folded_convs(program)) == SE_MODELS[name]
     assert Counter(n.target for n in program.nodes)[LUT] == len(luts) - SE_MODELS[name][2]
+    assert Counter(n.target for n in program.nodes)[PAIR] == SE_PAIRS[name]
     program.save(tmp_path / f"{name}.etvk")
     loaded = runtime.load(tmp_path / f"{name}.etvk")
     assert [r["target"] for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
