@@ -191,6 +191,11 @@ HELPERS: dict[str, tuple[str, str]] = {
         "device: `TILE_LANES` (2) or fewer, dividing `head_dim / 4` and the device's smallest "
         "subgroup size, where it has subgroup shuffles, else 1 (runtime/families/attention.py)",
     ),
+    "pw_pair_max_mid_channels": (
+        "",
+        "the most output channels of conv1 that q8ta_conv2d_pw_pair keeps in shared memory "
+        "(runtime/families/conv2d.py's `PW_PAIR_MAX_MID_CHANNELS`)",
+    ),
 }
 
 # Device capabilities a shader may `require` (runtime Capabilities.supports names).

@@ -229,8 +229,8 @@ def _check_pair_weights_pointwise(op, weights, x):
 
 
 def _check_pair_mid_channels(op, weights):
-    if not (weights.shape[0] <= 4096):
-        raise rt.ArgumentError(op, "weights", f"has C_mid={weights.shape[0]} output channels; the pair keeps them in shared memory, at most 4096")
+    if not (weights.shape[0] <= rt.pw_pair_max_mid_channels()):
+        raise rt.ArgumentError(op, "weights", f"has C_mid={weights.shape[0]} output channels; the pair keeps them in shared memory, at most {rt.pw_pair_max_mid_channels()}")
 
 
 def _check_pair_weights2_pointwise(op, weights2, weights):

@@ -413,6 +413,15 @@ def pack_depthwise_weights(w: torch.Tensor) -> torch.Tensor:
     return _words(rows.reshape(c4, 4, t4, 4).permute(0, 2, 1, 3))
 
 
+# Conv1's output channels q8ta_conv2d_pw_pair keeps in its workgroup's shared memory (the op's
+# check, and the pairing rewrite's, lower_conv_pair.py).
+PW_PAIR_MAX_MID_CHANNELS = 4096
+
+
+def pw_pair_max_mid_channels() -> int:
+    """`PW_PAIR_MAX_MID_CHANNELS`, for the op spec's check."""
+    return PW_PAIR_MAX_MID_CHANNELS
+
 
 def pack_pw_pair_weights(w1: torch.Tensor, w2: torch.Tensor) -> torch.Tensor:
     """Weights of q8ta_conv2d_pw_pair: conv1's `pack_gemm_weights` (``ceil(C_mid/4) *

@@ -19,6 +19,7 @@ import torch
 from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
 from runtime.families.attention import attention_split, attention_tile_keys, attention_tile_lanes
+from runtime.families.conv2d import pw_pair_max_mid_channels
 from runtime.families.q8ta_copy import copy_quads
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
@@ -343,6 +344,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         attention_split,
         attention_tile_keys,
         attention_lanes,
+        pw_pair_max_mid_channels,
     )
 }
 

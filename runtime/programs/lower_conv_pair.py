@@ -11,8 +11,8 @@ convs (docs/int8_cnn_ops.md "Pointwise pair"). It pairs where:
   dilation 1, groups 1 and no residual (each may have its activation and its table);
 - m has the second conv as its only reader and is no program output;
 - the weights, weight sums, scales and biases are constants of the program (the pair
-  prepacks them), and the first conv has at most 4096 output channels (the pair's shared
-  memory).
+  prepacks them), and the first conv has at most `PW_PAIR_MAX_MID_CHANNELS` output channels
+  (the pair's shared memory).
 
 A 1x1 map never reaches a spatial conv, so the convs' algorithm (chosen at load) does not
 matter; the pair reads and writes any packed layout and so states none for the layout
@@ -22,11 +22,11 @@ graph work, no Vulkan.
 
 from __future__ import annotations
 
+from runtime.families.conv2d import PW_PAIR_MAX_MID_CHANNELS
 from runtime.programs.nodes import Const, Node, Ref
 from runtime.programs.rewrite import CONV, Rewriter, bind, ints
 
 PAIR = "etvk.q8ta_conv2d_pw_pair.default"
-MAX_MID_CHANNELS = 4096  # the pair op's check (pair_mid_channels)
 # The per-conv arguments of the pair's schema, in its order (conv2's with a "2" suffix).
 _CONV_ARGS = ("weights", "weight_sums", "weight_scales", "bias", "activation", "activation_min",
               "activation_max", "lut")
@@ -46,7 +46,7 @@ def pair_pointwise_convs(rw: Rewriter) -> None:
             continue
         b1 = bind(first)
         if not (_pointwise_on_one_pixel(rw, b1) and _pointwise_on_one_pixel(rw, b2)) \
-                or rw.value_spec(b1["weights"]).shape[0] > MAX_MID_CHANNELS:
+                or rw.value_spec(b1["weights"]).shape[0] > PW_PAIR_MAX_MID_CHANNELS:
             continue
         args = (b1["x"], b1["input_scale"], b1["input_zero_point"], *(b1[a] for a in _CONV_ARGS),
                 b1["output_scale"], b1["output_zero_point"], b2["input_scale"], b2["input_zero_point"],

@@ -15,6 +15,7 @@ import torch
 from conv_testlib import assert_bit_exact, packed_bytes
 
 import runtime
+from runtime.families.conv2d import PW_PAIR_MAX_MID_CHANNELS
 from runtime.reference import conv2d as ref
 from runtime.tools.examples_conv2d import make_pw_pair, pw_pair_convs
 from runtime.vulkan.layouts import PACKED_LAYOUTS
@@ -101,6 +102,7 @@ BAD = [
     ("lut2", lambda x, a: (x, {**a, "lut2": torch.zeros(255, dtype=torch.int8)}), "int8 [256]"),
     ("weight_scales2", lambda x, a: (x, {**a, "weight_scales2": Tensor.from_torch(a["weight_scales2"])}), "host (torch)"),
     ("bias", lambda x, a: (x, {**a, "bias": Tensor.from_torch(a["bias"])}), "host (torch)"),
+    ("weights", lambda x, a: make_pair((8, PW_PAIR_MAX_MID_CHANNELS + 1, 8, 1), 7), "at most 4096"),
 ]
 
 

@@ -2,7 +2,8 @@
 PT2E-quantized net with torchvision's SqueezeExcitation gate (relu -> sigmoid as MobileNetV3 and
 RegNetY have it, silu -> hardsigmoid) lowers its gate's two convs into one q8ta_conv2d_pw_pair,
 tables and conv activation included, runs on the device bit-exact against the reference and
-gives the values of the program lowered without the pairing; near misses stay two convs."""
+gives the values of the program lowered without the pairing; near misses, and a first conv past
+the pair's channel limit, stay two convs."""
 
 from __future__ import annotations
 
@@ -95,3 +96,12 @@ def test_near_misses_stay_convs(tmp_path):
     targets = Counter(n.target for n in program.nodes)
     assert (targets[PAIR], targets[CONV]) == (1, 4)
     check_device_runs(path, program, inputs)
+
+
+def test_a_first_conv_past_the_pair_limit_stays_convs(tmp_path, monkeypatch):
+    """A first conv with more output channels than the pair keeps in shared memory pairs with
+    nothing (the limit lowered to 5 for NearMisses' 6-channel convs)."""
+    monkeypatch.setattr(lower_conv_pair, "PW_PAIR_MAX_MID_CHANNELS", 5)
+    exported, program, path = lower_and_save(NearMisses(), (torch.randn(3, 6, 1, 1),), tmp_path)
+    targets = Counter(n.target for n in program.nodes)
+    assert (targets[PAIR], targets[CONV]) == (0, 6)
