@@ -124,7 +124,7 @@ Q8TA_ADD = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_add(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra + rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1]. Device inputs share one layout; a host input takes the other input's layout (both on the host: 4C1W); the output takes a's.",
-    spec="op_specs/q8ta_binary.yaml:180",
+    spec="op_specs/q8ta_binary.yaml:182",
     reference="runtime.reference.q8ta_binary:q8ta_add",
     variants=(
         ("q8ta_binary", {}),
@@ -176,7 +176,7 @@ Q8TA_MUL = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_mul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra * rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1] (a squeeze-and- excite gate). Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:209",
+    spec="op_specs/q8ta_binary.yaml:211",
     reference="runtime.reference.q8ta_binary:q8ta_mul",
     variants=(
         ("q8ta_binary", {}),
@@ -227,7 +227,7 @@ Q8TA_CONCAT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Concat along the channels, out [N, C_a + C_b, H, W]: each input requantized to the output's qparams, out = clamp(roundEven(float(q - zero_point) * scale * fp32(1/output_scale)) + output_zero_point, -128, 127) (an input with the output's qparams is copied exactly). C_a need not be a multiple of 4. Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:237",
+    spec="op_specs/q8ta_binary.yaml:239",
     reference="runtime.reference.q8ta_binary:q8ta_concat",
     variants=(
         ("q8ta_concat", {}),
@@ -295,7 +295,7 @@ Q8TA_CONCAT_CHANNEL_LUT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat_channel_lut(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, Tensor table, Tensor? sums=None, Tensor? sums_table=None) -> (Tensor, Tensor)",
     doc="(concat, out) = (q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point), q8ta_channel_lut(concat, table, sums, sums_table)) in one dispatch, bit-identical to the two ops: out[:, Cs + c] = table[c, concat[:, c] + 128] with one int8 [C_a + C_b, 256] table per channel of the concat, after Cs channels sums_table[c, S + 128 * K] of window sums S (K taps) where sums and sums_table are given (Cs = 0 without them; Cs a multiple of 4). a and b are read once and the concat is not read back. DenseNet's layer: the raw concat of the block's features (every scale 1, zero point 0), after the transition's pooled channels as window sums, and its batch norm, relu and quantize as tables. C_a need not be a multiple of 4. Both outputs take the concat's layout (layouts as for q8ta_add).",
-    spec="op_specs/q8ta_binary.yaml:268",
+    spec="op_specs/q8ta_binary.yaml:270",
     reference="runtime.reference.q8ta_binary:q8ta_concat_channel_lut",
     variants=(
         ("q8ta_concat_channel_lut", {}),
