@@ -449,6 +449,7 @@ def pack_pw_pair_biases(w1: torch.Tensor, w2: torch.Tensor, bias1: torch.Tensor 
              for w, b in ((w1, bias1), (w2, bias2))]
     return torch.cat(parts)
 
+
 def weight_sums(w: torch.Tensor) -> torch.Tensor:
     """int32 ``[C_out]``: the sum of each output channel's weights."""
     _check_weights(w)

@@ -126,11 +126,11 @@ def q8ta_conv2d(x, input_scale, input_zero_point, weights, weight_sums, weight_s
                     residual_zero_point, add_output_scale, add_output_zero_point, add_activation)
 
 
-
 def q8ta_conv2d_pw_pair(x, input_scale, input_zero_point, weights, weight_sums, weight_scales, bias,
                         activation, activation_min, activation_max, lut, mid_scale, mid_zero_point,
-                        input_scale2, input_zero_point2, weights2, weight_sums2, weight_scales2, bias2, activation2, activation2_min,
-                        activation2_max, lut2, output_scale, output_zero_point):
+                        input_scale2, input_zero_point2, weights2, weight_sums2, weight_scales2, bias2,
+                        activation2, activation2_min, activation2_max, lut2, output_scale,
+                        output_zero_point):
     """Two 1x1 convs (stride 1, padding 0, groups 1), the second reading the first's int8
     output (qparams ``(mid_scale, mid_zero_point)``, then its ``lut`` if any) with the qparams
     ``(input_scale2, input_zero_point2)``: `q8ta_conv2d` twice.
@@ -144,6 +144,7 @@ def q8ta_conv2d_pw_pair(x, input_scale, input_zero_point, weights, weight_sums, 
     return q8ta_conv2d(mid, input_scale2, input_zero_point2, weights2, weight_sums2, weight_scales2,
                        output_scale, output_zero_point, bias2, 1, 1, 0, 1, 1, activation2,
                        activation2_min, activation2_max, lut=lut2)
+
 
 def _check_nchw(t: torch.Tensor, what: str) -> None:
     if t.dim() != 4:
