@@ -9,6 +9,7 @@
   returns the exact fraction;
 - `CONV_OPS`, `TINY` and `variant_layouts`: the algorithm ops, a tiny case of
   each, and every variant with every input layout it reads;
+- `routed_cases`: a case per route of the dispatcher's rule on a device family;
 - `residual_args`: a random residual and the qparams of the add after a conv;
 - `random_lut`: a random lookup table for the conv epilogue (its entry for 0 not 0);
 - `packed_bytes`: the raw bytes of a packed device tensor.
@@ -26,7 +27,8 @@ import torch
 import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.quantized_decomposed)
 
 import runtime
-from runtime.tools.examples_conv2d import Conv2dInputs
+from runtime.families.conv2d import choose_algorithm
+from runtime.tools.examples_conv2d import CASES, CASES_BY_NAME, Conv2dInputs
 from runtime.vulkan.layouts import PACKED_LAYOUTS, packed_words
 
 MIN_EXACT = 0.995
@@ -44,6 +46,20 @@ TINY = {
     "dw": "mobilenetv2_dw_c30_w13",
 }
 _DECOMPOSED = torch.ops.quantized_decomposed
+
+
+def routed_cases(family: str) -> dict[str, str]:
+    """For each route of ``etvk.q8ta_conv2d.default``'s rule on `family` (the keys of TINY), a
+    case the rule sends there: TINY's where it does, else the first of CASES that goes there (on
+    NVIDIA TINY's pointwise case, 6 input channels, goes to the direct conv). Asserts that every
+    route has one, so a route no case reaches fails the dispatcher tests."""
+    routed = {}
+    for kind, tiny in TINY.items():
+        names = [tiny] + [case.name for case in CASES]
+        routed[kind] = next((name for name in names
+                             if choose_algorithm(CASES_BY_NAME[name].params, family) == kind), None)
+    assert None not in routed.values(), f"routes no case reaches on {family}: {routed}"
+    return routed
 
 
 def qnnpack_conv2d(inp: Conv2dInputs, per_channel: bool = True) -> torch.Tensor:

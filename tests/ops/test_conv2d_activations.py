@@ -28,12 +28,13 @@ from conv_testlib import (
     assert_bit_exact,
     decomposed_conv2d,
     qnnpack_conv2d,
+    routed_cases,
     steps_apart,
     variant_layouts,
 )
 
 import runtime
-from runtime.families.conv2d import ACTIVATIONS, choose_algorithm, conv2d_output_bounds
+from runtime.families.conv2d import ACTIVATIONS, conv2d_output_bounds
 from runtime.reference import conv2d as ref
 from runtime.reference.quantize import quantize_per_tensor
 from runtime.tools.examples_conv2d import CASES, CASES_BY_NAME, make_inputs
@@ -162,11 +163,8 @@ def test_every_variant_and_layout_with_every_activation_is_bit_exact(kind, varia
 
 @pytest.mark.parametrize("setting", [s for s in SETTINGS if s != "none"])
 def test_dispatcher_passes_the_activation_through_every_route(setting):
-    family = get_device().caps.family
-    routes = {kind: choose_algorithm(CASES_BY_NAME[name].params, family) for kind, name in TINY.items()}
-    assert routes == {kind: kind for kind in TINY}, routes
     op = runtime.get_op("etvk.q8ta_conv2d.default")
-    for kind, name in TINY.items():
+    for kind, name in routed_cases(get_device().caps.family).items():
         inp = inputs(name, setting)
         assert_bit_exact(op(*inp.args()), ref.q8ta_conv2d(*inp.args()), f"{kind} {setting}")
 

@@ -25,11 +25,11 @@ from conv_testlib import (
     assert_bit_exact,
     packed_bytes,
     residual_args,
+    routed_cases,
     variant_layouts,
 )
 
 import runtime
-from runtime.families.conv2d import choose_algorithm
 from runtime.reference import conv2d as ref
 from runtime.reference.q8ta_binary import q8ta_add
 from runtime.tools.examples_conv2d import CASES, CASES_BY_NAME, make_inputs
@@ -95,11 +95,8 @@ def test_every_variant_and_layout_adds_the_residual_bit_exact(kind, variant, lay
 
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_dispatcher_passes_the_residual_through_every_route(setting):
-    family = get_device().caps.family
-    routes = {kind: choose_algorithm(CASES_BY_NAME[name].params, family) for kind, name in TINY.items()}
-    assert routes == {kind: kind for kind in TINY}, routes
     op = runtime.get_op("etvk.q8ta_conv2d.default")
-    for kind, name in TINY.items():
+    for kind, name in routed_cases(get_device().caps.family).items():
         inp = make_inputs(dataclasses.replace(CASES_BY_NAME[name], activation=SETTINGS[setting][0]))
         extra = residual_args(inp, CASES_BY_NAME[name].params.output_shape, 3, SETTINGS[setting][1])
         assert_bit_exact(op(*inp.args(), *extra), ref.q8ta_conv2d(*inp.args(), *extra), f"{kind} {setting}")
