@@ -59,7 +59,9 @@ def resolve_imports(
     return resolved, errors
 
 
-def _imported(source: CheckTable | None, check: str, loc: Location, errors) -> Check | None:
+def _imported(
+    source: CheckTable | None, check: str, loc: Location, errors: list[SpecError]
+) -> Check | None:
     """The check `check` that `source` defines, or None: where `source` is missing or failed
     to load (reported elsewhere), or does not define it (an error recorded at `loc`)."""
     if source is None:
@@ -87,7 +89,7 @@ def _cycles(tables: dict[str, CheckTable | None]) -> list[SpecError]:
         state[name] = "open"
         path.append(name)
         table = tables[name]
-        for imp in table.imports if table else ():
+        for imp in table.imports if table is not None else ():
             if state.get(imp.file) == "open":
                 cycle = [*path[path.index(imp.file):], imp.file]
                 errors.append(
