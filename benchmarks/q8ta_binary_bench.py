@@ -17,7 +17,7 @@ an invocation either way: its ratio shows the run's noise). The fused
 their tables; bytes: a, b and both outputs) also time `q8ta_concat` then
 `q8ta_channel_lut` of its output (`ConcatThenTable`) in the same run and print
 that pair's time and the ratio fused / pair; those named ``Cs|C_a+C_b``
-(`WINDOW_SUMS`: blocks 2-4) have the transition's Cs pooled channels first, from
+(`Row.sums`: blocks 2-4) have the transition's Cs pooled channels first, from
 int32 window sums (their bytes counted) through tables, as both ops read them. Inputs are
 uploaded once; timing follows benchmarks/NOTES.md (the conv benchmark's
 `time_ours`: back-to-back calls in one stream, ~1 s of warm-up replays, median
@@ -33,6 +33,7 @@ import argparse
 import re
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -49,42 +50,51 @@ from runtime.vulkan import layouts  # noqa: E402
 from runtime.vulkan.layouts import PACKED_LAYOUTS  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
 
-# (name, op, a shape, b shape, copy); batch 32 and 1 of each. copy: a, b and the output share
-# their qparams (DenseNet's lowered block concats: the bytes are copied, q8ta_concat's fast path).
-# The table ops (lut, channel_lut) take x alone (b None).
+
+@dataclass(frozen=True)
+class Row:
+    """One row, timed at each batch and layout: the op (`q8ta_<op>`) on a and b of shape [C, H, W]
+    (b None: a table op, which takes x alone). `copy`: a, b and the output share their qparams
+    (DenseNet's lowered block concats: the bytes are copied, q8ta_concat's fast path). `sums`:
+    the fused concat's table output starts with the transition's Cs = `sums` pooled channels,
+    from window sums of its 2x2 pool (`TAPS` taps) through their tables (DenseNet-121's blocks
+    2-4, after the first two layers: x is then a concat); the row's name spells it as `Cs|`."""
+
+    name: str
+    op: str
+    a: tuple[int, int, int]
+    b: tuple[int, int, int] | None
+    copy: bool = False
+    sums: int = 0
+
+
 SHAPES = [
-    ("resnet50 l1 residual add+relu", "add", (256, 56, 56), (256, 56, 56), False),
-    ("resnet50 l4 residual add+relu", "add", (2048, 7, 7), (2048, 7, 7), False),
-    ("se gate mul 672x14x14", "mul", (672, 14, 14), (672, 1, 1), False),
-    ("mul 64x56x56", "mul", (64, 56, 56), (64, 56, 56), False),
-    ("densenet concat 128+32 28", "concat", (128, 28, 28), (32, 28, 28), False),
-    ("concat 126+34 28 (C_a % 4 = 2)", "concat", (126, 28, 28), (34, 28, 28), False),
-    ("inception concat 192+64 28", "concat", (192, 28, 28), (64, 28, 28), False),
-    ("densenet block concat 224+32 56", "concat", (224, 56, 56), (32, 56, 56), True),
-    ("densenet block concat 480+32 14", "concat", (480, 14, 14), (32, 14, 14), True),
-    ("densenet channel_lut 256x56x56", "channel_lut", (256, 56, 56), None, False),
-    ("densenet channel_lut 512x28x28", "channel_lut", (512, 28, 28), None, False),
-    ("densenet channel_lut 1024x14x14", "channel_lut", (1024, 14, 14), None, False),
-    ("efficientnet lut 32x112x112", "lut", (32, 112, 112), None, False),
-    ("densenet concat_lut 64+32 56", "concat_channel_lut", (64, 56, 56), (32, 56, 56), True),
-    ("densenet concat_lut 192+32 56", "concat_channel_lut", (192, 56, 56), (32, 56, 56), True),
-    ("densenet concat_lut 448+32 28", "concat_channel_lut", (448, 28, 28), (32, 28, 28), True),
-    ("densenet concat_lut 960+32 14", "concat_channel_lut", (960, 14, 14), (32, 14, 14), True),
-    ("densenet concat_lut 480+32 7", "concat_channel_lut", (480, 7, 7), (32, 7, 7), True),
-    ("densenet concat_lut 128|32+32 28", "concat_channel_lut", (32, 28, 28), (32, 28, 28), True),
-    ("densenet concat_lut 128|320+32 28", "concat_channel_lut", (320, 28, 28), (32, 28, 28), True),
-    ("densenet concat_lut 256|352+32 14", "concat_channel_lut", (352, 14, 14), (32, 14, 14), True),
-    ("densenet concat_lut 256|704+32 14", "concat_channel_lut", (704, 14, 14), (32, 14, 14), True),
-    ("densenet concat_lut 512|448+32 7", "concat_channel_lut", (448, 7, 7), (32, 7, 7), True),
+    Row("resnet50 l1 residual add+relu", "add", (256, 56, 56), (256, 56, 56)),
+    Row("resnet50 l4 residual add+relu", "add", (2048, 7, 7), (2048, 7, 7)),
+    Row("se gate mul 672x14x14", "mul", (672, 14, 14), (672, 1, 1)),
+    Row("mul 64x56x56", "mul", (64, 56, 56), (64, 56, 56)),
+    Row("densenet concat 128+32 28", "concat", (128, 28, 28), (32, 28, 28)),
+    Row("concat 126+34 28 (C_a % 4 = 2)", "concat", (126, 28, 28), (34, 28, 28)),
+    Row("inception concat 192+64 28", "concat", (192, 28, 28), (64, 28, 28)),
+    Row("densenet block concat 224+32 56", "concat", (224, 56, 56), (32, 56, 56), copy=True),
+    Row("densenet block concat 480+32 14", "concat", (480, 14, 14), (32, 14, 14), copy=True),
+    Row("densenet channel_lut 256x56x56", "channel_lut", (256, 56, 56), None),
+    Row("densenet channel_lut 512x28x28", "channel_lut", (512, 28, 28), None),
+    Row("densenet channel_lut 1024x14x14", "channel_lut", (1024, 14, 14), None),
+    Row("efficientnet lut 32x112x112", "lut", (32, 112, 112), None),
+    Row("densenet concat_lut 64+32 56", "concat_channel_lut", (64, 56, 56), (32, 56, 56), copy=True),
+    Row("densenet concat_lut 192+32 56", "concat_channel_lut", (192, 56, 56), (32, 56, 56), copy=True),
+    Row("densenet concat_lut 448+32 28", "concat_channel_lut", (448, 28, 28), (32, 28, 28), copy=True),
+    Row("densenet concat_lut 960+32 14", "concat_channel_lut", (960, 14, 14), (32, 14, 14), copy=True),
+    Row("densenet concat_lut 480+32 7", "concat_channel_lut", (480, 7, 7), (32, 7, 7), copy=True),
+    Row("densenet concat_lut 128|32+32 28", "concat_channel_lut", (32, 28, 28), (32, 28, 28), copy=True, sums=128),
+    Row("densenet concat_lut 128|320+32 28", "concat_channel_lut", (320, 28, 28), (32, 28, 28), copy=True, sums=128),
+    Row("densenet concat_lut 256|352+32 14", "concat_channel_lut", (352, 14, 14), (32, 14, 14), copy=True, sums=256),
+    Row("densenet concat_lut 256|704+32 14", "concat_channel_lut", (704, 14, 14), (32, 14, 14), copy=True, sums=256),
+    Row("densenet concat_lut 512|448+32 7", "concat_channel_lut", (448, 7, 7), (32, 7, 7), copy=True, sums=512),
 ]
 TABLE_OPS = ("lut", "channel_lut")
 CONCATS = ("concat", "concat_channel_lut")
-# The fused rows whose table output starts with the transition's pooled channels (name -> Cs):
-# window sums of its 2x2 pool (4 taps) and their tables, DenseNet-121's blocks 2-4 (after the
-# first two layers: x is then a concat).
-WINDOW_SUMS = {"densenet concat_lut 128|32+32 28": 128, "densenet concat_lut 128|320+32 28": 128,
-               "densenet concat_lut 256|352+32 14": 256, "densenet concat_lut 256|704+32 14": 256,
-               "densenet concat_lut 512|448+32 7": 512}
 TAPS = 4
 
 
@@ -190,8 +200,9 @@ def main() -> int:
           + f" {'pair us':>9} {'f/pair':>6}")
     only = re.compile(options.only)
     for batch in (2, 1) if options.quick else (32, 1):
-        for name, op_kind, a_chw, b_chw, copy in SHAPES:
-            a_shape, b_shape, out_shape = shapes_of(op_kind, a_chw, b_chw, batch, options.quick)
+        for row in SHAPES:
+            name, op_kind = row.name, row.op
+            a_shape, b_shape, out_shape = shapes_of(op_kind, row.a, row.b, batch, options.quick)
             inputs = [x for x in (a_shape, b_shape) if x is not None]
             theirs = None
             for layout in PACKED_LAYOUTS:
@@ -202,13 +213,13 @@ def main() -> int:
                     theirs = time_torch(op_kind, a_shape, b_shape, s)
                     record.kernel("q8ta_binary", f"{name} b{batch}", "torch CUDA", theirs, torch_bytes)
                 op = runtime.get_op(f"etvk.q8ta_{op_kind}.default")
-                cs = WINDOW_SUMS.get(name, 0) // (8 if options.quick else 1)
+                cs = row.sums // (8 if options.quick else 1)
                 # the fused op: the concat and the table output (Cs more channels), and the sums
                 outputs = ((out_shape, (batch, cs + out_shape[1], *out_shape[2:]))
                            if op_kind == "concat_channel_lut" else (out_shape,))
                 sums_bytes = 4 * batch * cs * out_shape[2] * out_shape[3]
                 moved = sum(packed_bytes(x, layout) for x in (*inputs, *outputs)) + sums_bytes
-                args = arguments(op_kind, a_shape, b_shape, layout, copy, cs)
+                args = arguments(op_kind, a_shape, b_shape, layout, row.copy, cs)
                 timed = [time_ours(op, args, moved, s)]
                 if options.one_word:
                     with one_word_each():

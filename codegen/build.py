@@ -1,8 +1,9 @@
 """The generate pipeline: specs -> model -> variants -> interfaces -> ops -> rendered plan.
 
-`load_families` parses every spec file; `expand` adds variants and
-interfaces; `build` validates ops, renders every GLSL variant and stub module,
-and returns the full output plan (nothing is written here). `compile_plan`
+`load_families` parses every spec file (the checks it imports from another
+joined by `imports.py`); `expand` adds variants and interfaces; `build`
+validates ops, renders every GLSL variant and stub module, and returns the
+full output plan (nothing is written here). `compile_plan`
 compiles the planned GLSL through `glslc.ensure_spirv` and maps compile
 errors back to generated, template and spec lines. Each stage collects all of
 its errors into a `Diagnostics`. Must not write outputs (that is `emit.py`).
@@ -16,16 +17,17 @@ from pathlib import Path
 
 from codegen import glslc
 from codegen.errors import Diagnostics, Location, SpecError
+from codegen.imports import resolve_imports
 from codegen.interface import build_interface, glsl_header
 from codegen.manifest import build_manifest
 from codegen.model import FamilySpec, Interface, ResolvedOp, Variant
 from codegen.naming import MANIFEST, glsl_path, module_path
 from codegen.render import Renderer
-from codegen.spec import parse_family
+from codegen.spec import parse_checks, parse_family
 from codegen.stubs import stub_view
 from codegen.validate import resolve_op
 from codegen.variants import expand_variants
-from codegen.yaml_loader import load_yaml
+from codegen.yaml_loader import Node, load_yaml
 
 STUB_TEMPLATE = "ops.py.j2"
 
@@ -57,22 +59,35 @@ def spec_files(specs_dir: Path) -> list[Path]:
 
 
 def load_families(specs_dir: Path, diags: Diagnostics) -> list[FamilySpec]:
-    """Parses every spec file; families with errors are left out (errors recorded)."""
+    """Parses every spec file, its check names resolved against its own checks and those it
+    imports from the folder's other files; families with errors are left out (errors
+    recorded)."""
     specs_dir = Path(specs_dir)
     if not specs_dir.is_dir():
         diags.error(Location(str(specs_dir)), "specs folder not found; pass --specs DIR")
         return []
-    families = []
-    seen: dict[str, FamilySpec] = {}
+    roots: dict[str, tuple[str, Node | None]] = {}  # file name -> (display path, YAML tree)
     for path in spec_files(specs_dir):
         display = f"{specs_dir.name}/{path.name}"
         root, errors = load_yaml(path.read_text(encoding="utf-8"), display)
         diags.add(errors)
+        roots[path.name] = (display, root)
+    tables, check_errors = {}, []
+    for name, (display, root) in roots.items():
+        tables[name], errors = parse_checks(root, display) if root is not None else (None, [])
+        check_errors += errors
+    checks, errors = resolve_imports(tables)
+    check_errors += errors
+    diags.add(check_errors)
+    failed = {e.location.file for e in check_errors}
+    families = []
+    seen: dict[str, FamilySpec] = {}
+    for name, (display, root) in roots.items():
         if root is None:
             continue
-        family, errors = parse_family(root, display)
+        family, errors = parse_family(root, display, checks[name])
         diags.add(errors)
-        if family is None or errors:
+        if family is None or errors or display in failed:
             continue
         if family.name in seen:
             diags.error(

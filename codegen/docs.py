@@ -50,6 +50,7 @@ errors of a run together, sorted; the exit status is 1.
 | `spec.py` | YAML nodes -> model, checked against the tables below |
 | `spec_tables.py` | the schema tables below (key, type, default, doc) |
 | `spec_nodes.py` | typed, error-collecting accessors over YAML nodes |
+| `imports.py` | each spec file's `imports` joined into the checks its ops may list by name |
 | `schema.py` | PyTorch schema strings -> `Schema` |
 | `expressions.py` | name-check and rewrite spec expressions; `HELPERS`, `CAPABILITIES` |
 | `model.py` | frozen dataclasses |
@@ -79,6 +80,20 @@ entries win). The variant name is the shader name followed by each axis
 value, `float32` shortened to `float` and `float16` to `half`. An op's
 variants are those of its shader that match its `fixed` values; `when`
 values may be one value or a list.
+
+## Named checks
+
+An op's `checks` are inline checks or names of its file's `checks`. A file
+may also take checks that another spec file of the folder defines, under
+`imports` (`imports: {q8ta_unary.yaml: [sums_table_int8]}`); its ops then list
+those names as their own, and its stub module gets its own function for each,
+with the condition and message as defined. A check is imported from the file
+that defines it, not from one that imports it. Errors, each at the import: a
+file not in the folder, a name that file does not define, a name defined in
+the importing file too or imported twice, and files that import from each
+other (a cycle: imports go one way). A check's expression and message are
+checked against every op that lists it and reported at its definition, naming
+the op.
 """
 
 

@@ -60,6 +60,24 @@ class Check:
 
 
 @dataclass(frozen=True)
+class CheckImport:
+    """One entry of a spec file's `imports`: checks that another spec file defines."""
+
+    file: str  # a spec file of the same folder, e.g. q8ta_unary.yaml
+    loc: Location  # of the file's key
+    names: tuple[tuple[str, Location], ...]  # (check name, where it is listed)
+
+
+@dataclass(frozen=True)
+class CheckTable:
+    """A spec file's own named checks (None: one that failed to parse) and its imports."""
+
+    file: str  # display path, e.g. op_specs/q8ta_binary.yaml
+    checks: dict[str, Check | None]
+    imports: tuple[CheckImport, ...]
+
+
+@dataclass(frozen=True)
 class Binding:
     name: str
     dtype: str  # may contain ${AXIS}
@@ -216,7 +234,7 @@ class OpSpec:
     reference: str
     reference_loc: Location
     lets: tuple[Named, ...]
-    checks: tuple[Check, ...]  # family checks resolved by name, inline ones as given
+    checks: tuple[Check, ...]  # named checks (the file's own or imported) resolved, inline ones as given
     outputs: tuple[Output, ...]
     scratch: tuple[Scratch, ...]
     layouts: tuple[Named, ...]  # tensor name <- packed layout expression

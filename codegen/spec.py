@@ -4,9 +4,12 @@ The tables (in `spec_tables.py`, re-exported here) list the keys of each kind
 of mapping (key, type, default, doc, required). `parse_family` checks every
 mapping against its table (unknown keys come with the allowed set and a "did
 you mean"), every value against its type,
-and builds `model.FamilySpec`. Only this module sees raw YAML nodes; it does no
-cross-checking between shaders and ops (that is `validate.py`). Called by
-`build.py`; `docs.py` renders the tables into codegen/README.md.
+and builds `model.FamilySpec`. A file's named checks and imports are read first
+(`parse_checks`, joined across files by `imports.py`), so that `parse_family`
+resolves an op's check names against the file's own checks and those it
+imports. Only this module sees raw YAML nodes; it does no cross-checking
+between shaders and ops (that is `validate.py`). Called by `build.py`;
+`docs.py` renders the tables into codegen/README.md.
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from codegen.model import (
     Axis,
     Binding,
     Check,
+    CheckImport,
+    CheckTable,
     FamilySpec,
     Named,
     OpSpec,
@@ -71,7 +76,28 @@ SINGLE_STEP_KEYS = ("shader", "fixed", "select", "spec", "bind", "push", "dispat
 class _Parser(NodeChecker):
     """Builds the model of one family file."""
 
-    def family(self, root: Node) -> FamilySpec | None:
+    def check_table(self, root: Node) -> CheckTable:
+        """The file's `checks` and `imports` (nothing if the root is not a mapping: `family`
+        reports that)."""
+        section = root.value if root.kind == "map" else {}
+        checks = {}
+        checks_node = section.get("checks")
+        for cname, cnode in self.mapping(checks_node, "checks").items():
+            self.key_name(checks_node, cname, "a check name")
+            checks[cname] = self.check(cnode, cname, f"check '{cname}'")
+        imports = []
+        imports_node = section.get("imports")
+        for file, names_node in self.mapping(imports_node, "imports").items():
+            what = f"the checks imported from {file}"
+            names = tuple(
+                (n.value, n.loc)
+                for n in self.seq(names_node, what)
+                if self.want(n, "str", f"a check of {what}", "a check name")
+            )
+            imports.append(CheckImport(file, imports_node.key_locs[file], names))
+        return CheckTable(self.path, checks, tuple(imports))
+
+    def family(self, root: Node, checks: dict[str, Check | None]) -> FamilySpec | None:
         f = self.fields(root, FAMILY, "the family file", partial=True)
         if f is None:
             return None
@@ -80,11 +106,6 @@ class _Parser(NodeChecker):
             if "family" in f
             else ""
         )
-        checks = {}
-        checks_node = f.get("checks")
-        for cname, cnode in self.mapping(checks_node, "checks").items():
-            self.key_name(checks_node, cname, "a check name")
-            checks[cname] = self.check(cnode, cname, f"check '{cname}'")
         shaders = []
         shaders_node = f.get("shaders")
         for sname, snode in self.mapping(shaders_node, "shaders").items():
@@ -283,8 +304,8 @@ class _Parser(NodeChecker):
                 if c.value not in checks:
                     self.err(
                         c.loc,
-                        f"unknown check '{c.value}'{did_you_mean(c.value, checks)}; "
-                        f"family checks: {', '.join(checks) or '(none)'}",
+                        f"unknown check '{c.value}'{did_you_mean(c.value, checks)}; checks "
+                        f"defined or imported in this file: {', '.join(checks) or '(none)'}",
                     )
                 elif checks[c.value] is not None:
                     op_checks.append(checks[c.value])
@@ -439,10 +460,26 @@ class _Parser(NodeChecker):
         return Route(when, self.ident(f["op"], "route op"), node.loc, f["op"].loc)
 
 
-def parse_family(root: Node, path: str) -> tuple[FamilySpec | None, list[SpecError]]:
-    """Builds the family model from a composed YAML tree; returns (family or None, errors)."""
+def parse_checks(root: Node, path: str) -> tuple[CheckTable, list[SpecError]]:
+    """A spec file's own named checks and its imports (`imports.resolve_imports` joins the
+    files' tables); returns (table, errors)."""
     parser = _Parser(path)
-    family = parser.family(root)
+    return parser.check_table(root), parser.errors
+
+
+def parse_family(
+    root: Node, path: str, checks: dict[str, Check | None] | None = None
+) -> tuple[FamilySpec | None, list[SpecError]]:
+    """Builds the family model from a composed YAML tree; returns (family or None, errors).
+
+    `checks` are the names its ops may list: `imports.resolve_imports`'s table for the file
+    (its own checks and those it imports). Left out, the file stands alone: its own checks
+    (parsed here, errors included), its imports unresolved.
+    """
+    parser = _Parser(path)
+    if checks is None:
+        checks = parser.check_table(root).checks
+    family = parser.family(root, checks)
     return family, parser.errors
 
 

@@ -25,7 +25,8 @@ F = Field
 FAMILY = (
     F("family", "identifier", REQUIRED, "Family name; names generated/ops/<family>.py.", True),
     F("doc", "string", "", "What the family computes."),
-    F("checks", "mapping of name to check", {}, "Named argument checks that ops list by name."),
+    F("imports", "mapping of spec file to check names", {}, "Named checks of other spec files of the folder that this file's ops list by name as their own: `{other.yaml: [name, ...]}`, each defined in that file's `checks` and not here; imports go one way (no cycle)."),
+    F("checks", "mapping of name to check", {}, "Named argument checks that ops list by name (other spec files may import them)."),
     F("shaders", "mapping of name to shader", REQUIRED, "Shaders (one template each).", True),
     F("ops", "mapping of name to op", {}, "Ops; each key must equal its schema's name."),
 )

@@ -78,7 +78,7 @@ def _check_concat_sums_int32(op, sums, a):
         raise rt.ArgumentError(op, "sums", f"must be None or an int32 [N, Cs, H, W] tensor with a's N, H, W and Cs a multiple of 4 (the table output's word c4 + Cs / 4 is the concat's word c4; on the device: a plain buffer), window sums for the table output's first Cs channels, got {sums.dtype} of shape {tuple(sums.shape)}")
 
 
-def _check_concat_sums_table_int8(op, sums_table, sums):
+def _check_sums_table_int8(op, sums_table, sums):
     if not ((sums_table is None) == (sums is None) and (sums is None or (sums_table.dtype == torch.int8 and len(sums_table.shape) == 2 and (sums_table.shape[0] == sums.shape[1]) and (sums_table.shape[1] > 1) and ((sums_table.shape[1] - 1) % 255 == 0) and (rt.on_host(sums_table) or (sums_table.storage == 'buffer' and (not sums_table.packed)))))):
         raise rt.ArgumentError(op, "sums_table", "must be given with sums and be an int8 [Cs, 255 * K + 1] tensor (K window taps; on the device: a plain buffer), channel c's output for each window sum -128 * K .. 127 * K in order")
 
@@ -124,7 +124,7 @@ Q8TA_ADD = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_add(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra + rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1]. Device inputs share one layout; a host input takes the other input's layout (both on the host: 4C1W); the output takes a's.",
-    spec="op_specs/q8ta_binary.yaml:182",
+    spec="op_specs/q8ta_binary.yaml:184",
     reference="runtime.reference.q8ta_binary:q8ta_add",
     variants=(
         ("q8ta_binary", {}),
@@ -176,7 +176,7 @@ Q8TA_MUL = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_mul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra * rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1] (a squeeze-and- excite gate). Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:211",
+    spec="op_specs/q8ta_binary.yaml:213",
     reference="runtime.reference.q8ta_binary:q8ta_mul",
     variants=(
         ("q8ta_binary", {}),
@@ -227,7 +227,7 @@ Q8TA_CONCAT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Concat along the channels, out [N, C_a + C_b, H, W]: each input requantized to the output's qparams, out = clamp(roundEven(float(q - zero_point) * scale * fp32(1/output_scale)) + output_zero_point, -128, 127) (an input with the output's qparams is copied exactly). C_a need not be a multiple of 4. Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:239",
+    spec="op_specs/q8ta_binary.yaml:241",
     reference="runtime.reference.q8ta_binary:q8ta_concat",
     variants=(
         ("q8ta_concat", {}),
@@ -263,7 +263,7 @@ def q8ta_concat_channel_lut(stream, a, a_scale, a_zero_point, b, b_scale, b_zero
     _check_output_zero_point_int8(op, output_zero_point)
     _check_table_concat_channels_int8(op, table, a, b)
     _check_concat_sums_int32(op, sums, a)
-    _check_concat_sums_table_int8(op, sums_table, sums)
+    _check_sums_table_int8(op, sums_table, sums)
     layout = rt.layout_of(a, rt.layout_of(b, '4C1W'))
     shape = [a.shape[0], a.shape[1] + b.shape[1], a.shape[2], a.shape[3]]
     sums_channels = 0 if sums is None else sums.shape[1]
@@ -295,7 +295,7 @@ Q8TA_CONCAT_CHANNEL_LUT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat_channel_lut(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, Tensor table, Tensor? sums=None, Tensor? sums_table=None) -> (Tensor, Tensor)",
     doc="(concat, out) = (q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point), q8ta_channel_lut(concat, table, sums, sums_table)) in one dispatch, bit-identical to the two ops: out[:, Cs + c] = table[c, concat[:, c] + 128] with one int8 [C_a + C_b, 256] table per channel of the concat, after Cs channels sums_table[c, S + 128 * K] of window sums S (K taps) where sums and sums_table are given (Cs = 0 without them; Cs a multiple of 4). a and b are read once and the concat is not read back. DenseNet's layer: the raw concat of the block's features (every scale 1, zero point 0), after the transition's pooled channels as window sums, and its batch norm, relu and quantize as tables. C_a need not be a multiple of 4. Both outputs take the concat's layout (layouts as for q8ta_add).",
-    spec="op_specs/q8ta_binary.yaml:270",
+    spec="op_specs/q8ta_binary.yaml:272",
     reference="runtime.reference.q8ta_binary:q8ta_concat_channel_lut",
     variants=(
         ("q8ta_concat_channel_lut", {}),

@@ -56,9 +56,9 @@ def test_errors_from_several_files_are_reported_together(tmp_path, capsys):
     status, _, err = run_cli("check", tree, capsys=capsys)
     assert status == 1
     assert err.splitlines() == [
-        "op_specs/a.yaml:4:1: error: unknown key 'bogus' in the family file; allowed keys: family, doc, checks, shaders, ops",
+        "op_specs/a.yaml:4:1: error: unknown key 'bogus' in the family file; allowed keys: family, doc, imports, checks, shaders, ops",
         "op_specs/b.yaml:1:9: error: family must be a lower_case name, got a list",
-        "op_specs/b.yaml:4:1: error: unknown key 'bogus' in the family file; allowed keys: family, doc, checks, shaders, ops",
+        "op_specs/b.yaml:4:1: error: unknown key 'bogus' in the family file; allowed keys: family, doc, imports, checks, shaders, ops",
         "3 errors",
     ]
 
