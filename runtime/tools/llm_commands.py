@@ -21,7 +21,7 @@ from pathlib import Path
 from runtime.programs.generate import generate_timed
 from runtime.programs.loader import load
 from runtime.programs.lower import lower
-from runtime.tools.program_commands import CommandError, progress
+from runtime.tools.program_commands import CommandError, node_counts, progress
 
 
 def export_llm(source: str, out: Path, max_cache_len: int, group_size: int, layers: int | None,
@@ -55,10 +55,9 @@ def export_llm(source: str, out: Path, max_cache_len: int, group_size: int, laye
     del exported
     step(f"saving {out}")
     program.save(out)
-    etvk = sum(n.is_etvk for n in program.nodes)
     counts = f", graphs for {', '.join(map(str, sizes))} tokens a call" if program.specializations else ""
-    print(f"saved {out} ({out.stat().st_size / 2**20:,.1f} MiB): {len(program.nodes)} nodes, {etvk} etvk "
-          f"ops, {len(program.nodes) - etvk} PyTorch ops, {len(program.state)} state tensors{counts}")
+    print(f"saved {out} ({out.stat().st_size / 2**20:,.1f} MiB): {node_counts(program)}, "
+          f"{len(program.state)} state tensors{counts}")
     return 0
 
 

@@ -31,6 +31,7 @@ from runtime.ops.library import manifest_hash
 from runtime.programs.loader import load
 from runtime.programs.lower import lower
 from runtime.programs.program import Program
+from runtime.programs.recording import VIEWS
 from runtime.tools.models import quantize_pt2e, torchvision_model
 
 
@@ -67,10 +68,17 @@ def export(name: str, out: Path, size: int, batch: int, calibration: int, seed: 
     progress(f"lowering ({time.perf_counter() - started:.1f} s so far)")
     program = lower(exported)
     program.save(out)
-    etvk = sum(n.is_etvk for n in program.nodes)
-    print(f"saved {out} ({out.stat().st_size / 2**20:.1f} MiB): {len(program.nodes)} nodes, {etvk} etvk ops, "
-          f"{len(program.nodes) - etvk} PyTorch ops")
+    print(f"saved {out} ({out.stat().st_size / 2**20:.1f} MiB): {node_counts(program)}")
     return 0
+
+
+def node_counts(program: Program) -> str:
+    """The program's nodes by kind: etvk ops, reshapes (`recording.VIEWS`: no compute, a view of
+    the same buffer where the value is on the device) and the other PyTorch ops."""
+    etvk = sum(n.is_etvk for n in program.nodes)
+    views = sum(not n.is_etvk and n.target in VIEWS for n in program.nodes)
+    return (f"{len(program.nodes)} nodes, {etvk} etvk ops, {views} reshapes, "
+            f"{len(program.nodes) - etvk - views} other PyTorch ops")
 
 
 def table(rows: list[list[str]]) -> str:

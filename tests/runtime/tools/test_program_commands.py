@@ -6,6 +6,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -31,6 +32,15 @@ def test_export_writes_a_program(exported_file, capsys):
     program = Program.load(exported_file)
     assert program.values[program.inputs[0]].shape == (1, 3, 32, 32)
     assert sum(n.target == "etvk.q8ta_conv2d.default" for n in program.nodes) == 20
+
+
+def test_node_counts_tell_reshapes_from_other_pytorch_ops():
+    """The export summary counts a flatten (a view on the device) apart from ops left to PyTorch."""
+    nodes = [SimpleNamespace(is_etvk=True, target="etvk.q8ta_conv2d.default"),
+             SimpleNamespace(is_etvk=False, target="aten.flatten.using_ints"),
+             SimpleNamespace(is_etvk=False, target="aten._softmax.default")]
+    assert program_commands.node_counts(SimpleNamespace(nodes=nodes)) == \
+        "3 nodes, 1 etvk ops, 1 reshapes, 1 other PyTorch ops"
 
 
 def test_inspect_shows_every_node_and_the_memory_plan(exported_file, capsys):
