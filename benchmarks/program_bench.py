@@ -2,7 +2,8 @@
 
 Each argument names a saved program and the torchvision architecture it was
 exported from: ``NAME:PATH`` (``python -m runtime export NAME --batch B --out
-PATH``; the batch is read from the program). For each it reports, measured in
+PATH``; the batch is read from the program). A NAME that is no torchvision
+architecture (a program of one's own model) gets no torch columns. For each it reports, measured in
 the same run on the same machine:
 
 - ``call``: ``loaded(x)``, torch tensors in and out (upload, every device
@@ -58,7 +59,7 @@ from timing import cuda_copy_seconds, drop_validation, median_seconds, open_devi
 import runtime  # noqa: E402
 from runtime.families.q8ta_copy import one_word_each  # noqa: E402
 from runtime.programs.nodes import Const, Ref, walk_args  # noqa: E402
-from runtime.tools.models import torchvision_model  # noqa: E402
+from runtime.tools.models import TORCHVISION_MODELS, torchvision_model  # noqa: E402
 from runtime.vulkan.device import get_device  # noqa: E402
 
 drop_validation()
@@ -70,8 +71,9 @@ COMPILE_MODES = {"default": "compiled", "reduce-overhead": "graphs"}
 
 def _torch_baselines(name: str, shape, repeat: int, warmup: float, modes) -> dict:
     """Seconds of the fp16 model on CUDA: ``eager``, and per mode of `modes` (`COMPILE_MODES`)
-    ``compiled`` (default mode) or ``graphs`` (mode "reduce-overhead"); {} without CUDA."""
-    if not torch.cuda.is_available():
+    ``compiled`` (default mode) or ``graphs`` (mode "reduce-overhead"); {} without CUDA or for
+    a `name` that is no torchvision architecture."""
+    if not torch.cuda.is_available() or name not in TORCHVISION_MODELS:
         return {}
     model = torchvision_model(name).half().cuda().to(memory_format=torch.channels_last)
     x = torch.randn(shape, device="cuda", dtype=torch.half).to(memory_format=torch.channels_last)
@@ -203,7 +205,8 @@ def main() -> int:
     results = []
     for spec in args.programs:
         name, _, path = spec.partition(":")
-        print(f"-- {name} {path}", flush=True)
+        note = "" if name in TORCHVISION_MODELS else " (not a torchvision architecture: no torch columns)"
+        print(f"-- {name} {path}{note}", flush=True)
         results.append(bench(name, Path(path), args.repeat, args.warmup, modes))
         if args.one_word:
             with one_word_each():
