@@ -16,8 +16,10 @@
 #   whl/ may also hold matplotlib and its dependencies (cp312) for the report's plots; without
 #         them the report has no plots (`python benchmarks/report.py DIR/results` elsewhere)
 # and the git-ignored generated/spv/ (`make spirv`), carried next to it.
-# Usage: scripts/gpu_session.sh [tests|bench|kernels|programs|tune|all|cmd COMMAND...] (output
-# also under $OUT when set); bench runs every kernel benchmark through benchmarks/run_all.py and
+# Usage: scripts/gpu_session.sh [tests [K/N]|bench|kernels|programs|tune|all|cmd COMMAND...] (output
+# also under $OUT when set); tests runs the test suite, or with K/N its K-th of N shards of test
+# files (the whole suite, ~17 minutes on the H200 with validation, outlasts one 10-minute device
+# call: `tests 1/3` to `tests 3/3`); bench runs every kernel benchmark through benchmarks/run_all.py and
 # writes the report ($OUT/bench-report/REPORT.md, PNGs, results/, logs/); kernels runs only the
 # conv2d, coop_gemm, linear and q8ta_linear benchmarks; programs runs each saved program under validation
 # (`python -m runtime run`), then benchmarks/program_bench.py; tune tunes each saved program's
@@ -61,7 +63,11 @@ if [ "$what" = cmd ]; then
   rc=$?
 fi
 if [ "$what" = tests ] || [ "$what" = all ]; then
-  python3 -m pytest -q -p no:cacheprovider tests 2>&1 | tee "$log/gpu_tests.log" | tail -n 40
+  # tests K/N: the K-th of N shards (every N-th test file from the K-th, sorted), since the whole
+  # suite takes longer than one 10-minute device call (about 17 minutes on the H200)
+  shard=${2:-1/1}
+  mapfile -t files < <(find tests -name 'test_*.py' | sort | awk -v k="${shard%/*}" -v n="${shard#*/}" 'NR % n == k % n')
+  python3 -m pytest -q -p no:cacheprovider -rf "${files[@]}" 2>&1 | tee "$log/gpu_tests.log" | tail -n 40
   rc=${PIPESTATUS[0]}
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
