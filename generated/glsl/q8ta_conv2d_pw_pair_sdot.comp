@@ -321,7 +321,7 @@ uint etvk_pair_lut_word(uint i) {
 #define HAS_LUT g_stage.has_lut
 #define RESIDUAL 0
 #define t_lut_load_word(i) etvk_pair_lut_word(i)
-#define t_residual_load(word) ivec4(0)
+#define t_residual_load_word(word) 0u
 // Requantizing epilogue of the int8 conv family (OPS.md family 2), shared by
 // q8ta_gemm, q8ta_conv2d_direct, q8ta_conv2d_dw and q8ta_linear:
 //   y   = float(acc - input_zero_point * weight_sums[oc]) * (input_scale * weight_scales[oc]) + bias[oc]
@@ -460,9 +460,22 @@ ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_sc
 // int8 bindings t_residual and t_lut (plain [256]), and the push constants
 // conv_scale (fp32(output_scale)), residual_scale, residual_zero_point,
 // add_inv_output_scale and add_output_zero_point.
+//
+// The residual word is an argument of etvk_q8ta_conv_word, so that a shader can load it where
+// its latency hides best. q8ta_gemm_coop loads its residual words before its K loop: loaded
+// between the epilogue's stores, ResNet-50's 64 -> 256 convs at 56x56 with the add took 95-99 µs
+// at batch 32 on the H200, 74-84 µs loaded first (benchmarks/NOTES.md session 33). The shaders
+// whose epilogue is unrolled load it beside the store (q8ta_gemm measured no faster loading
+// them first).
 
-// Output word `word` of 4 accumulators of the channels ch; invalid lanes give 0 bytes.
-uint etvk_q8ta_conv_word(uint word, ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
+// The residual word at output word `word` (0 without the residual add: nothing is read).
+uint etvk_q8ta_residual_word(uint word) {
+  return RESIDUAL == 0 ? 0u : t_residual_load_word(word);
+}
+
+// The output word of 4 accumulators of the channels ch, whose residual word (read by
+// etvk_q8ta_residual_word) is `residual`; invalid lanes give 0 bytes.
+uint etvk_q8ta_conv_word(ivec4 acc, EtvkQ8taChannels ch, int hardswish, uint residual) {
   const ivec4 q = etvk_q8ta_requantize4(acc, ch, hardswish);
   if (HAS_LUT == 1) {
     // table[q + 128] is byte (q + 128) % 4 of word (q + 128) / 4, sign-extended.
@@ -477,12 +490,12 @@ uint etvk_q8ta_conv_word(uint word, ivec4 acc, EtvkQ8taChannels ch, int hardswis
     return etvk_pack_i8x4(q);
   }
   const ivec4 sum = etvk_q8ta_binary4(ETVK_Q8TA_ADD, RESIDUAL == 2, q, pc.output_zero_point,
-                                      pc.conv_scale, t_residual_load(word), pc.residual_zero_point,
+                                      pc.conv_scale, etvk_unpack_i8x4(residual), pc.residual_zero_point,
                                       pc.residual_scale, pc.add_inv_output_scale,
                                       pc.add_output_zero_point);
   return etvk_pack_i8x4(mix(ivec4(0), sum, ch.valid));
 }
-#undef t_residual_load
+#undef t_residual_load_word
 #undef t_lut_load_word
 #undef RESIDUAL
 #undef HAS_LUT
@@ -539,7 +552,7 @@ void etvk_pair_conv(int n, int in_c4, int out_c4, int c_out, int channel0, uint 
     }
     if (oc4 < out_c4) {
       const EtvkQ8taChannels ch = etvk_q8ta_load_channels(channel0 + oc4 * 4, channel0 + c_out);
-      const uint word = etvk_q8ta_conv_word(0u, acc, ch, hardswish);
+      const uint word = etvk_q8ta_conv_word(acc, ch, hardswish, 0u);
       if (!g_second) {
         s_mid[oc4] = word;
       } else {

@@ -437,9 +437,22 @@ ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_sc
 // int8 bindings t_residual and t_lut (plain [256]), and the push constants
 // conv_scale (fp32(output_scale)), residual_scale, residual_zero_point,
 // add_inv_output_scale and add_output_zero_point.
+//
+// The residual word is an argument of etvk_q8ta_conv_word, so that a shader can load it where
+// its latency hides best. q8ta_gemm_coop loads its residual words before its K loop: loaded
+// between the epilogue's stores, ResNet-50's 64 -> 256 convs at 56x56 with the add took 95-99 µs
+// at batch 32 on the H200, 74-84 µs loaded first (benchmarks/NOTES.md session 33). The shaders
+// whose epilogue is unrolled load it beside the store (q8ta_gemm measured no faster loading
+// them first).
 
-// Output word `word` of 4 accumulators of the channels ch; invalid lanes give 0 bytes.
-uint etvk_q8ta_conv_word(uint word, ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
+// The residual word at output word `word` (0 without the residual add: nothing is read).
+uint etvk_q8ta_residual_word(uint word) {
+  return RESIDUAL == 0 ? 0u : t_residual_load_word(word);
+}
+
+// The output word of 4 accumulators of the channels ch, whose residual word (read by
+// etvk_q8ta_residual_word) is `residual`; invalid lanes give 0 bytes.
+uint etvk_q8ta_conv_word(ivec4 acc, EtvkQ8taChannels ch, int hardswish, uint residual) {
   const ivec4 q = etvk_q8ta_requantize4(acc, ch, hardswish);
   if (HAS_LUT == 1) {
     // table[q + 128] is byte (q + 128) % 4 of word (q + 128) / 4, sign-extended.
@@ -454,7 +467,7 @@ uint etvk_q8ta_conv_word(uint word, ivec4 acc, EtvkQ8taChannels ch, int hardswis
     return etvk_pack_i8x4(q);
   }
   const ivec4 sum = etvk_q8ta_binary4(ETVK_Q8TA_ADD, RESIDUAL == 2, q, pc.output_zero_point,
-                                      pc.conv_scale, t_residual_load(word), pc.residual_zero_point,
+                                      pc.conv_scale, etvk_unpack_i8x4(residual), pc.residual_zero_point,
                                       pc.residual_scale, pc.add_inv_output_scale,
                                       pc.add_output_zero_point);
   return etvk_pack_i8x4(mix(ivec4(0), sum, ch.valid));
@@ -474,6 +487,7 @@ const int SMEM_WORDS = (BM + BN) * STRIDE > HALF * CSTRIDE ? (BM + BN) * STRIDE 
 const int A_SLOTS = BM * BKW / WG;        // input words an invocation stages
 const int B_SLOTS = BN * BKW / 4 / WG;    // weight ivec4 an invocation stages
 const int OUT_ROWS = WG / BN4;            // pixels the epilogue covers per pass
+const int PER_HALF = HALF / OUT_ROWS;     // pixels an invocation requantizes per half
 const int QUADS = BKW / 4;                // 16-byte K quads of a staged row
 const int B_ROWS = WG / QUADS;            // channels between an invocation's weight slots
 const bool PAD_ROWS = IN_LAYOUT == ETVK_4W4C || OUT_LAYOUT == ETVK_4W4C;
@@ -595,6 +609,27 @@ void main() {
   if (K_SPLITS == 1 || c_begin < c_end) {
     load_chunk(c_begin, t, kg4);
   }
+  const int n4 = t % BN4;
+  const int oc4 = n0 / 4 + n4;
+  const ivec4 out4 = ivec4(W, pc.out_sizes.y, oc4_count, pc.out_sizes.w);
+  // words[part][r]: the epilogue's output word of pixel t / BN4 + OUT_ROWS * r of M half part
+  // (~0u: none). They and their residual words are loaded now, before the K loop, so that the
+  // epilogue finds them in registers (include/q8ta_residual.glslh; ResNet-50 b32 on the H200,
+  // benchmarks/NOTES.md session 33: 2.19 -> 2.08 ms, 2.11 with the same loads just before the
+  // epilogue, 2.37 with the words computed in the unrolled epilogue loop).
+  uint words[2][PER_HALF];
+  uint residual[2][PER_HALF];
+  [[unroll]] for (int part = 0; part < 2; ++part) {
+    [[unroll]] for (int r = 0; r < PER_HALF; ++r) {
+      const int m = m0 + part * HALF + t / BN4 + OUT_ROWS * r;
+      const int row = m / wp;
+      const int w = m - row * wp;
+      const int n = row / pc.out_sizes.y;
+      const bool inside = oc4 < oc4_count && row < rows;
+      words[part][r] = inside ? etvk_packed_word(OUT_LAYOUT, out4, n, oc4, row - n * pc.out_sizes.y, w) : ~0u;
+      residual[part][r] = inside && w < W ? etvk_q8ta_residual_word(words[part][r]) : 0u;
+    }
+  }
   for (int c = c_begin; c < c_end; ++c) {
     barrier();
     [[unroll]] for (int r = 0; r < A_REGS; ++r) {
@@ -644,10 +679,7 @@ void main() {
   // Epilogue, one M half at a time: the half's two subgroups store their
   // accumulators, then invocation t requantizes channel word t % BN4 of the
   // half's pixels t / BN4 + OUT_ROWS * r. Every invocation reaches every barrier.
-  const int n4 = t % BN4;
-  const int oc4 = n0 / 4 + n4;
   const int hardswish = pc.gemm.w;
-  const ivec4 out4 = ivec4(W, pc.out_sizes.y, oc4_count, pc.out_sizes.w);
   const EtvkQ8taChannels ch = etvk_q8ta_load_channels(oc4 * 4, pc.out_sizes.z);
   [[unroll]] for (int part = 0; part < 2; ++part) {
     barrier();
@@ -660,24 +692,18 @@ void main() {
       }
     }
     barrier();
-    if (oc4 < oc4_count) {
-      for (int ml = t / BN4; ml < HALF; ml += OUT_ROWS) {
-        const int m = m0 + part * HALF + ml;
-        const int row = m / wp;
-        const int w = m - row * wp;
-        if (row >= rows) {
-          break;
-        }
-        const int n = row / pc.out_sizes.y;
-        const int h = row - n * pc.out_sizes.y;
-        const uint word = etvk_packed_word(OUT_LAYOUT, out4, n, oc4, h, w);
-        if (w < W) {
-          const int at = ml * CSTRIDE + n4 * 4;
-          const ivec4 sums = ivec4(s_mem[at], s_mem[at + 1], s_mem[at + 2], s_mem[at + 3]);
-          t_out_store_word(word, etvk_q8ta_conv_word(word, sums, ch, hardswish));
-        } else if (OUT_LAYOUT == ETVK_4W4C) {
-          t_out_store_word(word, 0u);
-        }
+    [[unroll]] for (int r = 0; r < PER_HALF; ++r) {
+      const int ml = t / BN4 + OUT_ROWS * r;
+      const int m = m0 + part * HALF + ml;
+      if (words[part][r] == ~0u) {
+        continue;
+      }
+      if (m - (m / wp) * wp < W) {
+        const int at = ml * CSTRIDE + n4 * 4;
+        const ivec4 sums = ivec4(s_mem[at], s_mem[at + 1], s_mem[at + 2], s_mem[at + 3]);
+        t_out_store_word(words[part][r], etvk_q8ta_conv_word(sums, ch, hardswish, residual[part][r]));
+      } else if (OUT_LAYOUT == ETVK_4W4C) {
+        t_out_store_word(words[part][r], 0u);
       }
     }
   }

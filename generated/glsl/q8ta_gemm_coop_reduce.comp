@@ -413,9 +413,22 @@ ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_sc
 // int8 bindings t_residual and t_lut (plain [256]), and the push constants
 // conv_scale (fp32(output_scale)), residual_scale, residual_zero_point,
 // add_inv_output_scale and add_output_zero_point.
+//
+// The residual word is an argument of etvk_q8ta_conv_word, so that a shader can load it where
+// its latency hides best. q8ta_gemm_coop loads its residual words before its K loop: loaded
+// between the epilogue's stores, ResNet-50's 64 -> 256 convs at 56x56 with the add took 95-99 µs
+// at batch 32 on the H200, 74-84 µs loaded first (benchmarks/NOTES.md session 33). The shaders
+// whose epilogue is unrolled load it beside the store (q8ta_gemm measured no faster loading
+// them first).
 
-// Output word `word` of 4 accumulators of the channels ch; invalid lanes give 0 bytes.
-uint etvk_q8ta_conv_word(uint word, ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
+// The residual word at output word `word` (0 without the residual add: nothing is read).
+uint etvk_q8ta_residual_word(uint word) {
+  return RESIDUAL == 0 ? 0u : t_residual_load_word(word);
+}
+
+// The output word of 4 accumulators of the channels ch, whose residual word (read by
+// etvk_q8ta_residual_word) is `residual`; invalid lanes give 0 bytes.
+uint etvk_q8ta_conv_word(ivec4 acc, EtvkQ8taChannels ch, int hardswish, uint residual) {
   const ivec4 q = etvk_q8ta_requantize4(acc, ch, hardswish);
   if (HAS_LUT == 1) {
     // table[q + 128] is byte (q + 128) % 4 of word (q + 128) / 4, sign-extended.
@@ -430,7 +443,7 @@ uint etvk_q8ta_conv_word(uint word, ivec4 acc, EtvkQ8taChannels ch, int hardswis
     return etvk_pack_i8x4(q);
   }
   const ivec4 sum = etvk_q8ta_binary4(ETVK_Q8TA_ADD, RESIDUAL == 2, q, pc.output_zero_point,
-                                      pc.conv_scale, t_residual_load(word), pc.residual_zero_point,
+                                      pc.conv_scale, etvk_unpack_i8x4(residual), pc.residual_zero_point,
                                       pc.residual_scale, pc.add_inv_output_scale,
                                       pc.add_output_zero_point);
   return etvk_pack_i8x4(mix(ivec4(0), sum, ch.valid));
@@ -463,5 +476,5 @@ void main() {
     sums += t_partials_load((uint(s) * uint(pc.partials.y) + uint(m)) * np4 + uint(oc4));
   }
   const EtvkQ8taChannels ch = etvk_q8ta_load_channels(oc4 * 4, pc.out_sizes.z);
-  t_out_store_word(word, etvk_q8ta_conv_word(word, sums, ch, pc.hardswish));
+  t_out_store_word(word, etvk_q8ta_conv_word(sums, ch, pc.hardswish, etvk_q8ta_residual_word(word)));
 }
