@@ -20,7 +20,10 @@ a valid choice is ignored with a warning (that entry, or all of it), never
 an error. ``ETVK_TUNING=off`` ignores the file: every conv follows its rule.
 
 `forcing` makes `lookup` answer one choice whatever the file says: the
-tuner times candidates with it, tests run every candidate with it. This
+tuner times candidates with it, tests run every candidate with it.
+`rules_only` makes it answer None, as ``ETVK_TUNING=off`` does, within a
+block: the tune command loads a program by the rules with it, to time it
+against the same program with the measured choices. This
 module must not measure anything (runtime/tools/tuner.py does). Called by
 stub_support (the spec helpers), the program loader and the tuner.
 """
@@ -125,13 +128,18 @@ class TuningCache:
         return self._devices.get(device, {}).get(shape, {})
 
     def store(self, device: str, shape: str, choices: dict[str, Conv2dChoice]) -> None:
-        """Records the measured best choice per algorithm of one geometry, replacing its old entry.
+        """Records the measured best choice per algorithm of one geometry, replacing its old entry
+        (empty `choices`: removes the entry, so that the rule decides again).
 
         Raises:
             OSError: the file cannot be written.
         """
         devices = self._read()
-        devices.setdefault(device, {})[shape] = {alg: c.to_json() for alg, c in sorted(choices.items())}
+        shapes = devices.setdefault(device, {})
+        if choices:
+            shapes[shape] = {alg: c.to_json() for alg, c in sorted(choices.items())}
+        else:
+            shapes.pop(shape, None)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         temporary = self.path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
         temporary.write_text(json.dumps({"version": VERSION, "devices": devices}, indent=1,
@@ -142,6 +150,7 @@ class TuningCache:
 
 _caches: dict[Path, TuningCache] = {}
 _forced: contextvars.ContextVar[Conv2dChoice | None] = contextvars.ContextVar("forced", default=None)
+_rules: contextvars.ContextVar[bool] = contextvars.ContextVar("rules", default=False)
 _lock = threading.Lock()
 
 
@@ -163,10 +172,22 @@ def forcing(choice: Conv2dChoice):
         _forced.reset(token)
 
 
+@contextlib.contextmanager
+def rules_only():
+    """Within the block (in this thread), `measured` answers {} as with ``ETVK_TUNING=off``: every
+    conv follows its rule (a `forcing` choice still wins)."""
+    token = _rules.set(True)
+    try:
+        yield
+    finally:
+        _rules.reset(token)
+
+
 def measured(p: Conv2dParams) -> dict[str, Conv2dChoice]:
     """algorithm -> the measured best choice of that algorithm for `p` on this device ({} when
-    nothing was measured, or with ``ETVK_TUNING=off``); only algorithms valid for `p`."""
-    if not enabled():
+    nothing was measured, with ``ETVK_TUNING=off`` or within `rules_only`); only algorithms
+    valid for `p`."""
+    if not enabled() or _rules.get():
         return {}
     choices = tuning_cache().choices(device_key(get_device().caps), shape_key(p))
     return {a: c for a, c in choices.items() if a in candidate_algorithms(p)}

@@ -63,6 +63,8 @@ def _parser() -> argparse.ArgumentParser:
     tune.add_argument("--batch", type=int, help="tune for this batch size instead of the program's")
     tune.add_argument("--repeat", type=int, default=3,
                       help="timed replays per candidate, after its warm-up (default 3)")
+    tune.add_argument("--no-program-check", action="store_true",
+                      help="keep the measured choices without timing the whole program against the rules")
     stats = sub.add_parser("stats", help="the driver compiler's statistics of shader variants "
                                          "(registers, shared memory: what decides occupancy)")
     stats.add_argument("variant", nargs="+", help="variant names, as `info` lists them")
@@ -98,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "tune":
             from runtime.tools.tune_command import tune
 
-            return tune(args.file, args.batch, args.repeat)
+            return tune(args.file, args.batch, args.repeat, program_check=not args.no_program_check)
         if args.command == "stats":
             from runtime.tools.statistics_command import statistics
 

@@ -121,7 +121,8 @@ def inspect(path: Path) -> int:
     return 0
 
 
-def _inputs(program: Program, given: Path | None, seed: int) -> list[torch.Tensor]:
+def program_inputs(program: Program, given: Path | None, seed: int) -> list[torch.Tensor]:
+    """The program's inputs: those in the safetensors file `given`, else random ones from `seed`."""
     if given is None:  # random values, where a check bounds an input within its bounds
         gen = torch.Generator().manual_seed(seed)
         kinds = {c.input: c for c in program.input_checks if c.kind in ("index", "position")}
@@ -152,7 +153,7 @@ def _inputs(program: Program, given: Path | None, seed: int) -> list[torch.Tenso
 def run(path: Path, given: Path | None, repeat: int, seed: int) -> int:
     """Runs a program, compares it with its CPU run and times it; returns the exit status."""
     loaded = load(path, progress=progress)
-    inputs = _inputs(loaded.program, given, seed)
+    inputs = program_inputs(loaded.program, given, seed)
 
     def call():  # each call from the program's start state (a decoder: a fresh KV cache)
         loaded.reset()

@@ -1,4 +1,5 @@
-"""``python -m runtime tune FILE [--batch N] [--repeat R]``: tune every conv of a saved program.
+"""``python -m runtime tune FILE [--batch N] [--repeat R] [--no-program-check]``: tune every
+conv of a saved program.
 
 Reads the program (no loading on the device), collects the geometry of each
 int8 conv node (with ``--batch``, N replaced, so one saved batch-1 program
@@ -6,24 +7,37 @@ tunes for batch 32), tunes each distinct geometry once (runtime/tools/tuner.py)
 with one progress line per geometry on stderr, stores the measured choices
 in this device's tuning cache (runtime/ops/tuning.py), then prints a table
 on stdout: per layer the shape, the rule's choice and its time, the tuned
-choice and its time, the speedup; and the totals. A later ``run`` or
-``inspect`` of the program on this device uses the stored choices.
-Errors are raised as `CommandError`s for the CLI to print as one line.
-Called by runtime.tools.cli.
+choice and its time, the speedup; and the totals.
+
+Each conv is timed alone, and a choice that wins alone can lose in the
+program (a layout its neighbours must convert to, a cache the next conv no
+longer finds warm). So the command then times the whole program, loaded by
+the rules and loaded with the measured choices, alternating, and keeps the
+choices only if the program with them is faster; otherwise it puts back what
+the cache held for those geometries before, and the rules stand. The verdict
+is the last line on stdout. ``--no-program-check`` keeps the choices
+unchecked; with ``--batch`` other than the program's there is no program of
+that batch to run, and the check is skipped (said on that line).
+
+A later ``run`` or ``inspect`` of the program on this device uses the stored
+choices. Errors are raised as `CommandError`s for the CLI to print as one
+line. Called by runtime.tools.cli.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import statistics
 import time
 from pathlib import Path
 
 from runtime.families.conv2d_layouts import CONV_OPS
 from runtime.ops import tuning
 from runtime.programs.layouts import conv_geometry
+from runtime.programs.loader import load
 from runtime.programs.program import Program
 from runtime.tools import tuner
-from runtime.tools.program_commands import CommandError, progress, table
+from runtime.tools.program_commands import CommandError, program_inputs, progress, table
 from runtime.vulkan.device import get_device
 
 
@@ -41,7 +55,54 @@ def _summary(result: tuner.ShapeResult) -> str:
     return text + ")"
 
 
-def tune(path: Path, batch: int | None, repeat: int) -> int:
+# Whole-program runs of the program check: this many per `--repeat`, each load in turn.
+PROGRAM_RUNS_PER_REPEAT = 5
+
+
+def program_seconds(path: Path, repeat: int) -> tuple[float, float]:
+    """Median seconds of a resident call (inputs on the device) of the program at `path`, loaded
+    by the rules and loaded with the measured choices: one warm-up call each, then
+    `PROGRAM_RUNS_PER_REPEAT` * `repeat` runs of each, in turn."""
+    with tuning.rules_only():
+        by_rule = load(path)
+    measured = load(path)
+    inputs = program_inputs(measured.program, None, seed=0)
+    times: dict[int, list[float]] = {0: [], 1: []}
+    for loaded in (by_rule, measured):
+        loaded(*inputs)  # the inputs the resident runs reuse; pipelines warmed
+    for _ in range(PROGRAM_RUNS_PER_REPEAT * repeat):
+        for i, loaded in enumerate((by_rule, measured)):
+            start = time.perf_counter()
+            loaded.run_resident()
+            times[i].append(time.perf_counter() - start)
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def _program_check(path: Path, program_batch: int, batch: int | None, repeat: int,
+                   before: dict[str, dict]) -> str:
+    """Times the program by the rules and with the choices just stored; puts back `before` (the
+    cache's entries of those geometry keys before tuning) unless the program got faster.
+    Returns the verdict line."""
+    if batch is not None and batch != program_batch:
+        return (f"program check: skipped (tuned for batch {batch}; the program runs batch "
+                f"{program_batch}): the measured choices are kept unchecked")
+    if not tuning.enabled():
+        return f"program check: skipped ({tuning.SWITCH}=off: the program would run by the rules either way)"
+    progress("timing the whole program by the rules and with the measured choices")
+    by_rule, measured = program_seconds(path, repeat)
+    line = (f"program check: {by_rule * 1e3:.3f} ms a call by the rules, {measured * 1e3:.3f} ms "
+            f"with the measured choices (resident, median of {PROGRAM_RUNS_PER_REPEAT * repeat} "
+            "runs each, in turn): ")
+    if measured < by_rule:
+        return line + "kept"
+    cache, device = tuning.tuning_cache(), tuning.device_key(get_device().caps)
+    for key, choices in before.items():
+        cache.store(device, key, choices)
+    return line + ("not faster, so the choices measured now are taken back and the rules stand "
+                   "(--no-program-check keeps them)")
+
+
+def tune(path: Path, batch: int | None, repeat: int, program_check: bool = True) -> int:
     """Tunes the conv geometries of the program at `path`; returns the exit status."""
     if batch is not None and batch < 1:
         raise CommandError(f"--batch must be >= 1, got {batch}")
@@ -49,9 +110,11 @@ def tune(path: Path, batch: int | None, repeat: int) -> int:
         raise CommandError(f"--repeat must be >= 1, got {repeat}")
     program = Program.load(path)
     layers = []
+    program_batch = None
     for node in program.nodes:
         if node.target in CONV_OPS:
             p = conv_geometry(program, node)
+            program_batch = p.N
             layers.append((node.name, dataclasses.replace(p, N=batch) if batch else p))
     caps = get_device().caps
     if not layers:
@@ -62,6 +125,8 @@ def tune(path: Path, batch: int | None, repeat: int) -> int:
     if get_device().validation:
         progress("note: the validation layer is on (ETVK_VALIDATION=1): it slows every dispatch")
     shapes = list(dict.fromkeys(p for _, p in layers))
+    cache, device = tuning.tuning_cache(), tuning.device_key(caps)
+    before = {tuning.shape_key(p): cache.choices(device, tuning.shape_key(p)) for p in shapes}
     timing = tuner.Timing(repeats=repeat)
     started = time.perf_counter()
     results = {}
@@ -92,4 +157,6 @@ def tune(path: Path, batch: int | None, repeat: int) -> int:
           f"and tuned timed again side by side, median of {2 * repeat} replays after warm-up); "
           f"tuned in {time.perf_counter() - started:.1f} s, stored in {tuning.cache_path()}")
     print(table(rows))
+    if program_check:
+        print(_program_check(path, program_batch, batch, repeat, before))
     return 0

@@ -68,6 +68,24 @@ def test_switch_off_ignores_the_cache(cache, monkeypatch):
         assert tuning.lookup(P) == IM2COL and tuning.lookup(P, "general") is None
 
 
+def test_rules_only_ignores_the_cache_within_its_block(cache):
+    plant(cache, P, GENERAL)
+    with tuning.rules_only():
+        assert tuning.lookup(P) is None and tuning.measured(P) == {}
+        with tuning.forcing(IM2COL):  # forcing still wins
+            assert tuning.lookup(P) == IM2COL
+    assert tuning.lookup(P) == GENERAL
+
+
+def test_storing_no_choices_removes_the_entry(cache):
+    plant(cache, P, GENERAL)
+    plant(cache, OTHER, IM2COL)
+    cache.store(tuning.device_key(get_device().caps), tuning.shape_key(P), {})
+    assert tuning.lookup(P) is None and tuning.lookup(OTHER) == IM2COL
+    assert tuning.shape_key(P) not in json.loads(cache.path.read_text())["devices"][
+        tuning.device_key(get_device().caps)]
+
+
 @pytest.mark.parametrize("text", ["{not json", "[]", '{"version": 99, "devices": {}}', ""])
 def test_an_unreadable_file_is_ignored_with_a_warning(cache, text):
     cache.path.parent.mkdir(parents=True)

@@ -15,7 +15,7 @@ from runtime.families.conv2d_tuning import Conv2dChoice
 from runtime.ops import tuning
 from runtime.programs.layouts import conv_geometry
 from runtime.programs.program import Program
-from runtime.tools import cli, tuner
+from runtime.tools import cli, tune_command, tuner
 from runtime.vulkan.device import get_device
 
 
@@ -34,7 +34,7 @@ def conv_shapes(path, batch=None):
 
 
 def test_tune_prints_a_table_and_loads_follow_it(small_cnn_file, cache, capsys):
-    assert cli.main(["tune", str(small_cnn_file), "--repeat", "1"]) == 0
+    assert cli.main(["tune", str(small_cnn_file), "--repeat", "1", "--no-program-check"]) == 0
     out, err = capsys.readouterr()
     shapes = conv_shapes(small_cnn_file)
     distinct = list(dict.fromkeys(shapes))
@@ -62,9 +62,78 @@ def test_tune_prints_a_table_and_loads_follow_it(small_cnn_file, cache, capsys):
 
 def test_tune_retargets_the_batch(small_cnn_file, cache, capsys):
     assert cli.main(["tune", str(small_cnn_file), "--batch", "2", "--repeat", "1"]) == 0
-    assert "n2 c" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "n2 c" in out
+    batch = conv_shapes(small_cnn_file)[0].N
+    assert out.splitlines()[-1] == (f"program check: skipped (tuned for batch 2; the program runs batch "
+                                    f"{batch}): the measured choices are kept unchecked")
     assert all(tuning.lookup(p) is not None for p in conv_shapes(small_cnn_file, batch=2))
     assert all(tuning.lookup(p) is None for p in conv_shapes(small_cnn_file))
+
+
+def _time_program(by_rule: float, measured: float, calls: list):
+    """A stand-in for tune_command.program_seconds that answers fixed seconds."""
+    def fake(path, repeat):
+        calls.append((path, repeat))
+        return by_rule, measured
+    return fake
+
+
+def test_the_program_check_keeps_choices_that_make_the_program_faster(small_cnn_file, cache, capsys,
+                                                                      monkeypatch):
+    calls = []
+    monkeypatch.setattr(tune_command, "program_seconds", _time_program(2e-3, 1e-3, calls))
+    assert cli.main(["tune", str(small_cnn_file), "--repeat", "2"]) == 0
+    assert calls == [(small_cnn_file, 2)]
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last == ("program check: 2.000 ms a call by the rules, 1.000 ms with the measured choices "
+                    "(resident, median of 10 runs each, in turn): kept")
+    assert all(tuning.lookup(p) is not None for p in conv_shapes(small_cnn_file))
+
+
+def test_the_program_check_takes_back_choices_that_do_not_pay(small_cnn_file, cache, capsys, monkeypatch):
+    """Not faster as a program: each geometry's entry goes back to what it was before tuning
+    (one planted choice stays, the others are removed), so loads follow the rules again."""
+    device = tuning.device_key(get_device().caps)
+    shapes = list(dict.fromkeys(conv_shapes(small_cnn_file)))
+    planted = {"general": Conv2dChoice("general", "4C1W", (("out_w", 8),), 5e-6)}
+    cache.store(device, tuning.shape_key(shapes[0]), planted)
+    monkeypatch.setattr(tune_command, "program_seconds", _time_program(1e-3, 1e-3, []))
+    assert cli.main(["tune", str(small_cnn_file), "--repeat", "1"]) == 0
+    last = capsys.readouterr().out.splitlines()[-1]
+    assert last.endswith("not faster, so the choices measured now are taken back and the rules stand "
+                         "(--no-program-check keeps them)")
+    assert tuning.measured(shapes[0]) == planted
+    assert all(tuning.lookup(p) is None for p in shapes[1:])
+    assert all(cache.choices(device, tuning.shape_key(p)) == {} for p in shapes[1:])
+
+
+def test_no_program_check_keeps_the_choices_untimed(small_cnn_file, cache, capsys, monkeypatch):
+    calls = []
+    monkeypatch.setattr(tune_command, "program_seconds", _time_program(1e-3, 2e-3, calls))
+    assert cli.main(["tune", str(small_cnn_file), "--repeat", "1", "--no-program-check"]) == 0
+    assert calls == [] and "program check" not in capsys.readouterr().out
+    assert all(tuning.lookup(p) is not None for p in conv_shapes(small_cnn_file))
+
+
+def test_program_seconds_times_the_rules_against_the_measured_choices(small_cnn_file, cache, monkeypatch):
+    """The two loads it times differ as they should: by the rules within rules_only, the measured
+    choices outside it."""
+    device = tuning.device_key(get_device().caps)
+    for p in conv_shapes(small_cnn_file):
+        cache.store(device, tuning.shape_key(p), {"general": Conv2dChoice("general", "4W4C", (("out_w", 8),), 1e-6)})
+    loads = []
+    real_load = tune_command.load
+
+    def recording_load(path):
+        loaded = real_load(path)
+        loads.append({r["tuning"] for r in loaded.placement() if r["target"] in CONV_OPS})
+        return loaded
+
+    monkeypatch.setattr(tune_command, "load", recording_load)
+    by_rule, measured = tune_command.program_seconds(small_cnn_file, 1)
+    assert by_rule > 0 and measured > 0
+    assert loads == [{"rule"}, {"measured: general 4W4C w8"}]
 
 
 def test_a_planted_choice_sets_layouts_and_algorithms(small_cnn_file, cache):
