@@ -14,7 +14,7 @@ program (a layout its neighbours must convert to, a cache the next conv no
 longer finds warm). So the command then times the whole program, loaded by
 the rules and loaded with the measured choices, alternating, and keeps the
 choices only if the program with them is faster; otherwise it puts back what
-the cache held for those geometries before, and the rules stand. The verdict
+the cache held for those geometries before (nothing: the rules). The verdict
 is the last line on stdout. ``--no-program-check`` keeps the choices
 unchecked; with ``--batch`` other than the program's there is no program of
 that batch to run, and the check is skipped (said on that line).
@@ -67,14 +67,14 @@ def program_seconds(path: Path, repeat: int) -> tuple[float, float]:
         by_rule = load(path)
     measured = load(path)
     inputs = program_inputs(measured.program, None, seed=0)
-    times: dict[int, list[float]] = {0: [], 1: []}
+    times: list[list[float]] = [[], []]  # by the rules, measured
     for loaded in (by_rule, measured):
         loaded(*inputs)  # the inputs the resident runs reuse; pipelines warmed
     for _ in range(PROGRAM_RUNS_PER_REPEAT * repeat):
-        for i, loaded in enumerate((by_rule, measured)):
+        for seconds, loaded in zip(times, (by_rule, measured), strict=True):
             start = time.perf_counter()
             loaded.run_resident()
-            times[i].append(time.perf_counter() - start)
+            seconds.append(time.perf_counter() - start)
     return statistics.median(times[0]), statistics.median(times[1])
 
 
@@ -98,8 +98,8 @@ def _program_check(path: Path, program_batch: int, batch: int | None, repeat: in
     cache, device = tuning.tuning_cache(), tuning.device_key(get_device().caps)
     for key, choices in before.items():
         cache.store(device, key, choices)
-    return line + ("not faster, so the choices measured now are taken back and the rules stand "
-                   "(--no-program-check keeps them)")
+    return line + ("not faster, so the choices measured now are taken back: each geometry's cache "
+                   "entry is as it was before (--no-program-check keeps them)")
 
 
 def tune(path: Path, batch: int | None, repeat: int, program_check: bool = True) -> int:

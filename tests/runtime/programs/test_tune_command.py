@@ -101,8 +101,8 @@ def test_the_program_check_takes_back_choices_that_do_not_pay(small_cnn_file, ca
     monkeypatch.setattr(tune_command, "program_seconds", _time_program(1e-3, 1e-3, []))
     assert cli.main(["tune", str(small_cnn_file), "--repeat", "1"]) == 0
     last = capsys.readouterr().out.splitlines()[-1]
-    assert last.endswith("not faster, so the choices measured now are taken back and the rules stand "
-                         "(--no-program-check keeps them)")
+    assert last.endswith("not faster, so the choices measured now are taken back: each geometry's cache "
+                         "entry is as it was before (--no-program-check keeps them)")
     assert tuning.measured(shapes[0]) == planted
     assert all(tuning.lookup(p) is None for p in shapes[1:])
     assert all(cache.choices(device, tuning.shape_key(p)) == {} for p in shapes[1:])
