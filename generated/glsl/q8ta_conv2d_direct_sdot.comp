@@ -4,8 +4,11 @@
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 64, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
 layout(constant_id = 4) const int OUT_W = 4;
-layout(constant_id = 5) const int RESIDUAL = 0;
-layout(constant_id = 6) const int HAS_LUT = 0;
+layout(constant_id = 5) const int FIXED_KW = 0;
+layout(constant_id = 6) const int FIXED_KH = 0;
+layout(constant_id = 7) const int FIXED_NW = 0;
+layout(constant_id = 8) const int RESIDUAL = 0;
+layout(constant_id = 9) const int HAS_LUT = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 in_sizes;
   layout(offset = 16) ivec4 out_sizes;
@@ -511,15 +514,15 @@ void main() {
   const int oy = run.oy;
   const int n = run.n;
   const int oc4 = run.c4;
-  const int kw = pc.kernel.x;
-  const int kh = pc.kernel.y;
+  const int kw = FIXED_KW > 0 ? FIXED_KW : pc.kernel.x;
+  const int kh = FIXED_KH > 0 ? FIXED_KH : pc.kernel.y;
   const int sx = pc.kernel.z;
   const int sy = pc.kernel.w;
   const int dx = pc.pad_dil.z;
   const int dy = pc.pad_dil.w;
   const int cg = pc.conv.x;
   const int coutg = pc.conv.y;
-  const int nw = pc.conv.z;
+  const int nw = FIXED_NW > 0 ? FIXED_NW : pc.conv.z;
   const ivec4 in4 = ivec4(pc.in_sizes.xy, (pc.in_sizes.z + 3) >> 2, pc.in_sizes.w);
   // Words past the input's last channel word have zero weights: clamp so they
   // read some in-bounds word.

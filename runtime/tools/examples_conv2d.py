@@ -125,6 +125,11 @@ CASES = [
     C("hardtanh_3x3_m1p5_2", 1, 8, 7, 9, 12, (3, 3), padding=(1, 1), activation="hardtanh",
       activation_min=-1.5, activation_max=2.0,
       real="hardtanh with a negative lower bound, C_out not a multiple of 8"),
+    C("alexnet_stem_11x11s4", 1, 3, 27, 27, 16, (11, 11), (4, 4), (2, 2), activation="relu",
+      real="AlexNet conv1: 3->64, 224x224, 11x11 stride 4 pad 2 (a kernel above 7x7: the direct "
+           "conv's loop bounds from push constants)"),
+    C("dw_9x9", 1, 8, 12, 12, 8, (9, 9), padding=(4, 4), groups=8,
+      real="a depthwise kernel above 7x7: the tap loops' bounds from push constants"),
 ]
 CASES_BY_NAME = {case.name: case for case in CASES}
 

@@ -73,6 +73,34 @@ def test_variant_matches_reference_and_pytorch(op_name, variant, case, dispatch_
     assert variant in dispatch_trace(), f"{variant} never reached the device"
 
 
+@pytest.mark.parametrize(("kind", "case_name", "fixed"), [
+    ("general", "resnet50_stem_7x7s2", {"FIXED_KW": 7, "FIXED_KH": 7, "FIXED_NW": 1}),
+    ("general", "alexnet_stem_11x11s4", {"FIXED_KW": 0, "FIXED_KH": 0, "FIXED_NW": 1}),
+    ("general", "asym_1x7_pad_0_3", {"FIXED_KW": 7, "FIXED_KH": 1, "FIXED_NW": 2}),
+    ("general", "resnet_bottleneck_1x1_reduce", {"FIXED_KW": 1, "FIXED_KH": 1, "FIXED_NW": 0}),
+    ("dw", "mobilenetv3_dw_5x5s2", {"FIXED_KW": 5, "FIXED_KH": 5}),
+    ("dw", "dw_9x9", {"FIXED_KW": 0, "FIXED_KH": 0}),
+])
+def test_loop_bounds_are_spec_constants_up_to_7x7(kind, case_name, fixed, monkeypatch):
+    """The direct and depthwise convs get KW, KH (kernels up to 7x7) and the direct conv's
+    channel words per tap (up to 16) as spec constants, for the driver to unroll their loops;
+    above, 0: the shader reads them from the push constants (both paths: the CASES)."""
+    seen = []
+    real = Stream.dispatch
+
+    def spy(self, kernel, op, **kw):
+        seen.append(kw["spec_constants"])
+        return real(self, kernel, op, **kw)
+
+    monkeypatch.setattr(Stream, "dispatch", spy)
+    inp = make_inputs(CASES_BY_NAME[case_name])
+    with Stream() as stream:  # recorded afresh: an eager call could replay an earlier call's plan
+        out = runtime.get_op(CONV_OPS[kind]).record(stream, *inp.args())
+        stream.run()
+        assert_bit_exact(out.to_torch(), ref.q8ta_conv2d(*inp.args()), case_name)
+    assert len(seen) == 1 and {k: seen[0][k] for k in fixed} == fixed
+
+
 LAYOUT_CASES = ["grouped_g2_cg8", "strided_3x3s2_w13_cout12", "mobilenetv2_dw_c30_w13",
                 "pointwise_cin6_cout7", "batch2_3x3_cout10"]
 
