@@ -5,6 +5,7 @@ layout(constant_id = 3) const int LAYOUT = 2;
 layout(constant_id = 4) const int HAS_SUMS = 0;
 layout(constant_id = 5) const int HAS_X = 1;
 layout(constant_id = 6) const int SHARED_TABLE = 0;
+layout(constant_id = 7) const int KEEPDIM = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -532,10 +533,19 @@ void main() {
   const int j = lid / STREAMS;   // the value of the word
   const int s = lid % STREAMS;   // the stream: lane s / 4, accumulator s % 4
   const int C = pc.sizes.z;
-  const int i = int(word) * 4 + j;
-  const bool live = word < pc.words && i < C * pc.sizes.w;
-  g_n = i / C;
-  g_c = i - g_n * C;
+  int values;  // how many of the word's 4 values are outputs
+  if (KEEPDIM == 1) {
+    const ivec4 at = etvk_packed_coords(LAYOUT, ivec4(1, 1, (C + 3) >> 2, pc.sizes.w), word);
+    g_n = at.w;
+    g_c = at.z * 4 + j;
+    values = at.x == 0 ? min(C - at.z * 4, 4) : 0;
+  } else {
+    const int i = int(word) * 4 + j;
+    g_n = i / C;
+    g_c = i - g_n * C;
+    values = min(C * pc.sizes.w - int(word) * 4, 4);
+  }
+  const bool live = word < pc.words && j < values;
   const int count = pc.sizes.x * pc.sizes.y;
   const int lanes = etvk_cascade_lanes(count);
   const int vectors = count / lanes;
@@ -560,7 +570,7 @@ void main() {
   if (lid == 0 && word < pc.words) {
     bvec4 valid;
     for (int v = 0; v < 4; ++v) {
-      valid[v] = int(word) * 4 + v < C * pc.sizes.w;
+      valid[v] = v < values;
     }
     const ivec4 q = etvk_q8ta_quantize4(vec4(s_mean[0], s_mean[1], s_mean[2], s_mean[3]),
                                         pc.inv_output_scale, pc.output_zero_point);

@@ -37,12 +37,11 @@ expression's int8 bytes, each channel with its source's qparams
 tables are the chain and the quantize run over each channel's 256 values
 dequantized with its qparams; where the chain's mean over H and W is quantized
 (DenseNet's head), one ``etvk.q8ta_channel_lut_mean`` averages the chain's fp32
-values the same way, into int8 rows ``[N, C]``; where the quantize keeps the
+values the same way, into int8 rows ``[N, C]``, or where the quantize keeps the
 pooled ``[N, C, 1, 1]`` (torch 2.11's PT2E graph of a squeeze-and-excite gate,
 ``dq -> silu | hardswish -> adaptive_avg_pool2d(1) -> q``, which pools the fp32
-activation; its table one row, every channel's alike), the rows are
-dequantized, viewed as ``[N, C, 1, 1]`` and quantized again with the same
-qparams (the same int8 values, as the 4-D quantize the conv after it reads).
+activation; its table one row, every channel's alike) into that packed map
+(``keepdim``), which the gate's conv reads.
 Where the expression's first channels are an average pool with full windows
 that PT2E left in fp32 (DenseNet's transition), those channels read the
 pool's ``etvk.q8ta_window_sum`` instead, through tables over
@@ -65,7 +64,7 @@ import torch
 from runtime.families.conv2d_layouts import PLACEHOLDER
 from runtime.programs.cpu import resolve_op, run_node
 from runtime.programs.lower_gather import Gathers, after_prefix
-from runtime.programs.nodes import Const, Node, Ref, ValueSpec, walk_args
+from runtime.programs.nodes import Const, Node, Ref, walk_args
 from runtime.programs.rewrite import DQ, Q, Rewriter, bind, int8_per_tensor, ints
 
 LUT = "etvk.q8ta_lut.default"
@@ -200,22 +199,6 @@ def _mean_of(rw: Rewriter, quantize: Node) -> Ref | None:
     return None
 
 
-def _pooled_from_rows(rw: Rewriter, quantize: Node, rows: str) -> list[Node]:
-    """The nodes that give `quantize`'s ``[N, C, 1, 1]`` output from the int8 rows ``[N, C]``
-    named `rows`, which hold the same values with the same qparams: ``dq -> view -> q`` (exact:
-    ``q(dq(v)) = v`` for int8 v); `quantize` is replaced by the last of them."""
-    program, qparams = rw.program, int8_per_tensor(quantize, Q)[1:]
-    name, shape = quantize.outputs[0], rw.shape(Ref(quantize.outputs[0]))
-    dequantized, viewed = f"{name}_rows_dq", f"{name}_rows_view"
-    program.values[rows] = ValueSpec(shape[:2], torch.int8)
-    program.values[dequantized] = ValueSpec(shape[:2], torch.float32)
-    program.values[viewed] = ValueSpec(shape, torch.float32)
-    arguments = (*qparams, -128, 127, torch.int8)
-    return [Node(dequantized, DQ, (Ref(rows), *arguments), {}, (dequantized,)),
-            Node(viewed, "aten.view.default", (Ref(dequantized), list(shape)), {}, (viewed,)),
-            Node(quantize.name, Q, (Ref(viewed), *arguments), {}, quantize.outputs)]
-
-
 def _channel_pattern(rw: Rewriter, gathers: Gathers, quantize: Node, mean: bool):
     """(channel expression tree, its value, the chain's nodes in program order) where `quantize`
     ends a per-channel pattern (`lower_channel_tables`): the chain then the quantize (`mean`
@@ -295,7 +278,7 @@ def lower_channel_tables(rw: Rewriter) -> None:
     head: ``norm -> relu -> adaptive_avg_pool2d(1) -> flatten``) -> one
     ``etvk.q8ta_channel_lut_mean`` whose fp32 tables are the chain's values (one row where
     every channel's is alike: a function of a per-tensor int8 value; where the quantize
-    keeps the pooled ``[N, C, 1, 1]``, into rows that `_pooled_from_rows` makes that); a full-window
+    keeps the pooled ``[N, C, 1, 1]``, into that packed map); a full-window
     average pool giving the expression's first channels (`Gathers.window_sums`) goes in
     through tables over its window sums (`pooled`), the int8 input then holding the channels
     after it (None where there are none: the output's layout is then its readers'). Then
@@ -330,20 +313,19 @@ def lower_channel_tables(rw: Rewriter) -> None:
         for packed in (*[n.outputs[0] for n in new if program.values[n.outputs[0]].dtype == torch.int8],
                        *([] if raw is None else [raw.name])):
             rw.mark_packed(packed)
-        after = []
         if mean:
-            out = quantize.outputs
-            if len(rw.shape(Ref(name))) == 4:  # the pooled [N, C, 1, 1]: from the rows
-                out = (f"{name}_rows",)
-                after = _pooled_from_rows(rw, quantize, out[0])
+            keep = ()
+            if len(rw.shape(Ref(name))) == 4:  # the pooled [N, C, 1, 1]: packed, as a conv reads it
+                rw.mark_packed(name)
+                keep = (*(wide or (None, None)), True, PLACEHOLDER if raw is None else None)
             last = Node(f"{quantize.name}_channel_mean", CHANNEL_MEAN,
-                        (raw, table, *int8_per_tensor(quantize, Q)[1:], *wide), {}, out)
+                        (raw, table, *int8_per_tensor(quantize, Q)[1:], *(keep or wide)), {}, quantize.outputs)
         else:  # without x, the output's layout is its readers' (the placeholder)
             rw.mark_packed(name)
             last = Node(f"{quantize.name}_channel_lut", CHANNEL_LUT,
                         (raw, table, *wide, *([] if raw is not None else [PLACEHOLDER])), {}, quantize.outputs)
         position = program.nodes.index(quantize)
-        program.nodes[position:position + 1] = [*new, last, *after]
+        program.nodes[position:position + 1] = [*new, last]
         rw.refresh()
     program.remove_dead()
     rw.refresh()

@@ -61,15 +61,17 @@ def q8ta_channel_lut(x: torch.Tensor | None, table: torch.Tensor | None, sums: t
 
 def q8ta_channel_lut_mean(x: torch.Tensor | None, table: torch.Tensor | None, output_scale: float,
                           output_zero_point: int, sums: torch.Tensor | None = None,
-                          sums_table: torch.Tensor | None = None) -> torch.Tensor:
+                          sums_table: torch.Tensor | None = None, keepdim: bool = False,
+                          layout: str | None = None) -> torch.Tensor:
     """The mean over H and W of `q8ta_channel_lut`'s fp32 values (an fp32 ``[C_x, 256]`` `table`,
     or ``[1, 256]`` for every channel, of int8 ``[N, C_x, H, W]`` `x`, after the window sums'
     channels where `sums` and `sums_table` are given), quantized: the fp32 sum over the pixels (p = h * W + w) in
     PyTorch's CPU order (`runtime.families.pool2d.cascade_sum`, each add rounded), divided by
     H * W (fp32 division, correctly rounded): PyTorch's mean of those values, bit for bit.
+    `layout` does not change the values.
 
     Returns:
-        int8 ``[N, Cs + C_x]``.
+        int8 ``[N, Cs + C_x]``, or ``[N, Cs + C_x, 1, 1]`` with `keepdim`.
     """
     if table is not None and table.shape[0] == 1:  # one row for every channel
         table = table.expand(x.shape[1], -1)
@@ -77,4 +79,5 @@ def q8ta_channel_lut_mean(x: torch.Tensor | None, table: torch.Tensor | None, ou
     n, c, count = values.shape
     total = cascade_sum(values.reshape(n * c, count)).reshape(n, c)
     mean = total / torch.tensor(float(count), dtype=torch.float32)
-    return quantize_per_tensor(mean, output_scale, output_zero_point, -128, 127, torch.int8)
+    out = quantize_per_tensor(mean, output_scale, output_zero_point, -128, 127, torch.int8)
+    return out.view(n, c, 1, 1) if keepdim else out

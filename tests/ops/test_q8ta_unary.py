@@ -269,6 +269,24 @@ def test_channel_lut_mean_with_window_sums_matches_reference(name, layout):
         assert torch.equal(raw, _expected_bytes(expected, None)), f"{name} {layout}: bytes past the end not 0"
 
 
+@pytest.mark.parametrize(("name", "layout"), _channel_cases())
+def test_channel_lut_mean_keepdim_writes_the_packed_map(name, layout):
+    """With keepdim the means are the packed ``[N, C, 1, 1]`` map a conv reads: the plain
+    output's values in x's layout (padding channels and, in 4W4C, widths 0), with x, with the
+    window sums before it, and from the sums alone (the `layout` argument's)."""
+    x, table, scale, zero_point = channel_mean_inputs(LUT_BY_NAME[name])
+    sums, sums_table = channel_sums_inputs(LUT_BY_NAME[name], 4, torch.float32)
+    op = runtime.get_op(MEAN_OP)
+    for x_, table_, sums_, sums_table_, kwargs in ((x, table, None, None, {}), (x, table, sums, sums_table, {}),
+                                                   (None, None, sums, sums_table, {"layout": layout})):
+        rows = q8ta_channel_lut_mean(x_, table_, scale, zero_point, sums_, sums_table_)
+        want = rows.view(*rows.shape, 1, 1)
+        assert torch.equal(q8ta_channel_lut_mean(x_, table_, scale, zero_point, sums_, sums_table_, True), want)
+        raw, got = _record(op, x_, layout, table_, scale, zero_point, sums_, sums_table_, True, **kwargs)
+        assert torch.equal(got, want), f"{name} {layout}: {int((got != want).sum())} values differ"
+        assert torch.equal(raw, layouts.pack(want, layout)), f"{name} {layout}: padding bytes not 0"
+
+
 def test_window_sums_bad_arguments():
     x, table = channel_lut_inputs(LUT_BY_NAME["lut_c5_w9"])
     sums, sums_table = channel_sums_inputs(LUT_BY_NAME["lut_c5_w9"], 4, torch.int8)
