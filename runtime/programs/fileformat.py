@@ -7,7 +7,8 @@ header's metadata holds
 - ``etvk.format``: `FORMAT`, the version of this layout;
 - ``etvk.program``: the program as JSON (inputs, outputs, values with shape,
   dtype and layout, nodes with their arguments, the ``etvk`` op schemas, the
-  manifest hash, every constant's shape, dtype and sha256, the state: each
+  manifest hash, the versions of torch and torchao that made the graph (none
+  in files from before), every constant's shape, dtype and sha256, the state: each
   state value's start (null for zeros: no bytes are stored for a zero KV
   cache, only its shape) and update, the checks on input values, and for
   a decoder with a dynamic token count its token dimensions and the graph
@@ -127,6 +128,7 @@ def write_program(program, path) -> None:
     graph = {
         "format": FORMAT,
         "manifest_hash": program.manifest_hash,
+        "lowered_with": dict(program.lowered_with),
         **_graph_json(program),
         "constants": {name: {"shape": list(t.shape), "dtype": str(t.dtype).removeprefix("torch."),
                              "sha256": _sha256(t)} for name, t in tensors.items()},
@@ -294,6 +296,11 @@ def read_program(path) -> dict:
         constants = _constants(path, handle, graph["constants"])
         program = _graph(graph, constants, "the graph")
         program["manifest_hash"] = graph["manifest_hash"]
+        lowered_with = graph.get("lowered_with", {})  # absent in files from before
+        _require(isinstance(lowered_with, dict) and all(isinstance(k, str) and isinstance(v, str)
+                                                        for k, v in lowered_with.items()),
+                 "the graph's 'lowered_with' is not a mapping of library names to versions")
+        program["lowered_with"] = dict(lowered_with)
         program.update(_token_counts(graph, constants, program))
     except json.JSONDecodeError as exc:
         raise ProgramFileError(path, f"the program graph is not valid JSON ({exc})") from None

@@ -54,6 +54,8 @@ Never touches Vulkan. Called by users (`runtime.lower`) and the tools.
 
 from __future__ import annotations
 
+import importlib.metadata
+
 import torch
 from torch.export import ExportedProgram
 
@@ -272,4 +274,15 @@ def _lower(program: Program) -> Program:
     program.input_checks = list(dict.fromkeys(derive_input_checks(program) + program.input_checks))
     program.op_schemas = {n.target: get_op(n.target).schema for n in program.nodes if n.is_etvk}
     program.manifest_hash = manifest_hash()
+    program.lowered_with = library_versions()
     return program
+
+
+def library_versions() -> dict[str, str]:
+    """The versions of torch and (where installed) torchao, which decide the graph PT2E gives."""
+    versions = {"torch": torch.__version__}
+    try:
+        versions["torchao"] = importlib.metadata.version("torchao")
+    except importlib.metadata.PackageNotFoundError:
+        pass
+    return versions

@@ -41,6 +41,10 @@ class Program:
         constants: constant name -> CPU tensor.
         op_schemas: schema of every ``etvk`` op the nodes call (checked at load).
         manifest_hash: sha256 of the built-in manifest the program was lowered with.
+        lowered_with: library -> version of those that made the graph (torch, and torchao
+            where installed): PT2E's graphs differ between them (torch 2.11 leaves a
+            squeeze-and-excite gate's pool unquantized, 2.13 does not); empty for a file
+            from before.
         state: state value name -> the constant it starts as, or None for zeros.
         state_updates: state value name -> the value it becomes when a call ends.
         input_checks: what each input's values must satisfy before a call (`InputCheck`).
@@ -61,6 +65,7 @@ class Program:
     output_tuple: bool = False
     op_schemas: dict[str, str] = field(default_factory=dict)
     manifest_hash: str = ""
+    lowered_with: dict[str, str] = field(default_factory=dict)
     state: dict[str, str | None] = field(default_factory=dict)
     state_updates: dict[str, str] = field(default_factory=dict)
     input_checks: list[InputCheck] = field(default_factory=list)

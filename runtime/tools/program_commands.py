@@ -101,7 +101,8 @@ def inspect(path: Path) -> int:
     plan = loaded.memory_plan()
     on_device = sum(r["runs_on"] == "vulkan" for r in loaded.placement())
     print(f"{path}: {len(loaded.program.nodes)} nodes, {on_device} on {caps.name} (family {caps.family}); "
-          f"lowered with manifest {loaded.program.manifest_hash[:12]}, {same} this runtime's")
+          f"lowered with manifest {loaded.program.manifest_hash[:12]}, {same} this runtime's"
+          + "".join(f", {name} {version}" for name, version in loaded.program.lowered_with.items()))
     print(table(rows))
     print(f"memory: {plan['tensors']} intermediates, {_kib(plan['unshared_bytes'])} if each had its own; "
           f"planned into {plan['buffers']} buffers of {_kib(plan['planned_bytes'])} "

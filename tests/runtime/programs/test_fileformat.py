@@ -94,6 +94,8 @@ CASES = {
         1, {"code": "print(1)"})), "unknown argument kind 'code'"),
     "missing key": (lambda src, dst: _rewrite(src, dst, change_graph=lambda g: g.pop("nodes")),
                     "the graph's 'nodes' is missing"),
+    "bad library versions": (lambda src, dst: _rewrite(src, dst, change_graph=lambda g: g.update(
+        lowered_with={"torch": 2.13})), "the graph's 'lowered_with' is not a mapping of library names"),
 }
 
 
@@ -124,6 +126,16 @@ def test_a_file_from_before_an_optional_argument_loads(small_cnn_file, tmp_path)
     assert all(len(n.args) <= len(older.split(",")) for n in loaded.nodes if n.target == conv)
     x = torch.randn(*current.values[current.inputs[0]].shape)
     assert all(torch.equal(a, b) for a, b in zip(loaded.run_reference(x), current.run_reference(x), strict=True))
+
+
+def test_a_file_says_which_torch_made_its_graph(small_cnn_file, tmp_path):
+    """The versions of torch and torchao that lowered the graph are saved and read back (PT2E
+    graphs differ between torch versions); a file from before, without them, loads with none."""
+    from importlib.metadata import version
+
+    assert Program.load(small_cnn_file).lowered_with == {"torch": torch.__version__, "torchao": version("torchao")}
+    path = _rewrite(small_cnn_file, tmp_path / "older.etvk", change_graph=lambda g: g.pop("lowered_with"))
+    assert Program.load(path).lowered_with == {}
 
 
 def test_a_saved_file_has_the_umask_mode(small_cnn, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from importlib.metadata import version
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -50,6 +51,7 @@ def test_inspect_shows_every_node_and_the_memory_plan(exported_file, capsys):
     lines = out.splitlines()
     assert lines[0].startswith(f"{exported_file}: {len(program.nodes)} nodes")
     assert "the same as this runtime's" in lines[0]
+    assert lines[0].endswith(f", torch {torch.__version__}, torchao {version('torchao')}")  # what made the graph
     assert lines[1].split() == ["node", "target", "runs", "on", "op", "variant", "layout", "tuning", "reason"]
     assert all(any(line.startswith(n.name + " ") for line in lines) for n in program.nodes)
     # ResNet-18 is int8 from its first quantize to its last dequantize: every node on the device
