@@ -79,10 +79,10 @@ def program_seconds(path: Path, repeat: int) -> tuple[float, float]:
 
 
 def _program_check(path: Path, program_batch: int, batch: int | None, repeat: int,
-                   before: dict[str, dict]) -> str:
+                   cache: tuning.TuningCache, device: str, before: dict[str, dict]) -> str:
     """Times the program by the rules and with the choices just stored; puts back `before` (the
-    cache's entries of those geometry keys before tuning) unless the program got faster.
-    Returns the verdict line."""
+    entries of `cache` for `device` of those geometry keys before tuning) unless the program
+    got faster. Returns the verdict line."""
     if batch is not None and batch != program_batch:
         return (f"program check: skipped (tuned for batch {batch}; the program runs batch "
                 f"{program_batch}): the measured choices are kept unchecked")
@@ -95,7 +95,6 @@ def _program_check(path: Path, program_batch: int, batch: int | None, repeat: in
             "runs each, in turn): ")
     if measured < by_rule:
         return line + "kept"
-    cache, device = tuning.tuning_cache(), tuning.device_key(get_device().caps)
     for key, choices in before.items():
         cache.store(device, key, choices)
     return line + ("not faster, so the choices measured now are taken back: each geometry's cache "
@@ -158,5 +157,5 @@ def tune(path: Path, batch: int | None, repeat: int, program_check: bool = True)
           f"tuned in {time.perf_counter() - started:.1f} s, stored in {tuning.cache_path()}")
     print(table(rows))
     if program_check:
-        print(_program_check(path, program_batch, batch, repeat, before))
+        print(_program_check(path, program_batch, batch, repeat, cache, device, before))
     return 0
