@@ -3,7 +3,6 @@
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 256, local_size_y = 1, local_size_z = 1) in;
 layout(constant_id = 3) const int LAYOUT = 2;
 layout(constant_id = 4) const int WORDS = 8;
-layout(constant_id = 5) const int SERIAL = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) float input_scale;
@@ -433,59 +432,17 @@ vec4 cascade_value(int p) {
   return d;
 }
 
-// The word's mean of its sum `total` of `count` values, requantized and stored.
-void store_mean(vec4 total, int count, int c4_count) {
-  vec4 mean;
-  for (int j = 0; j < 4; ++j) {
-    mean[j] = etvk_div_rn(total[j], float(count));
-  }
-  const ivec4 out4 = ivec4(1, 1, c4_count, pc.sizes.w);
-  const uint at = etvk_packed_word(LAYOUT, out4, g_n, g_c4, 0, 0);
-  t_out_store(at, etvk_q8ta_requantize4(mean, etvk_valid_channels(g_c4, pc.sizes.z)));
-  if (LAYOUT == ETVK_4W4C) {
-    for (uint px = 1u; px < 4u; ++px) {
-      t_out_store_word(at + px, 0u);
-    }
-  }
-}
-
-// SERIAL: this invocation's word summed alone, in the order of the streams and lanes below.
-void serial_main(int c4_count, int count) {
-  const int word = int(etvk_linear_group()) * int(gl_WorkGroupSize.x) + int(gl_LocalInvocationID.x);
-  g_n = word / c4_count;
-  g_c4 = word - g_n * c4_count;
-  if (g_n >= pc.sizes.w) {
-    return;
-  }
-  const int lanes = etvk_cascade_lanes(count);
-  const int vectors = count / lanes;
-  const int items = vectors / ETVK_CASCADE_ILP;
-  precise vec4 total = etvk_cascade_tail(lanes, vectors, count);
-  for (int lane = 0; lane < lanes; ++lane) {
-    vec4 streams[ETVK_CASCADE_ILP];
-    for (int k = 0; k < ETVK_CASCADE_ILP; ++k) {
-      streams[k] = etvk_cascade_stream(lanes, lane, k, items);
-    }
-    total += etvk_cascade_lane(lanes, lane, items, vectors, streams[0], streams[1], streams[2], streams[3]);
-  }
-  store_mean(total, count, c4_count);
-}
-
 void main() {
-  const int c4_count = (pc.sizes.z + 3) >> 2;
-  const int count = pc.sizes.x * pc.sizes.y;
-  g_in4 = ivec4(pc.sizes.xy, c4_count, pc.sizes.w);
-  if (SERIAL == 1) {
-    serial_main(c4_count, count);
-    return;
-  }
   const int lid = int(gl_LocalInvocationID.x);
   const int slot = lid % WORDS;                  // the word within the workgroup
   const int s = (lid / WORDS) % STREAMS;         // the stream: lane s / 4, accumulator s % 4
   const int worker = lid / (WORDS * STREAMS);    // 0 .. WORKERS - 1
+  const int c4_count = (pc.sizes.z + 3) >> 2;
   const int word = int(etvk_linear_group()) * WORDS + slot;
   g_n = word / c4_count;
   g_c4 = word - g_n * c4_count;
+  g_in4 = ivec4(pc.sizes.xy, c4_count, pc.sizes.w);
+  const int count = pc.sizes.x * pc.sizes.y;
   const int lanes = etvk_cascade_lanes(count);
   const int vectors = count / lanes;
   const int items = vectors / ETVK_CASCADE_ILP;
@@ -534,6 +491,18 @@ void main() {
   }
   barrier();
   if (g_n < pc.sizes.w && s == 0 && worker == 0) {
-    store_mean(etvk_cascade_total(slot, lanes, vectors, count), count, c4_count);
+    const vec4 total = etvk_cascade_total(slot, lanes, vectors, count);
+    vec4 mean;
+    for (int j = 0; j < 4; ++j) {
+      mean[j] = etvk_div_rn(total[j], float(count));
+    }
+    const ivec4 out4 = ivec4(1, 1, c4_count, pc.sizes.w);
+    const uint at = etvk_packed_word(LAYOUT, out4, g_n, g_c4, 0, 0);
+    t_out_store(at, etvk_q8ta_requantize4(mean, etvk_valid_channels(g_c4, pc.sizes.z)));
+    if (LAYOUT == ETVK_4W4C) {
+      for (uint px = 1u; px < 4u; ++px) {
+        t_out_store_word(at + px, 0u);
+      }
+    }
   }
 }

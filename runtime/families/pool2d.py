@@ -152,44 +152,31 @@ class GlobalPoolTiling:
     ``words`` (a power of two dividing the workgroup) channel words per
     workgroup, each reduced over H*W by ``GLOBAL_POOL_THREADS // words``
     invocations: ``workers`` per stream of `cascade_sum`'s order; ``groups`` the
-    workgroup counts. With ``serial`` (the shader's SERIAL) each invocation sums a
-    whole channel word alone, `GLOBAL_POOL_THREADS` words a workgroup; ``words``
-    and ``workers`` then only size the unused shared arrays (1 and 8).
+    workgroup counts.
     """
 
     words: int
     workers: int
     groups: tuple[int, int, int]
-    serial: bool = False
 
 
 # Level-0 blocks of the cascade a global pool's worker sums per round (the shader's BLOCKS).
 GLOBAL_POOL_BLOCKS = 4
-# A map of at most GLOBAL_POOL_SERIAL_MAX_MAP values in at least GLOBAL_POOL_SERIAL_MIN_WORDS
-# channel words is summed one word an invocation: the 32 streams of a word would hold at most 2
-# values each, so their shared memory and barriers would cost more than the sums.
-GLOBAL_POOL_SERIAL_MAX_MAP = 64
-GLOBAL_POOL_SERIAL_MIN_WORDS = 4096
 
 
 def global_pool_tiling(x_shape) -> GlobalPoolTiling:
     """Tiling of a global pool over an ``[N, C, H, W]`` input: each stream of `cascade_sum`'s
     order (`CASCADE_STREAMS` a channel word) gets the fewest workers (1, 2, 4 or 8) that sum
     its whole level-0 blocks in one round of `GLOBAL_POOL_BLOCKS` each, so that large maps
-    are summed block-parallel and small ones pack several words into a workgroup; small maps
-    of many words are summed one word an invocation (``serial``)."""
+    are summed block-parallel and small ones pack several words into a workgroup."""
     n, c, h, w = (int(d) for d in x_shape)
-    words = n * (-(-c // 4))
-    if h * w <= GLOBAL_POOL_SERIAL_MAX_MAP and words >= GLOBAL_POOL_SERIAL_MIN_WORDS:
-        return GlobalPoolTiling(words=1, workers=GLOBAL_POOL_THREADS // CASCADE_STREAMS,
-                                groups=(-(-words // GLOBAL_POOL_THREADS), 1, 1), serial=True)
     _, _, items = cascade_shape(h * w)
     blocks = items >> cascade_level_power(items)
     workers = 1
     while workers * GLOBAL_POOL_BLOCKS < blocks and workers * CASCADE_STREAMS < GLOBAL_POOL_THREADS:
         workers *= 2
-    per_group = GLOBAL_POOL_THREADS // (CASCADE_STREAMS * workers)
-    return GlobalPoolTiling(words=per_group, workers=workers, groups=(-(-words // per_group), 1, 1))
+    words = GLOBAL_POOL_THREADS // (CASCADE_STREAMS * workers)
+    return GlobalPoolTiling(words=words, workers=workers, groups=(-(-n * (-(-c // 4)) // words), 1, 1))
 
 
 # PyTorch's CPU sum of a contiguous row of fp32 values (ATen's cascade_sum, SumKernel.cpp; the

@@ -22,7 +22,6 @@ import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers torch.ops.
 from op_testlib import assert_argument_error
 
 import runtime
-from runtime.families import pool2d
 from runtime.families.pool2d import (
     CASCADE_STREAMS,
     avg_pool2d_divisors,
@@ -224,13 +223,6 @@ def test_global_pool_keeps_the_summation_order(h, w):
     0, so each fp32 mean is the rounding residue of its summation order, which differs from
     channel to channel; on an output scale that shows a few ulps of it the device equals the
     reference's order (any other order of the same additions would give other residues)."""
-    args, want = _order_case(h, w)
-    got = runtime.get_op(OPS["global"])(*args)
-    assert torch.equal(got, want), f"{int((got != want).sum())} of {want.numel()} means differ"
-
-
-def _order_case(h: int, w: int) -> tuple[tuple, torch.Tensor]:
-    """Arguments and reference output of the order test on an h x w map."""
     gen = torch.Generator().manual_seed(12)
     half = torch.randint(1, 128, (h * w // 2,), generator=gen, dtype=torch.int8)
     first = torch.cat([half, -half, torch.zeros(h * w % 2, dtype=torch.int8)])
@@ -238,7 +230,8 @@ def _order_case(h: int, w: int) -> tuple[tuple, torch.Tensor]:
     args = (x, 0.0123457, 0, 1e-9, 0)
     want = ref.q8ta_global_avg_pool2d(*args)
     assert len(set(want.flatten().tolist())) > 2, "the residues do not tell the orders apart"
-    return args, want
+    got = runtime.get_op(OPS["global"])(*args)
+    assert torch.equal(got, want), f"{int((got != want).sum())} of {want.numel()} means differ"
 
 
 def test_power_of_two_scales_are_bit_exact_with_pytorch():
@@ -337,55 +330,6 @@ def test_global_tiling_covers_every_word(shape, workers):
     assert t.workers == workers
     assert t.words * t.workers * CASCADE_STREAMS == 256
     assert t.groups[0] * t.words >= shape[0] * math.ceil(shape[1] / 4)
-
-
-@pytest.mark.parametrize(("shape", "serial"), [
-    ((32, 1280, 7, 7), True), ((16, 1024, 8, 8), True), ((1, 1280, 7, 7), False),
-    ((32, 1280, 9, 9), False), ((64, 512, 1, 1), True)])
-def test_global_tiling_sums_small_maps_of_many_words_serially(shape, serial):
-    """Maps of at most GLOBAL_POOL_SERIAL_MAX_MAP values in at least GLOBAL_POOL_SERIAL_MIN_WORDS
-    channel words: one word an invocation, GLOBAL_POOL_THREADS words a workgroup."""
-    t = global_pool_tiling(shape)
-    assert t.serial == serial
-    words = shape[0] * math.ceil(shape[1] / 4)
-    if serial:
-        assert t.groups[0] == math.ceil(words / pool2d.GLOBAL_POOL_THREADS) and t.words == 1
-    else:
-        assert t.groups[0] * t.words >= words
-
-
-@pytest.mark.parametrize("shape", [(2, 13, 5, 3), (1, 8, 7, 7), (3, 9, 8, 8), (1, 6, 1, 1), (2, 30, 4, 7)])
-def test_serial_global_pool_matches_the_reference_in_every_layout(shape, monkeypatch):
-    """The serial path (forced on small tensors) gives the reference's bits in every layout,
-    padding bytes included, its tail workgroup's words past the end storing nothing; maps of 1
-    to 64 values cover short rows, whole and leftover vectors."""
-    monkeypatch.setattr(pool2d, "GLOBAL_POOL_SERIAL_MIN_WORDS", 1)
-    op = runtime.get_op(OPS["global"])
-    gen = torch.Generator().manual_seed(sum(shape))
-    x = torch.randint(-128, 128, shape, generator=gen, dtype=torch.int8)
-    args = (x, 0.0123457, -7, 0.00456, 5)
-    want = op.reference(*args)
-    for layout in layouts.PACKED_LAYOUTS:
-        leave_dirty_buffer(want.shape, layout)
-        with Stream() as stream:
-            out = op.record(stream, Tensor.from_torch(x, layout=layout), *args[1:])
-            stream.run()
-            assert stream._traced[-1]["groups"][0] == math.ceil(shape[0] * math.ceil(shape[1] / 4) / 256)
-            assert torch.equal(packed_bytes(out), layouts.pack(want, layout)), f"{shape} {layout}"
-
-
-@pytest.mark.parametrize(("h", "w"), [(7, 7), (8, 8), (5, 3)])
-def test_serial_global_pool_keeps_the_summation_order(h, w, monkeypatch):
-    """The order test above on the serial path (a device input: no call plan of the other
-    path replays): lanes, leftover vectors and the values past the last vector."""
-    monkeypatch.setattr(pool2d, "GLOBAL_POOL_SERIAL_MIN_WORDS", 1)
-    args, want = _order_case(h, w)
-    with Stream() as stream:
-        out = runtime.get_op(OPS["global"]).record(stream, Tensor.from_torch(args[0], layout="4C"), *args[1:])
-        assert stream._traced[-1]["groups"][0] == 1
-        stream.run()
-        got = out.to_torch()
-    assert torch.equal(got, want), f"{int((got != want).sum())} of {want.numel()} means differ"
 
 
 @pytest.mark.parametrize("length", [*range(1, 40), 48, 49, 64, 65, 196, 255, 257, 784, 3136, 12544])
