@@ -73,6 +73,38 @@ def test_variant_matches_reference_and_pytorch(op_name, variant, case, dispatch_
     assert variant in dispatch_trace(), f"{variant} never reached the device"
 
 
+@pytest.mark.parametrize(("kind", "case_name"), [
+    ("general", "resnet_bottleneck_3x3"), ("im2col", "resnet_bottleneck_3x3"),
+    ("pw", "resnet_bottleneck_1x1_reduce"), ("general", "resnet_bottleneck_1x1_reduce")])
+def test_large_accumulators_convert_exactly(kind, case_name):
+    """Sums far from zero: acc - input_zero_point * weight_sums up to 255 * 127 * K (above 2^22,
+    and above 2^24 where fp32 rounds the sum), around 2^22 and small, beside each other in one
+    output word, converted as the reference does, in every variant, bit-exact."""
+    op = runtime.get_op(CONV_OPS[kind])
+    inp = make_inputs(CASES_BY_NAME[case_name])
+    gen = torch.Generator().manual_seed(22)
+    c_out, k = inp.weights.shape[0], inp.weights[0].numel()
+    # x - input_zero_point = 255 everywhere; output channel oc's weights are 127 in its first
+    # oc * K // C_out taps and random after, so |sum| runs from ~2^15 to 255 * 127 * K.
+    x = torch.full_like(inp.x, 127)
+    w = torch.randint(-127, 128, inp.weights.shape, generator=gen, dtype=torch.int8).view(c_out, k)
+    for oc in range(c_out):
+        w[oc, : oc * k // c_out] = 127
+    w = w.view(inp.weights.shape)
+    big = 255.0 * 127 * k * inp.input_scale * float(inp.weight_scales.max())
+    inp = dataclasses.replace(inp, x=x, input_zero_point=-128, weights=w,
+                              weight_sums=conv2d_module.weight_sums(w),
+                              output_scale=big / 200, output_zero_point=-60)
+    assert 255 * 127 * k > 1 << 22
+    want = ref.q8ta_conv2d(*inp.args())
+    assert len(set(want.flatten().tolist())) > 30, "the outputs do not spread over the range"
+    for info in op.variants:
+        args = list(inp.args())
+        if info.name == "q8ta_im2col_4W4C":  # the specialised im2col reads 4W4C input only
+            args[0] = Tensor.from_torch(inp.x, dtype=torch.int8, layout="4W4C")
+        assert_bit_exact(op(*args, variant=info.name), want, f"{info.name} {case_name}")
+
+
 @pytest.mark.parametrize(("kind", "case_name", "fixed"), [
     ("general", "resnet50_stem_7x7s2", {"FIXED_KW": 7, "FIXED_KH": 7, "FIXED_NW": 1}),
     ("general", "alexnet_stem_11x11s4", {"FIXED_KW": 0, "FIXED_KH": 0, "FIXED_NW": 1}),
