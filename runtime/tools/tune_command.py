@@ -3,17 +3,21 @@ conv of a saved program.
 
 Reads the program (no loading on the device), collects the geometry of each
 int8 conv node (with ``--batch``, N replaced, so one saved batch-1 program
-tunes for batch 32), tunes each distinct geometry once (runtime/tools/tuner.py)
-with one progress line per geometry on stderr, stores the measured choices
+tunes for batch 32) and the packed layout its input gets when the program
+loads by the rules (a conv's input shares its layout with the class of
+tensors around it: runtime/families/conv2d_layouts.py), tunes each distinct
+geometry once (runtime/tools/tuner.py) in those layouts only, so that each
+conv is timed as the program runs it and the choices keep the classes'
+layouts, with one progress line per geometry on stderr, stores the measured choices
 in this device's tuning cache (runtime/ops/tuning.py), then prints a table
 on stdout: per layer the shape, the rule's choice and its time, the tuned
 choice and its time, the speedup; and the totals.
 
-Each conv is timed alone, and a choice that wins alone can lose in the
-program (a layout its neighbours must convert to, a cache the next conv no
-longer finds warm). So the command then times the whole program, loaded by
-the rules and loaded with the measured choices, alternating, and keeps the
-choices only if the program with them is faster; otherwise it puts back what
+Each conv is still timed alone, and a choice that wins alone can lose in the
+program (a cache the next conv no longer finds warm). So the command then
+times the whole program, loaded by the rules and loaded with the measured
+choices, alternating, and keeps the choices only if the program with them is
+faster; otherwise it puts back what
 the cache held for those geometries before (nothing: the rules). The verdict
 is the last line on stdout. ``--no-program-check`` keeps the choices
 unchecked; with ``--batch`` other than the program's there is no program of
@@ -33,7 +37,8 @@ from pathlib import Path
 
 from runtime.families.conv2d_layouts import CONV_OPS
 from runtime.ops import tuning
-from runtime.programs.layouts import conv_geometry
+from runtime.ops.stub_support import coop_gemm_kernels
+from runtime.programs.layouts import conv_geometry, resolve_layouts
 from runtime.programs.loader import load
 from runtime.programs.program import Program
 from runtime.tools import tuner
@@ -108,14 +113,18 @@ def tune(path: Path, batch: int | None, repeat: int, program_check: bool = True)
     if repeat < 1:
         raise CommandError(f"--repeat must be >= 1, got {repeat}")
     program = Program.load(path)
+    caps = get_device().caps
+    by_rule = resolve_layouts(program, caps.family, None, coop_gemm_kernels(caps))
     layers = []
+    layouts: dict = {}  # geometry -> the layouts its convs' inputs get, in program order
     program_batch = None
     for node in program.nodes:
         if node.target in CONV_OPS:
             p = conv_geometry(program, node)
             program_batch = p.N
-            layers.append((node.name, dataclasses.replace(p, N=batch) if batch else p))
-    caps = get_device().caps
+            p = dataclasses.replace(p, N=batch) if batch else p
+            layers.append((node.name, p))
+            layouts.setdefault(p, {})[by_rule.values[node.args[0].name].layout] = None
     if not layers:
         print(f"{path}: no int8 conv to tune")
         return 0
@@ -131,7 +140,7 @@ def tune(path: Path, batch: int | None, repeat: int, program_check: bool = True)
     results = {}
     for i, p in enumerate(shapes, 1):
         begun = time.perf_counter()
-        result = results[p] = tuner.tune_shape(p, timing)
+        result = results[p] = tuner.tune_shape(p, timing, tuple(layouts[p]))
         tuner.store(result)
         progress(f"[{i}/{len(shapes)}] {tuning.shape_key(p)}: {_summary(result)} "
                  f"in {time.perf_counter() - begun:.1f} s")

@@ -3,8 +3,9 @@
 For a geometry it times, with GPU timestamps, every algorithm whose op
 accepts it (runtime/families/conv2d_tuning.py) in two rounds:
 
-1. every algorithm x every packed input layout (4W4C, 4C, 4C1W), each with
-   its rule settings (the GEMM tiling rule, OUT_W 4);
+1. every algorithm x every packed input layout asked for (all of 4W4C, 4C,
+   4C1W for a geometry alone; the layouts its convs get in a program for
+   ``tune``), each with its rule settings (the GEMM tiling rule, OUT_W 4);
 2. every algorithm at its fastest layout with each of its candidate
    settings (the GEMM tilings, or the OUT_W values); a tiling over the
    device's shared memory is refused when its pipeline is built, and listed
@@ -17,7 +18,8 @@ before a geometry's first candidate, since an idle GPU drops its clock:
 benchmarks/NOTES.md), then `repeats` times; a candidate's time is the median
 call (the sum of its dispatches' timestamps). Then the rule's choice (OPS.md,
 for this GPU family, moved to the cooperative-matrix GEMM where the dispatcher
-moves it: what runs with nothing measured) and the fastest choice are timed
+moves it: what runs with nothing measured, in its algorithm's layout, or in the
+first layout asked for where that one is not among them) and the fastest choice are timed
 again side by side for the report; `store` writes each algorithm's fastest
 choice to the tuning cache.
 
@@ -31,6 +33,7 @@ import dataclasses
 import math
 import statistics
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from runtime.errors import EtvkError, TensorTooLarge, UnsupportedVariant
@@ -147,8 +150,10 @@ def time_choice(choice: Conv2dChoice, p: Conv2dParams, x: Tensor, args: tuple, r
     return statistics.median(per_call)
 
 
-def tune_shape(p: Conv2dParams, timing: Timing = Timing()) -> ShapeResult:
-    """Times the candidates of geometry `p` (module docstring) and returns what it found.
+def tune_shape(p: Conv2dParams, timing: Timing = Timing(),
+               layouts: Sequence[str] = PACKED_LAYOUTS) -> ShapeResult:
+    """Times the candidates of geometry `p` (module docstring) with x in each of `layouts` and
+    returns what it found.
 
     A candidate this device cannot run (a variant it lacks, a tensor over its limits) is
     skipped and listed in the result.
@@ -158,7 +163,9 @@ def tune_shape(p: Conv2dParams, timing: Timing = Timing()) -> ShapeResult:
     """
     caps = get_device().caps
     args = conv_inputs(p)
-    inputs = {layout: with_device_input(args, layout)[0] for layout in PACKED_LAYOUTS}
+    if not layouts or set(layouts) - set(PACKED_LAYOUTS):
+        raise ValueError(f"layouts must be some of {PACKED_LAYOUTS}, got {layouts}")
+    inputs = {layout: with_device_input(args, layout)[0] for layout in layouts}
     timed: list[Conv2dChoice] = []
     failed: list[str] = []
 
@@ -177,7 +184,7 @@ def tune_shape(p: Conv2dParams, timing: Timing = Timing()) -> ShapeResult:
 
     best: dict[str, Conv2dChoice] = {}
     for algorithm in candidate_algorithms(p):
-        first = measure(Conv2dChoice(algorithm, layout) for layout in PACKED_LAYOUTS)
+        first = measure(Conv2dChoice(algorithm, layout) for layout in layouts)
         if not first:
             continue
         layout = min(first, key=lambda c: c.seconds).layout
@@ -186,8 +193,11 @@ def tune_shape(p: Conv2dParams, timing: Timing = Timing()) -> ShapeResult:
     if not best:
         raise TuningError(f"{tuning.shape_key(p)}: no candidate runs on {caps.name}: {failed[0]}")
     route = rule_algorithm(p)  # the dispatcher's, the coop GEMM included where it moves there
+    rule_layout = ALGORITHM_INPUT_LAYOUT[route.removesuffix("_coop")]
+    if rule_layout not in layouts:  # where the program puts the conv
+        rule_layout = layouts[0]
     rule = next((c for c in timed if c.algorithm == route and not c.settings
-                 and c.layout == ALGORITHM_INPUT_LAYOUT[route.removesuffix("_coop")]), None)
+                 and c.layout == rule_layout), None)
     tuned = min(best.values(), key=lambda c: c.seconds)
     if rule is not None and tuned != rule:
         rule, tuned = (dataclasses.replace(c, seconds=time_choice(

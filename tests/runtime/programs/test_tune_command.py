@@ -13,7 +13,8 @@ from runtime.errors import UnsupportedVariant
 from runtime.families.conv2d_layouts import CONV_OPS
 from runtime.families.conv2d_tuning import Conv2dChoice
 from runtime.ops import tuning
-from runtime.programs.layouts import conv_geometry
+from runtime.ops.stub_support import coop_gemm_kernels
+from runtime.programs.layouts import conv_geometry, resolve_layouts
 from runtime.programs.program import Program
 from runtime.tools import cli, tune_command, tuner
 from runtime.vulkan.device import get_device
@@ -134,6 +135,27 @@ def test_program_seconds_times_the_rules_against_the_measured_choices(small_cnn_
     by_rule, measured = tune_command.program_seconds(small_cnn_file, 1)
     assert by_rule > 0 and measured > 0
     assert loads == [{"rule"}, {"measured: general 4W4C w8"}]
+
+
+def test_tune_times_each_conv_in_the_layout_the_program_gives_it(small_cnn_file, cache, capsys):
+    """Each geometry is measured with x in the layout its conv's input gets when the program loads
+    by the rules (its class's), and only there: every stored choice reads that layout, the rule's
+    row too, and the program loaded with the choices keeps every class's layout."""
+    assert cli.main(["tune", str(small_cnn_file), "--repeat", "1", "--no-program-check"]) == 0
+    table_rows = capsys.readouterr().out.splitlines()[2:-1]
+    caps = get_device().caps
+    program = Program.load(small_cnn_file)
+    by_rule = resolve_layouts(program, caps.family, None, coop_gemm_kernels(caps))
+    convs = [n for n in program.nodes if n.target in CONV_OPS]
+    device = tuning.device_key(caps)
+    for node, row in zip(convs, table_rows, strict=True):
+        layout = by_rule.values[node.args[0].name].layout
+        stored = cache.choices(device, tuning.shape_key(conv_geometry(program, node)))
+        assert stored and {c.layout for c in stored.values()} == {layout}, (node.name, stored)
+        assert row.count(f" {layout} ") == 2, row  # the rule's and the tuned choice's labels
+    loaded = runtime.load(small_cnn_file)
+    assert [loaded.program.values[n.args[0].name].layout for n in convs] == \
+        [by_rule.values[n.args[0].name].layout for n in convs]
 
 
 def test_a_planted_choice_sets_layouts_and_algorithms(small_cnn_file, cache):
