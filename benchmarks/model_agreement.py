@@ -4,9 +4,19 @@ The model is built with random weights (`runtime.tools.models.torchvision_model`
 norms' statistics measured on random batches and quantized with PT2E exactly as
 tests/runtime/programs/test_models.py does (seeds included), lowered, and its CPU reference run
 (`Program.run_reference`, which the device run equals bit for bit) compared with the exported
-int8 graph's run on random inputs: the SQNR of our logits against PyTorch's, and PyTorch's
-int8 logits against the fp32 model's for scale. Not timed; runs on the CPU (DenseNet-121 at
-32x32 takes a minute or two).
+int8 graph's run on random inputs. Per input, SQNR in dB of:
+
+- ``ours/PT``: our logits against PyTorch's int8 graph's;
+- ``PT64/PT``: PyTorch's int8 graph run with its float convolutions and matmuls computed in
+  float64 and rounded to float32 (`Float64Products`; the quantize and dequantize ops and all else
+  unchanged) against the same graph run as is, whose convs accumulate the dequantized values in
+  fp32 in oneDNN's order;
+- ``ours/PT64``: our logits (exact int32 sums) against that float64 run;
+- ``PT/fp32``: PyTorch's int8 logits against the fp32 model's, for scale.
+
+If the disagreement comes from the fp32 accumulation order, ``PT64/PT`` is about as low as
+``ours/PT`` and ``ours/PT64`` is much higher. The ops run in float64 are printed once. Not
+timed; runs on the CPU (DenseNet-121 at 32x32 takes a minute or two).
 
     python benchmarks/model_agreement.py densenet121 --size 32
 """
@@ -14,11 +24,39 @@ int8 logits against the fp32 model's for scale. Not timed; runs on the CPU (Dens
 from __future__ import annotations
 
 import argparse
+from collections import Counter
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 import runtime
 from runtime.tools.models import quantize_pt2e, torchvision_model, with_batch_statistics
+
+_aten = torch.ops.aten
+
+
+class Float64Products(TorchDispatchMode):
+    """Runs convolutions and matmuls with float32 tensor arguments in float64, the result cast
+    back to float32; every other op runs unchanged. `counts` counts the ops so run."""
+
+    OPS = frozenset({_aten.convolution, _aten._convolution, _aten.conv2d, _aten.addmm, _aten.mm,
+                     _aten.bmm, _aten.baddbmm, _aten.matmul, _aten.linear})
+
+    def __init__(self):
+        super().__init__()
+        self.counts: Counter[str] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func.overloadpacket not in self.OPS:
+            return func(*args, **kwargs)
+        self.counts[str(func)] += 1
+
+        def up(value):
+            is_fp32 = isinstance(value, torch.Tensor) and value.dtype == torch.float32
+            return value.double() if is_fp32 else value
+
+        return func(*map(up, args), **{key: up(value) for key, value in kwargs.items()}).float()
 
 
 def _batches(count: int, shape, seed: int = 0) -> list[tuple[torch.Tensor]]:
@@ -44,13 +82,21 @@ def main() -> None:
     program = runtime.lower(exported)
     cpu = sorted({n.target for n in program.nodes if not n.target.startswith("etvk.")})
     print(f"{args.model} {args.size}x{args.size}: nodes not lowered to etvk ops: {cpu or 'none'}")
+    graph = exported.module()
     for index, (x,) in enumerate(_batches(args.inputs, shape, seed=13)):
-        ours, theirs = program.run_reference(x), exported.module()(x)
+        ours, theirs = program.run_reference(x), graph(x)
+        with Float64Products() as fp64:
+            theirs64 = graph(x)
         with torch.no_grad():
             fp32 = model(x)
-        print(f"input {index}: ours vs PyTorch int8 {_sqnr_db(ours, theirs):.1f} dB, "
-              f"logits equal {int((ours == theirs).sum())}/{theirs.numel()}; "
-              f"PyTorch int8 vs fp32 {_sqnr_db(theirs, fp32):.1f} dB")
+        if index == 0:
+            print("float64 in PT64: " + ", ".join(f"{op} x{n}" for op, n in sorted(fp64.counts.items())))
+        print(f"input {index}: ours/PT {_sqnr_db(ours, theirs):.1f} dB "
+              f"(logits equal {int((ours == theirs).sum())}/{theirs.numel()}), "
+              f"PT64/PT {_sqnr_db(theirs64, theirs):.1f} dB, "
+              f"ours/PT64 {_sqnr_db(ours, theirs64):.1f} dB "
+              f"(logits equal {int((ours == theirs64).sum())}/{theirs.numel()}), "
+              f"PT/fp32 {_sqnr_db(theirs, fp32):.1f} dB")
 
 
 if __name__ == "__main__":
