@@ -24,40 +24,12 @@ timed; runs on the CPU (DenseNet-121 at 32x32 takes a minute or two).
 from __future__ import annotations
 
 import argparse
-from collections import Counter
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 import runtime
+from runtime.tools.float64_products import Float64Products
 from runtime.tools.models import quantize_pt2e, torchvision_model, with_batch_statistics
-
-_aten = torch.ops.aten
-
-
-class Float64Products(TorchDispatchMode):
-    """Runs convolutions and matmuls with float32 tensor arguments in float64, the result cast
-    back to float32; every other op runs unchanged. `counts` counts the ops so run."""
-
-    # what reaches a dispatch mode: the graph's conv2d and linear decompose to convolution and
-    # addmm above it (their counts are printed)
-    OPS = frozenset({_aten.convolution, _aten.addmm, _aten.mm, _aten.bmm, _aten.baddbmm})
-
-    def __init__(self):
-        super().__init__()
-        self.counts: Counter[str] = Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        kwargs = kwargs or {}
-        if func.overloadpacket not in self.OPS:
-            return func(*args, **kwargs)
-        self.counts[str(func)] += 1
-
-        def up(value):
-            is_fp32 = isinstance(value, torch.Tensor) and value.dtype == torch.float32
-            return value.double() if is_fp32 else value
-
-        return func(*map(up, args), **{key: up(value) for key, value in kwargs.items()}).float()
 
 
 def _batches(count: int, shape, seed: int = 0) -> list[tuple[torch.Tensor]]:

@@ -19,6 +19,7 @@ from torch.nn import functional as F
 
 import runtime
 from runtime.programs.nodes import Ref
+from runtime.tools.float64_products import Float64Products
 from runtime.tools.models import (
     quantize_pt2e,
     torchvision_model,
@@ -105,8 +106,10 @@ def test_densenet121_agrees_with_pytorch(tmp_path):
     pools through tables over their window sums (no q8ta_avg_pool2d: the block concats hold the
     layers' outputs alone), each table op over a concat (54 of 61, 48 with window sums) in the
     concat's dispatch, the device run bit-exact against the reference
-    and at least 30 dB SQNR from PyTorch's int8 graph (its logits equal there: 14.4 dB when the
-    pools were rounded to int8)."""
+    and at least 30 dB SQNR from PyTorch's int8 graph with its convs summed in float64 (its
+    logits equal there; 14.4 dB when the pools were rounded to int8). PyTorch's graph as is
+    sums them in the CPU kernel's fp32 order, which depends on the CPU: 28.2 dB from its own
+    float64 run on an AMD EPYC, equal on the machine of session 27."""
     pytest.importorskip("torchao", reason="PT2E quantization needs torchao")
     torch.manual_seed(0)
     shape = (1, 3, 32, 32)
@@ -129,7 +132,9 @@ def test_densenet121_agrees_with_pytorch(tmp_path):
     (x,) = random_batches(1, shape, seed=13)[0]
     got = loaded(x)
     assert torch.equal(got, program.run_reference(x))
-    assert sqnr_db(got, exported.module()(x)) >= 30
+    with Float64Products():
+        theirs = exported.module()(x)
+    assert sqnr_db(got, theirs) >= 30
 
 
 class MLP(nn.Module):
