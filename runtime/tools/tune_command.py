@@ -8,17 +8,17 @@ loads by the rules (a conv's input shares its layout with the class of
 tensors around it: runtime/families/conv2d_layouts.py), tunes each distinct
 geometry once (runtime/tools/tuner.py) in those layouts only, so that each
 conv is timed as the program runs it and the choices keep the classes'
-layouts, with one progress line per geometry on stderr, stores the measured choices
-in this device's tuning cache (runtime/ops/tuning.py), then prints a table
-on stdout: per layer the shape, the rule's choice and its time, the tuned
-choice and its time, the speedup; and the totals.
+layouts, with one progress line per geometry on stderr, stores the measured
+choices in this device's tuning cache (runtime/ops/tuning.py), then prints a
+table on stdout: per layer the shape, the rule's choice and its time, the
+tuned choice and its time, the speedup; and the totals.
 
 Each conv is still timed alone, and a choice that wins alone can lose in the
 program (a cache the next conv no longer finds warm). So the command then
 times the whole program, loaded by the rules and loaded with the measured
 choices, alternating, and keeps the choices only if the program with them is
-faster; otherwise it puts back what
-the cache held for those geometries before (nothing: the rules). The verdict
+faster; otherwise it puts back what the cache held for those geometries
+before (nothing: the rules). The verdict
 is the last line on stdout. ``--no-program-check`` keeps the choices
 unchecked; with ``--batch`` other than the program's there is no program of
 that batch to run, and the check is skipped (said on that line).
