@@ -12,7 +12,9 @@
 - `routed_cases`: a case per route of the dispatcher's rule on a device family;
 - `residual_args`: a random residual and the qparams of the add after a conv;
 - `random_lut`: a random lookup table for the conv epilogue (its entry for 0 not 0);
-- `packed_bytes`: the raw bytes of a packed device tensor.
+- `packed_bytes`: the raw bytes of a packed device tensor;
+- `variant_args`: a case's arguments for one variant (x uploaded in 4W4C for the specialised
+  im2col, which reads no other layout).
 
 Imported by tests/ops/test_conv2d*.py (pytest puts this folder on sys.path).
 No Vulkan.
@@ -30,6 +32,7 @@ import runtime
 from runtime.families.conv2d import choose_algorithm
 from runtime.tools.examples_conv2d import CASES, CASES_BY_NAME, Conv2dInputs
 from runtime.vulkan.layouts import PACKED_LAYOUTS, packed_words
+from runtime.vulkan.tensor import Tensor
 
 MIN_EXACT = 0.995
 CONV_OPS = {
@@ -191,3 +194,12 @@ def packed_bytes(t) -> torch.Tensor:
     data = torch.empty(4 * packed_words(t.shape, t.layout), dtype=torch.int8)
     t.memory.read(data.data_ptr(), data.numel())
     return data
+
+
+def variant_args(inp: Conv2dInputs, variant: str) -> list:
+    """The arguments of `inp` for `variant`: x uploaded in 4W4C for the specialised im2col
+    (q8ta_im2col_4W4C reads 4W4C input only), else as they are."""
+    args = list(inp.args())
+    if variant == "q8ta_im2col_4W4C":
+        args[0] = Tensor.from_torch(inp.x, layout="4W4C")
+    return args

@@ -17,7 +17,14 @@ import json
 
 import pytest
 import torch
-from conv_testlib import MIN_EXACT, assert_bit_exact, packed_bytes, pytorch_conv2d, steps_apart
+from conv_testlib import (
+    MIN_EXACT,
+    assert_bit_exact,
+    packed_bytes,
+    pytorch_conv2d,
+    steps_apart,
+    variant_args,
+)
 
 import runtime
 from runtime.errors import UnsupportedVariant
@@ -63,10 +70,7 @@ def _variant_cases():
 def test_variant_matches_reference_and_pytorch(op_name, variant, case, dispatch_trace):
     op = runtime.get_op(op_name)
     inp = make_inputs(case)
-    args = list(inp.args())
-    if variant == "q8ta_im2col_4W4C":  # the specialised im2col reads 4W4C input only
-        args[0] = Tensor.from_torch(inp.x, dtype=torch.int8, layout="4W4C")
-    got = op(*args, variant=variant)
+    got = op(*variant_args(inp, variant), variant=variant)
     assert_bit_exact(got, ref.q8ta_conv2d(*inp.args()), f"{variant} {case.name} vs reference")
     exact = steps_apart(got, pytorch_conv2d(inp), f"{variant} {case.name} vs PyTorch")
     assert exact >= MIN_EXACT, f"{variant} {case.name}: only {exact:.4%} equal PyTorch's"
@@ -99,10 +103,7 @@ def test_large_accumulators_convert_exactly(kind, case_name):
     want = ref.q8ta_conv2d(*inp.args())
     assert len(set(want.flatten().tolist())) > 30, "the outputs do not spread over the range"
     for info in op.variants:
-        args = list(inp.args())
-        if info.name == "q8ta_im2col_4W4C":  # the specialised im2col reads 4W4C input only
-            args[0] = Tensor.from_torch(inp.x, dtype=torch.int8, layout="4W4C")
-        assert_bit_exact(op(*args, variant=info.name), want, f"{info.name} {case_name}")
+        assert_bit_exact(op(*variant_args(inp, info.name), variant=info.name), want, f"{info.name} {case_name}")
 
 
 @pytest.mark.parametrize(("kind", "case_name", "fixed"), [

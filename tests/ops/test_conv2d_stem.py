@@ -18,7 +18,7 @@ import json
 
 import pytest
 import torch
-from conv_testlib import MIN_EXACT, assert_bit_exact, pytorch_conv2d, steps_apart
+from conv_testlib import MIN_EXACT, assert_bit_exact, pytorch_conv2d, steps_apart, variant_args
 
 import runtime
 from runtime.families.conv2d import choose_algorithm
@@ -67,10 +67,7 @@ def test_im2col_every_variant(case, dispatch_trace):
     op = runtime.get_op(IM2COL)
     inp = make_inputs(case)
     for info in op.variants:
-        args = list(inp.args())
-        if info.name == "q8ta_im2col_4W4C":  # the specialised im2col reads 4W4C input only
-            args[0] = Tensor.from_torch(inp.x, layout="4W4C")
-        _check(op(*args, variant=info.name), case, info.name)
+        _check(op(*variant_args(inp, info.name), variant=info.name), case, info.name)
         assert info.name in dispatch_trace(), f"{info.name} never reached the device"
 
 
