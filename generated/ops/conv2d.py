@@ -905,7 +905,6 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
     out_w = rt.conv2d_out_w(rt.tuned(p, 'general'))
-    fixed = p.KH * p.KW <= 49
     w_packed = rt.prepacked('runtime.families.conv2d:pack_direct_weights', weights, groups, p.C_in)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
@@ -916,7 +915,7 @@ def q8ta_conv2d_general(stream, x, input_scale, input_zero_point, weights, weigh
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "conv": [p.Cg, p.Coutg, p.direct_word_span, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "FIXED_KW": p.KW if fixed else 0, "FIXED_KH": p.KH if fixed else 0, "FIXED_NW": p.direct_word_span if p.direct_word_span <= 16 else 0, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[rt.ceil_div(p.W_out, out_w) * p.H_out * p.N * rt.ceil_div(p.C_out, 4), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "conv": [p.Cg, p.Coutg, p.direct_word_span, int(activation == 'hardswish')], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "FIXED_KW": p.fixed_kernel[0], "FIXED_KH": p.fixed_kernel[1], "FIXED_NW": p.fixed_word_span, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[rt.ceil_div(p.W_out, out_w) * p.H_out * p.N * rt.ceil_div(p.C_out, 4), 1, 1])
     return out
 
 
@@ -1003,7 +1002,6 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     bounds = rt.conv2d_output_bounds(activation, activation_min, activation_max, output_scale, output_zero_point)
     residual_mode = 0 if residual is None else 1 + int(add_activation == 'relu')
     out_w = rt.conv2d_out_w(rt.tuned(p, 'dw'))
-    fixed = p.KH * p.KW <= 49
     w_packed = rt.prepacked('runtime.families.conv2d:pack_depthwise_weights', weights)
     v = op.select(variant, storage, {"DOT": (None, None)})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
@@ -1014,7 +1012,7 @@ def q8ta_conv2d_dw(stream, x, input_scale, input_zero_point, weights, weight_sum
     residual = stream.upload(residual, v.binding("t_residual"), op.label("residual"), layout=layout)
     lut = stream.upload(lut, v.binding("t_lut"), op.label("lut"))
     out = stream.empty([p.N, p.C_out, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "taps4": rt.ceil_div(p.KH * p.KW, 4), "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "FIXED_KW": p.KW if fixed else 0, "FIXED_KH": p.KH if fixed else 0, "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[rt.ceil_div(p.W_out, out_w) * p.H_out * p.N * rt.ceil_div(p.C_out, 4), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x, "t_weights": w_packed, "t_weight_sums": weight_sums, "t_weight_scales": weight_scales, "t_bias": bias, "t_residual": residual, "t_lut": lut}, push={"in_sizes": [p.W, p.H, p.C_in, p.N], "out_sizes": [p.W_out, p.H_out, p.C_out, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]], "taps4": rt.ceil_div(p.KH * p.KW, 4), "hardswish": int(activation == 'hardswish'), "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point, "output_min": bounds[0], "output_max": bounds[1], "conv_scale": rt.fp32(output_scale), "residual_scale": rt.fp32(residual_scale), "residual_zero_point": residual_zero_point, "add_inv_output_scale": rt.fp32_recip(add_output_scale), "add_output_zero_point": add_output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "OUT_W": out_w, "FIXED_KW": p.fixed_kernel[0], "FIXED_KH": p.fixed_kernel[1], "RESIDUAL": residual_mode, "HAS_LUT": int(lut is not None)}, global_size=[rt.ceil_div(p.W_out, out_w) * p.H_out * p.N * rt.ceil_div(p.C_out, 4), 1, 1])
     return out
 
 
@@ -1028,7 +1026,7 @@ Q8TA_CONV2D_DW = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_dw(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Depthwise int8 conv2d (groups == C_in == C_out), OUT_W output widths x 4 channels per invocation. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:1001",
+    spec="op_specs/conv2d.yaml:998",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_conv2d_dw_sdot", {"DOT": "sdot"}),
@@ -1134,7 +1132,7 @@ Q8TA_CONV2D_PW_PAIR = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d_pw_pair(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, Tensor? bias, str activation, float activation_min, float activation_max, Tensor? lut, float mid_scale, int mid_zero_point, float input_scale2, int input_zero_point2, Tensor weights2, Tensor weight_sums2, Tensor weight_scales2, Tensor? bias2, str activation2, float activation2_min, float activation2_max, Tensor? lut2, float output_scale, int output_zero_point) -> Tensor",
     doc="Two int8 1x1 convs (stride 1, padding 0, groups 1) on a 1x1 map in one dispatch, conv2 reading conv1's int8 output [N, C_mid, 1, 1], which stays in shared memory: the bits of m = q8ta_conv2d(x, input_scale, input_zero_point, ..., mid_scale, mid_zero_point, ...) then q8ta_conv2d(m, input_scale2, input_zero_point2, ...) with conv2's arguments (each with its activation and optional `lut`, no residual; a table's output has qparams of its own, hence conv2's input qparams). The squeeze-and-excite gate's two convs (lower_conv_pair.py). A host input is packed in 4C; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/conv2d.yaml:1044",
+    spec="op_specs/conv2d.yaml:1038",
     reference="runtime.reference.conv2d:q8ta_conv2d_pw_pair",
     variants=(
         ("q8ta_conv2d_pw_pair_sdot", {"DOT": "sdot"}),
@@ -1221,7 +1219,7 @@ Q8TA_CONV2D = rt.OpDef(
     family="conv2d",
     schema="q8ta_conv2d(Tensor x, float input_scale, int input_zero_point, Tensor weights, Tensor weight_sums, Tensor weight_scales, float output_scale, int output_zero_point, Tensor? bias, int[] kernel_size, int[] stride, int[] padding, int[] dilation, int groups, str activation, float activation_min=0.0, float activation_max=6.0, Tensor? residual=None, float residual_scale=1.0, int residual_zero_point=0, float add_output_scale=1.0, int add_output_zero_point=0, str add_activation=\"none\", Tensor? lut=None) -> Tensor",
     doc="Int8 conv2d that picks its algorithm - pointwise, depthwise, im2col or direct - and hands the call to that op. The winner measured on this device for this geometry (python -m runtime tune; ETVK_TUNING=off ignores it) decides, else OPS.md's rule for the device's GPU family (ETVK_GPU_FAMILY overrides it). Every conv op takes an optional `residual` (int8, the output's shape and layout) with its qparams and the add's; the epilogue then adds it to the conv's int8 output exactly as q8ta_add would, relu after it with add_activation \"relu\" (docs/int8_cnn_ops.md); or an optional `lut` (int8 [256]) that replaces each int8 output value q by lut[q + 128], as q8ta_lut would (not both).",
-    spec="op_specs/conv2d.yaml:1076",
+    spec="op_specs/conv2d.yaml:1070",
     reference="runtime.reference.conv2d:q8ta_conv2d",
     variants=(
         ("q8ta_gemm_coop_k64_w4", {"CHUNK": "k64", "A_LOAD": "w4"}),

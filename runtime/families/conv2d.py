@@ -122,6 +122,19 @@ class Conv2dParams:
         return direct_word_span(self.C_in, self.groups)
 
     @property
+    def fixed_kernel(self) -> tuple[int, int]:
+        """(KW, KH) as the direct and depthwise shaders' spec constants FIXED_KW, FIXED_KH (loops
+        the driver can unroll) up to 7x7: every torchvision CNN's kernels but AlexNet's 11x11
+        stem, which gets (0, 0) and reads them from push constants."""
+        return (self.KW, self.KH) if self.KH * self.KW <= 49 else (0, 0)
+
+    @property
+    def fixed_word_span(self) -> int:
+        """`direct_word_span` as the direct shader's spec constant FIXED_NW up to 16 words, else 0
+        (read from push constants)."""
+        return self.direct_word_span if self.direct_word_span <= 16 else 0
+
+    @property
     def gemm_group_channels(self) -> int:
         """Input channels of a group per tap in the im2col GEMMs' K: ``Cg`` rounded up to whole
         channel words (4), the padding channels' weights 0 (docs/int8_cnn_ops.md "Channel
