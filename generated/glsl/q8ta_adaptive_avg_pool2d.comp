@@ -110,6 +110,16 @@ float etvk_div_rn(float a, float b) {
   return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
 }
 
+// clamp(roundEven(t) + zero_point, lo, hi) as int32, for integer bounds lo <= hi and a zero point
+// with lo - zero_point and hi - zero_point exact in fp32 (int8 qparams and bounds): t is clamped
+// to [lo - zero_point, hi - zero_point] before it is rounded, which gives the same values
+// (roundEven is monotonic and keeps integers), so no fp32 add of the zero point, no second
+// clamp and no guard of the conversion are needed.
+ivec4 etvk_quantize_clamped(vec4 t, int zero_point, int lo, int hi) {
+  const vec4 c = clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point)));
+  return ivec4(roundEven(c)) + zero_point;
+}
+
 // Converts already rounded values to int32 after clamping in floating point
 // to [lo, hi]. float(2147483647) rounds up to 2^31, which has no int32, so
 // values at or above 2^31 saturate to hi instead of converting.
@@ -252,8 +262,8 @@ bvec4 etvk_valid_channels(int c4, int channels) {
 // The int8 values (in [-128, 127]) of 4 fp32 averages y: the out step above; lanes that are
 // not `valid` (channels >= C) give 0.
 ivec4 etvk_q8ta_requantize4(vec4 y, bvec4 valid) {
-  precise vec4 q = roundEven(y * pc.inv_output_scale) + float(pc.output_zero_point);
-  return mix(ivec4(0), etvk_to_int_clamped(q, -128, 127), valid);
+  precise vec4 t = y * pc.inv_output_scale;
+  return mix(ivec4(0), etvk_quantize_clamped(t, pc.output_zero_point, -128, 127), valid);
 }
 
 // The int8 averages of the 4 sums of one channel word.

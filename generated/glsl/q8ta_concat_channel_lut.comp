@@ -151,6 +151,16 @@ float etvk_div_rn(float a, float b) {
   return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
 }
 
+// clamp(roundEven(t) + zero_point, lo, hi) as int32, for integer bounds lo <= hi and a zero point
+// with lo - zero_point and hi - zero_point exact in fp32 (int8 qparams and bounds): t is clamped
+// to [lo - zero_point, hi - zero_point] before it is rounded, which gives the same values
+// (roundEven is monotonic and keeps integers), so no fp32 add of the zero point, no second
+// clamp and no guard of the conversion are needed.
+ivec4 etvk_quantize_clamped(vec4 t, int zero_point, int lo, int hi) {
+  const vec4 c = clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point)));
+  return ivec4(roundEven(c)) + zero_point;
+}
+
 // Converts already rounded values to int32 after clamping in floating point
 // to [lo, hi]. float(2147483647) rounds up to 2^31, which has no int32, so
 // values at or above 2^31 saturate to hi instead of converting.
@@ -304,8 +314,8 @@ vec4 etvk_q8ta_dequantize4(ivec4 q, ivec4 zero_point, vec4 scale) {
 
 // 4 real values requantized to int8 (in [-128, 127]), clamped in floating point.
 ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
-  precise vec4 q = roundEven(y * inv_scale) + float(zero_point);
-  return etvk_to_int_clamped(q, -128, 127);
+  precise vec4 t = y * inv_scale;
+  return etvk_quantize_clamped(t, zero_point, -128, 127);
 }
 
 // q8ta_add (op ETVK_Q8TA_ADD) or q8ta_mul (ETVK_Q8TA_MUL) of the int8 values a and b

@@ -170,6 +170,16 @@ float etvk_div_rn(float a, float b) {
   return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
 }
 
+// clamp(roundEven(t) + zero_point, lo, hi) as int32, for integer bounds lo <= hi and a zero point
+// with lo - zero_point and hi - zero_point exact in fp32 (int8 qparams and bounds): t is clamped
+// to [lo - zero_point, hi - zero_point] before it is rounded, which gives the same values
+// (roundEven is monotonic and keeps integers), so no fp32 add of the zero point, no second
+// clamp and no guard of the conversion are needed.
+ivec4 etvk_quantize_clamped(vec4 t, int zero_point, int lo, int hi) {
+  const vec4 c = clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point)));
+  return ivec4(roundEven(c)) + zero_point;
+}
+
 // Converts already rounded values to int32 after clamping in floating point
 // to [lo, hi]. float(2147483647) rounds up to 2^31, which has no int32, so
 // values at or above 2^31 saturate to hi instead of converting.
@@ -307,7 +317,8 @@ bvec4 etvk_valid_channels(int c4, int channels) {
 //   out = clamp(out, output_min, output_max)
 // relu and hardtanh are the last clamp: quantize is monotonic, so clamping y
 // to [a, b] before it equals clamping its result to [quantize(a), quantize(b)]
-// (runtime.families.conv2d.conv2d_output_bounds computes those on the host).
+// (runtime.families.conv2d.conv2d_output_bounds computes those on the host,
+// within [-128, 127]); the two clamps are one (etvk_quantize_clamped).
 // Needs include/numerics.glslh and include/packed_int8.glslh first, the vec-1
 // bindings t_weight_sums (int), t_weight_scales (float), t_bias (float) and
 // the push constants input_scale, inv_output_scale, input_zero_point,
@@ -368,8 +379,8 @@ ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
     precise vec4 gate = clamp(y + 3.0, vec4(0.0), vec4(6.0));
     y = (y * gate) * ETVK_HARDSWISH_SIXTH;
   }
-  precise vec4 q = roundEven(y * pc.inv_output_scale) + float(pc.output_zero_point);
-  const ivec4 r = clamp(etvk_to_int_clamped(q, -128, 127), ivec4(pc.output_min), ivec4(pc.output_max));
+  precise vec4 t = y * pc.inv_output_scale;
+  const ivec4 r = etvk_quantize_clamped(t, pc.output_zero_point, pc.output_min, pc.output_max);
   return mix(ivec4(0), r, ch.valid);
 }
 // The arithmetic of q8ta_add and q8ta_mul on 4 int8 values (docs/int8_cnn_ops.md),
@@ -396,8 +407,8 @@ vec4 etvk_q8ta_dequantize4(ivec4 q, ivec4 zero_point, vec4 scale) {
 
 // 4 real values requantized to int8 (in [-128, 127]), clamped in floating point.
 ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
-  precise vec4 q = roundEven(y * inv_scale) + float(zero_point);
-  return etvk_to_int_clamped(q, -128, 127);
+  precise vec4 t = y * inv_scale;
+  return etvk_quantize_clamped(t, zero_point, -128, 127);
 }
 
 // q8ta_add (op ETVK_Q8TA_ADD) or q8ta_mul (ETVK_Q8TA_MUL) of the int8 values a and b
