@@ -340,7 +340,8 @@ struct EtvkQ8taChannels {
   ivec4 zp_sums;  // input_zero_point * weight_sums[oc]
   vec4 scales;    // input_scale * weight_scales[oc]
   vec4 biases;    // bias[oc] (0 without bias)
-  bvec4 valid;    // oc < C_out; invalid lanes requantize to 0 bytes
+  bvec4 valid;    // oc < C_out
+  uint mask;      // 0xFF in the bytes of the valid lanes: the output word's invalid bytes are 0
 };
 
 float etvk_q8ta_bias(int oc) {
@@ -355,6 +356,7 @@ EtvkQ8taChannels etvk_q8ta_load_channels(int oc0, int c_out) {
   ch.scales = vec4(0.0);
   ch.biases = vec4(0.0);
   ch.valid = lessThan(ivec4(oc0) + ivec4(0, 1, 2, 3), ivec4(c_out));
+  ch.mask = c_out - oc0 >= 4 ? ~0u : (1u << (8 * max(c_out - oc0, 0))) - 1u;
   for (int j = 0; j < 4; ++j) {
     if (ch.valid[j]) {
       const int oc = oc0 + j;
@@ -375,7 +377,8 @@ vec4 etvk_q8ta_value4(ivec4 acc, EtvkQ8taChannels ch) {
 }
 
 // The requantized int8 values (in [output_min, output_max]) of 4
-// accumulators of the channels ch; invalid lanes give 0.
+// accumulators of the channels ch; those of invalid lanes mean nothing
+// (packed words are masked by ch.mask, one AND a word instead of a select a value).
 ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
   precise vec4 y = etvk_q8ta_value4(acc, ch);
   if (hardswish == 1) {
@@ -383,8 +386,7 @@ ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
     y = (y * gate) * ETVK_HARDSWISH_SIXTH;
   }
   precise vec4 t = y * pc.inv_output_scale;
-  const ivec4 r = etvk_quantize_clamped(t, pc.output_zero_point, pc.output_min, pc.output_max);
-  return mix(ivec4(0), r, ch.valid);
+  return etvk_quantize_clamped(t, pc.output_zero_point, pc.output_min, pc.output_max);
 }
 // The arithmetic of q8ta_add and q8ta_mul on 4 int8 values (docs/int8_cnn_ops.md),
 // shared by the q8ta_binary family and the conv's residual add
@@ -475,16 +477,16 @@ uint etvk_q8ta_conv_word(ivec4 acc, EtvkQ8taChannels ch, int hardswish, uint res
     for (int i = 0; i < 4; ++i) {
       y[i] = bitfieldExtract(int(t_lut_load_word(uint(index[i] >> 2))), (index[i] & 3) * 8, 8);
     }
-    return etvk_pack_i8x4(mix(ivec4(0), y, ch.valid));
+    return etvk_pack_i8x4(y) & ch.mask;
   }
   if (RESIDUAL == 0) {
-    return etvk_pack_i8x4(q);
+    return etvk_pack_i8x4(q) & ch.mask;
   }
   const ivec4 sum = etvk_q8ta_binary4(ETVK_Q8TA_ADD, RESIDUAL == 2, q, pc.output_zero_point,
                                       pc.conv_scale, etvk_unpack_i8x4(residual), pc.residual_zero_point,
                                       pc.residual_scale, pc.add_inv_output_scale,
                                       pc.add_output_zero_point);
-  return etvk_pack_i8x4(mix(ivec4(0), sum, ch.valid));
+  return etvk_pack_i8x4(sum) & ch.mask;
 }
 
 const int WG = int(gl_WorkGroupSize.x);
@@ -508,6 +510,10 @@ shared ivec4 s_red[RED];         // split-K partial sums
 // Word address of K word 0 of pixel m in a packed tensor of row width
 // `w_size` (padded to wp), C4 words `c4` and `rows` rows; ~0u if outside.
 uint pixel_base(int layout_code, int m, int wp, int w_size, int rows, int c4) {
+  if (layout_code == ETVK_4C && !ANY_4W4C) {
+    // Rows unpadded (wp == w_size): pixel m's words in order, no division.
+    return m < rows * w_size ? uint(m * c4) : ~0u;
+  }
   const int row = m / wp;
   const int w = m - row * wp;
   if (row >= rows || w >= w_size) {
@@ -699,15 +705,25 @@ void main() {
     [[unroll]] for (int i = 0; i < TM4; ++i) {
       [[unroll]] for (int p = 0; p < 4; ++p) {
         const int m = m0 + (tm + i * THREADS_M) * 4 + p;
-        const int row = m / wp;
-        const int w = m - row * wp;
-        if (row >= rows) {
-          continue;
+        uint word;
+        bool in_width = true;
+        if (OUT_LAYOUT == ETVK_4C && !ANY_4W4C) {
+          // Rows unpadded (wp == W): pixel m's words are m * C4 ..., no division.
+          if (m >= rows * W) {
+            continue;
+          }
+          word = uint(m * oc4_count + oc4);
+        } else {
+          const int row = m / wp;
+          const int w = m - row * wp;
+          if (row >= rows) {
+            continue;
+          }
+          const int n = row / pc.out_sizes.y;
+          word = etvk_packed_word(OUT_LAYOUT, out4, n, oc4, row - n * pc.out_sizes.y, w);
+          in_width = w < W;
         }
-        const int n = row / pc.out_sizes.y;
-        const int h = row - n * pc.out_sizes.y;
-        const uint word = etvk_packed_word(OUT_LAYOUT, out4, n, oc4, h, w);
-        if (w < W) {
+        if (in_width) {
           t_out_store_word(word, etvk_q8ta_conv_word(acc[(i * 4 + p) * TILE_N4 + j], ch, hardswish, etvk_q8ta_residual_word(word)));
         } else if (OUT_LAYOUT == ETVK_4W4C) {
           t_out_store_word(word, 0u);

@@ -306,7 +306,8 @@ struct EtvkQ8taChannels {
   ivec4 zp_sums;  // input_zero_point * weight_sums[oc]
   vec4 scales;    // input_scale * weight_scales[oc]
   vec4 biases;    // bias[oc] (0 without bias)
-  bvec4 valid;    // oc < C_out; invalid lanes requantize to 0 bytes
+  bvec4 valid;    // oc < C_out
+  uint mask;      // 0xFF in the bytes of the valid lanes: the output word's invalid bytes are 0
 };
 
 float etvk_q8ta_bias(int oc) {
@@ -321,6 +322,7 @@ EtvkQ8taChannels etvk_q8ta_load_channels(int oc0, int c_out) {
   ch.scales = vec4(0.0);
   ch.biases = vec4(0.0);
   ch.valid = lessThan(ivec4(oc0) + ivec4(0, 1, 2, 3), ivec4(c_out));
+  ch.mask = c_out - oc0 >= 4 ? ~0u : (1u << (8 * max(c_out - oc0, 0))) - 1u;
   for (int j = 0; j < 4; ++j) {
     if (ch.valid[j]) {
       const int oc = oc0 + j;
@@ -341,7 +343,8 @@ vec4 etvk_q8ta_value4(ivec4 acc, EtvkQ8taChannels ch) {
 }
 
 // The requantized int8 values (in [output_min, output_max]) of 4
-// accumulators of the channels ch; invalid lanes give 0.
+// accumulators of the channels ch; those of invalid lanes mean nothing
+// (packed words are masked by ch.mask, one AND a word instead of a select a value).
 ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
   precise vec4 y = etvk_q8ta_value4(acc, ch);
   if (hardswish == 1) {
@@ -349,8 +352,7 @@ ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
     y = (y * gate) * ETVK_HARDSWISH_SIXTH;
   }
   precise vec4 t = y * pc.inv_output_scale;
-  const ivec4 r = etvk_quantize_clamped(t, pc.output_zero_point, pc.output_min, pc.output_max);
-  return mix(ivec4(0), r, ch.valid);
+  return etvk_quantize_clamped(t, pc.output_zero_point, pc.output_min, pc.output_max);
 }
 
 const int PLAIN = 3;
