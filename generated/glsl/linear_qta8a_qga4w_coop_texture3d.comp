@@ -73,6 +73,13 @@ const int ETVK_4W4C = 0;
 const int ETVK_4C = 1;
 const int ETVK_4C1W = 2;
 
+// n / d for an index n >= 0 and d >= 1, by unsigned division: signed division adds sign
+// fix-ups to every quotient (index arithmetic, which the memory-bound int8 kernels do per
+// word; benchmarks/NOTES.md session 36).
+int etvk_div(int n, int d) {
+  return int(uint(n) / uint(d));
+}
+
 // The 4 signed bytes of a word, sign-extended.
 ivec4 etvk_unpack_i8x4(uint w) {
   const int v = int(w);
@@ -118,15 +125,15 @@ EtvkOutputRun etvk_output_run(int layout_code, uint item, ivec4 sizes, int out_w
   const int groups_x = (sizes.x + out_w - 1) / out_w;
   const int i = int(item);
   if (layout_code == ETVK_4C1W) {
-    const int row = i / groups_x;  // (n * C4 + c4) * H + oy
-    const int z = row / sizes.y;   // n * C4 + c4
-    const int n = z / sizes.z;
+    const int row = etvk_div(i, groups_x);  // (n * C4 + c4) * H + oy
+    const int z = etvk_div(row, sizes.y);   // n * C4 + c4
+    const int n = etvk_div(z, sizes.z);
     return EtvkOutputRun((i - row * groups_x) * out_w, row - z * sizes.y, n, z - n * sizes.z,
                          n < sizes.w);
   }
-  const int group = i / sizes.z;      // (n * H + oy) * G + ox0 / out_w
-  const int row = group / groups_x;   // n * H + oy
-  const int n = row / sizes.y;
+  const int group = etvk_div(i, sizes.z);     // (n * H + oy) * G + ox0 / out_w
+  const int row = etvk_div(group, groups_x);  // n * H + oy
+  const int n = etvk_div(row, sizes.y);
   return EtvkOutputRun((group - row * groups_x) * out_w, row - n * sizes.y, n, i - group * sizes.z,
                        n < sizes.w);
 }
@@ -164,22 +171,23 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
     const int w4 = (sizes.x + 3) >> 2;
     const int wi = t & 3;
     t >>= 2;
-    c4 = t % sizes.z;
-    t /= sizes.z;
-    w = (t % w4) * 4 + wi;
-    t /= w4;
+    int q = etvk_div(t, sizes.z);
+    c4 = t - q * sizes.z;
+    t = etvk_div(q, w4);
+    w = (q - t * w4) * 4 + wi;
   } else if (layout_code == ETVK_4C) {
-    c4 = t % sizes.z;
-    t /= sizes.z;
-    w = t % sizes.x;
-    t /= sizes.x;
+    int q = etvk_div(t, sizes.z);
+    c4 = t - q * sizes.z;
+    t = etvk_div(q, sizes.x);
+    w = q - t * sizes.x;
   } else {
-    w = t % sizes.x;
-    t /= sizes.x;
-    c4 = t % sizes.z;
-    t /= sizes.z;
+    int q = etvk_div(t, sizes.x);
+    w = t - q * sizes.x;
+    t = etvk_div(q, sizes.z);
+    c4 = q - t * sizes.z;
   }
-  return ivec4(w, t % sizes.y, c4, t / sizes.y);
+  const int n = etvk_div(t, sizes.y);
+  return ivec4(w, t - n * sizes.y, c4, n);
 }
 
 // Which of the 4 channels 4*c4 .. 4*c4+3 exist in a tensor of `channels` channels.

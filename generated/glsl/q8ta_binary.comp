@@ -149,6 +149,13 @@ const int ETVK_4W4C = 0;
 const int ETVK_4C = 1;
 const int ETVK_4C1W = 2;
 
+// n / d for an index n >= 0 and d >= 1, by unsigned division: signed division adds sign
+// fix-ups to every quotient (index arithmetic, which the memory-bound int8 kernels do per
+// word; benchmarks/NOTES.md session 36).
+int etvk_div(int n, int d) {
+  return int(uint(n) / uint(d));
+}
+
 // The 4 signed bytes of a word, sign-extended.
 ivec4 etvk_unpack_i8x4(uint w) {
   const int v = int(w);
@@ -194,15 +201,15 @@ EtvkOutputRun etvk_output_run(int layout_code, uint item, ivec4 sizes, int out_w
   const int groups_x = (sizes.x + out_w - 1) / out_w;
   const int i = int(item);
   if (layout_code == ETVK_4C1W) {
-    const int row = i / groups_x;  // (n * C4 + c4) * H + oy
-    const int z = row / sizes.y;   // n * C4 + c4
-    const int n = z / sizes.z;
+    const int row = etvk_div(i, groups_x);  // (n * C4 + c4) * H + oy
+    const int z = etvk_div(row, sizes.y);   // n * C4 + c4
+    const int n = etvk_div(z, sizes.z);
     return EtvkOutputRun((i - row * groups_x) * out_w, row - z * sizes.y, n, z - n * sizes.z,
                          n < sizes.w);
   }
-  const int group = i / sizes.z;      // (n * H + oy) * G + ox0 / out_w
-  const int row = group / groups_x;   // n * H + oy
-  const int n = row / sizes.y;
+  const int group = etvk_div(i, sizes.z);     // (n * H + oy) * G + ox0 / out_w
+  const int row = etvk_div(group, groups_x);  // n * H + oy
+  const int n = etvk_div(row, sizes.y);
   return EtvkOutputRun((group - row * groups_x) * out_w, row - n * sizes.y, n, i - group * sizes.z,
                        n < sizes.w);
 }
@@ -240,22 +247,23 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
     const int w4 = (sizes.x + 3) >> 2;
     const int wi = t & 3;
     t >>= 2;
-    c4 = t % sizes.z;
-    t /= sizes.z;
-    w = (t % w4) * 4 + wi;
-    t /= w4;
+    int q = etvk_div(t, sizes.z);
+    c4 = t - q * sizes.z;
+    t = etvk_div(q, w4);
+    w = (q - t * w4) * 4 + wi;
   } else if (layout_code == ETVK_4C) {
-    c4 = t % sizes.z;
-    t /= sizes.z;
-    w = t % sizes.x;
-    t /= sizes.x;
+    int q = etvk_div(t, sizes.z);
+    c4 = t - q * sizes.z;
+    t = etvk_div(q, sizes.x);
+    w = q - t * sizes.x;
   } else {
-    w = t % sizes.x;
-    t /= sizes.x;
-    c4 = t % sizes.z;
-    t /= sizes.z;
+    int q = etvk_div(t, sizes.x);
+    w = t - q * sizes.x;
+    t = etvk_div(q, sizes.z);
+    c4 = q - t * sizes.z;
   }
-  return ivec4(w, t % sizes.y, c4, t / sizes.y);
+  const int n = etvk_div(t, sizes.y);
+  return ivec4(w, t - n * sizes.y, c4, n);
 }
 
 // Which of the 4 channels 4*c4 .. 4*c4+3 exist in a tensor of `channels` channels.
@@ -340,8 +348,8 @@ int etvk_outer_per_batch(int layout_code, int width, int height) {
 
 // Word `word` of a tensor of `c4s` channel words split into (outer, c4, inner).
 EtvkChannelWord etvk_split_channel_word(uint word, int span, int c4s) {
-  const int t = int(word) / span;
-  const int outer = t / c4s;
+  const int t = etvk_div(int(word), span);
+  const int outer = etvk_div(t, c4s);
   return EtvkChannelWord(outer, t - outer * c4s, int(word) - t * span);
 }
 
@@ -352,13 +360,15 @@ uint etvk_channel_word(int outer, int c4, int inner, int span, int c4s) {
 
 // Whether a 4W4C word (outer, inner) lies past the width (padding words).
 bool etvk_past_width(EtvkChannelWord p, int width) {
-  return (p.outer % ((width + 3) >> 2)) * 4 + p.inner >= width;
+  const int w4 = (width + 3) >> 2;
+  return (p.outer - etvk_div(p.outer, w4) * w4) * 4 + p.inner >= width;
 }
 
 // The lanes past the row's width of a 4W4C quad of 4 widths (a quad split with span 1: its
 // lane l is width (outer % W4) * 4 + l, as inner is for one word).
 bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
-  return greaterThanEqual(ivec4((p.outer % ((width + 3) >> 2)) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
+  const int w4 = (width + 3) >> 2;
+  return greaterThanEqual(ivec4((p.outer - etvk_div(p.outer, w4) * w4) * 4) + ivec4(0, 1, 2, 3), ivec4(width));
 }
 
 void main() {

@@ -198,6 +198,13 @@ const int ETVK_4W4C = 0;
 const int ETVK_4C = 1;
 const int ETVK_4C1W = 2;
 
+// n / d for an index n >= 0 and d >= 1, by unsigned division: signed division adds sign
+// fix-ups to every quotient (index arithmetic, which the memory-bound int8 kernels do per
+// word; benchmarks/NOTES.md session 36).
+int etvk_div(int n, int d) {
+  return int(uint(n) / uint(d));
+}
+
 // The 4 signed bytes of a word, sign-extended.
 ivec4 etvk_unpack_i8x4(uint w) {
   const int v = int(w);
@@ -243,15 +250,15 @@ EtvkOutputRun etvk_output_run(int layout_code, uint item, ivec4 sizes, int out_w
   const int groups_x = (sizes.x + out_w - 1) / out_w;
   const int i = int(item);
   if (layout_code == ETVK_4C1W) {
-    const int row = i / groups_x;  // (n * C4 + c4) * H + oy
-    const int z = row / sizes.y;   // n * C4 + c4
-    const int n = z / sizes.z;
+    const int row = etvk_div(i, groups_x);  // (n * C4 + c4) * H + oy
+    const int z = etvk_div(row, sizes.y);   // n * C4 + c4
+    const int n = etvk_div(z, sizes.z);
     return EtvkOutputRun((i - row * groups_x) * out_w, row - z * sizes.y, n, z - n * sizes.z,
                          n < sizes.w);
   }
-  const int group = i / sizes.z;      // (n * H + oy) * G + ox0 / out_w
-  const int row = group / groups_x;   // n * H + oy
-  const int n = row / sizes.y;
+  const int group = etvk_div(i, sizes.z);     // (n * H + oy) * G + ox0 / out_w
+  const int row = etvk_div(group, groups_x);  // n * H + oy
+  const int n = etvk_div(row, sizes.y);
   return EtvkOutputRun((group - row * groups_x) * out_w, row - n * sizes.y, n, i - group * sizes.z,
                        n < sizes.w);
 }
@@ -289,22 +296,23 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
     const int w4 = (sizes.x + 3) >> 2;
     const int wi = t & 3;
     t >>= 2;
-    c4 = t % sizes.z;
-    t /= sizes.z;
-    w = (t % w4) * 4 + wi;
-    t /= w4;
+    int q = etvk_div(t, sizes.z);
+    c4 = t - q * sizes.z;
+    t = etvk_div(q, w4);
+    w = (q - t * w4) * 4 + wi;
   } else if (layout_code == ETVK_4C) {
-    c4 = t % sizes.z;
-    t /= sizes.z;
-    w = t % sizes.x;
-    t /= sizes.x;
+    int q = etvk_div(t, sizes.z);
+    c4 = t - q * sizes.z;
+    t = etvk_div(q, sizes.x);
+    w = q - t * sizes.x;
   } else {
-    w = t % sizes.x;
-    t /= sizes.x;
-    c4 = t % sizes.z;
-    t /= sizes.z;
+    int q = etvk_div(t, sizes.x);
+    w = t - q * sizes.x;
+    t = etvk_div(q, sizes.z);
+    c4 = q - t * sizes.z;
   }
-  return ivec4(w, t % sizes.y, c4, t / sizes.y);
+  const int n = etvk_div(t, sizes.y);
+  return ivec4(w, t - n * sizes.y, c4, n);
 }
 
 // Which of the 4 channels 4*c4 .. 4*c4+3 exist in a tensor of `channels` channels.
@@ -562,10 +570,10 @@ void init_slots(int t, int m0, int wp, int rows, int c0) {
   const int W = pc.out_sizes.x;
   [[unroll]] for (int p = 0; p < PIXELS; ++p) {
     const int m = m0 + a_slot(t, p).x;
-    const int row = m / wp;
+    const int row = etvk_div(m, wp);
     const int w = m - row * wp;
     if (row < rows && w < W) {
-      const int n = row / pc.out_sizes.y;
+      const int n = etvk_div(row, pc.out_sizes.y);
       const int iy = (row - n * pc.out_sizes.y) * pc.kernel.w - pc.pad_dil.y;
       const int ix = w * pc.kernel.z - pc.pad_dil.x;
       a_nh[p] = n * pc.in_sizes.y;
@@ -667,9 +675,9 @@ void main() {
           word = uint(m * oc4_count + oc4);
         }
       } else {
-        const int row = m / wp;
+        const int row = etvk_div(m, wp);
         const int w = m - row * wp;
-        const int n = row / pc.out_sizes.y;
+        const int n = etvk_div(row, pc.out_sizes.y);
         if (oc4 < oc4_count && row < rows) {
           word = etvk_packed_word(OUT_LAYOUT, out4, n, oc4, row - n * pc.out_sizes.y, w);
         }
@@ -747,7 +755,7 @@ void main() {
       if (words[part][r] == ~0u) {
         continue;
       }
-      if (!PAD_ROWS || m - (m / wp) * wp < W) {  // unpadded rows (wp == W) hold no padding widths
+      if (!PAD_ROWS || m - etvk_div(m, wp) * wp < W) {  // unpadded rows (wp == W) hold no padding widths
         const int at = ml * CSTRIDE + n4 * 4;
         const ivec4 sums = ivec4(s_mem[at], s_mem[at + 1], s_mem[at + 2], s_mem[at + 3]);
         t_out_store_word(words[part][r], etvk_q8ta_conv_word(sums, ch, hardswish, residual[part][r]));
