@@ -151,14 +151,19 @@ float etvk_div_rn(float a, float b) {
   return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
 }
 
+// etvk_quantize_clamped's value less the zero point, as an fp32 integer in [lo - zero_point,
+// hi - zero_point] (exact): what a dequantize of the result multiplies by the scale.
+vec4 etvk_quantize_rounded(vec4 t, int zero_point, int lo, int hi) {
+  return roundEven(clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point))));
+}
+
 // clamp(roundEven(t) + zero_point, lo, hi) as int32, for integer bounds lo <= hi and a zero point
 // with lo - zero_point and hi - zero_point exact in fp32 (int8 qparams and bounds): t is clamped
 // to [lo - zero_point, hi - zero_point] before it is rounded, which gives the same values
 // (roundEven is monotonic and keeps integers), so no fp32 add of the zero point, no second
 // clamp and no guard of the conversion are needed.
 ivec4 etvk_quantize_clamped(vec4 t, int zero_point, int lo, int hi) {
-  const vec4 c = clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point)));
-  return ivec4(roundEven(c)) + zero_point;
+  return ivec4(etvk_quantize_rounded(t, zero_point, lo, hi)) + zero_point;
 }
 
 // Converts already rounded values to int32 after clamping in floating point
@@ -326,13 +331,10 @@ ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
   return etvk_quantize_clamped(t, zero_point, -128, 127);
 }
 
-// q8ta_add (op ETVK_Q8TA_ADD) or q8ta_mul (ETVK_Q8TA_MUL) of the int8 values a and b
-// with their qparams: y = ra + rb (or ra * rb), y = max(y, 0) with relu, requantized
-// with inv_scale = fp32(1 / output_scale) and output_zero_point.
-ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_scale, ivec4 b,
-                        int b_zero_point, float b_scale, float inv_scale, int output_zero_point) {
-  const vec4 ra = etvk_q8ta_dequantize4(a, ivec4(a_zero_point), vec4(a_scale));
-  const vec4 rb = etvk_q8ta_dequantize4(b, ivec4(b_zero_point), vec4(b_scale));
+// y = ra + rb (ETVK_Q8TA_ADD) or ra * rb (ETVK_Q8TA_MUL) of dequantized values,
+// y = max(y, 0) with relu, requantized with inv_scale = fp32(1 / output_scale) and
+// output_zero_point.
+ivec4 etvk_q8ta_combine4(int op, bool relu, vec4 ra, vec4 rb, float inv_scale, int output_zero_point) {
   precise vec4 y;
   if (op == ETVK_Q8TA_MUL) {
     y = ra * rb;
@@ -343,6 +345,15 @@ ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_sc
     y = max(y, vec4(0.0));
   }
   return etvk_q8ta_quantize4(y, inv_scale, output_zero_point);
+}
+
+// q8ta_add (op ETVK_Q8TA_ADD) or q8ta_mul (ETVK_Q8TA_MUL) of the int8 values a and b
+// with their qparams (etvk_q8ta_combine4 of their dequantized values).
+ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_scale, ivec4 b,
+                        int b_zero_point, float b_scale, float inv_scale, int output_zero_point) {
+  const vec4 ra = etvk_q8ta_dequantize4(a, ivec4(a_zero_point), vec4(a_scale));
+  const vec4 rb = etvk_q8ta_dequantize4(b, ivec4(b_zero_point), vec4(b_scale));
+  return etvk_q8ta_combine4(op, relu, ra, rb, inv_scale, output_zero_point);
 }
 // Shared code of the q8ta_binary family (op_specs/q8ta_binary.yaml): where
 // the words of packed int8 tensors lie (the arithmetic is include/q8ta_arith.glslh).

@@ -170,14 +170,19 @@ float etvk_div_rn(float a, float b) {
   return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
 }
 
+// etvk_quantize_clamped's value less the zero point, as an fp32 integer in [lo - zero_point,
+// hi - zero_point] (exact): what a dequantize of the result multiplies by the scale.
+vec4 etvk_quantize_rounded(vec4 t, int zero_point, int lo, int hi) {
+  return roundEven(clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point))));
+}
+
 // clamp(roundEven(t) + zero_point, lo, hi) as int32, for integer bounds lo <= hi and a zero point
 // with lo - zero_point and hi - zero_point exact in fp32 (int8 qparams and bounds): t is clamped
 // to [lo - zero_point, hi - zero_point] before it is rounded, which gives the same values
 // (roundEven is monotonic and keeps integers), so no fp32 add of the zero point, no second
 // clamp and no guard of the conversion are needed.
 ivec4 etvk_quantize_clamped(vec4 t, int zero_point, int lo, int hi) {
-  const vec4 c = clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point)));
-  return ivec4(roundEven(c)) + zero_point;
+  return ivec4(etvk_quantize_rounded(t, zero_point, lo, hi)) + zero_point;
 }
 
 // Converts already rounded values to int32 after clamping in floating point
@@ -381,17 +386,23 @@ vec4 etvk_q8ta_value4(ivec4 acc, EtvkQ8taChannels ch) {
   return y;
 }
 
-// The requantized int8 values (in [output_min, output_max]) of 4
-// accumulators of the channels ch; those of invalid lanes mean nothing
-// (packed words are masked by ch.mask, one AND a word instead of a select a value).
-ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
+// The requantized int8 values of 4 accumulators of the channels ch less
+// output_zero_point, as exact fp32 integers (etvk_quantize_rounded).
+vec4 etvk_q8ta_rounded4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
   precise vec4 y = etvk_q8ta_value4(acc, ch);
   if (hardswish == 1) {
     precise vec4 gate = clamp(y + 3.0, vec4(0.0), vec4(6.0));
     y = (y * gate) * ETVK_HARDSWISH_SIXTH;
   }
   precise vec4 t = y * pc.inv_output_scale;
-  return etvk_quantize_clamped(t, pc.output_zero_point, pc.output_min, pc.output_max);
+  return etvk_quantize_rounded(t, pc.output_zero_point, pc.output_min, pc.output_max);
+}
+
+// The requantized int8 values (in [output_min, output_max]) of 4
+// accumulators of the channels ch; those of invalid lanes mean nothing
+// (packed words are masked by ch.mask, one AND a word instead of a select a value).
+ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
+  return ivec4(etvk_q8ta_rounded4(acc, ch, hardswish)) + pc.output_zero_point;
 }
 // The arithmetic of q8ta_add and q8ta_mul on 4 int8 values (docs/int8_cnn_ops.md),
 // shared by the q8ta_binary family and the conv's residual add
@@ -421,13 +432,10 @@ ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
   return etvk_quantize_clamped(t, zero_point, -128, 127);
 }
 
-// q8ta_add (op ETVK_Q8TA_ADD) or q8ta_mul (ETVK_Q8TA_MUL) of the int8 values a and b
-// with their qparams: y = ra + rb (or ra * rb), y = max(y, 0) with relu, requantized
-// with inv_scale = fp32(1 / output_scale) and output_zero_point.
-ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_scale, ivec4 b,
-                        int b_zero_point, float b_scale, float inv_scale, int output_zero_point) {
-  const vec4 ra = etvk_q8ta_dequantize4(a, ivec4(a_zero_point), vec4(a_scale));
-  const vec4 rb = etvk_q8ta_dequantize4(b, ivec4(b_zero_point), vec4(b_scale));
+// y = ra + rb (ETVK_Q8TA_ADD) or ra * rb (ETVK_Q8TA_MUL) of dequantized values,
+// y = max(y, 0) with relu, requantized with inv_scale = fp32(1 / output_scale) and
+// output_zero_point.
+ivec4 etvk_q8ta_combine4(int op, bool relu, vec4 ra, vec4 rb, float inv_scale, int output_zero_point) {
   precise vec4 y;
   if (op == ETVK_Q8TA_MUL) {
     y = ra * rb;
@@ -439,14 +447,23 @@ ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_sc
   }
   return etvk_q8ta_quantize4(y, inv_scale, output_zero_point);
 }
+
+// q8ta_add (op ETVK_Q8TA_ADD) or q8ta_mul (ETVK_Q8TA_MUL) of the int8 values a and b
+// with their qparams (etvk_q8ta_combine4 of their dequantized values).
+ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_scale, ivec4 b,
+                        int b_zero_point, float b_scale, float inv_scale, int output_zero_point) {
+  const vec4 ra = etvk_q8ta_dequantize4(a, ivec4(a_zero_point), vec4(a_scale));
+  const vec4 rb = etvk_q8ta_dequantize4(b, ivec4(b_zero_point), vec4(b_scale));
+  return etvk_q8ta_combine4(op, relu, ra, rb, inv_scale, output_zero_point);
+}
 // The output word of the int8 convs, with the optional residual add or lookup
 // table of their epilogue (docs/int8_cnn_ops.md "Residual add", "Lookup
 // table"). The conv's int8 values are computed exactly as without them
 // (include/q8ta_epilogue.glslh); with the spec constant RESIDUAL 1 (add) or 2
 // (add, then relu) they are then added to the word of t_residual at the same
 // index (the residual has the output's shape and packed layout) by q8ta_add's
-// own arithmetic (include/q8ta_arith.glslh, the function q8ta_binary runs), so
-// the word equals conv -> q8ta_add bit for bit:
+// own arithmetic (include/q8ta_arith.glslh's etvk_q8ta_combine4, which q8ta_binary
+// runs), so the word equals conv -> q8ta_add bit for bit:
 //   out = quantize(dequantize(conv, output_zero_point, conv_scale)
 //                  + dequantize(residual, residual_zero_point, residual_scale))
 // requantized with add_inv_output_scale and add_output_zero_point. With the
@@ -474,6 +491,17 @@ uint etvk_q8ta_residual_word(uint word) {
 // The output word of 4 accumulators of the channels ch, whose residual word (read by
 // etvk_q8ta_residual_word) is `residual`; invalid lanes give 0 bytes.
 uint etvk_q8ta_conv_word(ivec4 acc, EtvkQ8taChannels ch, int hardswish, uint residual) {
+  if (RESIDUAL != 0) {
+    // The conv's values dequantized: float(q - output_zero_point) * conv_scale, where
+    // q - output_zero_point is the rounded value itself (an exact fp32 integer), so it is
+    // used as it is, not converted to int and back.
+    precise vec4 conv = etvk_q8ta_rounded4(acc, ch, hardswish) * pc.conv_scale;
+    const vec4 res = etvk_q8ta_dequantize4(etvk_unpack_i8x4(residual), ivec4(pc.residual_zero_point),
+                                           vec4(pc.residual_scale));
+    const ivec4 sum = etvk_q8ta_combine4(ETVK_Q8TA_ADD, RESIDUAL == 2, conv, res, pc.add_inv_output_scale,
+                                         pc.add_output_zero_point);
+    return etvk_pack_i8x4(sum) & ch.mask;
+  }
   const ivec4 q = etvk_q8ta_requantize4(acc, ch, hardswish);
   if (HAS_LUT == 1) {
     // table[q + 128] is byte (q + 128) % 4 of word (q + 128) / 4, sign-extended.
@@ -484,14 +512,7 @@ uint etvk_q8ta_conv_word(ivec4 acc, EtvkQ8taChannels ch, int hardswish, uint res
     }
     return etvk_pack_i8x4(y) & ch.mask;
   }
-  if (RESIDUAL == 0) {
-    return etvk_pack_i8x4(q) & ch.mask;
-  }
-  const ivec4 sum = etvk_q8ta_binary4(ETVK_Q8TA_ADD, RESIDUAL == 2, q, pc.output_zero_point,
-                                      pc.conv_scale, etvk_unpack_i8x4(residual), pc.residual_zero_point,
-                                      pc.residual_scale, pc.add_inv_output_scale,
-                                      pc.add_output_zero_point);
-  return etvk_pack_i8x4(sum) & ch.mask;
+  return etvk_pack_i8x4(q) & ch.mask;
 }
 
 const int WG = int(gl_WorkGroupSize.x);   // 4 subgroups of 32 (the capability's size)

@@ -127,14 +127,19 @@ float etvk_div_rn(float a, float b) {
   return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
 }
 
+// etvk_quantize_clamped's value less the zero point, as an fp32 integer in [lo - zero_point,
+// hi - zero_point] (exact): what a dequantize of the result multiplies by the scale.
+vec4 etvk_quantize_rounded(vec4 t, int zero_point, int lo, int hi) {
+  return roundEven(clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point))));
+}
+
 // clamp(roundEven(t) + zero_point, lo, hi) as int32, for integer bounds lo <= hi and a zero point
 // with lo - zero_point and hi - zero_point exact in fp32 (int8 qparams and bounds): t is clamped
 // to [lo - zero_point, hi - zero_point] before it is rounded, which gives the same values
 // (roundEven is monotonic and keeps integers), so no fp32 add of the zero point, no second
 // clamp and no guard of the conversion are needed.
 ivec4 etvk_quantize_clamped(vec4 t, int zero_point, int lo, int hi) {
-  const vec4 c = clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point)));
-  return ivec4(roundEven(c)) + zero_point;
+  return ivec4(etvk_quantize_rounded(t, zero_point, lo, hi)) + zero_point;
 }
 
 // Converts already rounded values to int32 after clamping in floating point
@@ -347,17 +352,23 @@ vec4 etvk_q8ta_value4(ivec4 acc, EtvkQ8taChannels ch) {
   return y;
 }
 
-// The requantized int8 values (in [output_min, output_max]) of 4
-// accumulators of the channels ch; those of invalid lanes mean nothing
-// (packed words are masked by ch.mask, one AND a word instead of a select a value).
-ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
+// The requantized int8 values of 4 accumulators of the channels ch less
+// output_zero_point, as exact fp32 integers (etvk_quantize_rounded).
+vec4 etvk_q8ta_rounded4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
   precise vec4 y = etvk_q8ta_value4(acc, ch);
   if (hardswish == 1) {
     precise vec4 gate = clamp(y + 3.0, vec4(0.0), vec4(6.0));
     y = (y * gate) * ETVK_HARDSWISH_SIXTH;
   }
   precise vec4 t = y * pc.inv_output_scale;
-  return etvk_quantize_clamped(t, pc.output_zero_point, pc.output_min, pc.output_max);
+  return etvk_quantize_rounded(t, pc.output_zero_point, pc.output_min, pc.output_max);
+}
+
+// The requantized int8 values (in [output_min, output_max]) of 4
+// accumulators of the channels ch; those of invalid lanes mean nothing
+// (packed words are masked by ch.mask, one AND a word instead of a select a value).
+ivec4 etvk_q8ta_requantize4(ivec4 acc, EtvkQ8taChannels ch, int hardswish) {
+  return ivec4(etvk_q8ta_rounded4(acc, ch, hardswish)) + pc.output_zero_point;
 }
 
 const int PLAIN = 3;
