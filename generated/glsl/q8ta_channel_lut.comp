@@ -365,24 +365,34 @@ int etvk_sums_table(int c, ivec4 at) {
   return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
 }
 
-// The output word that invocation `item` (< pc.words, the output's words) writes: `item` itself,
-// except in 4C with `c4s` (the output's channel words) a multiple of 8. There, in word order a
+// The output word that invocation `item` (< pc.words, the output's words) writes, split as
+// etvk_split_channel_word splits it (`span` and `c4s`, the output's channel words, as there):
+// word `item` itself, except in 4C with `c4s` a multiple of 8. There, in word order a
 // subgroup's lanes are 32 channel words of one pixel, each lane looking up its own channels'
 // tables (32 rows a load); instead the words go in rows of 8 pixels (the last row the rest),
 // each row cut into tiles of 8 channel words x its pixels, a tile's invocations the 8 words of
 // one pixel after another: a subgroup looks up 8 channels' tables and each pixel's 8 words are
-// one 32-byte run. A bijection of [0, pc.words) (pc.words = pixels * c4s in 4C).
-uint etvk_table_word(uint item, int c4s) {
+// one 32-byte run. A bijection of [0, pc.words) (pc.words = pixels * c4s in 4C). The tiles give
+// the pixel and channel word themselves, so the word's split takes one division (the row), and
+// a second only in a last row of fewer than 8 pixels.
+EtvkChannelWord etvk_table_channel_word(uint item, int span, int c4s) {
   if (LAYOUT != ETVK_4C || (c4s & 7) != 0) {
-    return item;
+    return etvk_split_channel_word(item, span, c4s);
   }
   const uint row_words = 8u * uint(c4s);
   const uint row = item / row_words;
   const uint r = item - row * row_words;
-  const uint tile_words = 8u * min(8u, pc.words / uint(c4s) - row * 8u);  // 8 x the row's pixels
-  const uint tile = r / tile_words;
-  const uint at = r - tile * tile_words;
-  return (row * 8u + at / 8u) * uint(c4s) + tile * 8u + (at & 7u);
+  uint tile;
+  uint at;
+  if ((row + 1u) * row_words <= pc.words) {  // 8 pixels: tiles of 64 words
+    tile = r >> 6;
+    at = r & 63u;
+  } else {
+    const uint tile_words = 8u * ((pc.words - row * row_words) / uint(c4s));  // 8 x the row's pixels
+    tile = r / tile_words;
+    at = r - tile * tile_words;
+  }
+  return EtvkChannelWord(int(row * 8u + (at >> 3)), int(tile * 8u + (at & 7u)), 0);
 }
 
 void main() {
@@ -392,8 +402,9 @@ void main() {
   }
   const int W = pc.sizes.x;
   const int C = pc.sizes.z;
-  const uint word = etvk_table_word(item, (C + 3) >> 2);
-  const EtvkChannelWord p = etvk_split_channel_word(word, etvk_channel_word_span(LAYOUT, W), (C + 3) >> 2);
+  const int span = etvk_channel_word_span(LAYOUT, W);
+  const EtvkChannelWord p = etvk_table_channel_word(item, span, (C + 3) >> 2);
+  const uint word = etvk_channel_word(p.outer, p.c4, p.inner, span, (C + 3) >> 2);
   if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
     t_out_store_word(word, 0u);
     return;
