@@ -116,6 +116,21 @@ float etvk_div_rn(float a, float b) {
   return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
 }
 
+// etvk_quantize_clamped's value less the zero point, as an fp32 integer in [lo - zero_point,
+// hi - zero_point] (exact): what a dequantize of the result multiplies by the scale.
+vec4 etvk_quantize_rounded(vec4 t, int zero_point, int lo, int hi) {
+  return roundEven(clamp(t, vec4(float(lo - zero_point)), vec4(float(hi - zero_point))));
+}
+
+// clamp(roundEven(t) + zero_point, lo, hi) as int32, for integer bounds lo <= hi and a zero point
+// with lo - zero_point and hi - zero_point exact in fp32 (int8 qparams and bounds): t is clamped
+// to [lo - zero_point, hi - zero_point] before it is rounded, which gives the same values
+// (roundEven is monotonic and keeps integers), so no fp32 add of the zero point, no second
+// clamp and no guard of the conversion are needed.
+ivec4 etvk_quantize_clamped(vec4 t, int zero_point, int lo, int hi) {
+  return ivec4(etvk_quantize_rounded(t, zero_point, lo, hi)) + zero_point;
+}
+
 // Converts already rounded values to int32 after clamping in floating point
 // to [lo, hi]. float(2147483647) rounds up to 2^31, which has no int32, so
 // values at or above 2^31 saturate to hi instead of converting.
