@@ -208,6 +208,34 @@ uint etvk_packed_word(int layout_code, ivec4 sizes, int n, int c4, int h, int w)
   return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x + w);
 }
 
+// Words between a pixel group's consecutive channel words, for a tensor of width `width`.
+int etvk_channel_word_span(int layout_code, int width) {
+  return layout_code == ETVK_4W4C ? 4 : (layout_code == ETVK_4C ? 1 : width);
+}
+
+// The word of channel word 0 of pixel m of a packed tensor seen as `rows` rows of `wp` pixels
+// (its width `w_size`, padded to wp = 4 * ceil(w_size / 4) where `padded_rows`, else wp ==
+// w_size), `c4` channel words; ~0u for a pixel past the last row or in the padding widths.
+// Channel word k of the pixel is k * etvk_channel_word_span words further.
+uint etvk_pixel_base(int layout_code, bool padded_rows, int m, int wp, int w_size, int rows, int c4) {
+  if (layout_code == ETVK_4C && !padded_rows) {
+    // Rows unpadded (wp == w_size): pixel m's words in order, no division.
+    return m < rows * w_size ? uint(m * c4) : ~0u;
+  }
+  const int row = etvk_div(m, wp);
+  const int w = m - row * wp;
+  if (row >= rows || w >= w_size) {
+    return ~0u;
+  }
+  if (layout_code == ETVK_4W4C) {
+    return uint((m >> 2) * c4 * 4 + (m & 3));
+  }
+  if (layout_code == ETVK_4C) {
+    return uint((row * w_size + w) * c4);
+  }
+  return uint(row * c4 * w_size + w);
+}
+
 // The outputs of one invocation of a row-walking conv (direct, depthwise): widths ox0 ..
 // ox0 + out_w - 1 of row oy, channel word c4 of batch entry n, for `sizes` (W, H, C4, N) of
 // the output and G = ceil(W / out_w). The grid is 1-D, so a workgroup spans rows and a narrow

@@ -223,6 +223,34 @@ uint etvk_packed_word(int layout_code, ivec4 sizes, int n, int c4, int h, int w)
   return uint(((n * sizes.y + h) * sizes.z + c4) * sizes.x + w);
 }
 
+// Words between a pixel group's consecutive channel words, for a tensor of width `width`.
+int etvk_channel_word_span(int layout_code, int width) {
+  return layout_code == ETVK_4W4C ? 4 : (layout_code == ETVK_4C ? 1 : width);
+}
+
+// The word of channel word 0 of pixel m of a packed tensor seen as `rows` rows of `wp` pixels
+// (its width `w_size`, padded to wp = 4 * ceil(w_size / 4) where `padded_rows`, else wp ==
+// w_size), `c4` channel words; ~0u for a pixel past the last row or in the padding widths.
+// Channel word k of the pixel is k * etvk_channel_word_span words further.
+uint etvk_pixel_base(int layout_code, bool padded_rows, int m, int wp, int w_size, int rows, int c4) {
+  if (layout_code == ETVK_4C && !padded_rows) {
+    // Rows unpadded (wp == w_size): pixel m's words in order, no division.
+    return m < rows * w_size ? uint(m * c4) : ~0u;
+  }
+  const int row = etvk_div(m, wp);
+  const int w = m - row * wp;
+  if (row >= rows || w >= w_size) {
+    return ~0u;
+  }
+  if (layout_code == ETVK_4W4C) {
+    return uint((m >> 2) * c4 * 4 + (m & 3));
+  }
+  if (layout_code == ETVK_4C) {
+    return uint((row * w_size + w) * c4);
+  }
+  return uint(row * c4 * w_size + w);
+}
+
 // The outputs of one invocation of a row-walking conv (direct, depthwise): widths ox0 ..
 // ox0 + out_w - 1 of row oy, channel word c4 of batch entry n, for `sizes` (W, H, C4, N) of
 // the output and G = ceil(W / out_w). The grid is 1-D, so a workgroup spans rows and a narrow
@@ -533,32 +561,6 @@ shared uvec4 s_in[KC * BM4];     // [k][pixel group of 4]: word of 4 pixels at K
 shared uvec4 s_w[KC * BN4];      // [k][channel word]: the packed weight ivec4
 shared ivec4 s_red[RED];         // split-K partial sums
 
-// Word address of K word 0 of pixel m in a packed tensor of row width
-// `w_size` (padded to wp), C4 words `c4` and `rows` rows; ~0u if outside.
-uint pixel_base(int layout_code, int m, int wp, int w_size, int rows, int c4) {
-  if (layout_code == ETVK_4C && !ANY_4W4C) {
-    // Rows unpadded (wp == w_size): pixel m's words in order, no division.
-    return m < rows * w_size ? uint(m * c4) : ~0u;
-  }
-  const int row = etvk_div(m, wp);
-  const int w = m - row * wp;
-  if (row >= rows || w >= w_size) {
-    return ~0u;
-  }
-  if (layout_code == ETVK_4W4C) {
-    return uint((m >> 2) * c4 * 4 + (m & 3));
-  }
-  if (layout_code == ETVK_4C) {
-    return uint((row * w_size + w) * c4);
-  }
-  return uint(row * c4 * w_size + w);
-}
-
-// Address step of one K word.
-uint k_step(int layout_code, int w_size) {
-  return layout_code == ETVK_4W4C ? 4u : (layout_code == ETVK_4C ? 1u : uint(w_size));
-}
-
 void main() {
   const int t = int(gl_LocalInvocationID.x);
   const int slice = t / SLICE;
@@ -575,7 +577,7 @@ void main() {
   const int groups = pc.gemm.z;
   const int m0 = int(gl_WorkGroupID.x) * BM;
   const int n0 = int(gl_WorkGroupID.y) * BN4;
-  const uint in_step = k_step(IN_LAYOUT, W);
+  const uint in_step = uint(etvk_channel_word_span(IN_LAYOUT, W));
 
   // acc[(i * 4 + p) * TILE_N4 + j]: pixel m0 + (tm + i * THREADS_M) * 4 + p,
   // channel word n0 + tn + j * THREADS_N.
@@ -602,7 +604,7 @@ void main() {
         ml = idx % BM;
         k = idx / BM;
       }
-      const uint base = idx < BM * KC ? pixel_base(IN_LAYOUT, m0 + ml, wp, W, rows, in_c4) : ~0u;
+      const uint base = idx < BM * KC ? etvk_pixel_base(IN_LAYOUT, ANY_4W4C, m0 + ml, wp, W, rows, in_c4) : ~0u;
       in_addr[r] = base == ~0u ? ~0u : base + uint(k) * in_step;
       in_k[r] = idx < BM * KC ? k * BM + ml : -1;   // shared index (word)
     }
@@ -675,7 +677,7 @@ void main() {
     uint base[TILE_M];
     [[unroll]] for (int i = 0; i < TM4; ++i) {
       [[unroll]] for (int p = 0; p < 4; ++p) {
-        base[i * 4 + p] = pixel_base(IN_LAYOUT, m0 + (tm + i * THREADS_M) * 4 + p, wp, W, rows, in_c4);
+        base[i * 4 + p] = etvk_pixel_base(IN_LAYOUT, ANY_4W4C, m0 + (tm + i * THREADS_M) * 4 + p, wp, W, rows, in_c4);
       }
     }
     [[unroll]] for (int j = 0; j < TILE_N4; ++j) {
