@@ -119,6 +119,26 @@ uint etvk_pixel_base(int layout_code, bool padded_rows, int m, int wp, int w_siz
   return uint(row * c4 * w_size + w);
 }
 
+// The word of channel word c4 of pixel m (m, wp and rows as for etvk_pixel_base) of a packed
+// tensor of `sizes` (W, H, C4, N), or ~0u past the last row. `in_width` is false in the padding
+// widths of a padded row, whose words exist (4W4C) and hold zeros.
+uint etvk_pixel_word(int layout_code, bool padded_rows, int m, int wp, int rows, ivec4 sizes, int c4,
+                     out bool in_width) {
+  in_width = true;
+  if (layout_code == ETVK_4C && !padded_rows) {
+    // Rows unpadded (wp == W): pixel m's words are m * C4 ..., no division.
+    return m < rows * sizes.x ? uint(m * sizes.z + c4) : ~0u;
+  }
+  const int row = etvk_div(m, wp);
+  const int w = m - row * wp;
+  in_width = w < sizes.x;
+  if (row >= rows) {
+    return ~0u;
+  }
+  const int n = etvk_div(row, sizes.y);
+  return etvk_packed_word(layout_code, sizes, n, c4, row - n * sizes.y, w);
+}
+
 // The outputs of one invocation of a row-walking conv (direct, depthwise): widths ox0 ..
 // ox0 + out_w - 1 of row oy, channel word c4 of batch entry n, for `sizes` (W, H, C4, N) of
 // the output and G = ceil(W / out_w). The grid is 1-D, so a workgroup spans rows and a narrow

@@ -251,6 +251,26 @@ uint etvk_pixel_base(int layout_code, bool padded_rows, int m, int wp, int w_siz
   return uint(row * c4 * w_size + w);
 }
 
+// The word of channel word c4 of pixel m (m, wp and rows as for etvk_pixel_base) of a packed
+// tensor of `sizes` (W, H, C4, N), or ~0u past the last row. `in_width` is false in the padding
+// widths of a padded row, whose words exist (4W4C) and hold zeros.
+uint etvk_pixel_word(int layout_code, bool padded_rows, int m, int wp, int rows, ivec4 sizes, int c4,
+                     out bool in_width) {
+  in_width = true;
+  if (layout_code == ETVK_4C && !padded_rows) {
+    // Rows unpadded (wp == W): pixel m's words are m * C4 ..., no division.
+    return m < rows * sizes.x ? uint(m * sizes.z + c4) : ~0u;
+  }
+  const int row = etvk_div(m, wp);
+  const int w = m - row * wp;
+  in_width = w < sizes.x;
+  if (row >= rows) {
+    return ~0u;
+  }
+  const int n = etvk_div(row, sizes.y);
+  return etvk_packed_word(layout_code, sizes, n, c4, row - n * sizes.y, w);
+}
+
 // The outputs of one invocation of a row-walking conv (direct, depthwise): widths ox0 ..
 // ox0 + out_w - 1 of row oy, channel word c4 of batch entry n, for `sizes` (W, H, C4, N) of
 // the output and G = ceil(W / out_w). The grid is 1-D, so a workgroup spans rows and a narrow
@@ -733,23 +753,10 @@ void main() {
     [[unroll]] for (int i = 0; i < TM4; ++i) {
       [[unroll]] for (int p = 0; p < 4; ++p) {
         const int m = m0 + (tm + i * THREADS_M) * 4 + p;
-        uint word;
-        bool in_width = true;
-        if (OUT_LAYOUT == ETVK_4C && !ANY_4W4C) {
-          // Rows unpadded (wp == W): pixel m's words are m * C4 ..., no division.
-          if (m >= rows * W) {
-            continue;
-          }
-          word = uint(m * oc4_count + oc4);
-        } else {
-          const int row = etvk_div(m, wp);
-          const int w = m - row * wp;
-          if (row >= rows) {
-            continue;
-          }
-          const int n = etvk_div(row, pc.out_sizes.y);
-          word = etvk_packed_word(OUT_LAYOUT, out4, n, oc4, row - n * pc.out_sizes.y, w);
-          in_width = w < W;
+        bool in_width;
+        const uint word = etvk_pixel_word(OUT_LAYOUT, ANY_4W4C, m, wp, rows, out4, oc4, in_width);
+        if (word == ~0u) {
+          continue;
         }
         if (in_width) {
           t_out_store_word(word, etvk_q8ta_conv_word(acc[(i * 4 + p) * TILE_N4 + j], ch, hardswish, etvk_q8ta_residual_word(word)));
