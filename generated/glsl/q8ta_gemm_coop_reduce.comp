@@ -550,11 +550,10 @@ void main() {
   }
   const int m = etvk_div(int(i), oc4_count);
   const int oc4 = int(i) - m * oc4_count;
-  const int row = etvk_div(m, wp);
-  const int w = m - row * wp;
-  const int n = etvk_div(row, H);
-  const uint word = etvk_packed_word(OUT_LAYOUT, ivec4(W, H, oc4_count, pc.out_sizes.w), n, oc4, row - n * H, w);
-  if (w >= W) {
+  bool in_width;  // the bound above keeps m within the rows: word is never ~0u
+  const uint word = etvk_pixel_word(OUT_LAYOUT, wp != W, m, wp, H * pc.out_sizes.w,
+                                    ivec4(W, H, oc4_count, pc.out_sizes.w), oc4, in_width);
+  if (!in_width) {
     if (OUT_LAYOUT == ETVK_4W4C) {
       t_out_store_word(word, 0u);
     }
