@@ -303,6 +303,58 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
+// The arithmetic of q8ta_add and q8ta_mul on 4 int8 values (docs/int8_cnn_ops.md),
+// shared by the q8ta_binary family and the conv's residual add
+// (include/q8ta_residual.glslh), so both give the same bits. Needs
+// include/numerics.glslh first.
+//
+// Numerics, in the fp32 order of PyTorch's decomposed path
+// (quantized_decomposed.dequantize_per_tensor -> aten op -> quantize_per_tensor):
+//   r   = float(q - zero_point) * scale                 (q - zero_point is exact)
+//   out = clamp(roundEven(y * inv_scale) + zero_point, -128, 127)
+// with inv_scale = fp32(1 / scale) computed on the host (float64 division).
+// `precise` keeps every product and sum rounded on its own (no contraction
+// into fma), as the reference rounds them.
+
+const int ETVK_Q8TA_ADD = 0;
+const int ETVK_Q8TA_MUL = 1;
+
+// The real values of 4 int8 values, each with its own zero point and scale.
+vec4 etvk_q8ta_dequantize4(ivec4 q, ivec4 zero_point, vec4 scale) {
+  precise vec4 r = vec4(q - zero_point) * scale;
+  return r;
+}
+
+// 4 real values requantized to int8 (in [-128, 127]), clamped in floating point.
+ivec4 etvk_q8ta_quantize4(vec4 y, float inv_scale, int zero_point) {
+  precise vec4 t = y * inv_scale;
+  return etvk_quantize_clamped(t, zero_point, -128, 127);
+}
+
+// y = ra + rb (ETVK_Q8TA_ADD) or ra * rb (ETVK_Q8TA_MUL) of dequantized values,
+// y = max(y, 0) with relu, requantized with inv_scale = fp32(1 / output_scale) and
+// output_zero_point.
+ivec4 etvk_q8ta_combine4(int op, bool relu, vec4 ra, vec4 rb, float inv_scale, int output_zero_point) {
+  precise vec4 y;
+  if (op == ETVK_Q8TA_MUL) {
+    y = ra * rb;
+  } else {
+    y = ra + rb;
+  }
+  if (relu) {
+    y = max(y, vec4(0.0));
+  }
+  return etvk_q8ta_quantize4(y, inv_scale, output_zero_point);
+}
+
+// q8ta_add (op ETVK_Q8TA_ADD) or q8ta_mul (ETVK_Q8TA_MUL) of the int8 values a and b
+// with their qparams (etvk_q8ta_combine4 of their dequantized values).
+ivec4 etvk_q8ta_binary4(int op, bool relu, ivec4 a, int a_zero_point, float a_scale, ivec4 b,
+                        int b_zero_point, float b_scale, float inv_scale, int output_zero_point) {
+  const vec4 ra = etvk_q8ta_dequantize4(a, ivec4(a_zero_point), vec4(a_scale));
+  const vec4 rb = etvk_q8ta_dequantize4(b, ivec4(b_zero_point), vec4(b_scale));
+  return etvk_q8ta_combine4(op, relu, ra, rb, inv_scale, output_zero_point);
+}
 
 float load_x(int n, int c, int h, int w) {
   return t_in_load(ivec3(w >> 2, h, n * pc.sizes.z + c))[w & 3];
@@ -334,8 +386,7 @@ void main() {
       x[j] = load_x(n, c0 + j, h, w);
     }
   }
-  precise vec4 q = roundEven(x * pc.inv_scale) + float(pc.zero_point);
-  const ivec4 r = etvk_to_int_clamped(q, -128, 127);
+  const ivec4 r = etvk_q8ta_quantize4(x, pc.inv_scale, pc.zero_point);
   const bvec4 valid = lessThan(ivec4(c0) + ivec4(0, 1, 2, 3), ivec4(C));
   t_out_store_word(word, etvk_pack_i8x4(mix(ivec4(0), r, valid)));
 }
