@@ -400,10 +400,30 @@ ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
   return y;
 }
 
-// sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at `at`
-// = (w, h, -, n): byte (c * T + S + offset) % 4 of that word of the table, sign-extended.
-int etvk_sums_table(int c, ivec4 at) {
-  const int S = t_sums_load(uint(((at.w * pc.sums.x + c) * pc.sizes.y + at.y) * pc.sizes.x + at.x));
+// The pixel of output word p (split as etvk_split_channel_word splits it, inside the width) as
+// the window sums see it: (n, h * W + w). (outer, inner) locate the pixel alike in every tensor
+// of the same N, H, W; in 4C outer is the pixel n * H * W + h * W + w itself, so one division
+// (etvk_packed_coords of the word would take three).
+ivec2 etvk_sums_pixel(EtvkChannelWord p) {
+  const int W = pc.sizes.x;
+  const int per_batch = etvk_outer_per_batch(LAYOUT, W, pc.sizes.y);
+  const int n = etvk_div(p.outer, per_batch);
+  const int r = p.outer - n * per_batch;  // 4C: h * W + w; 4C1W: h; 4W4C: h * W4 + w / 4
+  if (LAYOUT == ETVK_4C) {
+    return ivec2(n, r);
+  }
+  if (LAYOUT == ETVK_4C1W) {
+    return ivec2(n, r * W + p.inner);
+  }
+  const int w4s = (W + 3) >> 2;
+  const int h = etvk_div(r, w4s);
+  return ivec2(n, h * W + (r - h * w4s) * 4 + p.inner);
+}
+
+// sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at pixel
+// `px` = (n, h * W + w): byte (c * T + S + offset) % 4 of that word of the table, sign-extended.
+int etvk_sums_table(int c, ivec2 px) {
+  const int S = t_sums_load(uint((px.x * pc.sums.x + c) * (pc.sizes.x * pc.sizes.y) + px.y));
   const int entry = c * pc.sums.y + S + pc.sums.z;
   return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
 }
@@ -457,21 +477,19 @@ void main() {
   if (HAS_SUMS == 0) {
     y = etvk_channel_table4(p.c4, valid, t_x_load(word));
   } else {
-    const int H = pc.sizes.y;
     const int Cs = pc.sums.x;
-    const ivec4 at = etvk_packed_coords(LAYOUT, ivec4(W, H, (C + 3) >> 2, pc.sizes.w), word);
-    const ivec4 x4 = ivec4(W, H, (C - Cs + 3) >> 2, pc.sizes.w);
+    const ivec2 px = etvk_sums_pixel(p);
     int loaded = -1;  // the channel word of x in `bytes`: a word of out spans at most two of x
     uint bytes = 0u;
     for (int i = 0; i < 4 && p.c4 * 4 + i < C; ++i) {
       const int c = p.c4 * 4 + i;
       if (c < Cs) {
-        y[i] = etvk_sums_table(c, at);
+        y[i] = etvk_sums_table(c, px);
       } else if (HAS_X == 1) {
         const int cx = c - Cs;
         if ((cx >> 2) != loaded) {
-          loaded = cx >> 2;
-          bytes = t_x_load_word(etvk_packed_word(LAYOUT, x4, at.w, loaded, at.y, at.x));
+          loaded = cx >> 2;  // x's word at the same pixel (outer, inner): x has C - Cs channels
+          bytes = t_x_load_word(etvk_channel_word(p.outer, loaded, p.inner, span, (C - Cs + 3) >> 2));
         }
         y[i] = etvk_channel_table(cx, bitfieldExtract(int(bytes), (cx & 3) * 8, 8));
       }
