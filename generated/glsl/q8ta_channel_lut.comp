@@ -465,9 +465,10 @@ void main() {
   }
   const int W = pc.sizes.x;
   const int C = pc.sizes.z;
+  const int c4s = (C + 3) >> 2;
   const int span = etvk_channel_word_span(LAYOUT, W);
-  const EtvkChannelWord p = etvk_table_channel_word(item, span, (C + 3) >> 2);
-  const uint word = etvk_channel_word(p.outer, p.c4, p.inner, span, (C + 3) >> 2);
+  const EtvkChannelWord p = etvk_table_channel_word(item, span, c4s);
+  const uint word = etvk_channel_word(p.outer, p.c4, p.inner, span, c4s);
   if (LAYOUT == ETVK_4W4C && (W & 3) != 0 && etvk_past_width(p, W)) {
     t_out_store_word(word, 0u);
     return;
