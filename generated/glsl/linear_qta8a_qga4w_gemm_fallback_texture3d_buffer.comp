@@ -231,6 +231,12 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
+
+// 0xFF in the bytes of a word's first `count` values (none below 0, all 4 from 4): AND it
+// with a packed word to zero its padding channels, one instruction instead of a select a value.
+uint etvk_byte_mask(int count) {
+  return count >= 4 ? ~0u : (1u << (8 * max(count, 0))) - 1u;
+}
 // etvk_dot4_i8(a, b): the sum of the 4 products of the signed bytes of a and b,
 // exact in int32. DOT == "sdot" emits SPIR-V OpSDot (SPV_KHR_integer_dot_product,
 // PackedVectorFormat4x8Bit) through GL_EXT_spirv_intrinsics, because Debian's

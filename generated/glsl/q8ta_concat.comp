@@ -334,6 +334,12 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
+
+// 0xFF in the bytes of a word's first `count` values (none below 0, all 4 from 4): AND it
+// with a packed word to zero its padding channels, one instruction instead of a select a value.
+uint etvk_byte_mask(int count) {
+  return count >= 4 ? ~0u : (1u << (8 * max(count, 0))) - 1u;
+}
 // The arithmetic of q8ta_add and q8ta_mul on 4 int8 values (docs/int8_cnn_ops.md),
 // shared by the q8ta_binary family and the conv's residual add
 // (include/q8ta_residual.glslh), so both give the same bits. Needs

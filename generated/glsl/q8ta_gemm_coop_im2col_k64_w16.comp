@@ -372,6 +372,12 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
+
+// 0xFF in the bytes of a word's first `count` values (none below 0, all 4 from 4): AND it
+// with a packed word to zero its padding channels, one instruction instead of a select a value.
+uint etvk_byte_mask(int count) {
+  return count >= 4 ? ~0u : (1u << (8 * max(count, 0))) - 1u;
+}
 // Requantizing epilogue of the int8 conv family (OPS.md family 2), shared by
 // q8ta_gemm, q8ta_conv2d_direct, q8ta_conv2d_dw and q8ta_linear:
 //   y   = float(acc - input_zero_point * weight_sums[oc]) * (input_scale * weight_scales[oc]) + bias[oc]
@@ -416,7 +422,7 @@ EtvkQ8taChannels etvk_q8ta_load_channels(int oc0, int c_out) {
   ch.scales = vec4(0.0);
   ch.biases = vec4(0.0);
   ch.valid = lessThan(ivec4(oc0) + ivec4(0, 1, 2, 3), ivec4(c_out));
-  ch.mask = c_out - oc0 >= 4 ? ~0u : (1u << (8 * max(c_out - oc0, 0))) - 1u;
+  ch.mask = etvk_byte_mask(c_out - oc0);
   for (int j = 0; j < 4; ++j) {
     if (ch.valid[j]) {
       const int oc = oc0 + j;

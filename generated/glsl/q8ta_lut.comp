@@ -323,6 +323,12 @@ ivec4 etvk_packed_coords(int layout_code, ivec4 sizes, uint word) {
 bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
+
+// 0xFF in the bytes of a word's first `count` values (none below 0, all 4 from 4): AND it
+// with a packed word to zero its padding channels, one instruction instead of a select a value.
+uint etvk_byte_mask(int count) {
+  return count >= 4 ? ~0u : (1u << (8 * max(count, 0))) - 1u;
+}
 // Shared code of the q8ta_binary family (op_specs/q8ta_binary.yaml): where
 // the words of packed int8 tensors lie (the arithmetic is include/q8ta_arith.glslh).
 // Needs include/numerics.glslh and include/packed_int8.glslh first.
@@ -375,13 +381,17 @@ bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
 
 const int ETVK_PLAIN = 3;
 
-shared uint s_table[64];
+// The table by unsigned byte u (the int8 value q = u - 128 reads table[q + 128] =
+// table[u ^ 128]), once for each byte of a word, shifted there: s_table[256 i + u] is that
+// value's 8 bits in byte i. An output word is then the OR of 4 lookups, each indexed by a
+// byte of x as it lies in the word: no sign extension, offset or repacking.
+shared uint s_table[4 * 256];
 
 // Output word `word` from x's word `x_word`: each byte q becomes table[q + 128], padding 0.
 uint lut_word(uint word, uint x_word) {
-  bvec4 valid = bvec4(true);
+  uint mask = ~0u;
   if (LAYOUT == ETVK_PLAIN) {
-    valid = lessThan(ivec4(int(word) * 4) + ivec4(0, 1, 2, 3), ivec4(pc.sizes.x));
+    mask = etvk_byte_mask(pc.sizes.x - int(word) * 4);
   } else {
     const int W = pc.sizes.x;
     const int C = pc.sizes.z;
@@ -392,22 +402,20 @@ uint lut_word(uint word, uint x_word) {
       if (ragged_width && etvk_past_width(p, W)) {
         return 0u;
       }
-      valid = etvk_valid_channels(p.c4, C);
+      mask = etvk_byte_mask(C - p.c4 * 4);
     }
   }
-  // table[q + 128] is byte (q + 128) % 4 of word (q + 128) / 4, sign-extended.
-  const ivec4 index = etvk_unpack_i8x4(x_word) + 128;
-  ivec4 y;
-  for (int i = 0; i < 4; ++i) {
-    y[i] = bitfieldExtract(int(s_table[index[i] >> 2]), (index[i] & 3) * 8, 8);
-  }
-  return etvk_pack_i8x4(mix(ivec4(0), y, valid));
+  return (s_table[x_word & 0xFFu] | s_table[256u + bitfieldExtract(x_word, 8, 8)] |
+          s_table[512u + bitfieldExtract(x_word, 16, 8)] | s_table[768u + (x_word >> 24u)]) & mask;
 }
 
 void main() {
-  const uint lid = gl_LocalInvocationIndex;
-  if (lid < 64u) {
-    s_table[lid] = t_table_load_word(lid);
+  for (uint u = gl_LocalInvocationIndex; u < 256u; u += gl_WorkGroupSize.x) {
+    // table[u ^ 128] is byte u % 4 of word (u ^ 128) / 4.
+    const uint v = bitfieldExtract(t_table_load_word((u ^ 128u) >> 2u), int(u & 3u) * 8, 8);
+    for (uint i = 0u; i < 4u; ++i) {
+      s_table[256u * i + u] = v << (8u * i);
+    }
   }
   barrier();
   const uint item = etvk_linear_invocation();

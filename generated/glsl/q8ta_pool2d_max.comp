@@ -231,6 +231,12 @@ bvec4 etvk_valid_channels(int c4, int channels) {
   return lessThan(ivec4(c4 * 4) + ivec4(0, 1, 2, 3), ivec4(channels));
 }
 
+// 0xFF in the bytes of a word's first `count` values (none below 0, all 4 from 4): AND it
+// with a packed word to zero its padding channels, one instruction instead of a select a value.
+uint etvk_byte_mask(int count) {
+  return count >= 4 ? ~0u : (1u << (8 * max(count, 0))) - 1u;
+}
+
 void main() {
   const int c4_count = (pc.out_sizes.z + 3) >> 2;
   const int ox = int(gl_GlobalInvocationID.x);
