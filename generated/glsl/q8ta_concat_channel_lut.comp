@@ -561,32 +561,39 @@ int etvk_sums_table(int c, ivec2 px) {
 
 // The output word that invocation `item` (< pc.words, the output's words) writes, split as
 // etvk_split_channel_word splits it (`span` and `c4s`, the output's channel words, as there):
-// word `item` itself, except in 4C with `c4s` a multiple of 8. There, in word order a
-// subgroup's lanes are 32 channel words of one pixel, each lane looking up its own channels'
-// tables (32 rows a load); instead the words go in rows of 8 pixels (the last row the rest),
-// each row cut into tiles of 8 channel words x its pixels, a tile's invocations the 8 words of
-// one pixel after another: a subgroup looks up 8 channels' tables and each pixel's 8 words are
-// one 32-byte run. A bijection of [0, pc.words) (pc.words = pixels * c4s in 4C). The tiles give
-// the pixel and channel word themselves, so the word's split takes one division (the row), and
-// a second only in a last row of fewer than 8 pixels.
+// word `item` itself, except in 4C with `c4s` a multiple of ETVK_TABLE_TILE_WORDS (4). There, in
+// word order a subgroup's lanes are 32 channel words of one pixel, each lane looking up its own
+// channels' tables (32 rows a load); instead the words go in rows of ETVK_TABLE_ROW_PIXELS (8)
+// pixels (the last row the rest), each row cut into tiles of 4 channel words x its pixels, a
+// tile's invocations the 4 words of one pixel after another: a subgroup's load looks up 4
+// channels' tables, and each pixel's 4 words are one 16-byte run (the next tile, in the same
+// workgroup, reads the rest of its 32-byte sector). A bijection of [0, pc.words) (pc.words =
+// pixels * c4s in 4C). The tiles give the pixel and channel word themselves, so the word's split
+// takes one division (the row), and a second only in a last row of fewer than 8 pixels.
+// Measured on the H200 (benchmarks/NOTES.md, session 38): 4 x 8 tiles 10-14 % faster than 8 x 8
+// at 14x14 and with window sums, within 1 % at 56x56; 2 x 16, 1 x 32 and 16 x 4 slower.
+const uint ETVK_TABLE_TILE_WORDS = 4u;
+const uint ETVK_TABLE_ROW_PIXELS = 8u;
 EtvkChannelWord etvk_table_channel_word(uint item, int span, int c4s) {
-  if (LAYOUT != ETVK_4C || (c4s & 7) != 0) {
+  if (LAYOUT != ETVK_4C || uint(c4s) % ETVK_TABLE_TILE_WORDS != 0u) {
     return etvk_split_channel_word(item, span, c4s);
   }
-  const uint row_words = 8u * uint(c4s);
+  const uint tile_words = ETVK_TABLE_TILE_WORDS * ETVK_TABLE_ROW_PIXELS;
+  const uint row_words = ETVK_TABLE_ROW_PIXELS * uint(c4s);
   const uint row = item / row_words;
   const uint r = item - row * row_words;
   uint tile;
   uint at;
-  if ((row + 1u) * row_words <= pc.words) {  // 8 pixels: tiles of 64 words
-    tile = r >> 6;
-    at = r & 63u;
-  } else {
-    const uint tile_words = 8u * ((pc.words - row * row_words) / uint(c4s));  // 8 x the row's pixels
+  if ((row + 1u) * row_words <= pc.words) {  // a whole row: tiles of tile_words words
     tile = r / tile_words;
-    at = r - tile * tile_words;
+    at = r % tile_words;
+  } else {  // the last row, of fewer pixels
+    const uint last_tile_words = ETVK_TABLE_TILE_WORDS * ((pc.words - row * row_words) / uint(c4s));
+    tile = r / last_tile_words;
+    at = r - tile * last_tile_words;
   }
-  return EtvkChannelWord(int(row * 8u + (at >> 3)), int(tile * 8u + (at & 7u)), 0);
+  return EtvkChannelWord(int(row * ETVK_TABLE_ROW_PIXELS + at / ETVK_TABLE_TILE_WORDS),
+                         int(tile * ETVK_TABLE_TILE_WORDS + at % ETVK_TABLE_TILE_WORDS), 0);
 }
 
 void main() {

@@ -113,7 +113,7 @@ CONCAT_CASES = [
     C("concat_c6_c10_w8", 1, 6, 10, 2, 8, Q(0.03, -5), Q(0.045, 7), Q(0.05, 0),
       real="16-byte quads in 4C1W with b shifted by 2 channels, two quads a row"),
     C("densenet_concat_c24_c8_batch2", 2, 24, 8, 3, 5, Q(0.047, -6), Q(0.052, 3), Q(0.05, -2),
-      real="8 channel words (tables read in tiles of 8 words in 4C), 30 pixels: a partial row of 6"),
+      real="8 channel words (tables read in tiles of 4 words in 4C), 30 pixels: a partial row of 6"),
 ]
 BINARY_BY_NAME = {case.name: case for case in BINARY_CASES}
 CONCAT_BY_NAME = {case.name: case for case in CONCAT_CASES}
