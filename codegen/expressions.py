@@ -150,6 +150,12 @@ HELPERS: dict[str, tuple[str, str]] = {
         "the `[N, Cs + C_x, H, W]` output of a per-channel table op whose first Cs channels come "
         "from window sums `sums` and the rest from `x` (either may be `None`, not both)",
     ),
+    "affine_channels": (
+        "table",
+        "a host per-channel int8 table `[C, 256]` as the integer affine maps that give every "
+        "channel's entries (`runtime.families.channel_affine`, spec constant `AFFINE`), "
+        "computed once per table version; `None` for a device table or where none fits",
+    ),
     "copy_quads": (
         "layout=None, width=0, channel_parts=None",
         "whether a copy-like int8 op writes 16-byte quads (spec constant `QUADS`; "

@@ -4,6 +4,7 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size
 layout(constant_id = 3) const int LAYOUT = 2;
 layout(constant_id = 4) const int HAS_SUMS = 0;
 layout(constant_id = 5) const int HAS_X = 1;
+layout(constant_id = 6) const int AFFINE = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -61,6 +62,10 @@ ivec4 t_table_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_table_load_word(uint unit) { return t_table.data[unit]; }
+layout(set = 0, binding = 2, std430) readonly buffer t_table_wide_block {
+  uvec4 data[];
+} t_table_wide;
+uvec4 t_table_load_word4(uint i) { return t_table_wide.data[i]; }
 layout(set = 0, binding = 3, std430) readonly buffer t_sums_block {
   int data[];
 } t_sums;
@@ -395,9 +400,27 @@ int etvk_channel_table(int c, int q) {
   return bitfieldExtract(int(t_table_load_word(uint(c * 64 + (index >> 2)))), (index & 3) * 8, 8);
 }
 
+// With spec constant AFFINE 1 t_table holds instead each channel's table as an integer affine
+// map that gives every entry (runtime.families.channel_affine, checked on the host for every q):
+// table[c, q + 128] == clamp((q * M + N) >> S, lo, hi), words 20 c4 + 4 k + (c % 4) holding M,
+// N, S, lo and hi (k = 0 .. 4) of channel c = 4 c4 + (c % 4). No load depends on the data.
+int etvk_channel_affine(int c, int q) {
+  const uint at = uint(c >> 2) * 20u + uint(c & 3);
+  const ivec4 v = ivec4(t_table_load_word(at), t_table_load_word(at + 4u), t_table_load_word(at + 8u),
+                        t_table_load_word(at + 12u));
+  return clamp((q * v.x + v.y) >> v.z, v.w, int(t_table_load_word(at + 16u)));
+}
+
 // The 4 values q of channels 4 c4 .. 4 c4 + 3 of one pixel, each through its channel's table; a
 // padding channel (not `valid`) reads channel 0's table (in range): the caller writes it as 0.
 ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
+  if (AFFINE == 1) {  // padding channels' maps are 0
+    const uint at = uint(c4) * 5u;
+    const ivec4 m = ivec4(t_table_load_word4(at));
+    const ivec4 n = ivec4(t_table_load_word4(at + 1u));
+    const ivec4 s = ivec4(t_table_load_word4(at + 2u));
+    return clamp((q * m + n) >> s, ivec4(t_table_load_word4(at + 3u)), ivec4(t_table_load_word4(at + 4u)));
+  }
   const ivec4 channel = mix(ivec4(0), ivec4(c4 * 4) + ivec4(0, 1, 2, 3), valid);
   ivec4 y;
   for (int i = 0; i < 4; ++i) {
@@ -505,7 +528,8 @@ void main() {
           loaded = cx >> 2;  // x's word at the same pixel (outer, inner): x has C - Cs channels
           bytes = t_x_load_word(etvk_channel_word(p.outer, loaded, p.inner, span, (C - Cs + 3) >> 2));
         }
-        y[i] = etvk_channel_table(cx, bitfieldExtract(int(bytes), (cx & 3) * 8, 8));
+        const int q = bitfieldExtract(int(bytes), (cx & 3) * 8, 8);
+        y[i] = AFFINE == 1 ? etvk_channel_affine(cx, q) : etvk_channel_table(cx, q);
       }
     }
   }

@@ -273,6 +273,17 @@ def on_host(t) -> bool:
     return isinstance(t, torch.Tensor)
 
 
+def affine_channels(table):
+    """The per-channel int8 `table` ([C, 256]) as the integer affine maps that reproduce every
+    channel's entries (``runtime.families.channel_affine``, packed for spec constant ``AFFINE``
+    1), computed once per table version; None for a device table or where no map fits a channel
+    (the shaders then read the table)."""
+    if not on_host(table):
+        return None
+    packed = prepacked("runtime.families.channel_affine:pack_affine_channels", table)
+    return packed if packed.value.numel() else None
+
+
 def channel_lut_shape(x, sums) -> tuple[int, ...]:
     """``[N, Cs + C_x, H, W]``: the output of a per-channel table op whose first Cs channels come
     from window sums ``sums`` and the rest from ``x`` (either may be None, not both)."""
@@ -337,6 +348,7 @@ HELPERS: dict[str, Callable[..., Any]] = {
         packed_words,
         on_host,
         channel_lut_shape,
+        affine_channels,
         copy_quads,
         broadcast,
         bad_indices,

@@ -76,6 +76,24 @@ def channel_lut_inputs(case: LutCase, seed: int | None = None) -> tuple[torch.Te
     return x, torch.randint(-128, 128, (case.shape[1], 256), generator=gen, dtype=torch.int8)
 
 
+def affine_channel_table(channels: int, seed: int, relu: bool = True) -> torch.Tensor:
+    """An int8 ``[channels, 256]`` table as DenseNet's lowering makes them: int8 x dequantized,
+    an eval batch norm with random statistics (negative gammas included), optionally relu, then
+    quantized per tensor, all in fp32 torch ops. Such tables are integer affine maps
+    (``runtime.families.channel_affine``), which the shaders then compute instead of reading."""
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.arange(-128, 128, dtype=torch.float32)
+    x = ((q - 3) * 0.02).view(1, 1, 256, 1).expand(1, channels, 256, 1).contiguous()
+    mean, var = torch.randn(channels, generator=gen), torch.rand(channels, generator=gen) + 0.1
+    gamma, beta = torch.randn(channels, generator=gen), torch.randn(channels, generator=gen)
+    y = torch.nn.functional.batch_norm(x, mean, var, gamma, beta, False, 0.1, 1e-5)
+    if relu:
+        y = torch.relu(y)
+    scale = float(y.abs().max()) / 127
+    quantized = torch.clamp(torch.round(y / scale) + (-128 if relu else 0), -128, 127)  # round half to even
+    return quantized.to(torch.int8)[0, :, :, 0].contiguous()
+
+
 def channel_mean_inputs(case: LutCase, seed: int | None = None) -> tuple:
     """Arguments of ``etvk.q8ta_channel_lut_mean`` for the 4-D ``case``: its x (`lut_inputs`), a
     random fp32 ``[C, 256]`` table (values about a relu's, 0 .. 4) and output qparams that

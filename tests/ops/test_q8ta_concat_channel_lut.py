@@ -10,8 +10,10 @@ dispatch of the fused shader; the reference itself must equal the two ops run on
 after the other. The window-sums form (the table output's first Cs channels, Cs = 4, 8, 12, 16,
 from int32 window sums through their tables, as q8ta_channel_lut has them) runs likewise over
 concat cases with batch 2, C_a % 4 != 0 and widths that are not multiples of 4, raw and
-requantized, in every layout, against the reference and the two ops on the device. Host inputs
-take 4C1W; bad arguments name the op and argument.
+requantized, in every layout, against the reference and the two ops on the device. Host tables
+that are integer affine maps (DenseNet's batch norm and relu) take the shader path that computes
+the maps, with and without window sums. Host inputs take 4C1W; bad arguments name the op and
+argument.
 """
 
 from __future__ import annotations
@@ -22,12 +24,14 @@ import pytest
 import torch
 
 import runtime
+from runtime.ops.stub_support import affine_channels
 from runtime.reference.q8ta_binary import q8ta_concat_channel_lut
 from runtime.tools.examples_q8ta_binary import (
     CONCAT_BY_NAME,
     CONCAT_CASES,
     concat_channel_lut_inputs,
 )
+from runtime.tools.examples_q8ta_unary import affine_channel_table
 from runtime.vulkan import layouts
 from runtime.vulkan.layouts import PACKED_LAYOUTS
 from runtime.vulkan.stream import Stream
@@ -52,16 +56,18 @@ def _raw(out) -> torch.Tensor:
     return raw
 
 
-def _device(args: tuple, layout: str) -> list:
-    """`args` with a and b on the device in `layout` and the tables and sums plain buffers."""
+def _device(args: tuple, layout: str, host_table: bool = False) -> list:
+    """`args` with a and b on the device in `layout` and the tables and sums plain buffers (the
+    per-channel table, argument 8, stays on the host where `host_table`)."""
     return [Tensor.from_torch(v, layout=layout) if i in (0, 3) else
+            v if i == 8 and host_table else
             Tensor.from_torch(v) if isinstance(v, torch.Tensor) else v for i, v in enumerate(args)]
 
 
-def run_fused(args: tuple, layout: str) -> list[tuple[torch.Tensor, torch.Tensor]]:
+def run_fused(args: tuple, layout: str, host_table: bool = False) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """The fused op on device a, b (in `layout`), table and sums: each output's raw bytes and values."""
     with Stream() as stream:
-        outputs = runtime.get_op(OP).record(stream, *_device(args, layout))
+        outputs = runtime.get_op(OP).record(stream, *_device(args, layout, host_table))
         stream.run()
         assert [o.layout for o in outputs] == [layout, layout]
         return [(_raw(o), o.to_torch()) for o in outputs]
@@ -77,12 +83,12 @@ def run_two_ops(args: tuple, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
         return concat.to_torch(), out.to_torch()
 
 
-def check_fused(args: tuple, layout: str, trace_path, what: str) -> None:
+def check_fused(args: tuple, layout: str, trace_path, what: str, host_table: bool = False) -> None:
     """One dispatch of the fused shader over the table output's words, both outputs equal to the
     reference bit for bit, padding bytes included."""
     want = q8ta_concat_channel_lut(*args)
     before = len(_trace_lines(trace_path))
-    got = run_fused(args, layout)
+    got = run_fused(args, layout, host_table)
     trace = [json.loads(line) for line in _trace_lines(trace_path)[before:]]
     assert [t["variant"] for t in trace] == ["q8ta_concat_channel_lut"]
     assert trace[0]["global"][0] == layouts.packed_words(want[1].shape, layout)
@@ -128,6 +134,17 @@ def test_sums_form_matches_reference(name, sums_channels, raw, layout, dispatch_
         assert torch.equal(out[:, c], sums_table[c][sums[:, c].long() + 128 * taps])
     assert torch.equal(out[:, sums_channels:], q8ta_concat_channel_lut(*args[:9])[1])
     check_fused(args, layout, dispatch_trace_path, f"{name} Cs {sums_channels}")
+
+
+@pytest.mark.parametrize("layout", PACKED_LAYOUTS)
+@pytest.mark.parametrize(("name", "sums_channels", "raw"), SUMS_CASES[:4] + [("concat_c5_c7", 0, False)],
+                         ids=[f"{n}-cs{c}" for n, c, _ in SUMS_CASES[:4]] + ["concat_c5_c7-cs0"])
+def test_affine_tables_match_reference(name, sums_channels, raw, layout, dispatch_trace_path):
+    """A host table of integer affine maps: the shader computes them (AFFINE 1)."""
+    args = list(sums_inputs(name, sums_channels, raw))
+    args[8] = affine_channel_table(args[8].shape[0], sums_channels + len(name))
+    assert affine_channels(args[8]) is not None  # so the op binds the maps, not the table
+    check_fused(tuple(args), layout, dispatch_trace_path, f"{name} Cs {sums_channels} affine", host_table=True)
 
 
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)

@@ -11,7 +11,9 @@ channel's own table; the mean of per-channel fp32 tables (q8ta_channel_lut_mean)
 in every packed layout, its plain output's tail bytes 0, within one step of
 the float64 mean, and with one table row for every channel. Both with window sums for the output's first channels (a table
 over the sums of 4 and of 9 taps) before x's channels, and with the sums alone
-(no x), in every packed layout, bit-exact, padding bytes included. The
+(no x), in every packed layout, bit-exact, padding bytes included. Host tables that
+are integer affine maps (DenseNet's batch norm and relu) take the shader path that computes
+the maps instead of reading the tables, with and without window sums. The
 single-table op runs on 16-byte quads (4 words an invocation, the last words % 4
 one by one) and, within `one_word_each`, on one word an invocation: both paths
 are checked against the reference, and the dispatch's size says which ran.
@@ -27,11 +29,13 @@ import torch
 
 import runtime
 from runtime.families.q8ta_copy import one_word_each
+from runtime.ops.stub_support import affine_channels
 from runtime.reference.q8ta_unary import q8ta_channel_lut, q8ta_channel_lut_mean, q8ta_lut
 from runtime.reference.quantize import fp32
 from runtime.tools.examples_q8ta_unary import (
     LUT_BY_NAME,
     LUT_CASES,
+    affine_channel_table,
     channel_lut_inputs,
     channel_mean_inputs,
     channel_sums_inputs,
@@ -247,6 +251,30 @@ def test_channel_lut_with_window_sums_matches_reference(name, layout, taps):
         raw, got = _record(op, x_, layout, table_, sums, sums_table, **kwargs)
         assert torch.equal(got, expected), f"{name} {layout}: {int((got != expected).sum())} values differ"
         assert torch.equal(raw, layouts.pack(expected, layout)), f"{name} {layout}: padding bytes not 0"
+
+
+@pytest.mark.parametrize(("name", "layout"), _channel_cases())
+def test_channel_lut_affine_tables_match_reference(name, layout):
+    """A host table of integer affine maps: the shader computes them (AFFINE 1), x's channels
+    alone and after window sums' channels (which straddle x's words where Cs % 4 != 0)."""
+    case = LUT_BY_NAME[name]
+    x, _ = channel_lut_inputs(case)
+    table = affine_channel_table(case.shape[1], sum(case.shape), relu=len(name) % 2 == 0)
+    assert affine_channels(table) is not None  # so the op binds the maps, not the table
+    sums, sums_table = channel_sums_inputs(case, 4, torch.int8)
+    op = runtime.get_op(CHANNEL_OP)
+    for sums_args in ((), (sums, sums_table)):
+        want = q8ta_channel_lut(x, table, *sums_args)
+        with Stream() as stream:
+            out = op.record(stream, Tensor.from_torch(x, layout=layout), table,
+                            *(Tensor.from_torch(t) for t in sums_args))
+            stream.run()
+            raw = torch.empty(4 * layouts.packed_words(out.shape, layout), dtype=torch.int8)
+            out.memory.read(raw.data_ptr(), raw.numel())
+            got = out.to_torch()
+        what = f"{name} {layout}{' with sums' if sums_args else ''}"
+        assert torch.equal(got, want), f"{what}: {int((got != want).sum())} values differ"
+        assert torch.equal(raw, layouts.pack(want, layout)), f"{what}: padding bytes not 0"
 
 
 @pytest.mark.parametrize(("name", "layout"), _channel_cases())

@@ -1,0 +1,131 @@
+"""Per-channel int8 tables as integer affine maps, where one reproduces every entry.
+
+A per-channel table op (``q8ta_channel_lut``, ``q8ta_concat_channel_lut``) maps value q of
+channel c to ``table[c, q + 128]``. Where the table comes from an affine function followed by a
+rounding and clamps (DenseNet's batch norm, relu and requantization before each conv), it is
+``clamp((q * M + N) >> S, lo, hi)`` for integers M, N, S, lo, hi of the channel, with ``>>``
+arithmetic (floor division by 2^S) and no int32 overflow for any q. `fit_affine_channels` finds
+such integers for each channel and keeps them only if they give back every one of its 256 entries
+(checked here, for every q), so a shader computing the map writes the table's bytes exactly,
+without reading the table: no load whose address depends on the data.
+
+Packing for the shaders (``AFFINE`` 1, include/channel_table.glslh): int32 words (as their
+bytes), for each channel word c4 (channels 4 c4 .. 4 c4 + 3) 20 words, ivec4 ``5 c4 + k``
+holding for its 4 channels M (k = 0), N (1), S (2), lo (3), hi (4); padding channels are all 0
+(their value 0).
+"""
+
+from __future__ import annotations
+
+import torch
+
+_Q = torch.arange(-128, 128, dtype=torch.int64)
+_INT32 = 2**31
+_CHUNK = 2048  # channels a step ([2048, 256] int64 tensors, 4 MB)
+
+
+def _shift(slope: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+    """The largest shift S <= 24 per channel whose terms q * M + N, |M| ~ |slope| 2^S and |N| ~
+    (|offset| + 1) 2^S, stay below 2^30 for every q (room for the candidates around them)."""
+    bound = 128 * (slope.abs() + 1) + offset.abs() + 2
+    return (29 - torch.ceil(torch.log2(bound))).clamp(0, 24).to(torch.int64)
+
+
+def _estimate(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Least-squares slope and offset per channel of ``table + 0.5`` against q over the entries
+    strictly between the clamps and their neighbours (a step's two sides at least)."""
+    t = table.to(torch.float64)
+    inner = (table > lo[:, None]) & (table < hi[:, None])
+    # widen by one entry on each side, so that a step (no inner entry) still has two points
+    near = inner | torch.roll(inner, 1, 1) | torch.roll(inner, -1, 1)
+    changes = torch.zeros_like(inner)
+    changes[:, 1:] = table[:, 1:] != table[:, :-1]
+    near |= changes | torch.roll(changes, -1, 1)
+    w = near.to(torch.float64)
+    q = _Q.to(torch.float64)
+    count = w.sum(1).clamp(min=1)
+    mq = (w * q).sum(1) / count
+    mt = (w * (t + 0.5)).sum(1) / count
+    var = (w * (q - mq[:, None]) ** 2).sum(1).clamp(min=1e-12)
+    slope = (w * (q - mq[:, None]) * (t + 0.5 - mt[:, None])).sum(1) / var
+    return slope, mt - slope * mq
+
+
+def fit_affine_channels(table: torch.Tensor) -> torch.Tensor | None:
+    """``[C, 5]`` int64 (M, N, S, lo, hi) per channel of an int8 ``[C, 256]`` table such that
+    ``clamp((q * M + N) >> S, lo, hi) == table[c, q + 128]`` for every q in [-128, 127], with
+    ``|q * M + N| < 2^31``; None if some channel has no such map among the candidates tried."""
+    if table.dim() != 2 or table.shape[1] != 256 or table.dtype != torch.int8:
+        raise ValueError(f"a per-channel int8 table is [C, 256] int8, got {list(table.shape)} {table.dtype}")
+    fits = [_fit_rows(rows) for rows in table.split(_CHUNK)]
+    if any(f is None for f in fits):
+        return None
+    fit = torch.cat(fits) if fits else torch.zeros(0, 5, dtype=torch.int64)
+    if not torch.equal(affine_values(fit), table.to(torch.int64)):  # the bounds guarantee it; checked
+        return None
+    return fit
+
+
+def _fit_rows(table: torch.Tensor) -> torch.Tensor | None:
+    """`fit_affine_channels` for a few channels.
+
+    At each channel's shift S the map needs, for every q, L_q <= q M + N <= U_q (between the
+    clamps floor((q M + N) / 2^S) == t_q; at lo only the upper bound, at hi only the lower). For
+    a multiplier M the offsets that work are max(L_q - q M) .. min(U_q - q M); the gap between
+    the two is a convex function of M, minimized by a bisection over integers around the
+    least-squares estimate, and the fit exists where its minimum is <= 0."""
+    t = table.to(torch.int64)
+    lo, hi = t.min(1).values, t.max(1).values
+    slope, offset = _estimate(table, lo, hi)
+    shift = _shift(slope, offset)
+    unit = (1 << shift)[:, None]  # 2^S
+    lower = torch.where(t > lo[:, None], t * unit, -_INT32 * _INT32)  # [C, 256]
+    upper = torch.where(t < hi[:, None], (t + 1) * unit - 1, _INT32 * _INT32)
+
+    def offsets(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The least and greatest offsets N that work with multipliers `m` (``[C, k]``)."""
+        qm = _Q[None, None, :] * m[:, :, None]
+        return (lower[:, None, :] - qm).max(2).values, (upper[:, None, :] - qm).min(2).values
+
+    scale = torch.pow(2.0, shift.to(torch.float64))
+    estimate = torch.round(slope * scale).to(torch.int64)
+    reach = torch.ceil((1 + slope.abs()) * scale).to(torch.int64) + 2  # the estimate is rough on steps
+    a, b = estimate - reach, estimate + reach
+    # a bisection on the sign of the gap's slope: the gap is convex, so if gap(m) <= gap(m + 1) a
+    # minimum lies in [a, m], else in [m + 1, b]
+    while bool((a < b).any()):
+        mid = torch.div(a + b, 2, rounding_mode="floor")
+        n_lo, n_hi = offsets(torch.stack([mid, mid + 1], 1))
+        gap = n_lo - n_hi
+        left = gap[:, 0] <= gap[:, 1]
+        a, b = torch.where(left, a, mid + 1), torch.where(left, mid, b)
+    best_m = a
+    n_lo, n_hi = (v[:, 0] for v in offsets(best_m[:, None]))
+    n = torch.div(n_lo + n_hi, 2, rounding_mode="floor")
+    extreme = (_Q[None, :] * best_m[:, None] + n[:, None]).abs().max(1).values
+    if not bool(((n_lo <= n_hi) & (extreme < _INT32)).all()):
+        return None
+    return torch.stack([best_m, n, shift, lo, hi], 1)
+
+
+def affine_values(fit: torch.Tensor) -> torch.Tensor:
+    """``[C, 256]`` int64: each channel's map of `fit` (as `fit_affine_channels` returns it) at q =
+    -128 .. 127, in int32 arithmetic as the shaders compute it."""
+    m, n, s, lo, hi = (fit[:, k:k + 1] for k in range(5))
+    v = (_Q[None, :] * m + n).to(torch.int32).to(torch.int64)  # the shader's int32 (no wrap: checked)
+    return torch.maximum(torch.minimum(v >> s, hi), lo)
+
+
+def pack_affine_channels(table: torch.Tensor) -> torch.Tensor:
+    """The shaders' int32 words of `fit_affine_channels(table)` (module docstring) as their int8
+    bytes (the binding of the table they replace is int8), or an empty int8 tensor where no map
+    fits every channel."""
+    fit = fit_affine_channels(table)
+    if fit is None:
+        return torch.zeros(0, dtype=torch.int8)
+    c = fit.shape[0]
+    c4 = -(-c // 4)
+    padded = torch.zeros(c4 * 4, 5, dtype=torch.int64)
+    padded[:c] = fit
+    # [c4, 4 channels, 5 values] -> [c4, 5 values, 4 channels]
+    return padded.view(c4, 4, 5).permute(0, 2, 1).reshape(-1).to(torch.int32).contiguous().view(torch.int8)
