@@ -18,12 +18,18 @@ their tables; bytes: a, b and both outputs) also time `q8ta_concat` then
 `q8ta_channel_lut` of its output (`ConcatThenTable`) in the same run and print
 that pair's time and the ratio fused / pair; those named ``Cs|C_a+C_b``
 (`Row.sums`: blocks 2-4) have the transition's Cs pooled channels first, from
-int32 window sums (their bytes counted) through tables, as both ops read them. Inputs are
+int32 window sums (their bytes counted) through tables, as both ops read them. With
+``--affine`` each per-channel table row (`q8ta_channel_lut`, `q8ta_concat_channel_lut`) also times
+the op in the same run with batch-norm and relu tables (`affine_channel_table`), which the
+shaders compute as integer affine maps instead of reading (`runtime.families.channel_affine`;
+the random tables of the other columns fit no map), and prints the time ratio affine / random
+tables. Inputs are
 uploaded once; timing follows benchmarks/NOTES.md (the conv benchmark's
 `time_ours`: back-to-back calls in one stream, ~1 s of warm-up replays, median
 of timestamped calls).
 
-Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX] [--one-word]``
+Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX] [--one-word]
+[--affine]``
 (``--quick``: tiny sizes and short warm-up; runs on lavapipe.)
 """
 
@@ -46,6 +52,7 @@ from timing import open_device, time_cuda  # noqa: E402
 
 import runtime  # noqa: E402
 from runtime.families.q8ta_copy import one_word_each  # noqa: E402
+from runtime.tools.examples_q8ta_unary import affine_channel_table  # noqa: E402
 from runtime.vulkan import layouts  # noqa: E402
 from runtime.vulkan.layouts import PACKED_LAYOUTS  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
@@ -107,22 +114,27 @@ class ConcatThenTable:
         return runtime.get_op("etvk.q8ta_channel_lut.default").record(stream, concat, *args[8:])
 
 
-def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False, sums_channels: int = 0):
+def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False, sums_channels: int = 0,
+              affine: bool = False):
     """The op's arguments with a and b int8 (uploaded in `layout`, or on the host when None);
     with `copy`, one set of qparams for a, b and the output. A table op: x and a random table
     (one per channel for channel_lut); the fused concat's table, then with `sums_channels` Cs
-    random window sums ``[N, Cs, H, W]`` of `TAPS` values and their table (plain buffers)."""
+    random window sums ``[N, Cs, H, W]`` of `TAPS` values and their table (plain buffers).
+    `affine`: the per-channel tables are batch-norm and relu tables (integer affine maps)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
     if op in TABLE_OPS:
         rows = (a_shape[1], 256) if op == "channel_lut" else (256,)
-        table = torch.randint(-128, 128, rows, generator=gen, dtype=torch.int8)
+        table = affine_channel_table(rows[0], 0) if affine and op == "channel_lut" else \
+            torch.randint(-128, 128, rows, generator=gen, dtype=torch.int8)
         return (a if layout is None else Tensor.from_torch(a, layout=layout), table)
     b = torch.randint(-128, 128, b_shape, generator=gen, dtype=torch.int8)
     if layout is not None:
         a, b = Tensor.from_torch(a, layout=layout), Tensor.from_torch(b, layout=layout)
-    tail = {"concat": (), "concat_channel_lut": (torch.randint(-128, 128, (a_shape[1] + b_shape[1], 256),
-                                                               generator=gen, dtype=torch.int8),)}
+    channels = a_shape[1] + b_shape[1]
+    tail = {"concat": (), "concat_channel_lut": (
+        affine_channel_table(channels, 0) if affine else
+        torch.randint(-128, 128, (channels, 256), generator=gen, dtype=torch.int8),)}
     tail = tail.get(op, ("relu",))
     if sums_channels:
         sums = torch.randint(-128 * TAPS, 127 * TAPS + 1, (a_shape[0], sums_channels, *a_shape[2:]), generator=gen,
@@ -179,6 +191,8 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="tiny sizes, short warm-up (CPU drivers)")
     parser.add_argument("--repeats", type=int, default=20, help="replays after the warm-up, at most")
     parser.add_argument("--only", default="", help="regular expression on '<shape> <batch> <layout>'")
+    parser.add_argument("--affine", action="store_true",
+                        help="also time the per-channel table ops with tables they compute as affine maps")
     parser.add_argument("--one-word", action="store_true",
                         help="also time the one-word kernels of the copy-like ops (one_word_each)")
     options = parser.parse_args()
@@ -197,7 +211,7 @@ def main() -> int:
              if options.one_word else "") + " ==")
     print(f"{'shape':<32} {'batch':>5} {'layout':<6} {'GPU us':>9} {'GB/s':>8} {'torch us':>9} {'GB/s':>8} "
           f"{'ratio':>6}" + (f" {'1-word us':>9} {'q/1w':>6}" if options.one_word else "")
-          + f" {'pair us':>9} {'f/pair':>6}")
+          + f" {'pair us':>9} {'f/pair':>6}" + (f" {'affine us':>9} {'a/rand':>6}" if options.affine else ""))
     only = re.compile(options.only)
     for batch in (2, 1) if options.quick else (32, 1):
         for row in SHAPES:
@@ -242,6 +256,13 @@ def main() -> int:
                     record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout} concat + channel_lut", pair,
                                   moved)
                     line += f" {pair * 1e6:>9.1f} {ours / pair:>6.2f}"
+                elif options.affine and op_kind == "channel_lut":
+                    line += f" {'':>9} {'':>6}"
+                if options.affine and op_kind in ("channel_lut", "concat_channel_lut"):
+                    affine = time_ours(op, arguments(op_kind, a_shape, b_shape, layout, row.copy, cs, affine=True),
+                                       moved, s)[0]
+                    record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout} affine tables", affine, moved)
+                    line += f" {affine * 1e6:>9.1f} {affine / ours:>6.2f}"
                 print(line, flush=True)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0

@@ -527,24 +527,25 @@ int etvk_channel_table(int c, int q) {
 
 // With spec constant AFFINE 1 t_table holds instead each channel's table as an integer affine
 // map that gives every entry (runtime.families.channel_affine, checked on the host for every q):
-// table[c, q + 128] == clamp((q * M + N) >> S, lo, hi), words 20 c4 + 4 k + (c % 4) holding M,
-// N, S, lo and hi (k = 0 .. 4) of channel c = 4 c4 + (c % 4). No load depends on the data.
+// table[c, q + 128] == clamp((q * M + N) >> S, lo, hi), words 12 c4 + 4 k + (c % 4) holding M
+// (k = 0), N (1) and S, lo, hi in bytes 0, 1, 2 (2; lo and hi signed) of channel c = 4 c4 +
+// (c % 4). No load depends on the data.
 int etvk_channel_affine(int c, int q) {
-  const uint at = uint(c >> 2) * 20u + uint(c & 3);
-  const ivec4 v = ivec4(t_table_load_word(at), t_table_load_word(at + 4u), t_table_load_word(at + 8u),
-                        t_table_load_word(at + 12u));
-  return clamp((q * v.x + v.y) >> v.z, v.w, int(t_table_load_word(at + 16u)));
+  const uint at = uint(c >> 2) * 12u + uint(c & 3);
+  const int b = int(t_table_load_word(at + 8u));
+  return clamp((q * int(t_table_load_word(at)) + int(t_table_load_word(at + 4u))) >> bitfieldExtract(b, 0, 8),
+               bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8));
 }
 
 // The 4 values q of channels 4 c4 .. 4 c4 + 3 of one pixel, each through its channel's table; a
 // padding channel (not `valid`) reads channel 0's table (in range): the caller writes it as 0.
 ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
   if (AFFINE == 1) {  // padding channels' maps are 0
-    const uint at = uint(c4) * 5u;
+    const uint at = uint(c4) * 3u;
     const ivec4 m = ivec4(t_table_load_word4(at));
     const ivec4 n = ivec4(t_table_load_word4(at + 1u));
-    const ivec4 s = ivec4(t_table_load_word4(at + 2u));
-    return clamp((q * m + n) >> s, ivec4(t_table_load_word4(at + 3u)), ivec4(t_table_load_word4(at + 4u)));
+    const ivec4 b = ivec4(t_table_load_word4(at + 2u));
+    return clamp((q * m + n) >> bitfieldExtract(b, 0, 8), bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8));
   }
   const ivec4 channel = mix(ivec4(0), ivec4(c4 * 4) + ivec4(0, 1, 2, 3), valid);
   ivec4 y;

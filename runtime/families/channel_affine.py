@@ -10,9 +10,9 @@ such integers for each channel and keeps them only if they give back every one o
 without reading the table: no load whose address depends on the data.
 
 Packing for the shaders (``AFFINE`` 1, include/channel_table.glslh): int32 words (as their
-bytes), for each channel word c4 (channels 4 c4 .. 4 c4 + 3) 20 words, ivec4 ``5 c4 + k``
-holding for its 4 channels M (k = 0), N (1), S (2), lo (3), hi (4); padding channels are all 0
-(their value 0).
+bytes), for each channel word c4 (channels 4 c4 .. 4 c4 + 3) 12 words, ivec4 ``3 c4 + k``
+holding for its 4 channels M (k = 0), N (1) and ``S | (lo & 0xFF) << 8 | (hi & 0xFF) << 16``
+(2); padding channels are all 0 (their value 0). Three 16-byte loads a word of 4 channels.
 """
 
 from __future__ import annotations
@@ -125,7 +125,9 @@ def pack_affine_channels(table: torch.Tensor) -> torch.Tensor:
         return torch.zeros(0, dtype=torch.int8)
     c = fit.shape[0]
     c4 = -(-c // 4)
-    padded = torch.zeros(c4 * 4, 5, dtype=torch.int64)
-    padded[:c] = fit
-    # [c4, 4 channels, 5 values] -> [c4, 5 values, 4 channels]
-    return padded.view(c4, 4, 5).permute(0, 2, 1).reshape(-1).to(torch.int32).contiguous().view(torch.int8)
+    m, n, s, lo, hi = fit.unbind(1)
+    bounds = s | ((lo & 0xFF) << 8) | ((hi & 0xFF) << 16)
+    padded = torch.zeros(c4 * 4, 3, dtype=torch.int64)
+    padded[:c] = torch.stack([m, n, bounds], 1)
+    # [c4, 4 channels, 3 values] -> [c4, 3 values, 4 channels]
+    return padded.view(c4, 4, 3).permute(0, 2, 1).reshape(-1).to(torch.int32).contiguous().view(torch.int8)

@@ -48,13 +48,16 @@ def test_tables_no_affine_map_gives_are_refused(row):
     assert pack_affine_channels(table).numel() == 0
 
 
-def test_packing_is_five_ivec4_per_channel_word_padding_zero():
+def test_packing_is_three_ivec4_per_channel_word_padding_zero():
     table = affine_channel_table(6, 11)
     fit = fit_affine_channels(table)
-    words = pack_affine_channels(table).view(torch.int32).to(torch.int64).view(2, 5, 4)  # [c4, value, lane]
+    words = pack_affine_channels(table).view(torch.int32).view(2, 3, 4)  # [c4, value, lane]
     for c in range(8):
-        want = fit[c] if c < 6 else torch.zeros(5, dtype=torch.int64)
-        assert torch.equal(words[c // 4, :, c % 4], want)
+        m, n, bounds = (int(v) for v in words[c // 4, :, c % 4])
+        # S in byte 0, lo and hi (signed) in bytes 1 and 2
+        unpacked = [m, n, bounds & 0xFF, (bounds >> 8 & 0xFF) - 256 * (bounds >> 15 & 1),
+                    (bounds >> 16 & 0xFF) - 256 * (bounds >> 23 & 1)]
+        assert unpacked == (fit[c].tolist() if c < 6 else [0] * 5)
 
 
 def test_bad_tables_are_refused_with_their_shape():
