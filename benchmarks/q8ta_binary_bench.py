@@ -19,14 +19,13 @@ their tables; bytes: a, b and both outputs) also time `q8ta_concat` then
 that pair's time and the ratio fused / pair; those named ``Cs|C_a+C_b``
 (`Row.sums`: blocks 2-4) have the transition's Cs pooled channels first, from
 int32 window sums (their bytes counted) through tables, as both ops read them. With
-``--affine`` each per-channel table row (`q8ta_channel_lut`, `q8ta_concat_channel_lut`) also times
-the op in the same run with batch-norm and relu tables (`affine_channel_table`), which the
-shaders compute as integer affine maps instead of reading (`runtime.families.channel_affine`;
-the random tables of the other columns fit no map), and prints the time ratio affine / random
-tables. Inputs are
-uploaded once; timing follows benchmarks/NOTES.md (the conv benchmark's
-`time_ours`: back-to-back calls in one stream, ~1 s of warm-up replays, median
-of timestamped calls).
+``--affine`` each per-channel table row (`q8ta_channel_lut`, `q8ta_concat_channel_lut`) also
+times the op in the same run with batch-norm and relu tables (`affine_channel_table`, the
+window sums' too), which the shaders compute as integer affine maps instead of reading them
+(`runtime.families.channel_affine`; the random tables of the other columns fit no map), and
+prints the time ratio affine / random tables. Inputs are uploaded once; timing follows
+benchmarks/NOTES.md (the conv benchmark's `time_ours`: back-to-back calls in one stream, ~1 s
+of warm-up replays, median of timestamped calls).
 
 Usage: ``python benchmarks/q8ta_binary_bench.py [--quick] [--repeats R] [--only REGEX] [--one-word]
 [--affine]``
@@ -120,7 +119,8 @@ def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False,
     with `copy`, one set of qparams for a, b and the output. A table op: x and a random table
     (one per channel for channel_lut); the fused concat's table, then with `sums_channels` Cs
     random window sums ``[N, Cs, H, W]`` of `TAPS` values and their table (plain buffers).
-    `affine`: the per-channel tables are batch-norm and relu tables (integer affine maps)."""
+    `affine`: the per-channel tables, the sums' too, are batch-norm and relu tables (integer
+    affine maps)."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
     if op in TABLE_OPS:
@@ -139,7 +139,8 @@ def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False,
     if sums_channels:
         sums = torch.randint(-128 * TAPS, 127 * TAPS + 1, (a_shape[0], sums_channels, *a_shape[2:]), generator=gen,
                              dtype=torch.int32)
-        sums_table = torch.randint(-128, 128, (sums_channels, 255 * TAPS + 1), generator=gen, dtype=torch.int8)
+        sums_table = affine_channel_table(sums_channels, 0, taps=TAPS) if affine else \
+            torch.randint(-128, 128, (sums_channels, 255 * TAPS + 1), generator=gen, dtype=torch.int8)
         tail += (sums, sums_table) if layout is None else (Tensor.from_torch(sums), Tensor.from_torch(sums_table))
     if copy:
         return (a, 1.0, 0, b, 1.0, 0, 1.0, 0, *tail)

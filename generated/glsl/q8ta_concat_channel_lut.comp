@@ -4,6 +4,7 @@ layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size
 layout(constant_id = 3) const int LAYOUT = 2;
 layout(constant_id = 4) const int HAS_SUMS = 0;
 layout(constant_id = 5) const int AFFINE = 0;
+layout(constant_id = 6) const int AFFINE_SUMS = 0;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -529,12 +530,21 @@ int etvk_channel_table(int c, int q) {
 // map that gives every entry (runtime.families.channel_affine, checked on the host for every q):
 // table[c, q + 128] == clamp((q * M + N) >> S, lo, hi), words 12 c4 + 4 k + (c % 4) holding M
 // (k = 0), N (1) and S, lo, hi in bytes 0, 1, 2 (2; lo and hi signed) of channel c = 4 c4 +
-// (c % 4). No load depends on the data.
+// (c % 4). No load depends on the data. AFFINE_SUMS 1: t_sums_table holds the sums' tables so,
+// sums_table[c, S + offset] == the map of S.
+
+// The map (M, N, S | lo << 8 | hi << 16) of value q, component-wise.
+ivec4 etvk_affine4(ivec4 q, ivec4 m, ivec4 n, ivec4 b) {
+  return clamp((q * m + n) >> bitfieldExtract(b, 0, 8), bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8));
+}
+
+int etvk_affine(int q, int m, int n, int b) {
+  return clamp((q * m + n) >> bitfieldExtract(b, 0, 8), bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8));
+}
+
 int etvk_channel_affine(int c, int q) {
   const uint at = uint(c >> 2) * 12u + uint(c & 3);
-  const int b = int(t_table_load_word(at + 8u));
-  return clamp((q * int(t_table_load_word(at)) + int(t_table_load_word(at + 4u))) >> bitfieldExtract(b, 0, 8),
-               bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8));
+  return etvk_affine(q, int(t_table_load_word(at)), int(t_table_load_word(at + 4u)), int(t_table_load_word(at + 8u)));
 }
 
 // The 4 values q of channels 4 c4 .. 4 c4 + 3 of one pixel, each through its channel's table; a
@@ -542,10 +552,8 @@ int etvk_channel_affine(int c, int q) {
 ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
   if (AFFINE == 1) {  // padding channels' maps are 0
     const uint at = uint(c4) * 3u;
-    const ivec4 m = ivec4(t_table_load_word4(at));
-    const ivec4 n = ivec4(t_table_load_word4(at + 1u));
-    const ivec4 b = ivec4(t_table_load_word4(at + 2u));
-    return clamp((q * m + n) >> bitfieldExtract(b, 0, 8), bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8));
+    return etvk_affine4(q, ivec4(t_table_load_word4(at)), ivec4(t_table_load_word4(at + 1u)),
+                        ivec4(t_table_load_word4(at + 2u)));
   }
   const ivec4 channel = mix(ivec4(0), ivec4(c4 * 4) + ivec4(0, 1, 2, 3), valid);
   ivec4 y;
@@ -576,9 +584,15 @@ ivec2 etvk_sums_pixel(EtvkChannelWord p) {
 }
 
 // sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at pixel
-// `px` = (n, h * W + w): byte (c * T + S + offset) % 4 of that word of the table, sign-extended.
+// `px` = (n, h * W + w): byte (c * T + S + offset) % 4 of that word of the table, sign-extended
+// (AFFINE_SUMS 1: the map of S).
 int etvk_sums_table(int c, ivec2 px) {
   const int S = t_sums_load(uint((px.x * pc.sums.x + c) * (pc.sizes.x * pc.sizes.y) + px.y));
+  if (AFFINE_SUMS == 1) {
+    const uint at = uint(c >> 2) * 12u + uint(c & 3);
+    return etvk_affine(S, int(t_sums_table_load_word(at)), int(t_sums_table_load_word(at + 4u)),
+                       int(t_sums_table_load_word(at + 8u)));
+  }
   const int entry = c * pc.sums.y + S + pc.sums.z;
   return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
 }

@@ -1,13 +1,14 @@
 """Per-channel int8 tables as integer affine maps, where one reproduces every entry.
 
 A per-channel table op (``q8ta_channel_lut``, ``q8ta_concat_channel_lut``) maps value q of
-channel c to ``table[c, q + 128]``. Where the table comes from an affine function followed by a
-rounding and clamps (DenseNet's batch norm, relu and requantization before each conv), it is
-``clamp((q * M + N) >> S, lo, hi)`` for integers M, N, S, lo, hi of the channel, with ``>>``
-arithmetic (floor division by 2^S) and no int32 overflow for any q. `fit_affine_channels` finds
-such integers for each channel and keeps them only if they give back every one of its 256 entries
-(checked here, for every q), so a shader computing the map writes the table's bytes exactly,
-without reading the table: no load whose address depends on the data.
+channel c to ``table[c, q + 128]`` (and a window sum S of K taps to ``sums_table[c, S + 128 K]``).
+Where the table comes from an affine function followed by a rounding and clamps (DenseNet's
+batch norm, relu and requantization before each conv, of an int8 value or of an average pool's
+window), it is ``clamp((q * M + N) >> S, lo, hi)`` for integers M, N, S, lo, hi of the channel,
+with ``>>`` arithmetic (floor division by 2^S) and no int32 overflow for any q.
+`fit_affine_channels` finds such integers for each channel and keeps them only if they give back
+every one of its entries (checked here, for every q), so a shader computing the map writes the
+table's bytes exactly, without reading the table: no load whose address depends on the data.
 
 Packing for the shaders (``AFFINE`` 1, include/channel_table.glslh): int32 words (as their
 bytes), for each channel word c4 (channels 4 c4 .. 4 c4 + 3) 12 words, ivec4 ``3 c4 + k``
@@ -19,19 +20,30 @@ from __future__ import annotations
 
 import torch
 
-_Q = torch.arange(-128, 128, dtype=torch.int64)
 _INT32 = 2**31
-_CHUNK = 2048  # channels a step ([2048, 256] int64 tensors, 4 MB)
+_ELEMENTS = 2**19  # channels x entries a step ([C, 2, T] int64 tensors, 8 MB)
 
 
-def _shift(slope: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
+def entry_values(entries: int) -> torch.Tensor:
+    """The value q of each entry of a table of `entries` = 255 K + 1 entries (K >= 1): entry i
+    holds q = i - 128 K, so q runs over -128 K .. 127 K (K = 1: the int8 values, a table of x;
+    K taps: the window sums of a pool, a table of the sums)."""
+    if entries < 256 or (entries - 1) % 255:
+        raise ValueError(f"a per-channel table has 255 K + 1 entries (K >= 1), got {entries}")
+    taps = (entries - 1) // 255
+    return torch.arange(entries, dtype=torch.int64) - 128 * taps
+
+
+def _shift(q: torch.Tensor, slope: torch.Tensor, offset: torch.Tensor) -> torch.Tensor:
     """The largest shift S <= 24 per channel whose terms q * M + N, |M| ~ |slope| 2^S and |N| ~
-    (|offset| + 1) 2^S, stay below 2^30 for every q (room for the candidates around them)."""
-    bound = 128 * (slope.abs() + 1) + offset.abs() + 2
+    |offset| 2^S, stay below 2^29 for every q (a quarter of int32's range: room for the
+    estimate's error; the fit checks the exact bound)."""
+    bound = float(q.abs().max()) * slope.abs() * 1.25 + offset.abs() + 2
     return (29 - torch.ceil(torch.log2(bound))).clamp(0, 24).to(torch.int64)
 
 
-def _estimate(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def _estimate(q: torch.Tensor, table: torch.Tensor, lo: torch.Tensor,
+              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Least-squares slope and offset per channel of ``table + 0.5`` against q over the entries
     strictly between the clamps and their neighbours (a step's two sides at least)."""
     t = table.to(torch.float64)
@@ -42,32 +54,33 @@ def _estimate(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> tuple[
     changes[:, 1:] = table[:, 1:] != table[:, :-1]
     near |= changes | torch.roll(changes, -1, 1)
     w = near.to(torch.float64)
-    q = _Q.to(torch.float64)
+    qf = q.to(torch.float64)
     count = w.sum(1).clamp(min=1)
-    mq = (w * q).sum(1) / count
+    mq = (w * qf).sum(1) / count
     mt = (w * (t + 0.5)).sum(1) / count
-    var = (w * (q - mq[:, None]) ** 2).sum(1).clamp(min=1e-12)
-    slope = (w * (q - mq[:, None]) * (t + 0.5 - mt[:, None])).sum(1) / var
+    var = (w * (qf - mq[:, None]) ** 2).sum(1).clamp(min=1e-12)
+    slope = (w * (qf - mq[:, None]) * (t + 0.5 - mt[:, None])).sum(1) / var
     return slope, mt - slope * mq
 
 
 def fit_affine_channels(table: torch.Tensor) -> torch.Tensor | None:
-    """``[C, 5]`` int64 (M, N, S, lo, hi) per channel of an int8 ``[C, 256]`` table such that
-    ``clamp((q * M + N) >> S, lo, hi) == table[c, q + 128]`` for every q in [-128, 127], with
-    ``|q * M + N| < 2^31``; None if some channel has no such map among the candidates tried."""
-    if table.dim() != 2 or table.shape[1] != 256 or table.dtype != torch.int8:
-        raise ValueError(f"a per-channel int8 table is [C, 256] int8, got {list(table.shape)} {table.dtype}")
-    fits = [_fit_rows(rows) for rows in table.split(_CHUNK)]
+    """``[C, 5]`` int64 (M, N, S, lo, hi) per channel of an int8 ``[C, T]`` table (T = 255 K + 1
+    entries, `entry_values`) such that ``clamp((q * M + N) >> S, lo, hi)`` is the table's entry
+    for q, for every q, with ``|q * M + N| < 2^31``; None if some channel has no such map."""
+    if table.dim() != 2 or table.dtype != torch.int8:
+        raise ValueError(f"a per-channel table is [C, T] int8, got {list(table.shape)} {table.dtype}")
+    q = entry_values(table.shape[1])
+    fits = [_fit_rows(q, rows) for rows in table.split(max(1, _ELEMENTS // table.shape[1]))]
     if any(f is None for f in fits):
         return None
     fit = torch.cat(fits) if fits else torch.zeros(0, 5, dtype=torch.int64)
-    if not torch.equal(affine_values(fit), table.to(torch.int64)):  # the bounds guarantee it; checked
+    if not torch.equal(affine_values(fit, q), table.to(torch.int64)):  # the bounds guarantee it; checked
         return None
     return fit
 
 
-def _fit_rows(table: torch.Tensor) -> torch.Tensor | None:
-    """`fit_affine_channels` for a few channels.
+def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
+    """`fit_affine_channels` for a few channels, whose entries hold the values `q`.
 
     At each channel's shift S the map needs, for every q, L_q <= q M + N <= U_q (between the
     clamps floor((q M + N) / 2^S) == t_q; at lo only the upper bound, at hi only the lower). For
@@ -76,15 +89,15 @@ def _fit_rows(table: torch.Tensor) -> torch.Tensor | None:
     least-squares estimate, and the fit exists where its minimum is <= 0."""
     t = table.to(torch.int64)
     lo, hi = t.min(1).values, t.max(1).values
-    slope, offset = _estimate(table, lo, hi)
-    shift = _shift(slope, offset)
+    slope, offset = _estimate(q, table, lo, hi)
+    shift = _shift(q, slope, offset)
     unit = (1 << shift)[:, None]  # 2^S
-    lower = torch.where(t > lo[:, None], t * unit, -_INT32 * _INT32)  # [C, 256]
+    lower = torch.where(t > lo[:, None], t * unit, -_INT32 * _INT32)  # [C, T]
     upper = torch.where(t < hi[:, None], (t + 1) * unit - 1, _INT32 * _INT32)
 
     def offsets(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The least and greatest offsets N that work with multipliers `m` (``[C, k]``)."""
-        qm = _Q[None, None, :] * m[:, :, None]
+        qm = q[None, None, :] * m[:, :, None]
         return (lower[:, None, :] - qm).max(2).values, (upper[:, None, :] - qm).min(2).values
 
     scale = torch.pow(2.0, shift.to(torch.float64))
@@ -99,20 +112,19 @@ def _fit_rows(table: torch.Tensor) -> torch.Tensor | None:
         gap = n_lo - n_hi
         left = gap[:, 0] <= gap[:, 1]
         a, b = torch.where(left, a, mid + 1), torch.where(left, mid, b)
-    best_m = a
-    n_lo, n_hi = (v[:, 0] for v in offsets(best_m[:, None]))
+    n_lo, n_hi = (v[:, 0] for v in offsets(a[:, None]))
     n = torch.div(n_lo + n_hi, 2, rounding_mode="floor")
-    extreme = (_Q[None, :] * best_m[:, None] + n[:, None]).abs().max(1).values
+    extreme = (q[None, :] * a[:, None] + n[:, None]).abs().max(1).values
     if not bool(((n_lo <= n_hi) & (extreme < _INT32)).all()):
         return None
-    return torch.stack([best_m, n, shift, lo, hi], 1)
+    return torch.stack([a, n, shift, lo, hi], 1)
 
 
-def affine_values(fit: torch.Tensor) -> torch.Tensor:
-    """``[C, 256]`` int64: each channel's map of `fit` (as `fit_affine_channels` returns it) at q =
-    -128 .. 127, in int32 arithmetic as the shaders compute it."""
+def affine_values(fit: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """``[C, len(q)]`` int64: each channel's map of `fit` (as `fit_affine_channels` returns it) at
+    the values `q`, in int32 arithmetic as the shaders compute it."""
     m, n, s, lo, hi = (fit[:, k:k + 1] for k in range(5))
-    v = (_Q[None, :] * m + n).to(torch.int32).to(torch.int64)  # the shader's int32 (no wrap: checked)
+    v = (q[None, :] * m + n).to(torch.int32).to(torch.int64)  # the shader's int32 (no wrap: checked)
     return torch.maximum(torch.minimum(v >> s, hi), lo)
 
 

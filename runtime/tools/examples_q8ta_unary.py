@@ -76,14 +76,17 @@ def channel_lut_inputs(case: LutCase, seed: int | None = None) -> tuple[torch.Te
     return x, torch.randint(-128, 128, (case.shape[1], 256), generator=gen, dtype=torch.int8)
 
 
-def affine_channel_table(channels: int, seed: int, relu: bool = True) -> torch.Tensor:
-    """An int8 ``[channels, 256]`` table as DenseNet's lowering makes them: int8 x dequantized,
-    an eval batch norm with random statistics (negative gammas included), optionally relu, then
-    quantized per tensor, all in fp32 torch ops. Such tables are integer affine maps
-    (``runtime.families.channel_affine``), which the shaders then compute instead of reading."""
+def affine_channel_table(channels: int, seed: int, relu: bool = True, taps: int = 1) -> torch.Tensor:
+    """An int8 ``[channels, 255 taps + 1]`` table as DenseNet's lowering makes them: for each
+    int8 value (taps 1) or window sum S of `taps` int8 values, the dequantized value or the
+    window's mean, an eval batch norm with random statistics (negative gammas included),
+    optionally relu, then quantized per tensor, all in fp32 torch ops. Such tables are integer
+    affine maps (``runtime.families.channel_affine``), which the shaders compute instead of
+    reading them."""
     gen = torch.Generator().manual_seed(seed)
-    q = torch.arange(-128, 128, dtype=torch.float32)
-    x = ((q - 3) * 0.02).view(1, 1, 256, 1).expand(1, channels, 256, 1).contiguous()
+    entries = 255 * taps + 1
+    s = torch.arange(entries, dtype=torch.float32) - 128 * taps
+    x = ((s - 3 * taps) * 0.02 / taps).view(1, 1, entries, 1).expand(1, channels, entries, 1).contiguous()
     mean, var = torch.randn(channels, generator=gen), torch.rand(channels, generator=gen) + 0.1
     gamma, beta = torch.randn(channels, generator=gen), torch.randn(channels, generator=gen)
     y = torch.nn.functional.batch_norm(x, mean, var, gamma, beta, False, 0.1, 1e-5)

@@ -58,9 +58,9 @@ def _raw(out) -> torch.Tensor:
 
 def _device(args: tuple, layout: str, host_table: bool = False) -> list:
     """`args` with a and b on the device in `layout` and the tables and sums plain buffers (the
-    per-channel table, argument 8, stays on the host where `host_table`)."""
+    tables, arguments 8 and 10, stay on the host where `host_table`)."""
     return [Tensor.from_torch(v, layout=layout) if i in (0, 3) else
-            v if i == 8 and host_table else
+            v if i in (8, 10) and host_table else
             Tensor.from_torch(v) if isinstance(v, torch.Tensor) else v for i, v in enumerate(args)]
 
 
@@ -140,10 +140,14 @@ def test_sums_form_matches_reference(name, sums_channels, raw, layout, dispatch_
 @pytest.mark.parametrize(("name", "sums_channels", "raw"), SUMS_CASES[:4] + [("concat_c5_c7", 0, False)],
                          ids=[f"{n}-cs{c}" for n, c, _ in SUMS_CASES[:4]] + ["concat_c5_c7-cs0"])
 def test_affine_tables_match_reference(name, sums_channels, raw, layout, dispatch_trace_path):
-    """A host table of integer affine maps: the shader computes them (AFFINE 1)."""
+    """Host tables of integer affine maps, the concat's and the window sums': the shader computes
+    them (AFFINE 1, AFFINE_SUMS 1)."""
     args = list(sums_inputs(name, sums_channels, raw))
     args[8] = affine_channel_table(args[8].shape[0], sums_channels + len(name))
-    assert affine_channels(args[8]) is not None  # so the op binds the maps, not the table
+    if sums_channels:
+        args[10] = affine_channel_table(sums_channels, len(name), taps=4)
+    for table in args[8::2]:
+        assert affine_channels(table) is not None  # so the op binds the maps, not the table
     check_fused(tuple(args), layout, dispatch_trace_path, f"{name} Cs {sums_channels} affine", host_table=True)
 
 

@@ -255,24 +255,26 @@ def test_channel_lut_with_window_sums_matches_reference(name, layout, taps):
 
 @pytest.mark.parametrize(("name", "layout"), _channel_cases())
 def test_channel_lut_affine_tables_match_reference(name, layout):
-    """A host table of integer affine maps: the shader computes them (AFFINE 1), x's channels
-    alone and after window sums' channels (which straddle x's words where Cs % 4 != 0)."""
+    """Host tables of integer affine maps: the shader computes them (AFFINE 1), x's channels
+    alone and after window sums' channels (which straddle x's words where Cs % 4 != 0), whose
+    table is random (read) or itself of maps (AFFINE_SUMS 1, host)."""
     case = LUT_BY_NAME[name]
     x, _ = channel_lut_inputs(case)
     table = affine_channel_table(case.shape[1], sum(case.shape), relu=len(name) % 2 == 0)
-    assert affine_channels(table) is not None  # so the op binds the maps, not the table
     sums, sums_table = channel_sums_inputs(case, 4, torch.int8)
+    affine_sums = affine_channel_table(sums.shape[1], len(name), taps=4)
+    for t in (table, affine_sums):
+        assert affine_channels(t) is not None  # so the op binds the maps, not the table
     op = runtime.get_op(CHANNEL_OP)
-    for sums_args in ((), (sums, sums_table)):
-        want = q8ta_channel_lut(x, table, *sums_args)
+    for sums_args in ((), (Tensor.from_torch(sums), Tensor.from_torch(sums_table)), (Tensor.from_torch(sums), affine_sums)):
+        want = q8ta_channel_lut(x, table, *(t.to_torch() if isinstance(t, Tensor) else t for t in sums_args))
         with Stream() as stream:
-            out = op.record(stream, Tensor.from_torch(x, layout=layout), table,
-                            *(Tensor.from_torch(t) for t in sums_args))
+            out = op.record(stream, Tensor.from_torch(x, layout=layout), table, *sums_args)
             stream.run()
             raw = torch.empty(4 * layouts.packed_words(out.shape, layout), dtype=torch.int8)
             out.memory.read(raw.data_ptr(), raw.numel())
             got = out.to_torch()
-        what = f"{name} {layout}{' with sums' if sums_args else ''}"
+        what = f"{name} {layout} with {len(sums_args)} sums arguments"
         assert torch.equal(got, want), f"{what}: {int((got != want).sum())} values differ"
         assert torch.equal(raw, layouts.pack(want, layout)), f"{what}: padding bytes not 0"
 

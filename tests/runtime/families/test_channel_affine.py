@@ -6,7 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from runtime.families.channel_affine import affine_values, fit_affine_channels, pack_affine_channels
+from runtime.families.channel_affine import (
+    affine_values,
+    entry_values,
+    fit_affine_channels,
+    pack_affine_channels,
+)
 from runtime.tools.examples_q8ta_unary import affine_channel_table
 
 Q = torch.arange(-128, 128)
@@ -18,7 +23,7 @@ def test_batch_norm_tables_fit_every_entry(seed, relu):
     table = affine_channel_table(96, seed, relu)
     fit = fit_affine_channels(table)
     assert fit is not None
-    assert torch.equal(affine_values(fit), table.to(torch.int64))
+    assert torch.equal(affine_values(fit, Q), table.to(torch.int64))
     # the shader's int32 arithmetic does not overflow for any q
     m, n = fit[:, 0:1], fit[:, 1:2]
     assert int((Q[None, :] * m + n).abs().max()) < 2**31
@@ -34,7 +39,7 @@ def test_steps_constants_and_decreasing_tables_fit():
         torch.clamp(torch.div(Q, 100, rounding_mode="floor"), -128, 127),  # three values
     ]).to(torch.int8)
     fit = fit_affine_channels(table)
-    assert fit is not None and torch.equal(affine_values(fit), table.to(torch.int64))
+    assert fit is not None and torch.equal(affine_values(fit, Q), table.to(torch.int64))
 
 
 @pytest.mark.parametrize("row", [
@@ -60,6 +65,20 @@ def test_packing_is_three_ivec4_per_channel_word_padding_zero():
         assert unpacked == (fit[c].tolist() if c < 6 else [0] * 5)
 
 
+@pytest.mark.parametrize("taps", [4, 9])
+def test_window_sum_tables_fit_every_entry(taps):
+    """Tables over window sums S = -128 K .. 127 K (1021 entries for 2x2): a pool's mean, a batch
+    norm, relu and requantization, as DenseNet's transitions give."""
+    s = entry_values(255 * taps + 1)
+    assert (int(s[0]), int(s[-1])) == (-128 * taps, 127 * taps)
+    table = affine_channel_table(48, taps, taps=taps)
+    fit = fit_affine_channels(table)
+    assert fit is not None and torch.equal(affine_values(fit, s), table.to(torch.int64))
+    assert int((s[None, :] * fit[:, 0:1] + fit[:, 1:2]).abs().max()) < 2**31
+
+
 def test_bad_tables_are_refused_with_their_shape():
-    with pytest.raises(ValueError, match=r"\[C, 256\] int8, got \[3, 255\]"):
+    with pytest.raises(ValueError, match=r"255 K \+ 1 entries \(K >= 1\), got 255"):
         fit_affine_channels(torch.zeros(3, 255, dtype=torch.int8))
+    with pytest.raises(ValueError, match=r"\[C, T\] int8, got \[3, 256\] torch.float32"):
+        fit_affine_channels(torch.zeros(3, 256))
