@@ -86,18 +86,28 @@ def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
     clamps floor((q M + N) / 2^S) == t_q; at lo only the upper bound, at hi only the lower). For
     a multiplier M the offsets that work are max(L_q - q M) .. min(U_q - q M); the gap between
     the two is a convex function of M, minimized by a bisection over integers around the
-    least-squares estimate, and the fit exists where its minimum is <= 0."""
+    least-squares estimate, and the fit exists where its minimum is <= 0. Only the ends of each
+    run of equal entries constrain it (below)."""
     t = table.to(torch.int64)
     lo, hi = t.min(1).values, t.max(1).values
     slope, offset = _estimate(q, table, lo, hi)
     shift = _shift(q, slope, offset)
+    # Within a run of equal entries the bounds are equal and q M + N is linear in q, so the run's
+    # two ends bound it: the constraints are those of the runs' ends, gathered per channel (the
+    # shorter rows padded with their first end, a repeat that changes no max or min).
+    ends = torch.ones_like(t, dtype=torch.bool)
+    ends[:, 1:-1] = (t[:, 1:-1] != t[:, :-2]) | (t[:, 1:-1] != t[:, 2:])
+    order = torch.argsort((~ends).to(torch.int8), dim=1, stable=True)[:, :int(ends.sum(1).max())]
+    kept = torch.gather(ends, 1, order)
+    order = torch.where(kept, order, order[:, :1])
+    t, qs = torch.gather(t, 1, order), q[order]
     unit = (1 << shift)[:, None]  # 2^S
-    lower = torch.where(t > lo[:, None], t * unit, -_INT32 * _INT32)  # [C, T]
+    lower = torch.where(t > lo[:, None], t * unit, -_INT32 * _INT32)  # [C, E]
     upper = torch.where(t < hi[:, None], (t + 1) * unit - 1, _INT32 * _INT32)
 
     def offsets(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The least and greatest offsets N that work with multipliers `m` (``[C, k]``)."""
-        qm = q[None, None, :] * m[:, :, None]
+        qm = qs[:, None, :] * m[:, :, None]
         return (lower[:, None, :] - qm).max(2).values, (upper[:, None, :] - qm).min(2).values
 
     scale = torch.pow(2.0, shift.to(torch.float64))
