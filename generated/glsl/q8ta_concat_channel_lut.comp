@@ -101,6 +101,10 @@ ivec4 t_sums_table_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_sums_table_load_word(uint unit) { return t_sums_table.data[unit]; }
+layout(set = 0, binding = 6, std430) readonly buffer t_sums_table_wide_block {
+  uvec4 data[];
+} t_sums_table_wide;
+uvec4 t_sums_table_load_word4(uint i) { return t_sums_table_wide.data[i]; }
 
 // Shared numerics for the quantize family (OPS.md "Shared numeric conventions").
 // Plain GLSL, included by templates through Jinja; needs no bindings.
@@ -530,8 +534,8 @@ int etvk_channel_table(int c, int q) {
 // map that gives every entry (runtime.families.channel_affine, checked on the host for every q):
 // table[c, q + 128] == clamp((q * M + N) >> S, lo, hi), words 12 c4 + 4 k + (c % 4) holding M
 // (k = 0), N (1) and S, lo, hi in bytes 0, 1, 2 (2; lo and hi signed) of channel c = 4 c4 +
-// (c % 4). No load depends on the data. AFFINE_SUMS 1: t_sums_table holds the sums' tables so,
-// sums_table[c, S + offset] == the map of S.
+// (c % 4). No load depends on the data. With AFFINE_SUMS 1 t_sums_table holds the window
+// sums' maps alike: sums_table[c, S + offset] == the map of S.
 
 // The map (M, N, S | lo << 8 | hi << 16) of value q, component-wise.
 ivec4 etvk_affine4(ivec4 q, ivec4 m, ivec4 n, ivec4 b) {
@@ -597,6 +601,25 @@ int etvk_sums_table(int c, ivec2 px) {
   return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
 }
 
+// etvk_sums_table of channels 4 c4 .. 4 c4 + 3 (all < Cs) at pixel `px`; the maps of a word
+// in three 16-byte loads (AFFINE_SUMS 1).
+ivec4 etvk_sums_table4(int c4, ivec2 px) {
+  ivec4 y;
+  if (AFFINE_SUMS == 1) {
+    const uint plane = uint(pc.sizes.x * pc.sizes.y);
+    const uint first = uint((px.x * pc.sums.x + c4 * 4) * (pc.sizes.x * pc.sizes.y) + px.y);
+    const ivec4 S = ivec4(t_sums_load(first), t_sums_load(first + plane), t_sums_load(first + 2u * plane),
+                          t_sums_load(first + 3u * plane));
+    const uint at = uint(c4) * 3u;
+    return etvk_affine4(S, ivec4(t_sums_table_load_word4(at)), ivec4(t_sums_table_load_word4(at + 1u)),
+                        ivec4(t_sums_table_load_word4(at + 2u)));
+  }
+  for (int i = 0; i < 4; ++i) {
+    y[i] = etvk_sums_table(c4 * 4 + i, px);
+  }
+  return y;
+}
+
 // The output word that invocation `item` (< pc.words, the output's words) writes, split as
 // etvk_split_channel_word splits it (`span` and `c4s`, the output's channel words, as there):
 // word `item` itself, except in 4C with `c4s` a multiple of ETVK_TABLE_TILE_WORDS (4). There, in
@@ -657,12 +680,7 @@ void main() {
     return;
   }
   if (p.c4 < 0) {
-    const ivec2 px = etvk_sums_pixel(q);
-    ivec4 y;
-    for (int i = 0; i < 4; ++i) {
-      y[i] = etvk_sums_table(q.c4 * 4 + i, px);
-    }
-    t_out_store_word(item, etvk_pack_i8x4(y));
+    t_out_store_word(item, etvk_pack_i8x4(etvk_sums_table4(q.c4, etvk_sums_pixel(q))));
     return;
   }
   const uint word = concat_word_at(p, span);

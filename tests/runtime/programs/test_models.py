@@ -18,7 +18,8 @@ from torch import nn
 from torch.nn import functional as F
 
 import runtime
-from runtime.programs.nodes import Ref
+from runtime.ops.stub_support import affine_channels
+from runtime.programs.nodes import Const, Ref
 from runtime.tools.float64_products import Float64Products
 from runtime.tools.models import (
     quantize_pt2e,
@@ -105,7 +106,8 @@ def test_densenet121_agrees_with_pytorch(tmp_path):
     """DenseNet-121 at 32x32 (random weights, statistics and PT2E as above): its three transition
     pools through tables over their window sums (no q8ta_avg_pool2d: the block concats hold the
     layers' outputs alone), each table op over a concat (54 of 61, 48 with window sums) in the
-    concat's dispatch, the device run bit-exact against the reference
+    concat's dispatch, every table (58 over x, 54 over window sums) an integer affine map that the
+    shaders compute instead of reading it, the device run bit-exact against the reference
     and at least 30 dB SQNR from PyTorch's int8 graph with its convs summed in float64 (its
     logits equal there; 14.4 dB when the pools were rounded to int8). PyTorch's graph as is
     sums them in the CPU kernel's fp32 order, which depends on the CPU: 28.2 dB from its own
@@ -126,6 +128,11 @@ def test_densenet121_agrees_with_pytorch(tmp_path):
     assert (len(fused), len([n for n in fused if len(n.args) > 9])) == (54, 48)
     assert not any(program.producers()[n.args[0].name].target == "etvk.q8ta_concat.default"
                    for n in program.nodes if n.target == "etvk.q8ta_channel_lut.default" and n.args[0] is not None)
+    tables = [program.constants[a.name] for n in program.nodes
+              if n.target in ("etvk.q8ta_channel_lut.default", "etvk.q8ta_concat_channel_lut.default")
+              for a in n.args if isinstance(a, Const)]
+    assert [t.shape[1] for t in tables].count(256) == 58 and [t.shape[1] for t in tables].count(1021) == 54
+    assert all(affine_channels(t) is not None for t in tables)  # so the device run computes the maps
     program.save(tmp_path / "densenet121.etvk")
     loaded = runtime.load(tmp_path / "densenet121.etvk")
     assert [r for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
