@@ -125,7 +125,7 @@ def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False,
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
     if op in TABLE_OPS:
         rows = (a_shape[1], 256) if op == "channel_lut" else (256,)
-        table = affine_channel_table(rows[0], 0) if affine and op == "channel_lut" else \
+        table = affine_channel_table(rows[0], 0) if affine else \
             torch.randint(-128, 128, rows, generator=gen, dtype=torch.int8)
         return (a if layout is None else Tensor.from_torch(a, layout=layout), table)
     b = torch.randint(-128, 128, b_shape, generator=gen, dtype=torch.int8)

@@ -524,12 +524,6 @@ uint concat_word_at(EtvkChannelWord p, int span) {
 // first Cs channels: bindings t_sums (plain int32 [N, Cs, H, W]) and t_sums_table (plain int8
 // [Cs, T]), push constants sizes (W, H in .x, .y) and sums (Cs, T, offset, 0).
 
-// table[c, q + 128]: byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended.
-int etvk_channel_table(int c, int q) {
-  const int index = q + 128;
-  return bitfieldExtract(int(t_table_load_word(uint(c * 64 + (index >> 2)))), (index & 3) * 8, 8);
-}
-
 // With spec constant AFFINE 1 t_table holds instead each channel's table as an integer affine
 // map that gives every entry (runtime.families.channel_affine, checked on the host for every q):
 // table[c, q + 128] == clamp((q * M + N) >> S, lo, hi), words 12 c4 + 4 k + (c % 4) holding M
@@ -542,13 +536,22 @@ ivec4 etvk_affine4(ivec4 q, ivec4 m, ivec4 n, ivec4 b) {
   return clamp((q * m + n) >> bitfieldExtract(b, 0, 8), bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8));
 }
 
-int etvk_affine(int q, int m, int n, int b) {
-  return clamp((q * m + n) >> bitfieldExtract(b, 0, 8), bitfieldExtract(b, 8, 8), bitfieldExtract(b, 16, 8));
+// The word of channel c's M among the maps (its N 4 words on, its S, lo, hi 8 words on); a
+// channel word's maps are ivec4 3 c4 .. 3 c4 + 2.
+uint etvk_affine_word(int c) {
+  return uint(c >> 2) * 12u + uint(c & 3);
 }
 
-int etvk_channel_affine(int c, int q) {
-  const uint at = uint(c >> 2) * 12u + uint(c & 3);
-  return etvk_affine(q, int(t_table_load_word(at)), int(t_table_load_word(at + 4u)), int(t_table_load_word(at + 8u)));
+// table[c, q + 128]: byte (q + 128) % 4 of word c * 64 + (q + 128) / 4, sign-extended (AFFINE
+// 1: the map of q).
+int etvk_channel_table(int c, int q) {
+  if (AFFINE == 1) {
+    const uint at = etvk_affine_word(c);
+    return etvk_affine4(ivec4(q), ivec4(int(t_table_load_word(at))), ivec4(int(t_table_load_word(at + 4u))),
+                        ivec4(int(t_table_load_word(at + 8u)))).x;
+  }
+  const int index = q + 128;
+  return bitfieldExtract(int(t_table_load_word(uint(c * 64 + (index >> 2)))), (index & 3) * 8, 8);
 }
 
 // The 4 values q of channels 4 c4 .. 4 c4 + 3 of one pixel, each through its channel's table; a
@@ -590,12 +593,17 @@ ivec2 etvk_sums_pixel(EtvkChannelWord p) {
 // sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at pixel
 // `px` = (n, h * W + w): byte (c * T + S + offset) % 4 of that word of the table, sign-extended
 // (AFFINE_SUMS 1: the map of S).
+// The index in t_sums of channel c's window sum at pixel `px` = (n, h * W + w).
+uint etvk_sums_index(int c, ivec2 px) {
+  return uint((px.x * pc.sums.x + c) * (pc.sizes.x * pc.sizes.y) + px.y);
+}
+
 int etvk_sums_table(int c, ivec2 px) {
-  const int S = t_sums_load(uint((px.x * pc.sums.x + c) * (pc.sizes.x * pc.sizes.y) + px.y));
+  const int S = t_sums_load(etvk_sums_index(c, px));
   if (AFFINE_SUMS == 1) {
-    const uint at = uint(c >> 2) * 12u + uint(c & 3);
-    return etvk_affine(S, int(t_sums_table_load_word(at)), int(t_sums_table_load_word(at + 4u)),
-                       int(t_sums_table_load_word(at + 8u)));
+    const uint at = etvk_affine_word(c);
+    return etvk_affine4(ivec4(S), ivec4(int(t_sums_table_load_word(at))), ivec4(int(t_sums_table_load_word(at + 4u))),
+                        ivec4(int(t_sums_table_load_word(at + 8u)))).x;
   }
   const int entry = c * pc.sums.y + S + pc.sums.z;
   return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
@@ -604,16 +612,16 @@ int etvk_sums_table(int c, ivec2 px) {
 // etvk_sums_table of channels 4 c4 .. 4 c4 + 3 (all < Cs) at pixel `px`; the maps of a word
 // in three 16-byte loads (AFFINE_SUMS 1).
 ivec4 etvk_sums_table4(int c4, ivec2 px) {
-  ivec4 y;
   if (AFFINE_SUMS == 1) {
-    const uint plane = uint(pc.sizes.x * pc.sizes.y);
-    const uint first = uint((px.x * pc.sums.x + c4 * 4) * (pc.sizes.x * pc.sizes.y) + px.y);
+    const uint plane = uint(pc.sizes.x * pc.sizes.y);  // a channel's sums
+    const uint first = etvk_sums_index(c4 * 4, px);
     const ivec4 S = ivec4(t_sums_load(first), t_sums_load(first + plane), t_sums_load(first + 2u * plane),
                           t_sums_load(first + 3u * plane));
     const uint at = uint(c4) * 3u;
     return etvk_affine4(S, ivec4(t_sums_table_load_word4(at)), ivec4(t_sums_table_load_word4(at + 1u)),
                         ivec4(t_sums_table_load_word4(at + 2u)));
   }
+  ivec4 y;
   for (int i = 0; i < 4; ++i) {
     y[i] = etvk_sums_table(c4 * 4 + i, px);
   }
