@@ -85,9 +85,10 @@ def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
     At each channel's shift S the map needs, for every q, L_q <= q M + N <= U_q (between the
     clamps floor((q M + N) / 2^S) == t_q; at lo only the upper bound, at hi only the lower). For
     a multiplier M the offsets that work are max(L_q - q M) .. min(U_q - q M); the gap between
-    the two is a convex function of M, minimized by a bisection over integers around the
-    least-squares estimate, and the fit exists where its minimum is <= 0. Only the ends of each
-    run of equal entries constrain it (below)."""
+    the two is a convex function of M, and the fit exists where it is <= 0. The search tries the
+    least-squares estimate, then bisects the range two far-apart pairs of constraints allow
+    (`_bracket`) towards the gap's minimum, each channel stopping at its first M that fits. Only
+    the ends of each run of equal entries constrain it (below)."""
     t = table.to(torch.int64)
     lo, hi = t.min(1).values, t.max(1).values
     slope, offset = _estimate(q, table, lo, hi)
@@ -105,29 +106,70 @@ def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
     lower = torch.where(t > lo[:, None], t * unit, -_INT32 * _INT32)  # [C, E]
     upper = torch.where(t < hi[:, None], (t + 1) * unit - 1, _INT32 * _INT32)
 
-    def offsets(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The least and greatest offsets N that work with multipliers `m` (``[C, k]``)."""
-        qm = qs[:, None, :] * m[:, :, None]
-        return (lower[:, None, :] - qm).max(2).values, (upper[:, None, :] - qm).min(2).values
+    def offsets(m: torch.Tensor, rows=slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
+        """The least and greatest offsets N that work with multipliers `m` (``[c, k]``) for the
+        channels `rows`."""
+        qm = qs[rows, None, :] * m[:, :, None]
+        return (lower[rows, None, :] - qm).max(2).values, (upper[rows, None, :] - qm).min(2).values
 
     scale = torch.pow(2.0, shift.to(torch.float64))
     estimate = torch.round(slope * scale).to(torch.int64)
     reach = torch.ceil((1 + slope.abs()) * scale).to(torch.int64) + 2  # the estimate is rough on steps
-    a, b = estimate - reach, estimate + reach
-    # a bisection on the sign of the gap's slope: the gap is convex, so if gap(m) <= gap(m + 1) a
-    # minimum lies in [a, m], else in [m + 1, b]
+    a, b = _bracket(qs, lower, upper, kept & (t > lo[:, None]), kept & (t < hi[:, None]),
+                    estimate - reach, estimate + reach)
+    if bool((a > b).any()):
+        return None
+    # the estimate first, then a bisection on the sign of the gap's slope over the channels it
+    # did not fit: the gap is convex, so if gap(m) <= gap(m + 1) a minimum lies in [a, m], else
+    # in [m + 1, b]; a channel leaves at the first m that fits
+    guess = torch.minimum(torch.maximum(estimate, a), b)
+    n_lo, n_hi = offsets(guess[:, None])
+    fits = (n_lo <= n_hi)[:, 0]
+    a, b = torch.where(fits, guess, a), torch.where(fits, guess, b)
     while bool((a < b).any()):
         mid = torch.div(a + b, 2, rounding_mode="floor")
         n_lo, n_hi = offsets(torch.stack([mid, mid + 1], 1))
         gap = n_lo - n_hi
         left = gap[:, 0] <= gap[:, 1]
         a, b = torch.where(left, a, mid + 1), torch.where(left, mid, b)
+        fits = (gap[:, 0] <= 0) & (a < b)
+        a, b = torch.where(fits, mid, a), torch.where(fits, mid, b)
     n_lo, n_hi = (v[:, 0] for v in offsets(a[:, None]))
     n = torch.div(n_lo + n_hi, 2, rounding_mode="floor")
     extreme = (q[None, :] * a[:, None] + n[:, None]).abs().max(1).values
     if not bool(((n_lo <= n_hi) & (extreme < _INT32)).all()):
         return None
     return torch.stack([a, n, shift, lo, hi], 1)
+
+
+def _bracket(qs: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor, has_lower: torch.Tensor,
+             has_upper: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """[a, b] narrowed to the multipliers that two pairs of far-apart constraints allow, so that
+    the bisection starts from a range about 2^S / (q's span) wide instead of 2^S.
+
+    A lower bound L_i <= q_i M + N and an upper bound q_j M + N <= U_j together need
+    (q_j - q_i) M <= U_j - L_i: M <= (U_j - L_i) / (q_j - q_i) where q_j > q_i, M >= it where
+    q_j < q_i. The pairs (first lower, last upper) and (last lower, first upper) by q give the
+    tightest such bounds for increasing and decreasing maps alike (`has_lower`, `has_upper`: the
+    constraints that are not clamps' sentinels, q ascending in each row)."""
+    rows = torch.arange(qs.shape[0])
+    span = qs.shape[1] - 1
+
+    def first(mask: torch.Tensor) -> torch.Tensor:
+        return mask.to(torch.int8).argmax(1)
+
+    def last(mask: torch.Tensor) -> torch.Tensor:
+        return span - mask.flip(1).to(torch.int8).argmax(1)
+
+    both = has_lower.any(1) & has_upper.any(1)
+    for i, j in ((first(has_lower), last(has_upper)), (last(has_lower), first(has_upper))):
+        d = qs[rows, j] - qs[rows, i]
+        num = upper[rows, j] - lower[rows, i]
+        bound = torch.div(num, d.clamp(min=1), rounding_mode="floor")
+        b = torch.where(both & (d > 0), torch.minimum(b, bound), b)
+        bound = -torch.div(num, (-d).clamp(min=1), rounding_mode="floor")  # ceil(num / d), d < 0
+        a = torch.where(both & (d < 0), torch.maximum(a, bound), a)
+    return a, b
 
 
 def affine_values(fit: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
