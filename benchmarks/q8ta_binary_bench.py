@@ -120,7 +120,7 @@ def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False,
     (one per channel for channel_lut); the fused concat's table, then with `sums_channels` Cs
     random window sums ``[N, Cs, H, W]`` of `TAPS` values and their table (plain buffers).
     `affine`: the per-channel tables, the sums' too, are batch-norm and relu tables (integer
-    affine maps)."""
+    affine maps), left on the host (a program's constants), where the op fits the maps."""
     gen = torch.Generator().manual_seed(0)
     a = torch.randint(-128, 128, a_shape, generator=gen, dtype=torch.int8)
     if op in TABLE_OPS:
@@ -141,7 +141,9 @@ def arguments(op: str, a_shape, b_shape, layout: str | None, copy: bool = False,
                              dtype=torch.int32)
         sums_table = affine_channel_table(sums_channels, 0, taps=TAPS) if affine else \
             torch.randint(-128, 128, (sums_channels, 255 * TAPS + 1), generator=gen, dtype=torch.int8)
-        tail += (sums, sums_table) if layout is None else (Tensor.from_torch(sums), Tensor.from_torch(sums_table))
+        if layout is not None:  # the sums' maps are fitted from a host table only, as in a program
+            sums, sums_table = Tensor.from_torch(sums), sums_table if affine else Tensor.from_torch(sums_table)
+        tail += (sums, sums_table)
     if copy:
         return (a, 1.0, 0, b, 1.0, 0, 1.0, 0, *tail)
     return (a, 0.031, -3, b, 0.027, 12, 0.043, -128, *tail)
