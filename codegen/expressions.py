@@ -164,6 +164,19 @@ HELPERS: dict[str, tuple[str, str]] = {
         "4C1W for `width % 4 == 0`, in 4C for a concat of `channel_parts` whose parts but the "
         "last have a multiple of 16 channels and whose last has a multiple of 4 channel words",
     ),
+    "table_run": (
+        "layout, shape, channel_parts, maps",
+        "spec constant `RUN` of a per-channel table op writing the packed `shape` "
+        "(`runtime.families.q8ta_copy`): 4 pixels in a row an invocation writes a 16-byte quad "
+        "at, where the output is in 4C, `copy_quads(layout, shape[3], channel_parts)`, every "
+        "table is an integer affine map and no channel comes from window sums (`maps`) and the "
+        "runs make enough invocations; else 1",
+    ),
+    "table_invocations": (
+        "shape, run",
+        "the invocations of a per-channel table op with `RUN` `run` > 1 writing the packed "
+        "`[N, C, H, W]` `shape`: one a quad of 16 channels and run of pixels",
+    ),
     "broadcast": (
         "a, b",
         "how `b` broadcasts to `a`'s shape (PyTorch's rules), "

@@ -31,7 +31,7 @@ PURE_HELPERS = frozenset({
     "fits_int32", "positive_fp32", "elementwise", "per_storage", "pair", "layout_code",
     "on_host", "layout_of", "packed_words", "pool2d_params", "global_pool_tiling", "coop_chunk",
     "broadcast", "bad_indices", "scalar_operand", "attention_split", "attention_tile_keys",
-    "channel_lut_shape", "pw_pair_max_mid_channels",
+    "channel_lut_shape", "pw_pair_max_mid_channels", "table_invocations",
 })
 # The pure helpers that read only the shape, dtype or kind of a tensor passed to them.
 SHAPE_HELPERS = frozenset({"numel", "last_dim", "tokens", "token_shape", "on_host", "layout_of",

@@ -6,6 +6,7 @@ layout(constant_id = 4) const int HAS_SUMS = 0;
 layout(constant_id = 5) const int HAS_X = 1;
 layout(constant_id = 6) const int AFFINE = 0;
 layout(constant_id = 7) const int AFFINE_SUMS = 0;
+layout(constant_id = 8) const int RUN = 1;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 sizes;
   layout(offset = 16) uint words;
@@ -47,6 +48,10 @@ void t_out_store(uint unit, ivec4 v) {
   t_out.data[unit] = b.x | (b.y << 8) | (b.z << 16) | (b.w << 24);
 }
 void t_out_store_word(uint unit, uint w) { t_out.data[unit] = w; }
+layout(set = 0, binding = 0, std430) writeonly buffer t_out_wide_block {
+  uvec4 data[];
+} t_out_wide;
+void t_out_store_word4(uint i, uvec4 w) { t_out_wide.data[i] = w; }
 layout(set = 0, binding = 1, std430) readonly buffer t_x_block {
   uint data[];
 } t_x;
@@ -55,6 +60,10 @@ ivec4 t_x_load(uint unit) {
   return ivec4(bitfieldExtract(u, 0, 8), bitfieldExtract(u, 8, 8), bitfieldExtract(u, 16, 8), bitfieldExtract(u, 24, 8));
 }
 uint t_x_load_word(uint unit) { return t_x.data[unit]; }
+layout(set = 0, binding = 1, std430) readonly buffer t_x_wide_block {
+  uvec4 data[];
+} t_x_wide;
+uvec4 t_x_load_word4(uint i) { return t_x_wide.data[i]; }
 layout(set = 0, binding = 2, std430) readonly buffer t_table_block {
   uint data[];
 } t_table;
@@ -540,6 +549,38 @@ EtvkChannelWord etvk_table_channel_word(uint item, int span, int c4s) {
                          int(tile * ETVK_TABLE_TILE_WORDS + at % ETVK_TABLE_TILE_WORDS), 0);
 }
 
+// Pixel runs (spec constant RUN > 1; 4C with the output's channel words a multiple of 4, the
+// tables as maps, AFFINE 1, and no window sums): invocation `item` writes the output's channel
+// quad `quad` (channel words 4 quad .. 4 quad + 3: 16 channels, one 16-byte unit) at RUN pixels
+// in a row, [first, end), its maps loaded once for them all. Neighbouring invocations take the
+// neighbouring quads of the same pixels, so a subgroup's 16-byte accesses are runs of whole
+// pixels. Past the last run, first >= end (nothing to write). (The window sums stay on the
+// tiles of etvk_table_channel_word: their quads one pixel an invocation, the pixel fastest,
+// were slower there; benchmarks/NOTES.md, session 39.)
+struct EtvkTableRun {
+  int quad;
+  uint first;
+  uint end;
+};
+
+EtvkTableRun etvk_table_run(uint item, int quads, uint pixels) {
+  const uint group = item / uint(quads);
+  const uint first = group * uint(RUN);
+  return EtvkTableRun(int(item - group * uint(quads)), first, min(first + uint(RUN), pixels));
+}
+
+// The output word of x's word `x` through maps[3 l .. 3 l + 2] (a channel word's maps).
+uint etvk_affine_word4(ivec4 maps[12], int l, uint x) {
+  return etvk_pack_i8x4(etvk_affine4(etvk_unpack_i8x4(x), maps[3 * l], maps[3 * l + 1], maps[3 * l + 2]));
+}
+
+// The maps of x's channel words 4 q .. 4 q + 3 (AFFINE 1): 12 ivec4 from ivec4 12 q.
+void etvk_table_maps(int q, out ivec4 maps[12]) {
+  for (int k = 0; k < 12; ++k) {
+    maps[k] = ivec4(t_table_load_word4(uint(q * 12 + k)));
+  }
+}
+
 void main() {
   const uint item = etvk_linear_invocation();
   if (item >= pc.words) {
@@ -548,6 +589,22 @@ void main() {
   const int W = pc.sizes.x;
   const int C = pc.sizes.z;
   const int c4s = (C + 3) >> 2;
+  if (RUN > 1) {
+    const int quads = c4s >> 2;
+    const EtvkTableRun r = etvk_table_run(item, quads, pc.words / uint(c4s));
+    ivec4 maps[12];
+    etvk_table_maps(r.quad, maps);
+    for (uint px = r.first; px < r.end; ++px) {
+      const uint at = px * uint(quads) + uint(r.quad);
+      const uvec4 x = t_x_load_word4(at);
+      uvec4 y;
+      for (int l = 0; l < 4; ++l) {
+        y[l] = etvk_affine_word4(maps, l, x[l]);
+      }
+      t_out_store_word4(at, y);
+    }
+    return;
+  }
   const int span = etvk_channel_word_span(LAYOUT, W);
   const EtvkChannelWord p = etvk_table_channel_word(item, span, c4s);
   const uint word = etvk_channel_word(p.outer, p.c4, p.inner, span, c4s);

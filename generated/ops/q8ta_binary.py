@@ -124,7 +124,7 @@ Q8TA_ADD = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_add(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra + rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1]. Device inputs share one layout; a host input takes the other input's layout (both on the host: 4C1W); the output takes a's.",
-    spec="op_specs/q8ta_binary.yaml:187",
+    spec="op_specs/q8ta_binary.yaml:190",
     reference="runtime.reference.q8ta_binary:q8ta_add",
     variants=(
         ("q8ta_binary", {}),
@@ -176,7 +176,7 @@ Q8TA_MUL = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_mul(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, str activation=\"none\") -> Tensor",
     doc="out = clamp(roundEven((ra * rb) * fp32(1/output_scale)) + output_zero_point, -128, 127) with ra = float(a - a_zero_point) * a_scale (rb likewise), relu before requantizing if asked; b is a's shape or [N, C, 1, 1] (a squeeze-and- excite gate). Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:216",
+    spec="op_specs/q8ta_binary.yaml:219",
     reference="runtime.reference.q8ta_binary:q8ta_mul",
     variants=(
         ("q8ta_binary", {}),
@@ -227,7 +227,7 @@ Q8TA_CONCAT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Concat along the channels, out [N, C_a + C_b, H, W]: each input requantized to the output's qparams, out = clamp(roundEven(float(q - zero_point) * scale * fp32(1/output_scale)) + output_zero_point, -128, 127) (an input with the output's qparams is copied exactly). C_a need not be a multiple of 4. Layouts as for q8ta_add.",
-    spec="op_specs/q8ta_binary.yaml:244",
+    spec="op_specs/q8ta_binary.yaml:247",
     reference="runtime.reference.q8ta_binary:q8ta_concat",
     variants=(
         ("q8ta_concat", {}),
@@ -272,6 +272,7 @@ def q8ta_concat_channel_lut(stream, a, a_scale, a_zero_point, b, b_scale, b_zero
     table_words = table if affine is None else affine
     affine_sums = rt.affine_channels(sums_table)
     sums_words = sums_table if affine_sums is None else affine_sums
+    run = rt.table_run(layout, out_shape, [a.shape[1], b.shape[1]], affine is not None and sums is None)
     v = op.select(variant, storage, {})
     a = stream.upload(a, v.binding("t_a"), op.label("a"), layout=layout)
     b = stream.upload(b, v.binding("t_b"), op.label("b"), layout=layout)
@@ -280,7 +281,7 @@ def q8ta_concat_channel_lut(stream, a, a_scale, a_zero_point, b, b_scale, b_zero
     sums_words = stream.upload(sums_words, v.binding("t_sums_table"), op.label("sums_words", "value"))
     concat = stream.empty(shape, torch.int8, v.binding("t_concat"), op.label("concat", "output"), layout=layout)
     out = stream.empty(out_shape, torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_concat": concat, "t_out": out, "t_a": a, "t_b": b, "t_table": table_words, "t_sums": sums, "t_sums_table": sums_words}, push={"sizes": [a.shape[3], a.shape[2], a.shape[1] + b.shape[1], a.shape[0]], "words": rt.packed_words(out), "a_channels": a.shape[1], "a_scale": a_scale, "a_zero_point": a_zero_point, "b_scale": b_scale, "b_zero_point": b_zero_point, "inv_output_scale": rt.fp32_recip(output_scale), "output_zero_point": output_zero_point, "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "HAS_SUMS": int(sums is not None), "AFFINE": int(affine is not None), "AFFINE_SUMS": int(affine_sums is not None)}, global_size=[rt.packed_words(out), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_concat": concat, "t_out": out, "t_a": a, "t_b": b, "t_table": table_words, "t_sums": sums, "t_sums_table": sums_words}, push={"sizes": [a.shape[3], a.shape[2], a.shape[1] + b.shape[1], a.shape[0]], "words": rt.packed_words(out), "a_channels": a.shape[1], "a_scale": a_scale, "a_zero_point": a_zero_point, "b_scale": b_scale, "b_zero_point": b_zero_point, "inv_output_scale": rt.fp32_recip(output_scale), "output_zero_point": output_zero_point, "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "HAS_SUMS": int(sums is not None), "AFFINE": int(affine is not None), "AFFINE_SUMS": int(affine_sums is not None), "RUN": run}, global_size=[rt.packed_words(out) if run == 1 else rt.table_invocations(out_shape, run), 1, 1])
     return concat, out
 
 
@@ -299,7 +300,7 @@ Q8TA_CONCAT_CHANNEL_LUT = rt.OpDef(
     family="q8ta_binary",
     schema="q8ta_concat_channel_lut(Tensor a, float a_scale, int a_zero_point, Tensor b, float b_scale, int b_zero_point, float output_scale, int output_zero_point, Tensor table, Tensor? sums=None, Tensor? sums_table=None) -> (Tensor, Tensor)",
     doc="(concat, out) = (q8ta_concat(a, a_scale, a_zero_point, b, b_scale, b_zero_point, output_scale, output_zero_point), q8ta_channel_lut(concat, table, sums, sums_table)) in one dispatch, bit-identical to the two ops: out[:, Cs + c] = table[c, concat[:, c] + 128] with one int8 [C_a + C_b, 256] table per channel of the concat, after Cs channels sums_table[c, S + 128 * K] of window sums S (K taps) where sums and sums_table are given (Cs = 0 without them; Cs a multiple of 4). a and b are read once and the concat is not read back. DenseNet's layer: the raw concat of the block's features (every scale 1, zero point 0), after the transition's pooled channels as window sums, and its batch norm, relu and quantize as tables. C_a need not be a multiple of 4. Both outputs take the concat's layout (layouts as for q8ta_add).",
-    spec="op_specs/q8ta_binary.yaml:275",
+    spec="op_specs/q8ta_binary.yaml:278",
     reference="runtime.reference.q8ta_binary:q8ta_concat_channel_lut",
     variants=(
         ("q8ta_concat_channel_lut", {}),

@@ -92,7 +92,7 @@ Q8TA_LUT = rt.OpDef(
     family="q8ta_unary",
     schema="q8ta_lut(Tensor x, Tensor table) -> Tensor",
     doc="out = table[x + 128] elementwise (int8 -> int8): any pointwise function of a per-tensor int8 input, requantized, as a table computed on the host. A device input in a packed layout keeps it, as does a plain device input; a host [N, C, H, W] input is packed in 4C1W, a host input of another rank stays plain. The output takes the input's layout.",
-    spec="op_specs/q8ta_unary.yaml:164",
+    spec="op_specs/q8ta_unary.yaml:167",
     reference="runtime.reference.q8ta_unary:q8ta_lut",
     variants=(
         ("q8ta_lut", {}),
@@ -122,13 +122,14 @@ def q8ta_channel_lut(stream, x, table, sums=None, sums_table=None, layout=None, 
     table_words = table if affine is None else affine
     affine_sums = rt.affine_channels(sums_table)
     sums_words = sums_table if affine_sums is None else affine_sums
+    run = rt.table_run(out_layout, out_shape, [out_shape[1]], affine is not None and sums is None)
     v = op.select(variant, storage, {})
     x = stream.upload(x, v.binding("t_x"), op.label("x"), layout=out_layout)
     table_words = stream.upload(table_words, v.binding("t_table"), op.label("table_words", "value"))
     sums = stream.upload(sums, v.binding("t_sums"), op.label("sums"))
     sums_words = stream.upload(sums_words, v.binding("t_sums_table"), op.label("sums_words", "value"))
     out = stream.empty(out_shape, torch.int8, v.binding("t_out"), op.label("out", "output"), layout=out_layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_table": table_words, "t_sums": sums, "t_sums_table": sums_words}, push={"sizes": [out_shape[3], out_shape[2], out_shape[1], out_shape[0]], "words": rt.packed_words(out), "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(out_layout), "HAS_SUMS": int(sums is not None), "HAS_X": int(x is not None), "AFFINE": int(affine is not None), "AFFINE_SUMS": int(affine_sums is not None)}, global_size=[rt.packed_words(out), 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_table": table_words, "t_sums": sums, "t_sums_table": sums_words}, push={"sizes": [out_shape[3], out_shape[2], out_shape[1], out_shape[0]], "words": rt.packed_words(out), "sums": [0, 0, 0, 0] if sums is None else [sums.shape[1], sums_table.shape[1], 128 * ((sums_table.shape[1] - 1) // 255), 0]}, spec_constants={"LAYOUT": rt.layout_code(out_layout), "HAS_SUMS": int(sums is not None), "HAS_X": int(x is not None), "AFFINE": int(affine is not None), "AFFINE_SUMS": int(affine_sums is not None), "RUN": run}, global_size=[rt.packed_words(out) if run == 1 else rt.table_invocations(out_shape, run), 1, 1])
     return out
 
 
@@ -142,7 +143,7 @@ Q8TA_CHANNEL_LUT = rt.OpDef(
     family="q8ta_unary",
     schema="q8ta_channel_lut(Tensor? x, Tensor? table, Tensor? sums=None, Tensor? sums_table=None, str? layout=None) -> Tensor",
     doc="out[:, c] = table[c, x[:, c] + 128] (int8 -> int8): any pointwise function of each channel of a packed int8 input, each channel with its own qparams and function (a per-channel affine such as an eval batch norm, then an activation, requantized), as tables computed on the host. With sums (window sums of an average pool, q8ta_window_sum) and sums_table, the output's first Cs channels are sums_table[c, S + 128 * K] for window sum S (K taps), a function of a pooled value PyTorch keeps in fp32, and x (None where the sums give every channel) holds the channels after them: out[:, Cs + c] = table[c, x[:, c] + 128]. The output takes a device x's layout; with x on the host or no x, layout (default 4C1W).",
-    spec="op_specs/q8ta_unary.yaml:189",
+    spec="op_specs/q8ta_unary.yaml:192",
     reference="runtime.reference.q8ta_unary:q8ta_channel_lut",
     variants=(
         ("q8ta_channel_lut", {}),
@@ -195,7 +196,7 @@ Q8TA_CHANNEL_LUT_MEAN = rt.OpDef(
     family="q8ta_unary",
     schema="q8ta_channel_lut_mean(Tensor? x, Tensor? table, float output_scale, int output_zero_point, Tensor? sums=None, Tensor? sums_table=None, bool keepdim=False, str? layout=None) -> Tensor",
     doc="out[n, c] = quantize(mean over h, w of table[c, x[n, c, h, w] + 128]): the fp32 sum in row-major pixel order, divided by H * W correctly rounded, requantized to (output_scale, output_zero_point). A per-channel function of a packed int8 input averaged over the map before its quantize (DenseNet's norm -> relu -> adaptive_avg_pool2d(1) -> flatten -> quantize). With sums and sums_table, the first Cs channels average sums_table[c, S + 128 * K] over their window sums S (K taps) and x (None where the sums give every channel) holds the channels after them, as in q8ta_channel_lut. A table of one row [1, 256] serves every channel of x (a per-tensor function: torch 2.11's squeeze-and-excite gates). x on the host is packed in 4C1W. The output is a plain int8 [N, C] tensor (a classifier linear's rows), or with keepdim a packed [N, C, 1, 1] one (the gate's pooled map, which a conv reads) in a device x's layout; with x on the host or no x, layout (default 4C1W).",
-    spec="op_specs/q8ta_unary.yaml:224",
+    spec="op_specs/q8ta_unary.yaml:229",
     reference="runtime.reference.q8ta_unary:q8ta_channel_lut_mean",
     variants=(
         ("q8ta_channel_lut_mean", {}),

@@ -20,7 +20,7 @@ from runtime.errors import ArgumentError, ArgumentTypeError, UnsupportedVariant
 from runtime.families import conv2d, conv2d_tiling, conv2d_tuning, linear_tiling, llm, pool2d
 from runtime.families.attention import attention_split, attention_tile_keys, attention_tile_lanes
 from runtime.families.conv2d import pw_pair_max_mid_channels
-from runtime.families.q8ta_copy import copy_quads
+from runtime.families.q8ta_copy import copy_quads, table_invocations, table_run
 from runtime.ops import matrix_layouts, tuning
 from runtime.ops.library import catalog
 from runtime.ops.prepack import prepacked
@@ -351,6 +351,8 @@ HELPERS: dict[str, Callable[..., Any]] = {
         channel_lut_shape,
         affine_channels,
         copy_quads,
+        table_run,
+        table_invocations,
         broadcast,
         bad_indices,
         scalar_operand,

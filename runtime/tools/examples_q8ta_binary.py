@@ -114,6 +114,8 @@ CONCAT_CASES = [
       real="16-byte quads in 4C1W with b shifted by 2 channels, two quads a row"),
     C("densenet_concat_c24_c8_batch2", 2, 24, 8, 3, 5, Q(0.047, -6), Q(0.052, 3), Q(0.05, -2),
       real="8 channel words (tables read in tiles of 4 words in 4C), 30 pixels: a partial row of 6"),
+    C("densenet_concat_c32_c16_batch2", 2, 32, 16, 3, 5, Q(0.05, 0), Q(0.05, 0), Q(0.05, 0),
+      real="4C quads of a and b lined up (runs of 4 pixels with tables of maps), 30 pixels: a last run of 2"),
 ]
 BINARY_BY_NAME = {case.name: case for case in BINARY_CASES}
 CONCAT_BY_NAME = {case.name: case for case in CONCAT_CASES}

@@ -24,6 +24,8 @@ import pytest
 import torch
 
 import runtime
+from runtime.families import q8ta_copy
+from runtime.families.q8ta_copy import table_invocations, table_run
 from runtime.ops.stub_support import affine_channels
 from runtime.reference.q8ta_binary import q8ta_concat_channel_lut
 from runtime.tools.examples_q8ta_binary import (
@@ -83,6 +85,15 @@ def run_two_ops(args: tuple, layout: str) -> tuple[torch.Tensor, torch.Tensor]:
         return concat.to_torch(), out.to_torch()
 
 
+def _invocations(args: tuple, out_shape, layout: str, host_table: bool) -> int:
+    """The dispatch's invocations: one a word of the table output, or where `table_run` gives
+    runs (4C, a host table of maps, no window sums), as `table_invocations` counts them."""
+    a, b, table = args[0], args[3], args[8]
+    maps = host_table and len(args) == 9 and affine_channels(table) is not None
+    run = table_run(layout, out_shape, [a.shape[1], b.shape[1]], maps)
+    return layouts.packed_words(out_shape, layout) if run == 1 else table_invocations(out_shape, run)
+
+
 def check_fused(args: tuple, layout: str, trace_path, what: str, host_table: bool = False) -> None:
     """One dispatch of the fused shader over the table output's words, both outputs equal to the
     reference bit for bit, padding bytes included."""
@@ -91,7 +102,7 @@ def check_fused(args: tuple, layout: str, trace_path, what: str, host_table: boo
     got = run_fused(args, layout, host_table)
     trace = [json.loads(line) for line in _trace_lines(trace_path)[before:]]
     assert [t["variant"] for t in trace] == ["q8ta_concat_channel_lut"]
-    assert trace[0]["global"][0] == layouts.packed_words(want[1].shape, layout)
+    assert trace[0]["global"][0] == _invocations(args, want[1].shape, layout, host_table)
     for name, (raw_bytes, values), expected in zip(("concat", "out"), got, want, strict=True):
         assert torch.equal(values, expected), f"{what} {layout} {name}: {int((values != expected).sum())} differ"
         assert torch.equal(raw_bytes, layouts.pack(expected, layout)), f"{what} {layout} {name}: padding not 0"
@@ -114,7 +125,9 @@ def test_both_outputs_match_reference(name, raw, layout, dispatch_trace_path):
 SUMS_CASES = [("concat_c7_c6_batch2", 4, False), ("concat_c7_c6_batch2", 8, True),
               ("densenet_concat_c6_c4", 12, True), ("concat_c16_c13_w4", 16, False),
               ("concat_c5_c7", 8, False), ("concat_c1_c2", 4, True),
-              ("densenet_concat_c24_c8_batch2", 32, True)]
+              ("densenet_concat_c24_c8_batch2", 32, True), ("densenet_concat_c32_c16_batch2", 16, True)]
+# with host tables of maps, 4C writes 16-channel quads at runs of pixels (table_run) in these
+RUN_CASES = [("densenet_concat_c32_c16_batch2", 0, False), ("concat_c16_c13_w4", 0, True)]
 
 
 def sums_inputs(name: str, sums_channels: int, raw: bool) -> tuple:
@@ -136,18 +149,28 @@ def test_sums_form_matches_reference(name, sums_channels, raw, layout, dispatch_
     check_fused(args, layout, dispatch_trace_path, f"{name} Cs {sums_channels}")
 
 
+AFFINE_CASES = SUMS_CASES[:4] + [("concat_c5_c7", 0, False), SUMS_CASES[-1]] + RUN_CASES
+
+
 @pytest.mark.parametrize("layout", PACKED_LAYOUTS)
-@pytest.mark.parametrize(("name", "sums_channels", "raw"), SUMS_CASES[:4] + [("concat_c5_c7", 0, False)],
-                         ids=[f"{n}-cs{c}" for n, c, _ in SUMS_CASES[:4]] + ["concat_c5_c7-cs0"])
-def test_affine_tables_match_reference(name, sums_channels, raw, layout, dispatch_trace_path):
+@pytest.mark.parametrize(("name", "sums_channels", "raw"), AFFINE_CASES,
+                         ids=[f"{n}-cs{c}" for n, c, _ in AFFINE_CASES])
+def test_affine_tables_match_reference(name, sums_channels, raw, layout, dispatch_trace_path, monkeypatch):
     """Host tables of integer affine maps, the concat's and the window sums': the shader computes
-    them (AFFINE 1, AFFINE_SUMS 1)."""
+    them (AFFINE 1, AFFINE_SUMS 1); without window sums, in 4C where every part's quads line up,
+    16-channel quads at runs of pixels (RUN 4; 30 pixels: the last run of 2), here however few
+    the invocations."""
+    monkeypatch.setattr(q8ta_copy, "TABLE_RUN_MIN_INVOCATIONS", 0)
     args = list(sums_inputs(name, sums_channels, raw))
     args[8] = affine_channel_table(args[8].shape[0], sums_channels + len(name))
     if sums_channels:
         args[10] = affine_channel_table(sums_channels, len(name), taps=4)
     for table in args[8::2]:
         assert affine_channels(table) is not None  # so the op binds the maps, not the table
+    a, b = args[0], args[3]
+    out_shape = (a.shape[0], sums_channels + a.shape[1] + b.shape[1], *a.shape[2:])
+    runs = table_run(layout, out_shape, [a.shape[1], b.shape[1]], not sums_channels) > 1
+    assert runs == (layout == "4C" and (name, sums_channels, raw) in RUN_CASES)
     check_fused(tuple(args), layout, dispatch_trace_path, f"{name} Cs {sums_channels} affine", host_table=True)
 
 

@@ -28,7 +28,8 @@ import pytest
 import torch
 
 import runtime
-from runtime.families.q8ta_copy import one_word_each
+from runtime.families import q8ta_copy
+from runtime.families.q8ta_copy import one_word_each, table_invocations, table_run
 from runtime.ops.stub_support import affine_channels
 from runtime.reference.q8ta_unary import q8ta_channel_lut, q8ta_channel_lut_mean, q8ta_lut
 from runtime.reference.quantize import fp32
@@ -254,10 +255,14 @@ def test_channel_lut_with_window_sums_matches_reference(name, layout, taps):
 
 
 @pytest.mark.parametrize(("name", "layout"), _channel_cases())
-def test_channel_lut_affine_tables_match_reference(name, layout):
+def test_channel_lut_affine_tables_match_reference(name, layout, dispatch_trace_path, monkeypatch):
     """Host tables of integer affine maps: the shader computes them (AFFINE 1), x's channels
     alone and after window sums' channels (which straddle x's words where Cs % 4 != 0), whose
-    table is random (read) or itself of maps (AFFINE_SUMS 1, host)."""
+    table is random (read) or itself of maps (AFFINE_SUMS 1, host), and those sums alone (no x).
+    Without window sums, in 4C where the quads line up, 16-channel quads at runs of pixels
+    (densenet_table_c64_batch2: 30 pixels, the last run of 2), here however few the
+    invocations."""
+    monkeypatch.setattr(q8ta_copy, "TABLE_RUN_MIN_INVOCATIONS", 0)
     case = LUT_BY_NAME[name]
     x, _ = channel_lut_inputs(case)
     table = affine_channel_table(case.shape[1], sum(case.shape), relu=len(name) % 2 == 0)
@@ -266,15 +271,22 @@ def test_channel_lut_affine_tables_match_reference(name, layout):
     for t in (table, affine_sums):
         assert affine_channels(t) is not None  # so the op binds the maps, not the table
     op = runtime.get_op(CHANNEL_OP)
-    for sums_args in ((), (Tensor.from_torch(sums), Tensor.from_torch(sums_table)), (Tensor.from_torch(sums), affine_sums)):
-        want = q8ta_channel_lut(x, table, *(t.to_torch() if isinstance(t, Tensor) else t for t in sums_args))
+    device_sums = Tensor.from_torch(sums)
+    for xs, sums_args in (((x, table), ()), ((x, table), (device_sums, Tensor.from_torch(sums_table))),
+                          ((x, table), (device_sums, affine_sums)), ((None, None), (device_sums, affine_sums))):
+        want = q8ta_channel_lut(*xs, *(t.to_torch() if isinstance(t, Tensor) else t for t in sums_args))
         with Stream() as stream:
-            out = op.record(stream, Tensor.from_torch(x, layout=layout), table, *sums_args)
+            out = op.record(stream, None if xs[0] is None else Tensor.from_torch(x, layout=layout), xs[1],
+                            *sums_args, layout=layout)
             stream.run()
             raw = torch.empty(4 * layouts.packed_words(out.shape, layout), dtype=torch.int8)
             out.memory.read(raw.data_ptr(), raw.numel())
             got = out.to_torch()
-        what = f"{name} {layout} with {len(sums_args)} sums arguments"
+        what = f"{name} {layout} with {len(sums_args)} sums arguments{'' if xs[0] is not None else ', no x'}"
+        run = table_run(layout, want.shape, [want.shape[1]], not sums_args)
+        assert run > 1 or not (layout == "4C" and name == "densenet_table_c64_batch2" and not sums_args)
+        invocations = layouts.packed_words(want.shape, layout) if run == 1 else table_invocations(want.shape, run)
+        assert json.loads(dispatch_trace_path.read_text().splitlines()[-1])["global"][0] == invocations
         assert torch.equal(got, want), f"{what}: {int((got != want).sum())} values differ"
         assert torch.equal(raw, layouts.pack(want, layout)), f"{what}: padding bytes not 0"
 
