@@ -42,24 +42,27 @@ def _shift(q: torch.Tensor, slope: torch.Tensor, offset: torch.Tensor) -> torch.
     return (29 - torch.ceil(torch.log2(bound))).clamp(0, 24).to(torch.int64)
 
 
-def _estimate(q: torch.Tensor, table: torch.Tensor, lo: torch.Tensor,
-              hi: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Least-squares slope and offset per channel of ``table + 0.5`` against q over the entries
-    strictly between the clamps and their neighbours (a step's two sides at least)."""
-    t = table.to(torch.float64)
+def _near(table: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+    """The entries a least-squares estimate uses: those strictly between the clamps and their
+    neighbours, and both sides of every change (a step's two sides at least)."""
     inner = (table > lo[:, None]) & (table < hi[:, None])
-    # widen by one entry on each side, so that a step (no inner entry) still has two points
     near = inner | torch.roll(inner, 1, 1) | torch.roll(inner, -1, 1)
     changes = torch.zeros_like(inner)
     changes[:, 1:] = table[:, 1:] != table[:, :-1]
-    near |= changes | torch.roll(changes, -1, 1)
-    w = near.to(torch.float64)
-    qf = q.to(torch.float64)
+    return near | changes | torch.roll(changes, -1, 1)
+
+
+def _estimate(q: torch.Tensor, t: torch.Tensor, w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Least-squares slope and offset per channel of ``t + 0.5`` against q (both ``[C, E]``) over
+    the points `w` marks."""
+    w = w.to(torch.float64)
+    qf, tf = q.to(torch.float64), t.to(torch.float64) + 0.5
     count = w.sum(1).clamp(min=1)
     mq = (w * qf).sum(1) / count
-    mt = (w * (t + 0.5)).sum(1) / count
-    var = (w * (qf - mq[:, None]) ** 2).sum(1).clamp(min=1e-12)
-    slope = (w * (qf - mq[:, None]) * (t + 0.5 - mt[:, None])).sum(1) / var
+    mt = (w * tf).sum(1) / count
+    dq = qf - mq[:, None]
+    var = (w * dq ** 2).sum(1).clamp(min=1e-12)
+    slope = (w * dq * (tf - mt[:, None])).sum(1) / var
     return slope, mt - slope * mq
 
 
@@ -91,17 +94,19 @@ def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
     the ends of each run of equal entries constrain it (below)."""
     t = table.to(torch.int64)
     lo, hi = t.min(1).values, t.max(1).values
-    slope, offset = _estimate(q, table, lo, hi)
-    shift = _shift(q, slope, offset)
     # Within a run of equal entries the bounds are equal and q M + N is linear in q, so the run's
     # two ends bound it: the constraints are those of the runs' ends, gathered per channel (the
-    # shorter rows padded with their first end, a repeat that changes no max or min).
+    # shorter rows padded with their first end, a repeat that changes no max or min). The
+    # estimate, too, is fitted over the ends near the clamps' inside.
     ends = torch.ones_like(t, dtype=torch.bool)
     ends[:, 1:-1] = (t[:, 1:-1] != t[:, :-2]) | (t[:, 1:-1] != t[:, 2:])
     order = torch.argsort((~ends).to(torch.int8), dim=1, stable=True)[:, :int(ends.sum(1).max())]
     kept = torch.gather(ends, 1, order)
+    near = kept & torch.gather(_near(t, lo, hi), 1, order)
     order = torch.where(kept, order, order[:, :1])
     t, qs = torch.gather(t, 1, order), q[order]
+    slope, offset = _estimate(qs, t, near)
+    shift = _shift(q, slope, offset)
     unit = (1 << shift)[:, None]  # 2^S
     lower = torch.where(t > lo[:, None], t * unit, -_INT32 * _INT32)  # [C, E]
     upper = torch.where(t < hi[:, None], (t + 1) * unit - 1, _INT32 * _INT32)
