@@ -111,11 +111,10 @@ def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
     lower = torch.where(t > lo[:, None], t * unit, -_INT32 * _INT32)  # [C, E]
     upper = torch.where(t < hi[:, None], (t + 1) * unit - 1, _INT32 * _INT32)
 
-    def offsets(m: torch.Tensor, rows=slice(None)) -> tuple[torch.Tensor, torch.Tensor]:
-        """The least and greatest offsets N that work with multipliers `m` (``[c, k]``) for the
-        channels `rows`."""
-        qm = qs[rows, None, :] * m[:, :, None]
-        return (lower[rows, None, :] - qm).max(2).values, (upper[rows, None, :] - qm).min(2).values
+    def offsets(m: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The least and greatest offsets N that work with multipliers `m` (``[C, k]``)."""
+        qm = qs[:, None, :] * m[:, :, None]
+        return (lower[:, None, :] - qm).max(2).values, (upper[:, None, :] - qm).min(2).values
 
     scale = torch.pow(2.0, shift.to(torch.float64))
     estimate = torch.round(slope * scale).to(torch.int64)
@@ -124,9 +123,9 @@ def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
                     estimate - reach, estimate + reach)
     if bool((a > b).any()):
         return None
-    # the estimate first, then a bisection on the sign of the gap's slope over the channels it
-    # did not fit: the gap is convex, so if gap(m) <= gap(m + 1) a minimum lies in [a, m], else
-    # in [m + 1, b]; a channel leaves at the first m that fits
+    # the estimate first, then a bisection on the sign of the gap's slope: the gap is convex, so
+    # if gap(m) <= gap(m + 1) a minimum lies in [a, m], else in [m + 1, b]; a channel stops
+    # (a == b) at the first m that fits
     guess = torch.minimum(torch.maximum(estimate, a), b)
     n_lo, n_hi = offsets(guess[:, None])
     fits = (n_lo <= n_hi)[:, 0]
