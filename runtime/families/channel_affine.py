@@ -77,9 +77,22 @@ def fit_affine_channels(table: torch.Tensor) -> torch.Tensor | None:
     if any(f is None for f in fits):
         return None
     fit = torch.cat(fits) if fits else torch.zeros(0, 5, dtype=torch.int64)
-    if not torch.equal(affine_values(fit, q), table.to(torch.int64)):  # the bounds guarantee it; checked
-        return None
-    return fit
+    return fit if check_affine_channels(fit, table) else None  # the bounds guarantee it; checked
+
+
+def check_affine_channels(fit: torch.Tensor, table: torch.Tensor) -> bool:
+    """Whether `fit` is a ``[C, 5]`` int64 (M, N, S, lo, hi) per channel of the int8 ``[C, T]``
+    `table` that gives back every entry in the shaders' arithmetic: 0 <= S <= 24, -128 <= lo <=
+    hi <= 127, ``|q * M + N| < 2^31`` for every q, and the map of each q its entry."""
+    if fit.dtype != torch.int64 or tuple(fit.shape) != (table.shape[0], 5):
+        return False
+    m, n, s, lo, hi = fit.unbind(1)
+    if not bool(((s >= 0) & (s <= 24) & (lo >= -128) & (lo <= hi) & (hi <= 127)).all()):
+        return False
+    q = entry_values(table.shape[1])
+    if fit.shape[0] and int((q[None, :] * m[:, None] + n[:, None]).abs().max()) >= _INT32:
+        return False
+    return torch.equal(affine_values(fit, q), table.to(torch.int64))
 
 
 def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
@@ -139,11 +152,9 @@ def _fit_rows(q: torch.Tensor, table: torch.Tensor) -> torch.Tensor | None:
         fits = (gap[:, 0] <= 0) & (a < b)
         a, b = torch.where(fits, mid, a), torch.where(fits, mid, b)
     n_lo, n_hi = (v[:, 0] for v in offsets(a[:, None]))
-    n = torch.div(n_lo + n_hi, 2, rounding_mode="floor")
-    extreme = (q[None, :] * a[:, None] + n[:, None]).abs().max(1).values
-    if not bool(((n_lo <= n_hi) & (extreme < _INT32)).all()):
+    if not bool((n_lo <= n_hi).all()):
         return None
-    return torch.stack([a, n, shift, lo, hi], 1)
+    return torch.stack([a, torch.div(n_lo + n_hi, 2, rounding_mode="floor"), shift, lo, hi], 1)
 
 
 def _bracket(qs: torch.Tensor, lower: torch.Tensor, upper: torch.Tensor, has_lower: torch.Tensor,
@@ -185,10 +196,14 @@ def affine_values(fit: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
 
 
 def pack_affine_channels(table: torch.Tensor) -> torch.Tensor:
-    """The shaders' int32 words of `fit_affine_channels(table)` (module docstring) as their int8
-    bytes (the binding of the table they replace is int8), or an empty int8 tensor where no map
-    fits every channel."""
-    fit = fit_affine_channels(table)
+    """The shaders' int32 words of `fit_affine_channels(table)` (`pack_fit`)."""
+    return pack_fit(fit_affine_channels(table))
+
+
+def pack_fit(fit: torch.Tensor | None) -> torch.Tensor:
+    """The shaders' int32 words of the maps `fit` (module docstring) as their int8 bytes (the
+    binding of the table they replace is int8), or an empty int8 tensor for None (no map fits
+    every channel)."""
     if fit is None:
         return torch.zeros(0, dtype=torch.int8)
     c = fit.shape[0]

@@ -277,11 +277,12 @@ def affine_channels(table):
     """The per-channel int8 `table` ([C, 256] of int8 values, or [C, 255 K + 1] of window sums)
     as the integer affine maps that reproduce every channel's entries
     (``runtime.families.channel_affine``, packed for spec constants ``AFFINE`` and
-    ``AFFINE_SUMS``), computed once per table version; None for no table, a device table or
-    where no map fits a channel (the shaders then read the table)."""
+    ``AFFINE_SUMS``), computed once per table version and kept on disk
+    (``runtime.ops.affine_cache``); None for no table, a device table or where no map fits a
+    channel (the shaders then read the table)."""
     if not on_host(table):
         return None
-    packed = prepacked("runtime.families.channel_affine:pack_affine_channels", table)
+    packed = prepacked("runtime.ops.affine_cache:packed_affine_channels", table)
     return packed if packed.value.numel() else None
 
 
