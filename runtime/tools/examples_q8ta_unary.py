@@ -49,6 +49,7 @@ LUT_CASES = [
     L("lut_c6_h3_w7", (1, 6, 3, 7), real="42 words in 4C and 4C1W: 10 quads, then 2 words"),
     L("densenet_table_c64_batch2", (2, 64, 3, 5), real="16 channel words (tables read in tiles of 4 words in 4C), 30 pixels: a partial row of 6"),
     L("table_c48_h3_w3", (1, 48, 3, 3), real="12 channel words (3 tiles of 4 in 4C), 9 pixels: a row of 8, then a row of 1"),
+    L("table_c29_h2_w9", (1, 29, 2, 9), real="8 channel words, 3 padding channels in the last quad (4C runs with maps), 18 pixels"),
     L("mobilenetv3_classifier_hardswish", (1, 1024), real="MobileNetV3-Small classifier: linear -> hardswish (plain)"),
     L("plain_rows_odd", (3, 7), real="plain, the last word 1 value past the end"),
     L("plain_1d_5", (5,), real="plain 1-D, 3 bytes of the last word past the end"),
