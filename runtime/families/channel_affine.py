@@ -195,11 +195,6 @@ def affine_values(fit: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     return torch.maximum(torch.minimum(v >> s, hi), lo)
 
 
-def pack_affine_channels(table: torch.Tensor) -> torch.Tensor:
-    """The shaders' int32 words of `fit_affine_channels(table)` (`pack_fit`)."""
-    return pack_fit(fit_affine_channels(table))
-
-
 def pack_fit(fit: torch.Tensor | None) -> torch.Tensor:
     """The shaders' int32 words of the maps `fit` (module docstring) as their int8 bytes (the
     binding of the table they replace is int8), or an empty int8 tensor for None (no map fits

@@ -10,7 +10,7 @@ from runtime.families.channel_affine import (
     affine_values,
     entry_values,
     fit_affine_channels,
-    pack_affine_channels,
+    pack_fit,
 )
 from runtime.tools.examples_q8ta_unary import affine_channel_table
 
@@ -50,13 +50,13 @@ def test_steps_constants_and_decreasing_tables_fit():
 def test_tables_no_affine_map_gives_are_refused(row):
     table = torch.stack([torch.zeros(256, dtype=torch.int64), row]).to(torch.int8)
     assert fit_affine_channels(table) is None
-    assert pack_affine_channels(table).numel() == 0
+    assert pack_fit(None).numel() == 0
 
 
 def test_packing_is_three_ivec4_per_channel_word_padding_zero():
     table = affine_channel_table(6, 11)
     fit = fit_affine_channels(table)
-    words = pack_affine_channels(table).view(torch.int32).view(2, 3, 4)  # [c4, value, lane]
+    words = pack_fit(fit).view(torch.int32).view(2, 3, 4)  # [c4, value, lane]
     for c in range(8):
         m, n, bounds = (int(v) for v in words[c // 4, :, c % 4])
         # S in byte 0, lo and hi (signed) in bytes 1 and 2
