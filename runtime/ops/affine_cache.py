@@ -14,9 +14,10 @@ runtime/ops/stub_support.py (the spec helper `affine_channels`, through `prepack
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
-import tempfile
+import threading
 import warnings
 from pathlib import Path
 
@@ -45,17 +46,16 @@ def _read(path: Path, table: torch.Tensor) -> torch.Tensor | None:
 
 
 def _write(path: Path, fit: torch.Tensor) -> None:
-    """`fit` into `path`, atomically; a warning (once a directory) where it cannot be written."""
-    temporary = None
+    """`fit` into `path` through a temporary file renamed over it (as the pipeline cache and the
+    tuning file are written); a warning where it cannot be written."""
+    temporary = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=path.parent, delete=False) as f:
-            temporary = f.name
-            f.write(fit.contiguous().numpy().astype("<i8").tobytes())
-        os.replace(temporary, path)
+        temporary.write_bytes(fit.contiguous().numpy().astype("<i8").tobytes())
+        temporary.replace(path)
     except OSError as e:
-        if temporary is not None:
-            Path(temporary).unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)
         warnings.warn(f"the affine maps' cache {path.parent} cannot be written ({type(e).__name__}); "
                       "such tables are fitted at every load", stacklevel=2)
 
