@@ -552,7 +552,8 @@ EtvkChannelWord etvk_table_channel_word(uint item, int span, int c4s) {
 // Pixel runs (spec constant RUN > 1; 4C with the output's channel words a multiple of 4, the
 // tables as maps, AFFINE 1, and no window sums): invocation `item` writes the output's channel
 // quad `quad` (channel words 4 quad .. 4 quad + 3: 16 channels, one 16-byte unit) at RUN pixels
-// in a row, [first, end), its maps loaded once for them all. Neighbouring invocations take the
+// in a row, [first, end), its maps loaded once for them all and (by the caller) their quads all
+// loaded before the first store. Neighbouring invocations take the
 // neighbouring quads of the same pixels, so a subgroup's 16-byte accesses are runs of whole
 // pixels. Past the last run, first >= end (nothing to write). (The window sums stay on the
 // tiles of etvk_table_channel_word: their quads one pixel an invocation, the pixel fastest,
@@ -594,14 +595,20 @@ void main() {
     const EtvkTableRun r = etvk_table_run(item, quads, pc.words / uint(c4s));
     ivec4 maps[12];
     etvk_table_maps(r.quad, maps);
-    for (uint px = r.first; px < r.end; ++px) {
-      const uint at = px * uint(quads) + uint(r.quad);
-      const uvec4 x = t_x_load_word4(at);
-      uvec4 y;
-      for (int l = 0; l < 4; ++l) {
-        y[l] = etvk_affine_word4(maps, l, x[l]);
+    uvec4 x[RUN];  // all the run's loads before its first store (the compiler cannot tell t_out from t_x)
+    for (uint i = 0u; i < uint(RUN); ++i) {
+      if (r.first + i < r.end) {
+        x[i] = t_x_load_word4((r.first + i) * uint(quads) + uint(r.quad));
       }
-      t_out_store_word4(at, y);
+    }
+    for (uint i = 0u; i < uint(RUN); ++i) {
+      if (r.first + i < r.end) {
+        uvec4 y;
+        for (int l = 0; l < 4; ++l) {
+          y[l] = etvk_affine_word4(maps, l, x[i][l]);
+        }
+        t_out_store_word4((r.first + i) * uint(quads) + uint(r.quad), y);
+      }
     }
     return;
   }

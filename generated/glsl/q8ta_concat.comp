@@ -449,9 +449,24 @@ bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
 // inv_output_scale and output_zero_point. A template that expands the Jinja macro `b_channels`
 // itself imports it from this file (Jinja's `from ... import`).
 
+// Whether requantizing an input of qparams (scale, zero_point) to the output's returns every
+// value: with equal zero points and fp32(scale * inv_output_scale) == 1, fp32((q - zero_point)
+// * scale) * inv_output_scale is within 255 * 3 * 2^-24 < 0.5 of q - zero_point for every int8 q
+// (3 roundings of at most 2^-24 relative each), so it rounds to it (docs/int8_cnn_ops.md).
+bool concat_keeps(float scale, int zero_point) {
+  return zero_point == pc.output_zero_point && scale * pc.inv_output_scale == 1.0;
+}
+
 // Output word of channels 4 c4 .. 4 c4 + 3 of one pixel: a's word `a_word` holds a's channels
 // 4 c4 .. (from a's first), `b_word` b's channels 4 c4 - C_a .. (bytes before b's first 0).
+// When both inputs keep their values (concat_keeps: DenseNet's raw concats, every scale 1), their
+// bytes as they are, with no float round trip. (Taking that path for one input alone was slower
+// on the H200 where a subgroup's words mix a's and b's: benchmarks/NOTES.md, session 40.)
 uint concat_word(int c4, uint a_word, uint b_word) {
+  if (concat_keeps(pc.a_scale, pc.a_zero_point) && concat_keeps(pc.b_scale, pc.b_zero_point)) {
+    const uint a_bytes = etvk_byte_mask(pc.a_channels - c4 * 4);  // the word's bytes from a
+    return ((a_word & a_bytes) | (b_word & ~a_bytes)) & etvk_byte_mask(pc.sizes.z - c4 * 4);
+  }
   const bvec4 from_a = etvk_valid_channels(c4, pc.a_channels);
   const ivec4 q = mix(etvk_unpack_i8x4(b_word), etvk_unpack_i8x4(a_word), from_a);
   const ivec4 zero_point = mix(ivec4(pc.b_zero_point), ivec4(pc.a_zero_point), from_a);

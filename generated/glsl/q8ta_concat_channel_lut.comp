@@ -493,9 +493,24 @@ bvec4 etvk_quad_past_width(EtvkChannelWord p, int width) {
 // inv_output_scale and output_zero_point. A template that expands the Jinja macro `b_channels`
 // itself imports it from this file (Jinja's `from ... import`).
 
+// Whether requantizing an input of qparams (scale, zero_point) to the output's returns every
+// value: with equal zero points and fp32(scale * inv_output_scale) == 1, fp32((q - zero_point)
+// * scale) * inv_output_scale is within 255 * 3 * 2^-24 < 0.5 of q - zero_point for every int8 q
+// (3 roundings of at most 2^-24 relative each), so it rounds to it (docs/int8_cnn_ops.md).
+bool concat_keeps(float scale, int zero_point) {
+  return zero_point == pc.output_zero_point && scale * pc.inv_output_scale == 1.0;
+}
+
 // Output word of channels 4 c4 .. 4 c4 + 3 of one pixel: a's word `a_word` holds a's channels
 // 4 c4 .. (from a's first), `b_word` b's channels 4 c4 - C_a .. (bytes before b's first 0).
+// When both inputs keep their values (concat_keeps: DenseNet's raw concats, every scale 1), their
+// bytes as they are, with no float round trip. (Taking that path for one input alone was slower
+// on the H200 where a subgroup's words mix a's and b's: benchmarks/NOTES.md, session 40.)
 uint concat_word(int c4, uint a_word, uint b_word) {
+  if (concat_keeps(pc.a_scale, pc.a_zero_point) && concat_keeps(pc.b_scale, pc.b_zero_point)) {
+    const uint a_bytes = etvk_byte_mask(pc.a_channels - c4 * 4);  // the word's bytes from a
+    return ((a_word & a_bytes) | (b_word & ~a_bytes)) & etvk_byte_mask(pc.sizes.z - c4 * 4);
+  }
   const bvec4 from_a = etvk_valid_channels(c4, pc.a_channels);
   const ivec4 q = mix(etvk_unpack_i8x4(b_word), etvk_unpack_i8x4(a_word), from_a);
   const ivec4 zero_point = mix(ivec4(pc.b_zero_point), ivec4(pc.a_zero_point), from_a);
@@ -685,7 +700,8 @@ EtvkChannelWord etvk_table_channel_word(uint item, int span, int c4s) {
 // Pixel runs (spec constant RUN > 1; 4C with the output's channel words a multiple of 4, the
 // tables as maps, AFFINE 1, and no window sums): invocation `item` writes the output's channel
 // quad `quad` (channel words 4 quad .. 4 quad + 3: 16 channels, one 16-byte unit) at RUN pixels
-// in a row, [first, end), its maps loaded once for them all. Neighbouring invocations take the
+// in a row, [first, end), its maps loaded once for them all and (by the caller) their quads all
+// loaded before the first store. Neighbouring invocations take the
 // neighbouring quads of the same pixels, so a subgroup's 16-byte accesses are runs of whole
 // pixels. Past the last run, first >= end (nothing to write). (The window sums stay on the
 // tiles of etvk_table_channel_word: their quads one pixel an invocation, the pixel fastest,
@@ -729,19 +745,29 @@ void main() {
     const EtvkTableRun r = etvk_table_run(invocation, quads, pc.words / uint(c4s));
     ivec4 maps[12];
     etvk_table_maps(r.quad, maps);
-    for (uint px = r.first; px < r.end; ++px) {
-      const uvec4 a4 = r.quad < a_quads ? t_a_load_word4(px * uint(a_quads) + uint(r.quad)) : uvec4(0u);
-      const uvec4 b4 = r.quad < a_quads ? uvec4(0u)
-                                        : t_b_load_word4(px * uint(quads - a_quads) + uint(r.quad - a_quads));
-      uvec4 word;
-      uvec4 y;
-      for (int l = 0; l < 4; ++l) {
-        word[l] = concat_word(r.quad * 4 + l, a4[l], b4[l]);
-        y[l] = etvk_affine_word4(maps, l, word[l]);
+    // The run's quads of a or b (the quad's source: each channel word of it wholly from one),
+    // all loaded before the first store (the compiler cannot tell the outputs from a and b).
+    uvec4 source[RUN];
+    for (uint i = 0u; i < uint(RUN); ++i) {
+      const uint px = r.first + i;
+      if (px < r.end) {
+        source[i] = r.quad < a_quads ? t_a_load_word4(px * uint(a_quads) + uint(r.quad))
+                                     : t_b_load_word4(px * uint(quads - a_quads) + uint(r.quad - a_quads));
       }
-      const uint at = px * uint(quads) + uint(r.quad);
-      t_concat_store_word4(at, word);
-      t_out_store_word4(at, y);
+    }
+    for (uint i = 0u; i < uint(RUN); ++i) {
+      const uint px = r.first + i;
+      if (px < r.end) {
+        uvec4 word;
+        uvec4 y;
+        for (int l = 0; l < 4; ++l) {
+          word[l] = concat_word(r.quad * 4 + l, source[i][l], source[i][l]);
+          y[l] = etvk_affine_word4(maps, l, word[l]);
+        }
+        const uint at = px * uint(quads) + uint(r.quad);
+        t_concat_store_word4(at, word);
+        t_out_store_word4(at, y);
+      }
     }
     return;
   }
