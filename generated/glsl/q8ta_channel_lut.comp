@@ -552,12 +552,14 @@ EtvkChannelWord etvk_table_channel_word(uint item, int span, int c4s) {
 // Pixel runs (spec constant RUN > 1; 4C with the output's channel words a multiple of 4, the
 // tables as maps, AFFINE 1, and no window sums): invocation `item` writes the output's channel
 // quad `quad` (channel words 4 quad .. 4 quad + 3: 16 channels, one 16-byte unit) at RUN pixels
-// in a row, [first, end), its maps loaded once for them all and (by the caller) their quads all
-// loaded before the first store. Neighbouring invocations take the
-// neighbouring quads of the same pixels, so a subgroup's 16-byte accesses are runs of whole
-// pixels. Past the last run, first >= end (nothing to write). (The window sums stay on the
-// tiles of etvk_table_channel_word: their quads one pixel an invocation, the pixel fastest,
-// were slower there; benchmarks/NOTES.md, session 39.)
+// in a row, [first, end). The callers load the run's quads before the first store (the compiler
+// cannot tell the outputs from the inputs, so a load after a store would wait for it), then map
+// them a channel word at a time, its 3 16-byte loads of maps held across the RUN pixels instead of
+// the quad's 12 across the whole run (0.72-0.78 of the time on the H200, benchmarks/NOTES.md
+// session 40). Neighbouring invocations take the neighbouring quads of the same pixels, so a
+// subgroup's 16-byte accesses are runs of whole pixels. Past the last run, first >= end (nothing
+// to write). (The window sums stay on the tiles of etvk_table_channel_word: their quads one pixel
+// an invocation, the pixel fastest, were slower there; benchmarks/NOTES.md, session 39.)
 struct EtvkTableRun {
   int quad;
   uint first;
@@ -570,16 +572,10 @@ EtvkTableRun etvk_table_run(uint item, int quads, uint pixels) {
   return EtvkTableRun(int(item - group * uint(quads)), first, min(first + uint(RUN), pixels));
 }
 
-// The output word of x's word `x` through maps[3 l .. 3 l + 2] (a channel word's maps).
-uint etvk_affine_word4(ivec4 maps[12], int l, uint x) {
-  return etvk_pack_i8x4(etvk_affine4(etvk_unpack_i8x4(x), maps[3 * l], maps[3 * l + 1], maps[3 * l + 2]));
-}
-
-// The maps of x's channel words 4 q .. 4 q + 3 (AFFINE 1): 12 ivec4 from ivec4 12 q.
-void etvk_table_maps(int q, out ivec4 maps[12]) {
-  for (int k = 0; k < 12; ++k) {
-    maps[k] = ivec4(t_table_load_word4(uint(q * 12 + k)));
-  }
+// The output word of x's word `x`, channels 4 c4 .. 4 c4 + 3 (AFFINE 1; padding channels'
+// maps are 0).
+uint etvk_affine_word4(int c4, uint x) {
+  return etvk_pack_i8x4(etvk_channel_table4(c4, bvec4(true), etvk_unpack_i8x4(x)));
 }
 
 void main() {
@@ -593,21 +589,18 @@ void main() {
   if (RUN > 1) {
     const int quads = c4s >> 2;
     const EtvkTableRun r = etvk_table_run(item, quads, pc.words / uint(c4s));
-    ivec4 maps[12];
-    etvk_table_maps(r.quad, maps);
     uvec4 x[RUN];  // all the run's loads before its first store (the compiler cannot tell t_out from t_x)
     for (uint i = 0u; i < uint(RUN); ++i) {
-      if (r.first + i < r.end) {
-        x[i] = t_x_load_word4((r.first + i) * uint(quads) + uint(r.quad));
+      x[i] = r.first + i < r.end ? t_x_load_word4((r.first + i) * uint(quads) + uint(r.quad)) : uvec4(0u);
+    }
+    for (int l = 0; l < 4; ++l) {  // a channel word's maps at a time, for every pixel of the run
+      for (uint i = 0u; i < uint(RUN); ++i) {
+        x[i][l] = etvk_affine_word4(r.quad * 4 + l, x[i][l]);
       }
     }
     for (uint i = 0u; i < uint(RUN); ++i) {
       if (r.first + i < r.end) {
-        uvec4 y;
-        for (int l = 0; l < 4; ++l) {
-          y[l] = etvk_affine_word4(maps, l, x[i][l]);
-        }
-        t_out_store_word4((r.first + i) * uint(quads) + uint(r.quad), y);
+        t_out_store_word4((r.first + i) * uint(quads) + uint(r.quad), x[i]);
       }
     }
     return;

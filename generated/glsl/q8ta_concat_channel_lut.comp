@@ -700,12 +700,14 @@ EtvkChannelWord etvk_table_channel_word(uint item, int span, int c4s) {
 // Pixel runs (spec constant RUN > 1; 4C with the output's channel words a multiple of 4, the
 // tables as maps, AFFINE 1, and no window sums): invocation `item` writes the output's channel
 // quad `quad` (channel words 4 quad .. 4 quad + 3: 16 channels, one 16-byte unit) at RUN pixels
-// in a row, [first, end), its maps loaded once for them all and (by the caller) their quads all
-// loaded before the first store. Neighbouring invocations take the
-// neighbouring quads of the same pixels, so a subgroup's 16-byte accesses are runs of whole
-// pixels. Past the last run, first >= end (nothing to write). (The window sums stay on the
-// tiles of etvk_table_channel_word: their quads one pixel an invocation, the pixel fastest,
-// were slower there; benchmarks/NOTES.md, session 39.)
+// in a row, [first, end). The callers load the run's quads before the first store (the compiler
+// cannot tell the outputs from the inputs, so a load after a store would wait for it), then map
+// them a channel word at a time, its 3 16-byte loads of maps held across the RUN pixels instead of
+// the quad's 12 across the whole run (0.72-0.78 of the time on the H200, benchmarks/NOTES.md
+// session 40). Neighbouring invocations take the neighbouring quads of the same pixels, so a
+// subgroup's 16-byte accesses are runs of whole pixels. Past the last run, first >= end (nothing
+// to write). (The window sums stay on the tiles of etvk_table_channel_word: their quads one pixel
+// an invocation, the pixel fastest, were slower there; benchmarks/NOTES.md, session 39.)
 struct EtvkTableRun {
   int quad;
   uint first;
@@ -718,16 +720,10 @@ EtvkTableRun etvk_table_run(uint item, int quads, uint pixels) {
   return EtvkTableRun(int(item - group * uint(quads)), first, min(first + uint(RUN), pixels));
 }
 
-// The output word of x's word `x` through maps[3 l .. 3 l + 2] (a channel word's maps).
-uint etvk_affine_word4(ivec4 maps[12], int l, uint x) {
-  return etvk_pack_i8x4(etvk_affine4(etvk_unpack_i8x4(x), maps[3 * l], maps[3 * l + 1], maps[3 * l + 2]));
-}
-
-// The maps of x's channel words 4 q .. 4 q + 3 (AFFINE 1): 12 ivec4 from ivec4 12 q.
-void etvk_table_maps(int q, out ivec4 maps[12]) {
-  for (int k = 0; k < 12; ++k) {
-    maps[k] = ivec4(t_table_load_word4(uint(q * 12 + k)));
-  }
+// The output word of x's word `x`, channels 4 c4 .. 4 c4 + 3 (AFFINE 1; padding channels'
+// maps are 0).
+uint etvk_affine_word4(int c4, uint x) {
+  return etvk_pack_i8x4(etvk_channel_table4(c4, bvec4(true), etvk_unpack_i8x4(x)));
 }
 
 void main() {
@@ -743,30 +739,29 @@ void main() {
     const int quads = c4s >> 2;
     const int a_quads = pc.a_channels >> 4;  // C_a % 16 == 0: a quad is all of a or all of b
     const EtvkTableRun r = etvk_table_run(invocation, quads, pc.words / uint(c4s));
-    ivec4 maps[12];
-    etvk_table_maps(r.quad, maps);
     // The run's quads of a or b (the quad's source: each channel word of it wholly from one),
-    // all loaded before the first store (the compiler cannot tell the outputs from a and b).
-    uvec4 source[RUN];
+    // all loaded before the first store (the compiler cannot tell the outputs from a and b),
+    // then the concat's words in place and their channels' maps, a channel word's at a time.
+    uvec4 word[RUN];
+    uvec4 y[RUN];
     for (uint i = 0u; i < uint(RUN); ++i) {
       const uint px = r.first + i;
-      if (px < r.end) {
-        source[i] = r.quad < a_quads ? t_a_load_word4(px * uint(a_quads) + uint(r.quad))
-                                     : t_b_load_word4(px * uint(quads - a_quads) + uint(r.quad - a_quads));
+      word[i] = px >= r.end            ? uvec4(0u)
+                : r.quad < a_quads     ? t_a_load_word4(px * uint(a_quads) + uint(r.quad))
+                                       : t_b_load_word4(px * uint(quads - a_quads) + uint(r.quad - a_quads));
+    }
+    for (int l = 0; l < 4; ++l) {
+      for (uint i = 0u; i < uint(RUN); ++i) {
+        word[i][l] = concat_word(r.quad * 4 + l, word[i][l], word[i][l]);
+        y[i][l] = etvk_affine_word4(r.quad * 4 + l, word[i][l]);
       }
     }
     for (uint i = 0u; i < uint(RUN); ++i) {
       const uint px = r.first + i;
       if (px < r.end) {
-        uvec4 word;
-        uvec4 y;
-        for (int l = 0; l < 4; ++l) {
-          word[l] = concat_word(r.quad * 4 + l, source[i][l], source[i][l]);
-          y[l] = etvk_affine_word4(maps, l, word[l]);
-        }
         const uint at = px * uint(quads) + uint(r.quad);
-        t_concat_store_word4(at, word);
-        t_out_store_word4(at, y);
+        t_concat_store_word4(at, word[i]);
+        t_out_store_word4(at, y[i]);
       }
     }
     return;
