@@ -23,7 +23,8 @@ int32 window sums (their bytes counted) through tables, as both ops read them. W
 times the op in the same run with batch-norm and relu tables (`affine_channel_table`, the
 window sums' too), which the shaders compute as integer affine maps instead of reading them
 (`runtime.families.channel_affine`; the random tables of the other columns fit no map), and
-prints the time ratio affine / random tables. Inputs are uploaded once; timing follows
+prints the time ratio affine / random tables and the ratio of its GB/s to torch's (``a ratio``,
+as ``ratio`` is for the random tables). Inputs are uploaded once; timing follows
 benchmarks/NOTES.md (the conv benchmark's `time_ours`: back-to-back calls in one stream, ~1 s
 of warm-up replays, median of timestamped calls).
 
@@ -61,7 +62,7 @@ from runtime.vulkan.tensor import Tensor  # noqa: E402
 class Row:
     """One row, timed at each batch and layout: the op (`q8ta_<op>`) on a and b of shape [C, H, W]
     (b None: a table op, which takes x alone). `copy`: a, b and the output share their qparams
-    (DenseNet's lowered block concats: the bytes are copied, q8ta_concat's fast path). `sums`:
+    (DenseNet's lowered block concats: the shaders copy the bytes, `concat_keeps`). `sums`:
     the fused concat's table output starts with the transition's Cs = `sums` pooled channels,
     from window sums of its 2x2 pool (`TAPS` taps) through their tables (DenseNet-121's blocks
     2-4, after the first two layers: x is then a concat); the row's name spells it as `Cs|`."""
@@ -214,7 +215,8 @@ def main() -> int:
              if options.one_word else "") + " ==")
     print(f"{'shape':<32} {'batch':>5} {'layout':<6} {'GPU us':>9} {'GB/s':>8} {'torch us':>9} {'GB/s':>8} "
           f"{'ratio':>6}" + (f" {'1-word us':>9} {'q/1w':>6}" if options.one_word else "")
-          + f" {'pair us':>9} {'f/pair':>6}" + (f" {'affine us':>9} {'a/rand':>6}" if options.affine else ""))
+          + f" {'pair us':>9} {'f/pair':>6}"
+          + (f" {'affine us':>9} {'a/rand':>6} {'a ratio':>7}" if options.affine else ""))
     only = re.compile(options.only)
     for batch in (2, 1) if options.quick else (32, 1):
         for row in SHAPES:
@@ -265,7 +267,8 @@ def main() -> int:
                     affine = time_ours(op, arguments(op_kind, a_shape, b_shape, layout, row.copy, cs, affine=True),
                                        moved, s)[0]
                     record.kernel("q8ta_binary", f"{name} b{batch}", f"etvk {layout} affine tables", affine, moved)
-                    line += f" {affine * 1e6:>9.1f} {affine / ours:>6.2f}"
+                    line += (f" {affine * 1e6:>9.1f} {affine / ours:>6.2f} "
+                             f"{fmt(torch_rate and moved / affine / 1e9 / torch_rate, '.2f', 7)}")
                 print(line, flush=True)
     print(f"\n(total {time.perf_counter() - started:.0f} s)")
     return 0

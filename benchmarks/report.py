@@ -1,7 +1,7 @@
 """Benchmark report: results (JSON lines of benchmarks/results.py) -> REPORT.md and PNG plots.
 
 For each kernel group it plots where every kernel stands: memory-bound
-groups (quantize, q8ta_quantize, q8ta_binary, linear, q8ta_linear) as achieved GB/s over
+groups (quantize, q8ta_quantize, q8ta_binary, q8ta_gather_pool, linear, q8ta_linear) as achieved GB/s over
 the device's copy bandwidth measured in the same run (1.0 = as fast as
 vkCmdCopyBuffer), compute-bound ones (conv2d) in TOPS; baselines of the same
 run (torch on CUDA, cuDNN, tinygemm) sit next to ours. Tables under each
@@ -24,6 +24,7 @@ GROUPS = {
     "quantize": ("Quantize family (per tensor / per token, buffer and texture)", "GB/s"),
     "q8ta_quantize": ("q8ta_quantize / q8ta_dequantize: fp <-> packed int8 (each layout)", "GB/s"),
     "q8ta_binary": ("q8ta_binary: int8 add, mul, concat (packed layouts)", "GB/s"),
+    "q8ta_gather_pool": ("q8ta gathers and pools: shuffles, splits, pools, window sums (packed layouts)", "GB/s"),
     "linear": ("linear_qta8a_qga4w: int4 weights (weight bytes per second)", "GB/s"),
     "q8ta_linear": ("q8ta_linear: int8 weights (weight bytes per second)", "GB/s"),
     "conv2d": ("int8 conv2d (2 x MACs per second)", "TOPS"),

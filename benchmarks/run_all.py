@@ -32,8 +32,8 @@ from results import ENV  # noqa: E402
 import runtime  # noqa: E402
 from runtime.vulkan.device import get_device  # noqa: E402
 
-BENCHMARKS = ("runtime_bench.py", "q8ta_binary_bench.py", "linear_bench.py", "q8ta_linear_bench.py",
-              "conv2d_bench.py")
+BENCHMARKS = ("runtime_bench.py", "q8ta_binary_bench.py", "q8ta_gather_pool_bench.py", "linear_bench.py",
+              "q8ta_linear_bench.py", "conv2d_bench.py")
 CPU_FAMILIES = ("llvmpipe", "swiftshader")
 
 

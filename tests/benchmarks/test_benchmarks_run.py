@@ -230,3 +230,44 @@ def test_q8ta_binary_bench_times_the_fused_concat_beside_the_two_ops(tmp_path):
         assert fused > 0 and pair > 0 and abs(ratio - fused / pair) <= 0.01 + 0.01 * ratio
     records = [json.loads(line) for line in (tmp_path / "q8ta_binary.jsonl").read_text().splitlines()]
     assert sum(r.get("impl", "").endswith("concat + channel_lut") for r in records) == 6
+
+
+def test_q8ta_gather_pool_bench_times_each_op_beside_a_copy_of_its_bytes(tmp_path):
+    """A shuffle, a ceil-mode max pool, an adaptive pool and window sums in every layout, each
+    row's ratio its GB/s over the copy of the same bytes timed in the same run (the records')."""
+    result = _run([str(BENCHMARKS / "q8ta_gather_pool_bench.py"), "--quick", "--only",
+                   "(shuffle 116|max_pool 3x3 s2 ceil 480|adaptive|window_sum 2x2 128).* 2 "], "nvidia", tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    rows = [line.split() for line in result.stdout.splitlines()
+            if line.startswith(("shufflenet", "googlenet", "vgg", "densenet"))]
+    cases = {f"{' '.join(row[:-6])} b{row[-6]}" for row in rows}
+    assert cases == {"shufflenet shuffle 116x28x28 b2", "googlenet max_pool 3x3 s2 ceil 480x28x28 b2",
+                     "vgg adaptive_avg_pool 512x14x14 to 7x7 b2", "densenet window_sum 2x2 128x56x56 b2"}
+    assert [row[-5] for row in rows] == ["4W4C", "4C", "4C1W"] * 4
+    records = [json.loads(line) for line in (tmp_path / "q8ta_gather_pool.jsonl").read_text().splitlines()]
+    copies = {r["case"]: r["bytes"] / r["seconds"] for r in records if r.get("impl") == "copy"}
+    assert set(copies) == cases
+    timed = [r for r in records if r.get("impl", "").startswith("etvk ")]
+    assert len(timed) == len(rows)
+    for row, r in zip(rows, timed, strict=True):
+        assert r["case"] == f"{' '.join(row[:-6])} b{row[-6]}" and r["impl"] == f"etvk {row[-5]}"
+        ratio = r["bytes"] / r["seconds"] / copies[r["case"]]
+        assert float(row[-4]) > 0 and abs(float(row[-1]) - ratio) <= 0.006 + 0.001 * ratio
+
+
+def test_q8ta_binary_bench_times_affine_tables_beside_random_ones(tmp_path):
+    """--affine: the per-channel table rows also time tables the shaders compute as affine maps,
+    with the time ratio to the random tables' and their GB/s over torch's (n/a without CUDA)."""
+    result = _run([str(BENCHMARKS / "q8ta_binary_bench.py"), "--quick", "--affine", "--only",
+                   "(channel_lut 256x56x56|concat_lut 64\\+32 56) 2 4C$"], "nvidia", tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
+    assert result.stdout.split("\nshape", 1)[1].splitlines()[0].split()[-3:] == ["a/rand", "a", "ratio"]
+    rows = [line.split() for line in result.stdout.splitlines() if line.startswith("densenet")]
+    assert [row[1] for row in rows] == ["channel_lut", "concat_lut"]
+    records = [json.loads(line) for line in (tmp_path / "q8ta_binary.jsonl").read_text().splitlines()]
+    for row in rows:
+        case = [r for r in records if r.get("case", "").startswith(f"densenet {row[1]}")]
+        ours = next(r["seconds"] for r in case if r["impl"] == "etvk 4C")
+        affine = next(r["seconds"] for r in case if r["impl"] == "etvk 4C affine tables")
+        assert abs(float(row[-3]) - affine * 1e6) <= 0.06 and abs(float(row[-2]) - affine / ours) <= 0.006
+        assert (row[-1] == "n/a") == (not torch.cuda.is_available())
