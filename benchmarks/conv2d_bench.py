@@ -150,6 +150,13 @@ class Settings:
     coop: frozenset[str] = frozenset()  # the GEMM kernels the device runs on cooperative matrices
     copy_rate: float | None = None  # bytes read + written per second by a torch CUDA copy
 
+    @classmethod
+    def rows(cls, quick: bool, repeats: int) -> Settings:
+        """The elementwise benchmarks' settings: `repeats` replays after 1 s of warm-up, or with
+        `quick` (CPU drivers) 3 after 0.05 s, 2 calls a stream."""
+        return cls(repeats=3 if quick else repeats, warmup=0.05 if quick else 1.0,
+                   max_calls=2 if quick else MAX_CALLS)
+
 
 def shrink(case: Conv2dCase, batch: int, quick: bool) -> Conv2dCase:
     """The case at `batch`; with `quick`, spatial sizes cut to an eighth (at least 4), named."""

@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conv2d_bench import MAX_CALLS, Settings, fmt, time_ours  # noqa: E402  (also turns validation off)
+from conv2d_bench import Settings, fmt, time_ours  # noqa: E402  (also turns validation off)
 from results import Results  # noqa: E402
 from timing import open_device, time_cuda  # noqa: E402
 
@@ -206,8 +206,7 @@ def main() -> int:
         return 1
     record = Results("q8ta_binary")
     record.device(caps)
-    s = Settings(repeats=3 if options.quick else options.repeats,
-                 warmup=0.05 if options.quick else 1.0, max_calls=2 if options.quick else MAX_CALLS)
+    s = Settings.rows(options.quick, options.repeats)
     print("\n== q8ta_binary ops and int8 tables, median GPU time per call; GB/s = packed bytes "
           "of the inputs and out per second (tables not counted); torch: the same int8 traffic on "
           "CUDA (add / cat / a copy of x); ratio = our GB/s / torch's"

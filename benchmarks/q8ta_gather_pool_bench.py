@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conv2d_bench import MAX_CALLS, Settings, fmt, time_ours  # noqa: E402  (also turns validation off)
+from conv2d_bench import Settings, fmt, time_ours  # noqa: E402  (also turns validation off)
 from copy_bandwidth import copy_seconds  # noqa: E402
 from results import Results  # noqa: E402
 from timing import cuda_copy_seconds, open_device  # noqa: E402
@@ -111,8 +111,7 @@ def main() -> int:
         return 1
     record = Results("q8ta_gather_pool")
     record.device(caps)
-    s = Settings(repeats=3 if options.quick else options.repeats,
-                 warmup=0.05 if options.quick else 1.0, max_calls=2 if options.quick else MAX_CALLS)
+    s = Settings.rows(options.quick, options.repeats)
     print("\n== q8ta gathers and pools, median GPU time per call; GB/s = packed bytes of x and out "
           "per second; copy: the same bytes copied (the faster of vkCmdCopyBuffer and torch's copy_ "
           "on CUDA), same run; ratio = our GB/s / the copy's ==")
