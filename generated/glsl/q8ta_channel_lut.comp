@@ -430,9 +430,9 @@ uint etvk_affine_word(int c) {
 // 1: the map of q).
 int etvk_channel_table(int c, int q) {
   if (AFFINE == 1) {
-    const uint at = etvk_affine_word(c);
-    return etvk_affine4(ivec4(q), ivec4(int(t_table_load_word(at))), ivec4(int(t_table_load_word(at + 4u))),
-                        ivec4(int(t_table_load_word(at + 8u)))).x;
+    return etvk_affine4(ivec4(q), ivec4(int(t_table_load_word(etvk_affine_word(c)))),
+                        ivec4(int(t_table_load_word(etvk_affine_word(c) + 4u))),
+                        ivec4(int(t_table_load_word(etvk_affine_word(c) + 8u)))).x;
   }
   const int index = q + 128;
   return bitfieldExtract(int(t_table_load_word(uint(c * 64 + (index >> 2)))), (index & 3) * 8, 8);
@@ -442,9 +442,9 @@ int etvk_channel_table(int c, int q) {
 // padding channel (not `valid`) reads channel 0's table (in range): the caller writes it as 0.
 ivec4 etvk_channel_table4(int c4, bvec4 valid, ivec4 q) {
   if (AFFINE == 1) {  // padding channels' maps are 0
-    const uint at = uint(c4) * 3u;
-    return etvk_affine4(q, ivec4(t_table_load_word4(at)), ivec4(t_table_load_word4(at + 1u)),
-                        ivec4(t_table_load_word4(at + 2u)));
+    return etvk_affine4(q, ivec4(t_table_load_word4(uint(c4) * 3u)),
+                        ivec4(t_table_load_word4(uint(c4) * 3u + 1u)),
+                        ivec4(t_table_load_word4(uint(c4) * 3u + 2u)));
   }
   const ivec4 channel = mix(ivec4(0), ivec4(c4 * 4) + ivec4(0, 1, 2, 3), valid);
   ivec4 y;
@@ -474,20 +474,20 @@ ivec2 etvk_sums_pixel(EtvkChannelWord p) {
   return ivec2(n, h * W + (r - h * w4s) * 4 + p.inner);
 }
 
-// sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at pixel
-// `px` = (n, h * W + w): byte (c * T + S + offset) % 4 of that word of the table, sign-extended
-// (AFFINE_SUMS 1: the map of S).
 // The index in t_sums of channel c's window sum at pixel `px` = (n, h * W + w).
 uint etvk_sums_index(int c, ivec2 px) {
   return uint((px.x * pc.sums.x + c) * (pc.sizes.x * pc.sizes.y) + px.y);
 }
 
+// sums_table[c, S + offset] for the window sum S = sums[n, c, h, w] of channel c < Cs at pixel
+// `px` = (n, h * W + w): byte (c * T + S + offset) % 4 of that word of the table, sign-extended
+// (AFFINE_SUMS 1: the map of S).
 int etvk_sums_table(int c, ivec2 px) {
   const int S = t_sums_load(etvk_sums_index(c, px));
   if (AFFINE_SUMS == 1) {
-    const uint at = etvk_affine_word(c);
-    return etvk_affine4(ivec4(S), ivec4(int(t_sums_table_load_word(at))), ivec4(int(t_sums_table_load_word(at + 4u))),
-                        ivec4(int(t_sums_table_load_word(at + 8u)))).x;
+    return etvk_affine4(ivec4(S), ivec4(int(t_sums_table_load_word(etvk_affine_word(c)))),
+                        ivec4(int(t_sums_table_load_word(etvk_affine_word(c) + 4u))),
+                        ivec4(int(t_sums_table_load_word(etvk_affine_word(c) + 8u)))).x;
   }
   const int entry = c * pc.sums.y + S + pc.sums.z;
   return bitfieldExtract(int(t_sums_table_load_word(uint(entry >> 2))), (entry & 3) * 8, 8);
@@ -501,9 +501,9 @@ ivec4 etvk_sums_table4(int c4, ivec2 px) {
     const uint first = etvk_sums_index(c4 * 4, px);
     const ivec4 S = ivec4(t_sums_load(first), t_sums_load(first + plane), t_sums_load(first + 2u * plane),
                           t_sums_load(first + 3u * plane));
-    const uint at = uint(c4) * 3u;
-    return etvk_affine4(S, ivec4(t_sums_table_load_word4(at)), ivec4(t_sums_table_load_word4(at + 1u)),
-                        ivec4(t_sums_table_load_word4(at + 2u)));
+    return etvk_affine4(S, ivec4(t_sums_table_load_word4(uint(c4) * 3u)),
+                        ivec4(t_sums_table_load_word4(uint(c4) * 3u + 1u)),
+                        ivec4(t_sums_table_load_word4(uint(c4) * 3u + 2u)));
   }
   ivec4 y;
   for (int i = 0; i < 4; ++i) {
