@@ -308,10 +308,15 @@ void main() {
   const uint lid = team.lane;
   const uint first = team.token * pc.units;
   vec4 kept[REGS];  // sized by the spec constant
-  float sum = 0.0;
+  // Every kept unit loaded before the first store of the sum: the compiler cannot tell t_sum
+  // from the inputs, so a load after a store would wait for it (benchmarks/NOTES.md, session 40).
   for (uint i = 0u; i < uint(REGS); ++i) {
     const uint u = lid + i * WG;
     kept[i] = u < pc.units ? input_unit(first + u) : vec4(0.0);
+  }
+  float sum = 0.0;
+  for (uint i = 0u; i < uint(REGS); ++i) {
+    const uint u = lid + i * WG;
     if (u < pc.units) {
       sum = rms_add_squares(sum, kept[i]);
     }
