@@ -9,6 +9,7 @@
 #         the codegen tests that compile cooperative-matrix shaders are skipped)
 #   programs/  saved programs NAME_bB.etvk, e.g. `python -m runtime export resnet50
 #         --batch 32 --out .devkit/programs/resnet50_b32.etvk` (optional)
+#   NAME/ (optional) another revision packed by scripts/ab_tree.sh, for A/B timings in one call
 #   tools/  glslc libshaderc1 spirv-tools (.deb), unpacked under /tmp (tests compile small shaders)
 #   whl2/ (optional) transformers and torchao wheels (py3 / cp310-abi3, e.g. transformers 5.23.0,
 #         torchao 0.18.0), installed with --no-deps under /tmp/site: the decoder tests,
