@@ -36,6 +36,7 @@ import runtime  # noqa: E402
 from runtime.vulkan import layouts  # noqa: E402
 from runtime.vulkan.device import get_device  # noqa: E402
 from runtime.vulkan.layouts import PACKED_LAYOUTS  # noqa: E402
+from runtime.vulkan.stream import Stream  # noqa: E402
 from runtime.vulkan.tensor import Tensor  # noqa: E402
 
 QPARAMS = (0.031, -3, 0.027, 5)  # input scale and zero point, output scale and zero point (pools)
@@ -85,8 +86,11 @@ def scaled(row: Row, quick: bool) -> tuple[tuple[int, int, int], tuple]:
     return (c, h, w), args
 
 
-def out_bytes(out: torch.Tensor, layout: str) -> int:
-    """Bytes the op writes: packed int8, or plain (the window sums' int32)."""
+def out_bytes(op, args: tuple, layout: str) -> int:
+    """Bytes the op writes (packed int8, or plain: the window sums' int32), from the output of a
+    recording that is never run."""
+    with Stream() as stream:
+        out = op.record(stream, *args)
     return 4 * layouts.packed_words(out.shape, layout) if out.dtype == torch.int8 else out.nbytes
 
 
@@ -129,7 +133,7 @@ def main() -> int:
                 if not only.search(f"{row.name} {batch} {layout}"):
                     continue
                 device_x = Tensor.from_torch(x, layout=layout)
-                moved = 4 * layouts.packed_words(x.shape, layout) + out_bytes(op(device_x, *args), layout)
+                moved = 4 * layouts.packed_words(x.shape, layout) + out_bytes(op, (device_x, *args), layout)
                 if yardstick is None:
                     yardstick = copy_rate(moved, s)
                     record.kernel("q8ta_gather_pool", f"{row.name} b{batch}", "copy", yardstick and moved / yardstick,
