@@ -154,8 +154,8 @@ HELPERS: dict[str, tuple[str, str]] = {
         "table",
         "a host per-channel int8 table (`[C, 256]`, or `[C, 255 K + 1]` over window sums) as the "
         "integer affine maps that give every channel's entries (`runtime.families.channel_affine`, "
-        "spec constants `AFFINE`, `AFFINE_SUMS`), computed once per table version; `None` for no "
-        "table, a device table or where none fits",
+        "spec constants `AFFINE`, `AFFINE_SUMS`), computed once per table version and kept on disk "
+        "(`runtime.ops.affine_cache`); `None` for no table, a device table or where none fits",
     ),
     "copy_quads": (
         "layout=None, width=0, channel_parts=None",
