@@ -2,10 +2,12 @@
 # Packs another revision of this repository as an A/B tree for a lent GPU machine:
 #   scripts/ab_tree.sh REV NAME
 # writes .devkit/NAME/ (git-ignored, carried with .devkit) holding REV's runtime, codegen,
-# benchmarks, op specs, templates and generated/ with its SPIR-V compiled here (the device has
-# no glslc). On the device, run REV's code as a script with its tree first on the path:
+# benchmarks, tests, examples, op specs, templates and generated/ with its SPIR-V compiled here
+# (the device has no glslc). On the device, run REV's code as a script with its tree first on
+# the path:
 #   PYTHONPATH=$PWD/.devkit/NAME:/tmp/site python3 .devkit/NAME/benchmarks/program_bench.py ...
-# (not `python3 -m ...`: -m puts the working directory, this checkout, first on the path).
+# (not `python3 -m ...` from the checkout: -m puts the working directory first on the path),
+# and its tests from inside the tree: (cd .devkit/NAME && python3 -m pytest -q tests/...).
 set -euo pipefail
 if [ $# -ne 2 ]; then
   echo "usage: scripts/ab_tree.sh REV NAME (packs REV into .devkit/NAME)" >&2
@@ -26,7 +28,7 @@ echo "compiling the SPIR-V of ${commit:0:12}..."
 out="$root/.devkit/$name"
 rm -rf "$out"
 mkdir -p "$out"
-tar -C "$work/tree" --exclude=__pycache__ -cf - runtime generated codegen benchmarks op_specs templates \
-  pyproject.toml | tar -C "$out" -xf -
+tar -C "$work/tree" --exclude=__pycache__ -cf - runtime generated codegen benchmarks tests examples op_specs \
+  templates pyproject.toml | tar -C "$out" -xf -
 echo "$commit" > "$out/REVISION"
 echo "packed ${commit:0:12} into .devkit/$name ($(du -sh "$out" | cut -f1)); .devkit carries at most 64 MiB"
