@@ -2,17 +2,18 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 8, local_size_y = 1, local_size_z = 8) in;
 layout(constant_id = 3) const int LAYOUT = 2;
+layout(constant_id = 4) const int KW = 3;
+layout(constant_id = 5) const int KH = 3;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 in_sizes;
   layout(offset = 16) ivec4 out_sizes;
-  layout(offset = 32) ivec4 kernel;
-  layout(offset = 48) ivec4 pad_dil;
-  layout(offset = 64) int count_include_pad;
-  layout(offset = 68) int divisor_override;
-  layout(offset = 72) float input_scale;
-  layout(offset = 76) float inv_output_scale;
-  layout(offset = 80) int input_zero_point;
-  layout(offset = 84) int output_zero_point;
+  layout(offset = 32) ivec4 window;
+  layout(offset = 48) int count_include_pad;
+  layout(offset = 52) int divisor_override;
+  layout(offset = 56) float input_scale;
+  layout(offset = 60) float inv_output_scale;
+  layout(offset = 64) int input_zero_point;
+  layout(offset = 68) int output_zero_point;
 } pc;
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -361,24 +362,26 @@ void main() {
   const int W = pc.in_sizes.x;
   const int H = pc.in_sizes.y;
   const ivec4 in4 = ivec4(W, H, c4_count, pc.in_sizes.w);
-  const int x0 = ox * pc.kernel.z - pc.pad_dil.x;
-  const int y0 = oy * pc.kernel.w - pc.pad_dil.y;
+  const int x0 = ox * pc.window.x - pc.window.z;
+  const int y0 = oy * pc.window.y - pc.window.w;
   const bvec4 valid = etvk_valid_channels(c4, pc.in_sizes.z);
-  const int y_end = min(y0 + pc.kernel.y, H + pc.pad_dil.y);
-  const int x_end = min(x0 + pc.kernel.x, W + pc.pad_dil.x);
-  const int ya = max(y0, 0);
-  const int yb = min(y_end, H);
-  const int xa = max(x0, 0);
-  const int xb = min(x_end, W);
   // Raw values summed, the zero point taken off once: exact in int32.
   ivec4 sums = ivec4(0);
-  for (int iy = ya; iy < yb; ++iy) {
-    const uint row = etvk_packed_row(LAYOUT, in4, n, c4, iy);
-    for (int ix = xa; ix < xb; ++ix) {
-      sums += t_in_load(row + etvk_packed_col(LAYOUT, in4, ix));
+  for (int ky = 0; ky < KH; ++ky) {
+    const int iy = y0 + ky;
+    const uint row = etvk_packed_row(LAYOUT, in4, n, c4, clamp(iy, 0, H - 1));
+    for (int kx = 0; kx < KW; ++kx) {
+      const int ix = x0 + kx;
+      const ivec4 tap = t_in_load(row + etvk_packed_col(LAYOUT, in4, clamp(ix, 0, W - 1)));
+      if (uint(iy) < uint(H) && uint(ix) < uint(W)) {
+        sums += tap;
+      }
     }
   }
-  const int taps = (yb - ya) * (xb - xa);
+  // The window cut at (H + pad_y, W + pad_x); its taps inside the image are those summed.
+  const int y_end = min(y0 + KH, H + pc.window.w);
+  const int x_end = min(x0 + KW, W + pc.window.z);
+  const int taps = (min(y_end, H) - max(y0, 0)) * (min(x_end, W) - max(x0, 0));
   sums -= ivec4(pc.input_zero_point * taps);
   const int divisor = pc.divisor_override != 0 ? pc.divisor_override
                       : pc.count_include_pad != 0 ? (y_end - y0) * (x_end - x0) : taps;

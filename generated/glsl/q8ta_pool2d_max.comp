@@ -2,11 +2,14 @@
 #version 450
 layout(local_size_x_id = 0, local_size_y_id = 1, local_size_z_id = 2, local_size_x = 8, local_size_y = 1, local_size_z = 8) in;
 layout(constant_id = 3) const int LAYOUT = 2;
+layout(constant_id = 4) const int KW = 3;
+layout(constant_id = 5) const int KH = 3;
 layout(push_constant) uniform PushConstants {
   layout(offset = 0) ivec4 in_sizes;
   layout(offset = 16) ivec4 out_sizes;
-  layout(offset = 32) ivec4 kernel;
-  layout(offset = 48) ivec4 pad_dil;
+  layout(offset = 32) ivec4 window;
+  layout(offset = 48) int dilation_x;
+  layout(offset = 52) int dilation_y;
 } pc;
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -250,19 +253,18 @@ void main() {
   const int W = pc.in_sizes.x;
   const int H = pc.in_sizes.y;
   const ivec4 in4 = ivec4(W, H, c4_count, pc.in_sizes.w);
-  const int x0 = ox * pc.kernel.z - pc.pad_dil.x;
-  const int y0 = oy * pc.kernel.w - pc.pad_dil.y;
+  const int x0 = ox * pc.window.x - pc.window.z;
+  const int y0 = oy * pc.window.y - pc.window.w;
   const bvec4 valid = etvk_valid_channels(c4, pc.in_sizes.z);
   ivec4 best = ivec4(-128);
-  for (int ky = 0; ky < pc.kernel.y; ++ky) {
-    const int iy = y0 + ky * pc.pad_dil.w;
-    if (uint(iy) < uint(H)) {
-      const uint row = etvk_packed_row(LAYOUT, in4, n, c4, iy);
-      for (int kx = 0; kx < pc.kernel.x; ++kx) {
-        const int ix = x0 + kx * pc.pad_dil.z;
-        if (uint(ix) < uint(W)) {
-          best = max(best, t_in_load(row + etvk_packed_col(LAYOUT, in4, ix)));
-        }
+  for (int ky = 0; ky < KH; ++ky) {
+    const int iy = y0 + ky * pc.dilation_y;
+    const uint row = etvk_packed_row(LAYOUT, in4, n, c4, clamp(iy, 0, H - 1));
+    for (int kx = 0; kx < KW; ++kx) {
+      const int ix = x0 + kx * pc.dilation_x;
+      const ivec4 tap = t_in_load(row + etvk_packed_col(LAYOUT, in4, clamp(ix, 0, W - 1)));
+      if (uint(iy) < uint(H) && uint(ix) < uint(W)) {
+        best = max(best, tap);
       }
     }
   }

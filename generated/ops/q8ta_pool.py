@@ -111,7 +111,7 @@ def q8ta_max_pool2d(stream, x, kernel_size, stride, padding, dilation, ceil_mode
     v = op.select(variant, storage, {})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     out = stream.empty([p.N, p.C, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C, p.N], "out_sizes": [p.W_out, p.H_out, p.C, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], p.dilation[1], p.dilation[0]]}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[p.W_out, p.H_out, p.N * rt.ceil_div(p.C, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C, p.N], "out_sizes": [p.W_out, p.H_out, p.C, p.N], "window": [p.stride[1], p.stride[0], p.padding[1], p.padding[0]], "dilation_x": p.dilation[1], "dilation_y": p.dilation[0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "KW": p.KW, "KH": p.KH}, global_size=[p.W_out, p.H_out, p.N * rt.ceil_div(p.C, 4)])
     return out
 
 
@@ -125,7 +125,7 @@ Q8TA_MAX_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_max_pool2d(Tensor x, int[] kernel_size, int[] stride, int[] padding, int[] dilation, bool ceil_mode) -> Tensor",
     doc="Int8 max_pool2d (PyTorch's geometry: an empty stride is the kernel size, padding at most half the kernel, ceil_mode) in the int8 domain; padding taps never win. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:182",
+    spec="op_specs/q8ta_pool.yaml:190",
     reference="runtime.reference.q8ta_pool:q8ta_max_pool2d",
     variants=(
         ("q8ta_pool2d_max", {"POOL": "max"}),
@@ -166,7 +166,7 @@ def q8ta_avg_pool2d(stream, x, input_scale, input_zero_point, output_scale, outp
     v = op.select(variant, storage, {})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     out = stream.empty([p.N, p.C, p.H_out, p.W_out], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C, p.N], "out_sizes": [p.W_out, p.H_out, p.C, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]], "pad_dil": [p.padding[1], p.padding[0], 1, 1], "count_include_pad": int(count_include_pad), "divisor_override": divisor_override or 0, "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[p.W_out, p.H_out, p.N * rt.ceil_div(p.C, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C, p.N], "out_sizes": [p.W_out, p.H_out, p.C, p.N], "window": [p.stride[1], p.stride[0], p.padding[1], p.padding[0]], "count_include_pad": int(count_include_pad), "divisor_override": divisor_override or 0, "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "KW": p.KW, "KH": p.KH}, global_size=[p.W_out, p.H_out, p.N * rt.ceil_div(p.C, 4)])
     return out
 
 
@@ -180,7 +180,7 @@ Q8TA_AVG_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point, int[] kernel_size, int[] stride, int[] padding, bool ceil_mode, bool count_include_pad, int? divisor_override) -> Tensor",
     doc="Int8 avg_pool2d (PyTorch's geometry and divisor: count_include_pad, divisor_override, ceil_mode windows cut at size + padding): the exact int32 sum of q - input_zero_point over the taps inside the image, then float(S) * input_scale, / divisor correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:208",
+    spec="op_specs/q8ta_pool.yaml:217",
     reference="runtime.reference.q8ta_pool:q8ta_avg_pool2d",
     variants=(
         ("q8ta_pool2d_avg", {"POOL": "avg"}),
@@ -223,7 +223,7 @@ Q8TA_GLOBAL_AVG_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_global_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point) -> Tensor",
     doc="Int8 global average pooling to [N, C, 1, 1] (adaptive_avg_pool2d(1), mean over H and W), PyTorch's mean of the dequantized values bit for bit: fp32((q - input_zero_point) * input_scale) summed in PyTorch's CPU order (runtime.families.pool2d.cascade_sum), / (H*W) correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:242",
+    spec="op_specs/q8ta_pool.yaml:250",
     reference="runtime.reference.q8ta_pool:q8ta_global_avg_pool2d",
     variants=(
         ("q8ta_global_avg_pool2d", {}),
@@ -256,7 +256,7 @@ def q8ta_adaptive_avg_pool2d(stream, x, input_scale, input_zero_point, output_sc
     v = op.select(variant, storage, {})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     out = stream.empty([x.shape[0], x.shape[1], out_hw[0], out_hw[1]], torch.int8, v.binding("t_out"), op.label("out", "output"), layout=layout)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [x.shape[3], x.shape[2], x.shape[1], x.shape[0]], "out_sizes": [out_hw[1], out_hw[0], x.shape[1], x.shape[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[out_hw[1], out_hw[0], x.shape[0] * rt.ceil_div(x.shape[1], 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [x.shape[3], x.shape[2], x.shape[1], x.shape[0]], "out_sizes": [out_hw[1], out_hw[0], x.shape[1], x.shape[0]], "input_scale": input_scale, "inv_output_scale": rt.fp32_recip(output_scale), "input_zero_point": input_zero_point, "output_zero_point": output_zero_point}, spec_constants={"LAYOUT": rt.layout_code(layout), "KW": rt.ceil_div(x.shape[3], out_hw[1]) + int(x.shape[3] % out_hw[1] != 0), "KH": rt.ceil_div(x.shape[2], out_hw[0]) + int(x.shape[2] % out_hw[0] != 0)}, global_size=[out_hw[1], out_hw[0], x.shape[0] * rt.ceil_div(x.shape[1], 4)])
     return out
 
 
@@ -270,7 +270,7 @@ Q8TA_ADAPTIVE_AVG_POOL2D = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_adaptive_avg_pool2d(Tensor x, float input_scale, int input_zero_point, float output_scale, int output_zero_point, int[] output_size) -> Tensor",
     doc="Int8 adaptive_avg_pool2d to any output size (PyTorch's windows: along an axis of length L to L_out outputs, output i averages [floor(i*L/L_out), ceil((i+1)*L/L_out))): the exact int32 sum of q - input_zero_point over the window, then float(S) * input_scale, / (the window's taps) correctly rounded, requantized. A host input is packed in 4C1W; a device input keeps its layout, and the output takes the input's layout.",
-    spec="op_specs/q8ta_pool.yaml:270",
+    spec="op_specs/q8ta_pool.yaml:278",
     reference="runtime.reference.q8ta_pool:q8ta_adaptive_avg_pool2d",
     variants=(
         ("q8ta_adaptive_avg_pool2d", {}),
@@ -297,7 +297,7 @@ def q8ta_window_sum(stream, x, kernel_size, stride, *, variant=None, storage=Non
     v = op.select(variant, storage, {})
     x = stream.upload(x, v.binding("t_in"), op.label("x"), layout=layout)
     out = stream.empty([p.N, p.C, p.H_out, p.W_out], torch.int32, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C, p.N], "out_sizes": [p.W_out, p.H_out, p.C, p.N], "kernel": [p.KW, p.KH, p.stride[1], p.stride[0]]}, spec_constants={"LAYOUT": rt.layout_code(layout)}, global_size=[p.W_out, p.H_out, p.N * rt.ceil_div(p.C, 4)])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_in": x}, push={"in_sizes": [p.W, p.H, p.C, p.N], "out_sizes": [p.W_out, p.H_out, p.C, p.N], "stride_x": p.stride[1], "stride_y": p.stride[0]}, spec_constants={"LAYOUT": rt.layout_code(layout), "KW": p.KW, "KH": p.KH}, global_size=[p.W_out, p.H_out, p.N * rt.ceil_div(p.C, 4)])
     return out
 
 
@@ -311,7 +311,7 @@ Q8TA_WINDOW_SUM = rt.OpDef(
     family="q8ta_pool",
     schema="q8ta_window_sum(Tensor x, int[] kernel_size, int[] stride) -> Tensor",
     doc="The int32 sum of the raw int8 values q of each full window (PyTorch's geometry with no padding, floor mode: an empty stride is the kernel size), zero points not taken off: S in [-128 * KH * KW, 127 * KH * KW]. What an average pool of the window computes is a function of S (and the input's qparams) that a per-channel table over S holds (q8ta_channel_lut's sums; docs/int8_cnn_ops.md). A host input is packed in 4C1W; the output is a plain int32 [N, C, H_out, W_out] tensor.",
-    spec="op_specs/q8ta_pool.yaml:299",
+    spec="op_specs/q8ta_pool.yaml:311",
     reference="runtime.reference.q8ta_pool:q8ta_window_sum",
     variants=(
         ("q8ta_window_sum", {}),
