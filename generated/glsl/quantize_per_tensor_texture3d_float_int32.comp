@@ -54,29 +54,35 @@ vec4 t_in_load(ivec3 texel) { return imageLoad(t_in, texel); }
 // so correctly rounded division is built from exact products (Dekker).
 // `precise` keeps the compiler from contracting or reordering those steps.
 
-// a - q * b, exact when q is within one ulp of a / b (then it is representable).
-float etvk_residual(float a, float b, float q) {
+// x as hi + lo, each with at most 12 significant bits (Veltkamp), so that products of two
+// such parts are exact in fp32.
+vec2 etvk_split(float x) {
+  precise float c = 4097.0 * x;
+  precise float hi = c - (c - x);
+  precise float lo = x - hi;
+  return vec2(hi, lo);
+}
+
+// a - q * b with b's split given, exact when q is within one ulp of a / b (then it is
+// representable); a close estimate of it otherwise.
+float etvk_residual_split(float a, float b, vec2 b_split, float q) {
   precise float p = q * b;
-  precise float cq = 4097.0 * q;
-  precise float q_hi = cq - (cq - q);
-  precise float q_lo = q - q_hi;
-  precise float cb = 4097.0 * b;
-  precise float b_hi = cb - (cb - b);
-  precise float b_lo = b - b_hi;
-  precise float p_err = ((q_hi * b_hi - p) + q_hi * b_lo + q_lo * b_hi) + q_lo * b_lo;
+  const vec2 q_split = etvk_split(q);
+  precise float p_err = ((q_split.x * b_split.x - p) + q_split.x * b_split.y + q_split.y * b_split.x)
+                        + q_split.y * b_split.y;
   precise float r = (a - p) - p_err;
   return r;
 }
 
-// etvk_div_rn for operands in [0.5, 1) (or 0 for a): the quotient lies in (0.5, 2) and every
-// term of the residuals far from fp32's subnormals and its largest values. One Newton step
-// makes the quotient faithful; the exact residual then says on which side of the midpoint to
-// the neighbouring float a / b lies. A quotient is never exactly a midpoint, so there are no
-// ties.
-float etvk_div_rn_unit(float a, float b) {
-  precise float q0 = a / b;
-  precise float q = q0 + etvk_residual(a, b, q0) / b;
-  precise float r = etvk_residual(a, b, q);
+// a - q * b, exact when q is within one ulp of a / b (then it is representable).
+float etvk_residual(float a, float b, float q) {
+  return etvk_residual_split(a, b, etvk_split(b), q);
+}
+
+// The correctly rounded a / b from a faithful quotient q (within one ulp) and its exact
+// residual r = a - q * b: the exact residual says on which side of the midpoint to the
+// neighbouring float a / b lies. A quotient is never exactly a midpoint, so there are no ties.
+float etvk_nearest(float q, float r, float b) {
   if (r == 0.0 || q == 0.0) {
     return q;
   }
@@ -85,6 +91,15 @@ float etvk_div_rn_unit(float a, float b) {
   const float other = uintBitsToFloat(floatBitsToUint(q) + (away_from_zero ? 1u : 0xFFFFFFFFu));
   precise float gap = abs(other - q);
   return (2.0 * abs(r) > abs(b) * gap) ? other : q;
+}
+
+// etvk_div_rn for operands in [0.5, 1) (or 0 for a): the quotient lies in (0.5, 2) and every
+// term of the residuals far from fp32's subnormals and its largest values. One Newton step
+// makes the quotient faithful; etvk_nearest rounds it.
+float etvk_div_rn_unit(float a, float b) {
+  precise float q0 = a / b;
+  precise float q = q0 + etvk_residual(a, b, q0) / b;
+  return etvk_nearest(q, etvk_residual(a, b, q), b);
 }
 
 // a / b correctly rounded (to nearest even) in fp32, for normal (or zero) a, normal b and a
@@ -99,6 +114,34 @@ float etvk_div_rn(float a, float b) {
   const float ma = frexp(a, ea);
   const float mb = frexp(b, eb);
   return ldexp(etvk_div_rn_unit(ma, mb), ea - eb);
+}
+
+// A divisor shared by many etvk_div_rn_by: b scaled to [0.5, 1) (m, exponent e), m's split
+// and its reciprocal, computed once.
+struct EtvkDivisor {
+  float m;
+  vec2 split;
+  float inv;
+  int e;
+};
+
+EtvkDivisor etvk_divisor(float b) {
+  int e;
+  const float m = frexp(b, e);
+  precise float inv = 1.0 / m;
+  return EtvkDivisor(m, etvk_split(m), inv, e);
+}
+
+// etvk_div_rn(a, b) for the divisor d = etvk_divisor(b), with no division: the first quotient
+// a * (1 / m) is a few ulp off (the reciprocal's error and one rounding), which the Newton
+// step's residual, close if not exact, times the reciprocal makes faithful; its exact
+// residual then rounds it (etvk_nearest), as etvk_div_rn does.
+float etvk_div_rn_by(float a, EtvkDivisor d) {
+  int ea;
+  const float ma = frexp(a, ea);
+  precise float q0 = ma * d.inv;
+  precise float q = q0 + etvk_residual_split(ma, d.m, d.split, q0) * d.inv;
+  return ldexp(etvk_nearest(q, etvk_residual_split(ma, d.m, d.split, q), d.m), ea - d.e);
 }
 
 // etvk_quantize_clamped's value less the zero point, as an fp32 integer in [lo - zero_point,
