@@ -77,6 +77,33 @@ def _inputs_behind(value, producers: dict, inputs: list[str]) -> set[str]:
     return found
 
 
+# Inputs of at most this many values are checked as Python ints: a decode step's token and
+# position are one value each, and torch's reductions cost microseconds a call on the host.
+_SMALL = 64
+
+
+def integer_values(values: torch.Tensor) -> list[int] | torch.Tensor:
+    """The values of an integer tensor, flat: Python ints for a small one (`_SMALL`), else the
+    flat tensor."""
+    flat = values.reshape(-1)
+    return flat.tolist() if flat.numel() <= _SMALL else flat
+
+
+def value_range(values: list[int] | torch.Tensor) -> tuple[int, int]:
+    """(min, max) of non-empty `integer_values`."""
+    if isinstance(values, list):
+        return min(values), max(values)
+    low, high = torch.aminmax(values)
+    return int(low), int(high)
+
+
+def _consecutive(values: list[int] | torch.Tensor) -> bool:
+    """Whether `integer_values` step by one."""
+    if isinstance(values, list):
+        return all(b - a == 1 for a, b in zip(values, values[1:], strict=False))
+    return bool((values[1:] - values[:-1] == 1).all())
+
+
 def check_input_values(checks: list[InputCheck], env: dict[str, torch.Tensor], next_position: dict,
                        what: str) -> None:
     """Applies `checks` to the inputs in `env`; `next_position` (input -> the first position the
@@ -85,29 +112,32 @@ def check_input_values(checks: list[InputCheck], env: dict[str, torch.Tensor], n
     Raises:
         InputValueError: the first value that breaks a check, naming the input.
     """
+    seen: dict[str, tuple[list[int] | torch.Tensor, int, int]] = {}  # input -> values, min, max
     for check in checks:
-        values = env[check.input]
-        if values.numel() == 0:
+        if env[check.input].numel() == 0:
             continue
-        low, high = int(values.min()), int(values.max())
+        if check.input not in seen:
+            flat = integer_values(env[check.input])
+            seen[check.input] = (flat, *value_range(flat))
+        flat, low, high = seen[check.input]
         thing = "token id" if check.kind == "index" else "position"
         if check.kind != "consecutive" and (low < 0 or high >= check.bound):
             bad = low if low < 0 else high
             raise InputValueError(f"{what}: input {check.input!r} holds the {thing} {bad}, outside "
                                   f"[0, {check.bound})")
         if check.kind == "consecutive":
-            flat = values.reshape(-1)
-            if flat.numel() > 1 and not bool((flat[1:] - flat[:-1] == 1).all()):
+            if not _consecutive(flat):
+                shown = flat if isinstance(flat, list) else flat.tolist()
                 raise InputValueError(f"{what}: input {check.input!r} must hold consecutive positions "
-                                      f"(the program was lowered for that), got {flat.tolist()}")
+                                      f"(the program was lowered for that), got {shown}")
             continue
         if check.kind == "position":
             start = next_position.get(check.input, 0)
-            if int(values.reshape(-1)[0]) < start:
+            if int(flat[0]) < start:
                 raise InputValueError(
                     f"{what}: input {check.input!r} goes backwards: it starts at "
-                    f"{int(values.reshape(-1)[0])}, but the previous call wrote up to {start - 1}; "
+                    f"{int(flat[0])}, but the previous call wrote up to {start - 1}; "
                     "call reset() to start again")
     for check in checks:
-        if check.kind == "position" and env[check.input].numel():
-            next_position[check.input] = int(env[check.input].max()) + 1
+        if check.kind == "position" and check.input in seen:
+            next_position[check.input] = seen[check.input][2] + 1

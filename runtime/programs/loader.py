@@ -59,7 +59,7 @@ from runtime.ops import tuning
 from runtime.ops.stub_support import coop_gemm_kernels
 from runtime.programs.chunking import join_outputs, split_call
 from runtime.programs.cpu import ProgramInputError, check_inputs, run_node
-from runtime.programs.input_checks import check_input_values
+from runtime.programs.input_checks import check_input_values, integer_values, value_range
 from runtime.programs.last_token import last_token_program
 from runtime.programs.layouts import conv_geometry, resolve_layouts
 from runtime.programs.memory_plan import Request, plan_memory
@@ -554,8 +554,10 @@ def _slot_buffers(device, sizes: list[int], spare) -> list[Buffer]:
 
 def _narrowed(value, tensor: Tensor, name: str, source: str):
     """`value`, checked to fit the int32 device tensor an int64 host value is uploaded to."""
-    if value.dtype == torch.int64 and tensor.dtype == torch.int32 and value.numel() and \
-            (int(value.min()) < -2**31 or int(value.max()) >= 2**31):
+    if value.dtype != torch.int64 or tensor.dtype != torch.int32 or not value.numel():
+        return value
+    low, high = value_range(integer_values(value))
+    if low < -2**31 or high >= 2**31:
         raise ProgramInputError(f"{source}: value {name!r} holds integers outside int32, which the "
                                 "device's int32 copy of it cannot hold")
     return value
