@@ -65,7 +65,29 @@ vec4 t_weight_load(uint unit) {
 // t_weight_load (DTYPE units of 4 values), the spec constant HAS_WEIGHT and the push constants
 // inv_dim, eps and weight_offset; every step one fp32 operation (`precise`: no fma).
 
+// The sum of one row over a workgroup (the llm norms' order, docs/llm_ops.md): each invocation's
+// partial sum, then the partial sums added by a tree in shared memory (span size / 2, ..., 1),
+// every step one fp32 operation (`precise`). Shared by include/rms_norm_row.glslh and
+// llm_layer_norm.glsl.j2.
+
 shared float s_sum[gl_WorkGroupSize.x];
+
+// The row's sum from each invocation's partial sum; every invocation gets it. Call in uniform
+// control flow (it holds barriers); a second call needs a barrier() between (invocation 0
+// writes s_sum[0] while the others may still read the first total).
+float etvk_row_sum(float partial) {
+  const uint lid = gl_LocalInvocationID.x;
+  s_sum[lid] = partial;
+  barrier();
+  for (uint span = gl_WorkGroupSize.x / 2u; span > 0u; span /= 2u) {
+    if (lid < span) {
+      precise float pair = s_sum[lid] + s_sum[lid + span];
+      s_sum[lid] = pair;
+    }
+    barrier();
+  }
+  return s_sum[0];
+}
 
 // sum + x.x^2 + x.y^2 + x.z^2 + x.w^2, each product and sum rounded, in that order.
 float rms_add_squares(float sum, vec4 x) {
@@ -77,21 +99,10 @@ float rms_add_squares(float sum, vec4 x) {
   return s;
 }
 
-// inversesqrt(mean of squares + eps) of the row, from each invocation's partial sum: the
-// partial sums are added by a tree in shared memory (span size / 2, ..., 1). Every
-// invocation gets it; call in uniform control flow (it holds barriers).
+// inversesqrt(mean of squares + eps) of the row, from each invocation's partial sum (summed by
+// etvk_row_sum). Every invocation gets it; call in uniform control flow (it holds barriers).
 float rms_inverse(float partial) {
-  const uint lid = gl_LocalInvocationID.x;
-  s_sum[lid] = partial;
-  barrier();
-  for (uint span = gl_WorkGroupSize.x / 2u; span > 0u; span /= 2u) {
-    if (lid < span) {
-      precise float pair = s_sum[lid] + s_sum[lid + span];
-      s_sum[lid] = pair;
-    }
-    barrier();
-  }
-  precise float var = s_sum[0] * pc.inv_dim;
+  precise float var = etvk_row_sum(partial) * pc.inv_dim;
   return inversesqrt(var + pc.eps);
 }
 

@@ -48,6 +48,16 @@ def _check_weight_offset_finite(op, weight_offset):
         raise rt.ArgumentError(op, "weight_offset", f"must be a finite number, got {weight_offset}")
 
 
+def _check_norm_bias_shape(op, bias, x):
+    if not (bias is None or tuple(bias.shape) == (x.shape[-1],)):
+        raise rt.ArgumentError(op, "bias", f"must be None or of shape ({x.shape[-1]},) (x's last dimension), got {tuple(bias.shape)}")
+
+
+def _check_norm_bias_dtype(op, bias, x):
+    if not (bias is None or bias.dtype == x.dtype):
+        raise rt.ArgumentError(op, "bias", f"must have x's dtype {x.dtype}, got {bias.dtype}")
+
+
 def _check_x_bshd(op, x):
     if not (len(x.shape) == 4):
         raise rt.ArgumentError(op, "x", f"must be [B, S, H, D], got shape {tuple(x.shape)}")
@@ -198,7 +208,7 @@ EMBEDDING = rt.OpDef(
     family="llm",
     schema="embedding(Tensor weight, Tensor indices) -> Tensor",
     doc="out[*indices.shape, D] = weight[indices], bits copied. Host indices (int32 or int64) are checked to lie in [0, V) before anything is uploaded, then uploaded as int32; device indices are int32 and not checked (an id outside the table gives a row of zeros).",
-    spec="op_specs/llm.yaml:421",
+    spec="op_specs/llm.yaml:455",
     reference="runtime.reference.llm:embedding",
     variants=(
         ("llm_embedding_float", {"DTYPE": "float32"}),
@@ -238,7 +248,7 @@ RMS_NORM = rt.OpDef(
     family="llm",
     schema="rms_norm(Tensor x, Tensor? weight, float eps, float weight_offset=0.0) -> Tensor",
     doc="RMSNorm over the last dimension (a positive multiple of 4) in Hugging Face's order: y = dtype(float(x) * rsqrt(mean(float(x)^2) + eps)), out = dtype(float(y) * (float(weight) + weight_offset)) (no weight: out = y). weight_offset 0 is Llama's `weight * y`, 1 Gemma's `y * (1 + weight)`.",
-    spec="op_specs/llm.yaml:441",
+    spec="op_specs/llm.yaml:475",
     reference="runtime.reference.llm:rms_norm",
     variants=(
         ("llm_rms_norm_float", {"DTYPE": "float32"}),
@@ -246,6 +256,48 @@ RMS_NORM = rt.OpDef(
     ),
     record=rms_norm,
     fake=_rms_norm_fake,
+)
+
+
+def layer_norm(stream, x, weight, bias, eps, *, variant=None, storage=None):
+    """Record etvk.layer_norm.default into `stream`; returns device tensors."""
+    op = LAYER_NORM
+    rt.check_arg(op, "x", x, "Tensor")
+    rt.check_arg(op, "weight", weight, "Tensor?")
+    rt.check_arg(op, "bias", bias, "Tensor?")
+    rt.check_arg(op, "eps", eps, "float")
+    _check_x_rows_of_units(op, x)
+    _check_norm_weight_shape(op, weight, x)
+    _check_norm_weight_dtype(op, weight, x)
+    _check_norm_bias_shape(op, bias, x)
+    _check_norm_bias_dtype(op, bias, x)
+    _check_eps_valid(op, eps)
+    v = op.select(variant, storage, {"DTYPE": ("x", x.dtype)})
+    x = stream.upload(x, v.binding("t_x"), op.label("x"))
+    weight = stream.upload(weight, v.binding("t_weight"), op.label("weight"))
+    bias = stream.upload(bias, v.binding("t_bias"), op.label("bias"))
+    out = stream.empty(x.shape, x.dtype, v.binding("t_out"), op.label("out", "output"))
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_x": x, "t_weight": weight, "t_bias": bias}, push={"rows": rt.tokens(x), "units": rt.last_dim(x) // 4, "dim": float(rt.last_dim(x)), "eps": rt.fp32(eps)}, spec_constants={"HAS_WEIGHT": weight is not None, "HAS_BIAS": bias is not None}, groups=[rt.tokens(x), 1, 1])
+    return out
+
+
+def _layer_norm_fake(x, weight, bias, eps):
+    return torch.empty(x.shape, dtype=x.dtype, device=x.device)
+
+
+LAYER_NORM = rt.OpDef(
+    name="etvk.layer_norm.default",
+    family="llm",
+    schema="layer_norm(Tensor x, Tensor? weight, Tensor? bias, float eps) -> Tensor",
+    doc="LayerNorm over the last dimension (a positive multiple of 4), as PyTorch's layer_norm with the normalized shape [D]: out = dtype((x - mean) * rsqrt(var + eps) * weight + bias), the mean and the biased variance of the row in fp32 (no weight: 1; no bias: 0).",
+    spec="op_specs/llm.yaml:498",
+    reference="runtime.reference.llm:layer_norm",
+    variants=(
+        ("llm_layer_norm_float", {"DTYPE": "float32"}),
+        ("llm_layer_norm_half", {"DTYPE": "float16"}),
+    ),
+    record=layer_norm,
+    fake=_layer_norm_fake,
 )
 
 
@@ -279,7 +331,7 @@ ROPE = rt.OpDef(
     family="llm",
     schema="rope(Tensor x, Tensor cos, Tensor sin) -> Tensor",
     doc="Rotary embedding, half-rotation form, of the first R values of each head: out = cat(r * cos + rotate_half(r) * sin, x[..., R:]) with r = x[..., :R], rotate_half(r) = cat(-r[..., R/2:], r[..., :R/2]), for x [B, S, H, D] (token-major, as the q/k projections produce it) and cos, sin [B, S, R], [1, S, R] or [S, R] in x's dtype (R even, at most D; R = D rotates all), shared by the heads. Each product rounded to the dtype, then the sum; the last D - R values keep their bits: bit-identical to PyTorch's eager expression.",
-    spec="op_specs/llm.yaml:464",
+    spec="op_specs/llm.yaml:520",
     reference="runtime.reference.llm:rope",
     variants=(
         ("llm_rope_float", {"DTYPE": "float32"}),
@@ -316,7 +368,7 @@ ACT_MUL = rt.OpDef(
     family="llm",
     schema="act_mul(Tensor gate, Tensor up, str activation) -> Tensor",
     doc="out = dtype(act(gate)) * up (a gated MLP's `act_fn(gate_proj(x)) * up_proj(x)`), act 'silu', 'gelu_tanh' (GELU, tanh approximation) or 'gelu' (GELU, erf form), computed in fp32; gate and up of one shape and dtype.",
-    spec="op_specs/llm.yaml:490",
+    spec="op_specs/llm.yaml:546",
     reference="runtime.reference.llm:act_mul",
     variants=(
         ("llm_act_mul_float", {"DTYPE": "float32"}),
@@ -355,7 +407,7 @@ BINARY = rt.OpDef(
     family="llm",
     schema="binary(Tensor a, Tensor b, str operation) -> Tensor",
     doc="out = a <operation> b for operation 'add', 'sub' or 'mul', b of a's dtype broadcast to a's shape by PyTorch's rules (the output has a's shape: swap a commutative op's operands when a is the smaller one); one fp32 operation rounded to the dtype, bit-identical to PyTorch's.",
-    spec="op_specs/llm.yaml:509",
+    spec="op_specs/llm.yaml:565",
     reference="runtime.reference.llm:binary",
     variants=(
         ("llm_binary_float", {"DTYPE": "float32"}),
@@ -390,7 +442,7 @@ SCALAR = rt.OpDef(
     family="llm",
     schema="scalar(Tensor a, float value, str operation) -> Tensor",
     doc="out = a <operation> value for operation 'add' or 'mul' and a Python float, rounded as PyTorch rounds it (mul: to fp32; add: to a's dtype); one fp32 operation rounded to the dtype, bit-identical to PyTorch's.",
-    spec="op_specs/llm.yaml:532",
+    spec="op_specs/llm.yaml:588",
     reference="runtime.reference.llm:scalar",
     variants=(
         ("llm_scalar_float", {"DTYPE": "float32"}),
@@ -431,7 +483,7 @@ LINEAR = rt.OpDef(
     family="llm",
     schema="linear(Tensor x, Tensor weight, Tensor? bias) -> Tensor",
     doc="out[..., N] = x @ weight.T + bias for x [..., K] (K > 0), weight [N, K] and bias [N] or None, all of one dtype (fp32 or fp16): the products and sums in fp32 in a fixed order (docs/llm_ops.md), the result rounded to the dtype once.",
-    spec="op_specs/llm.yaml:551",
+    spec="op_specs/llm.yaml:607",
     reference="runtime.reference.llm:linear",
     variants=(
         ("llm_linear_float", {"DTYPE": "float32"}),
@@ -480,7 +532,7 @@ RMS_NORM_QUANTIZE = rt.OpDef(
     family="llm",
     schema="rms_norm_quantize(Tensor x, Tensor? weight, float eps, float weight_offset, float quant_eps) -> (Tensor, Tensor, Tensor)",
     doc="rms_norm(x, weight, eps, weight_offset) then quantize_affine_per_token_dynamic(., quant_eps) in one dispatch, bit-exact against the two ops: returns (q, scales, zero_points), int8 q of x's shape, fp32 scales and int32 zero points of shape x.shape[:-1]. fp32 only; the normalized row itself is not written.",
-    spec="op_specs/llm.yaml:575",
+    spec="op_specs/llm.yaml:631",
     reference="runtime.reference.llm:rms_norm_quantize",
     variants=(
         ("llm_rms_norm_quantize_float", {"DTYPE": "float32"}),
@@ -525,7 +577,7 @@ ACT_MUL_QUANTIZE = rt.OpDef(
     family="llm",
     schema="act_mul_quantize(Tensor gate, Tensor up, str activation, float quant_eps) -> (Tensor, Tensor, Tensor)",
     doc="act_mul(gate, up, activation) then quantize_affine_per_token_dynamic(., quant_eps) in one dispatch, bit-exact against the two ops: returns (q, scales, zero_points), int8 q of gate's shape, fp32 scales and int32 zero points of shape gate.shape[:-1]. fp32 only, the last dimension a positive multiple of 4; the product itself is not written.",
-    spec="op_specs/llm.yaml:601",
+    spec="op_specs/llm.yaml:657",
     reference="runtime.reference.llm:act_mul_quantize",
     variants=(
         ("llm_act_mul_quantize_float", {"DTYPE": "float32"}),
@@ -579,7 +631,7 @@ ADD_RMS_NORM_QUANTIZE = rt.OpDef(
     family="llm",
     schema="add_rms_norm_quantize(Tensor x, Tensor residual, Tensor? weight, float eps, float weight_offset, float quant_eps) -> (Tensor, Tensor, Tensor, Tensor)",
     doc="sum = x + residual (binary's add), then rms_norm_quantize(sum, weight, eps, weight_offset, quant_eps) in one dispatch, bit-exact against binary then rms_norm then quantize_affine_per_token_dynamic: returns (sum, q, scales, zero_points), sum of x's shape and dtype, the others as rms_norm_quantize's. A decoder's residual add and the RMSNorm that reads the new residual.",
-    spec="op_specs/llm.yaml:625",
+    spec="op_specs/llm.yaml:681",
     reference="runtime.reference.llm:add_rms_norm_quantize",
     variants=(
         ("llm_add_rms_norm_quantize_float", {"DTYPE": "float32"}),
@@ -612,7 +664,7 @@ CAST = rt.OpDef(
     family="llm",
     schema="cast(Tensor x, ScalarType dtype) -> Tensor",
     doc="x converted to dtype, between float32 and float16 (the casts of a half-precision model: RMSNorm's computation in fp32, a quantized linear's fp32 result): fp16 -> fp32 exactly, fp32 -> fp16 rounded to nearest even with overflow to infinity, bit-identical to x.to(dtype).",
-    spec="op_specs/llm.yaml:654",
+    spec="op_specs/llm.yaml:710",
     reference="runtime.reference.llm:cast",
     variants=(
         ("llm_cast_float_half", {"IN_DTYPE": "float32", "OUT_DTYPE": "float16"}),
@@ -627,6 +679,7 @@ CAST = rt.OpDef(
 OPS = (
     EMBEDDING,
     RMS_NORM,
+    LAYER_NORM,
     ROPE,
     ACT_MUL,
     BINARY,

@@ -15,6 +15,7 @@ without these patterns is left as it was:
 - ``x * rsqrt(mean(x^2, -1) + eps)`` [``* w``] -> ``etvk.rms_norm``, in half precision
   with the casts around it (x widened to fp32, the result narrowed back before ``* w``:
   Llama's fp16 form) -> one fp16 ``etvk.rms_norm``;
+- ``layer_norm(x, [D], w, b, eps)`` over the last dimension -> ``etvk.layer_norm``;
 - ``act(a) * b`` (silu, gelu, gelu tanh) -> ``etvk.act_mul``;
 - the other casts between fp32 and fp16 (Gemma's RMSNorm in fp32, a quantized linear's fp32
   result made fp16) -> ``etvk.cast``;
@@ -71,7 +72,7 @@ def lower_decoder_ops(rw: Rewriter) -> None:
     lengths = {c.input: c.bound for c in derive_input_checks(rw.program) if c.kind == "position"}
     consecutive_positions(rw, lengths)
     position_tables(rw, lengths)
-    for rewrite in (_embedding, _linear, _rms_norm, _act_mul, _cast):
+    for rewrite in (_embedding, _linear, _rms_norm, _layer_norm, _act_mul, _cast):
         for node in list(rw.program.nodes):
             if node in rw.program.nodes:
                 rewrite(rw, node)
@@ -204,6 +205,24 @@ def _rms_norm(rw: Rewriter, node: Node) -> None:
         rw.refresh()
         rw.replace_call(last, "etvk.rms_norm.default", (x, weight, add.args[1], 0.0))
         return
+
+
+def _layer_norm(rw: Rewriter, node: Node) -> None:
+    """``layer_norm(x, [D], w, b, eps)`` over the last dimension of a float x (D % 4 == 0), w and
+    b [D] constants of x's dtype or None -> ``etvk.layer_norm``."""
+    if node.target != "aten.layer_norm.default" or len(node.outputs) != 1:
+        return
+    b = bind(node)
+    x = b.get("input")
+    spec = rw.program.values.get(x.name) if isinstance(x, Ref) else None
+    if spec is None or spec.dtype not in FLOATS or not spec.shape or spec.shape[-1] % 4 \
+            or list(b.get("normalized_shape", ())) != [spec.shape[-1]]:
+        return
+    params = [b.get("weight"), b.get("bias")]
+    if not all(p is None or (isinstance(p, Const) and rw.value_spec(p) == ValueSpec((spec.shape[-1],), spec.dtype))
+               for p in params):
+        return
+    rw.replace_call(node, "etvk.layer_norm.default", (x, *params, float(b.get("eps", 1e-5))))
 
 
 def _cast(rw: Rewriter, node: Node) -> None:

@@ -7,7 +7,7 @@ order Hugging Face transformers' eager code and PyTorch's CPU kernels use:
 
 - `embedding`, `rope`, `binary`, `scalar`, `cast` are bit-identical to PyTorch's
   eager expressions, and so are the shaders;
-- `rms_norm` is Hugging Face's order, `act_mul` PyTorch's ``act(gate) * up``
+- `rms_norm` is Hugging Face's order, `layer_norm` PyTorch's, `act_mul` PyTorch's ``act(gate) * up``
   with the activation evaluated in float64; the shaders' reduction order and
   ``exp`` differ, so they are compared with the tolerances of `TOLERANCES`;
 - `rms_norm_quantize` and `act_mul_quantize` are those two followed by
@@ -35,6 +35,8 @@ from runtime.reference.quantize import quantize_affine_per_token_dynamic
 # + atol * max(1, |up|)). Ops not listed are bit-exact.
 TOLERANCES = {
     ("rms_norm", torch.float32): (2.0**-19, 0.0),
+    ("layer_norm", torch.float32): (2.0**-18, 2.0**-18),
+    ("layer_norm", torch.float16): (2.0**-9, 2.0**-14),
     ("rms_norm", torch.float16): (2.0**-9, 2.0**-23),
     ("act_mul", torch.float32): (2.0**-16, 2.0**-112),
     ("act_mul", torch.float16): (2.0**-9, 2.0**-23),
@@ -68,6 +70,16 @@ def rms_norm(x, weight, eps, weight_offset=0.0):
     offset = torch.tensor(weight_offset, dtype=torch.float64).to(torch.float32)
     w = weight.to(torch.float32) + offset
     return (y.to(torch.float32) * w).to(x.dtype)
+
+
+def layer_norm(x, weight, bias, eps):
+    """LayerNorm over the last dimension, PyTorch's: ``F.layer_norm`` of ``float32(x)`` with the
+    fp32 weight and bias (None: 1 and 0) and ``fp32(eps)``, rounded to x's dtype (PyTorch's
+    fp16 kernel computes in fp32 and rounds once, as this does)."""
+    eps32 = float(torch.tensor(eps, dtype=torch.float64).to(torch.float32))
+    w = None if weight is None else weight.to(torch.float32)
+    b = None if bias is None else bias.to(torch.float32)
+    return F.layer_norm(x.to(torch.float32), (x.shape[-1],), w, b, eps32).to(x.dtype)
 
 
 def _rotate_half(x):

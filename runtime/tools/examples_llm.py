@@ -1,4 +1,4 @@
-"""Example cases of the llm family (embedding, rms_norm, rope, act_mul, binary, scalar, linear,
+"""Example cases of the llm family (embedding, rms_norm, layer_norm, rope, act_mul, binary, scalar, linear,
 rms_norm_quantize, act_mul_quantize), as tables, and the arguments of its cast (`build_cast`).
 
 Each case names a shape from a decoder LLM (shrunk so that it runs quickly on a
@@ -44,6 +44,12 @@ CASES = [
     Case("rms_norm_no_weight_qk_norm", "rms_norm", ((1, 3, 4, 32), ()), {"eps": 1e-6}),
     Case("rms_norm_d4_many_rows", "rms_norm", ((300, 4), (4,)), {"eps": 1e-6}),
     Case("rms_norm_d200_eps0", "rms_norm", ((2, 200), (200,)), {"eps": 0.0}),
+    # layer_norm: shapes = (x, weight or (), bias or ()), option eps
+    Case("layer_norm_prefill", "layer_norm", ((1, 5, 256), (256,), (256,)), {"eps": 1e-5}),
+    Case("layer_norm_decode_d576", "layer_norm", ((1, 1, 576), (576,), (576,)), {"eps": 1e-5}),
+    Case("layer_norm_no_affine_olmo", "layer_norm", ((3, 2, 200), (), ()), {"eps": 1e-5}),
+    Case("layer_norm_weight_only", "layer_norm", ((300, 4), (4,), ()), {"eps": 1e-6}),
+    Case("layer_norm_d4160_rows", "layer_norm", ((3, 4160), (4160,), (4160,)), {"eps": 1e-5}),
     # rope: shapes = (x [B, S, H, D], cos)
     Case("rope_prefill_d64", "rope", ((1, 5, 4, 64), (1, 5, 64))),
     Case("rope_batch2_d32", "rope", ((2, 3, 2, 32), (2, 3, 32))),
@@ -121,7 +127,7 @@ QUANTIZE_CASES = [
     Case("act_mul_quantize_no_tokens", "act_mul_quantize", ((0, 8),), {"activation": "silu"}),
 ]
 BY_NAME = {case.name: case for case in CASES + QUANTIZE_CASES}
-OPS = ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar", "linear", *FUSED)
+OPS = ("embedding", "rms_norm", "layer_norm", "rope", "act_mul", "binary", "scalar", "linear", *FUSED)
 
 
 def _values(gen, shape, dtype, scale=1.0):
@@ -154,6 +160,15 @@ def inputs(case: Case, dtype: torch.dtype, seed: int | None = None) -> tuple:
             x[2] *= 100  # large values: their squares far above 1
         weight = _values(gen, w_shape, dtype) if w_shape else None
         return x, weight, o["eps"], o.get("weight_offset", 0.0)
+    if case.op == "layer_norm":
+        x_shape, w_shape, b_shape = case.shapes
+        x = _values(gen, x_shape, dtype, 3.0) + 2.0  # rows whose mean is not 0
+        if x.shape[0] >= 3:
+            x[1] = 7.0  # a constant row: its mean exact (7 * D / D), x - mean = 0, out = bias
+            x[2] *= 100  # large values: their squares far above 1
+        weight = _values(gen, w_shape, dtype) if w_shape else None
+        bias = _values(gen, b_shape, dtype) if b_shape else None
+        return x, weight, bias, o["eps"]
     if case.op == "rope":
         x_shape, cos_shape = case.shapes
         angles = torch.rand(cos_shape, generator=gen) * 6.3

@@ -92,7 +92,7 @@ def test_device_tensor_inputs(name, dtype):
 
 def test_every_variant_has_cases():
     """Each llm op has cases in the table, and each of its variants is one DTYPE."""
-    for short in ("embedding", "rms_norm", "rope", "act_mul", "binary", "scalar", "linear"):
+    for short in ("embedding", "rms_norm", "layer_norm", "rope", "act_mul", "binary", "scalar", "linear"):
         assert any(c.op == short for c in CASES), short
         assert sorted(v.axes["DTYPE"] for v in op_of(short).variants) == ["float16", "float32"]
 

@@ -8,7 +8,8 @@ RMSNorm, embedding scaling, GELU-tanh MLP, tied embeddings), Phi-3 (fused qkv an
 projections, read through slices; its rotary embedding in the partial form, here rotating all
 of each head), Phi-3 with ``partial_rotary_factor`` 0.5 (half of each head rotated, the rest
 passed through), Granite (scalar multipliers on embeddings, residuals, attention and logits),
-all with grouped-query attention. The lowering puts every node on the device (the embedding,
+all with grouped-query attention; and two LayerNorm families, OLMo (no weight nor bias) and
+StableLM (weight and bias, a quarter of each head rotated). The lowering puts every node on the device (the embedding,
 RMSNorms, the linears, one per slice of a fused projection, rotary embeddings, cache writes,
 attention, activation x up, residual adds and scalar multipliers; reshapes are views), and the
 KV cache stays there. Teacher forcing against PyTorch's own run of the exported module (logits SQNR >= 30
@@ -59,9 +60,17 @@ FAMILIES = {
 }
 
 
+# Families normalized by LayerNorm (the mean taken off, a bias): OLMo (no weight nor bias) and
+# StableLM (weight and bias; a quarter of each head rotated).
+LAYER_NORM_FAMILIES = {
+    "olmo": dict(model_type="olmo"),
+    "stablelm": dict(model_type="stablelm", partial_rotary_factor=0.25),
+}
+
+
 def config_file(folder, family: str):
     path = folder / f"{family}.json"
-    path.write_text(json.dumps({**COMMON, **FAMILIES[family]}))
+    path.write_text(json.dumps({**COMMON, **{**FAMILIES, **LAYER_NORM_FAMILIES}[family]}))
     return path
 
 
@@ -70,6 +79,18 @@ def decoder(request, tmp_path_factory):
     """(family, exported program, lowered program, file)."""
     llm_models.import_transformers()
     folder = tmp_path_factory.mktemp("decoders")
+    model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)))
+    exported = llm_models.export_decoder(model, CACHE)
+    program = runtime.lower(exported)
+    program.save(folder / f"{request.param}.etvk")
+    return request.param, exported, program, folder / f"{request.param}.etvk"
+
+
+@pytest.fixture(scope="module", params=sorted(LAYER_NORM_FAMILIES))
+def layer_norm_decoder(request, tmp_path_factory):
+    """(family, exported program, lowered program, file) of a LayerNorm family."""
+    llm_models.import_transformers()
+    folder = tmp_path_factory.mktemp("layer_norm_decoders")
     model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)))
     exported = llm_models.export_decoder(model, CACHE)
     program = runtime.lower(exported)
@@ -239,6 +260,28 @@ def test_teacher_forcing_against_pytorch(decoder):
         got, want = loaded(**inputs), module(**inputs)
         assert sqnr_db(got, program.run_reference(*inputs.values(), state=state)) >= 80, (family, position)
         assert sqnr_db(got, want) >= 30, (family, position)
+
+
+def test_layer_norm_decoders_run_on_the_device_and_follow_pytorch(layer_norm_decoder):
+    """Every node of a LayerNorm family on the device (its norms etvk.layer_norm), its cache
+    there; teacher forcing as the RMSNorm families' (>= 80 dB against the program's reference
+    run, >= 30 dB against PyTorch's) and PyTorch's greedy tokens."""
+    family, exported, program, path = layer_norm_decoder
+    targets = {n.target for n in program.nodes}
+    assert "etvk.layer_norm.default" in targets and "aten.layer_norm.default" not in targets
+    assert ATTENTION_OPS <= targets and not UNFUSED & targets
+    loaded = runtime.load(path)
+    assert set(loaded.state_placement().values()) == {"vulkan"}
+    assert [(r["node"], r["target"]) for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
+    module, state = exported.module(), program.initial_state()
+    gen = torch.Generator().manual_seed(1)
+    for position, token in enumerate(torch.randint(0, COMMON["vocab_size"], (CACHE,), generator=gen)):
+        inputs = dict(input_ids=token.reshape(1, 1), cache_position=torch.tensor([position]))
+        got, want = loaded(**inputs), module(**inputs)
+        assert sqnr_db(got, program.run_reference(*inputs.values(), state=state)) >= 80, (family, position)
+        assert sqnr_db(got, want) >= 30, (family, position)
+    loaded.reset()
+    assert runtime.generate(loaded, [5, 17, 3], 8) == greedy_reference(module, [5, 17, 3], 8)
 
 
 def test_generate_gives_pytorchs_greedy_tokens(decoder):
