@@ -9,6 +9,7 @@ layout(push_constant) uniform PushConstants {
   layout(offset = 20) float scale;
   layout(offset = 24) int chunk_keys;
   layout(offset = 28) uint chunks;
+  layout(offset = 32) int window;
 } pc;
 uint etvk_linear_invocation() {
   return gl_GlobalInvocationID.x + gl_GlobalInvocationID.y * gl_NumWorkGroups.x * gl_WorkGroupSize.x;
@@ -99,11 +100,16 @@ void main() {
   const uint token = item / HKV;  // b * S + s
   const uint s = token % S;
   const uint b = token / S;
-  const int last = min(t_positions_load(s), L - 1);  // the query's last key
+  const int position = t_positions_load(s);
+  const int last = min(position, L - 1);  // the query's last key
+  // The query's first key: 0, or the first of its sliding window.
+  const int lo = pc.window > 0 ? max(0, position - pc.window + 1) : 0;
+  const int lead = lo / pc.chunk_keys;  // the chunk holding it
   const int first = int(chunk) * pc.chunk_keys;      // this chunk's first key
-  if (chunk > 0u && first > last) {
+  if (int(chunk) != lead && (first > last || int(chunk) < lead)) {
     return;  // the whole workgroup: no key of this chunk is visible; the combine skips it
   }
+  const int start = max(first, lo);  // this chunk's first visible key
   const int end = min(last, first + pc.chunk_keys - 1);  // this chunk's last key
   // The query heads g * GROUP .. of this token are consecutive rows of q and out.
   const uint q_unit0 = (token * HQ + g * GROUP) * HEAD_UNITS;
@@ -125,7 +131,7 @@ void main() {
     }
   }
 
-  for (int base = first; base <= end; base += int(TILE)) {
+  for (int base = start; base <= end; base += int(TILE)) {
     const uint n = min(TILE, uint(end + 1 - base));  // keys of this tile
     // 1. The scores of key base + lid.
     if (lid < n) {
@@ -153,8 +159,8 @@ void main() {
       for (uint t = 1u; t < n; ++t) {
         tile_max = max(tile_max, s_w[h * TILE + t]);
       }
-      const float new_max = base == first ? tile_max : max(running_max[h], tile_max);
-      rescale[h] = base == first ? 0.0 : exp(running_max[h] - new_max);
+      const float new_max = base == start ? tile_max : max(running_max[h], tile_max);
+      rescale[h] = base == start ? 0.0 : exp(running_max[h] - new_max);
       running_max[h] = new_max;
     }
     barrier();
@@ -192,8 +198,8 @@ void main() {
     barrier();  // the next tile's scores overwrite s_w
   }
 
-  if (last < pc.chunk_keys) {
-    // Chunk 0 holds every key of the query: the output row itself.
+  if (last / pc.chunk_keys == lead) {
+    // This chunk (the lead) holds every key of the query: the output row itself.
     for (uint k = 0u; k < UNITS_PER_INVOCATION; ++k) {
       const uint u = lid + k * TILE;
       if (u >= HEAD_UNITS) {

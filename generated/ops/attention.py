@@ -48,6 +48,11 @@ def _check_scale_finite(op, scale):
         raise rt.ArgumentError(op, "scale", f"must be a finite number, got {scale}")
 
 
+def _check_window_valid(op, window):
+    if not (0 <= window < 2 ** 31):
+        raise rt.ArgumentError(op, "window", f"must be 0 (no sliding window) or a number of keys > 0, got {window}")
+
+
 def _check_cache_float(op, cache):
     if not (cache.dtype in (torch.float32, torch.float16) and cache.dim() == 4 and (cache.shape[3] > 0) and (cache.shape[3] % 4 == 0)):
         raise rt.ArgumentError(op, "cache", f"must be a float32 or float16 [B, Hkv, L, D] tensor with D a positive multiple of 4, got {cache.dtype} of shape {tuple(cache.shape)}")
@@ -98,7 +103,7 @@ def _check_sin_like_cos(op, sin, cos):
         raise rt.ArgumentError(op, "sin", f"must have cos's dtype {cos.dtype} and shape {tuple(cos.shape)}, got {sin.dtype} of shape {tuple(sin.shape)}")
 
 
-def cache_attention(stream, q, k_cache, v_cache, positions, scale, *, variant=None, storage=None):
+def cache_attention(stream, q, k_cache, v_cache, positions, scale, window=0, *, variant=None, storage=None):
     """Record etvk.cache_attention.default into `stream`; returns device tensors."""
     op = CACHE_ATTENTION
     rt.check_arg(op, "q", q, "Tensor")
@@ -106,6 +111,7 @@ def cache_attention(stream, q, k_cache, v_cache, positions, scale, *, variant=No
     rt.check_arg(op, "v_cache", v_cache, "Tensor")
     rt.check_arg(op, "positions", positions, "Tensor")
     rt.check_arg(op, "scale", scale, "float")
+    rt.check_arg(op, "window", window, "int")
     _check_q_float(op, q)
     _check_q_head_dim(op, q)
     _check_k_cache_like_q(op, k_cache, q)
@@ -114,6 +120,7 @@ def cache_attention(stream, q, k_cache, v_cache, positions, scale, *, variant=No
     _check_positions_per_query(op, positions, q)
     _check_positions_in_k_cache(op, positions, k_cache)
     _check_scale_finite(op, scale)
+    _check_window_valid(op, window)
     items = q.shape[0] * q.shape[1] * k_cache.shape[1]
     split = rt.attention_split(items, k_cache.shape[2])
     tile_keys = rt.attention_tile_keys(q.shape[1], q.shape[3])
@@ -127,25 +134,25 @@ def cache_attention(stream, q, k_cache, v_cache, positions, scale, *, variant=No
     v_cache = stream.upload(v_cache, v.binding("t_v"), op.label("v_cache"))
     positions = stream.upload(positions, v.binding("t_positions"), op.label("positions"))
     out = stream.empty(q.shape, q.dtype, v.binding("t_out"), op.label("out", "output"))
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "blocks": blocks, "groups": tiled_groups, "scale": rt.fp32(scale)}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4, "TILE_KEYS": max(tile_keys, 1), "LANES": lanes}, groups=[tiled_groups if tile_keys else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "blocks": blocks, "groups": tiled_groups, "scale": rt.fp32(scale), "window": window}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4, "TILE_KEYS": max(tile_keys, 1), "LANES": lanes}, groups=[tiled_groups if tile_keys else 0, 1, 1])
     v = op.select(variant, storage, {"DTYPE": ("q", q.dtype)}, step=1)
     partials = stream.empty([items * split.chunks * group * (q.shape[3] // 4 + 1) * 4] if split.chunks > 1 and (not tile_keys) else [4], torch.float32, v.binding("t_partials"), op.label("partials", "scratch"), scratch=True)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions, "t_partials": partials}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "items": items, "scale": rt.fp32(scale), "chunk_keys": split.chunk_keys, "chunks": split.chunks}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4}, groups=[0 if tile_keys else items * split.chunks, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_q": q, "t_k": k_cache, "t_v": v_cache, "t_positions": positions, "t_partials": partials}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "items": items, "scale": rt.fp32(scale), "chunk_keys": split.chunk_keys, "chunks": split.chunks, "window": window}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4}, groups=[0 if tile_keys else items * split.chunks, 1, 1])
     v = op.select(variant, storage, {"DTYPE": ("q", q.dtype)}, step=2)
-    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_positions": positions}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "units": rt.numel(q) // 4, "chunk_keys": split.chunk_keys, "chunks": split.chunks}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4}, global_size=[rt.numel(q) // 4 if split.chunks > 1 and (not tile_keys) else 0, 1, 1])
+    stream.dispatch(v, op.name, bindings={"t_out": out, "t_partials": partials, "t_positions": positions}, push={"sizes": [q.shape[1], q.shape[2], k_cache.shape[1], k_cache.shape[2]], "units": rt.numel(q) // 4, "chunk_keys": split.chunk_keys, "chunks": split.chunks, "window": window}, spec_constants={"GROUP": group, "HEAD_UNITS": q.shape[3] // 4}, global_size=[rt.numel(q) // 4 if split.chunks > 1 and (not tile_keys) else 0, 1, 1])
     return out
 
 
-def _cache_attention_fake(q, k_cache, v_cache, positions, scale):
+def _cache_attention_fake(q, k_cache, v_cache, positions, scale, window=0):
     return torch.empty(q.shape, dtype=q.dtype, device=q.device)
 
 
 CACHE_ATTENTION = rt.OpDef(
     name="etvk.cache_attention.default",
     family="attention",
-    schema="cache_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor positions, float scale) -> Tensor",
-    doc="out[b, s, h] = softmax_j(scale * q[b, s, h] . k_cache[b, g, j]) @ v_cache[b, g, j] over the keys j <= positions[s], g = h // (Hq / Hkv): causal grouped-query attention over a static cache; q and out [B, S, Hq, D] (token-major), caches [B, Hkv, L, D]. Scores and sums in fp32 with a max-subtracted (online) softmax; equals scaled_dot_product_attention with the kv heads repeated and mask[i, j] = j <= positions[i] within docs/attention_ops.md's tolerance. Where few (token, kv head) pairs would leave the GPU idle, their keys are split into chunks over more workgroups whose partials a second dispatch merges (flash-decoding); a call of many tokens (a prefill) instead shares each tile of keys among the (token, query head) rows of a workgroup, a few invocations a row (cache_attention_tiled).",
-    spec="op_specs/attention.yaml:244",
+    schema="cache_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor positions, float scale, int window=0) -> Tensor",
+    doc="out[b, s, h] = softmax_j(scale * q[b, s, h] . k_cache[b, g, j]) @ v_cache[b, g, j] over the keys j <= positions[s] (with a window W > 0 also j > positions[s] - W: sliding-window attention), g = h // (Hq / Hkv): causal grouped-query attention over a static cache; q and out [B, S, Hq, D] (token-major), caches [B, Hkv, L, D]. Scores and sums in fp32 with a max-subtracted (online) softmax; equals scaled_dot_product_attention with the kv heads repeated and mask[i, j] = j <= positions[i] (and j > positions[i] - W) within docs/attention_ops.md's tolerance. Where few (token, kv head) pairs would leave the GPU idle, their keys are split into chunks over more workgroups whose partials a second dispatch merges (flash-decoding); a call of many tokens (a prefill) instead shares each tile of keys among the (token, query head) rows of a workgroup, a few invocations a row (cache_attention_tiled).",
+    spec="op_specs/attention.yaml:251",
     reference="runtime.reference.attention:cache_attention",
     variants=(
         ("cache_attention_tiled_float_shuffle", {"DTYPE": "float32", "EXCHANGE": "shuffle"}),
@@ -195,7 +202,7 @@ CACHE_UPDATE = rt.OpDef(
     family="attention",
     schema="cache_update(Tensor cache, Tensor positions, Tensor value) -> Tensor",
     doc="cache[b, h, positions[s], d] = value[b, s, h, d], bit for bit: the KV-cache write of S tokens (value [B, S, Hkv, D] as the k/v projections make it, cache [B, Hkv, L, D]). The output is the cache itself: a device cache is written in place and returned; a host cache comes back as an updated copy.",
-    spec="op_specs/attention.yaml:317",
+    spec="op_specs/attention.yaml:329",
     reference="runtime.reference.attention:cache_update",
     variants=(
         ("cache_update_float", {"DTYPE": "float32"}),
@@ -257,7 +264,7 @@ ROPE_CACHE_UPDATE = rt.OpDef(
     family="attention",
     schema="rope_cache_update(Tensor q, Tensor k_new, Tensor v_new, Tensor cos, Tensor sin, Tensor k_cache, Tensor v_cache, Tensor positions) -> (Tensor, Tensor, Tensor)",
     doc="(rope(q, cos, sin), cache_update(k_cache, positions, rope(k_new, cos, sin)), cache_update(v_cache, positions, v_new)) in one dispatch: the rotary embedding of q and of the new keys (llm.yaml's rope, partial rotary included) and both KV-cache writes of an attention layer, bit-identical to those four ops. q [B, S, Hq, D] and k_new, v_new [B, S, Hkv, D] token-major, caches [B, Hkv, L, D], cos and sin [B, S, R], [1, S, R] or [S, R], all of one dtype, D a multiple of 4. Returns (rope(q), k_cache, v_cache): rope(k_new) is written to the k cache only; a device cache is written in place and returned, a host cache comes back as an updated copy.",
-    spec="op_specs/attention.yaml:337",
+    spec="op_specs/attention.yaml:349",
     reference="runtime.reference.attention:rope_cache_update",
     variants=(
         ("rope_cache_update_float", {"DTYPE": "float32"}),

@@ -6,7 +6,8 @@ rotate_half(x)*sin`` on the heads-first transpose, or its partial form: that
 of the first R values of each head, the rest concatenated after it) becomes
 ``etvk.rope`` on the token-major tensor; ``scaled_dot_product_attention``
 over the (repeated, for grouped-query attention) cache with the causal mask
-``key <= position`` becomes ``etvk.cache_attention``, whose token-major
+``key <= position`` (and a sliding window's ``key > position - W``) becomes
+``etvk.cache_attention``, whose token-major
 result the output projection reads through a view. Only where every piece
 matches (docs/llm_ops.md, docs/attention_ops.md). Pure graph work; used by
 lower_decoder.py.
@@ -21,14 +22,22 @@ import torch
 from runtime.programs.nodes import Node, Ref
 from runtime.programs.rewrite import Rewriter, bind, slice_range
 
+# Ops of each head's rows alone, which commute with the heads-first transpose: an RMSNorm of the
+# last dimension, and the casts a half-precision Gemma 3 puts around it (its norms in fp32).
+_ROW_WISE = ("etvk.rms_norm.default", "etvk.cast.default")
+
 
 def _token_major(rw: Rewriter, value) -> Ref | None:
     """The ``[B, S, H, D]`` tensor whose ``transpose(1, 2)`` `value` is, with the rotary embedding
-    of `value` (on the heads-first tensor) moved onto it as an ``etvk.rope`` node; None where
-    `value` is neither."""
+    of `value` (on the heads-first tensor) moved onto it as an ``etvk.rope`` node, and an
+    ``etvk.rms_norm`` or ``etvk.cast`` of each head's rows (`_ROW_WISE`: Gemma 3's q and k norms
+    after the transpose) as one on it; None where `value` is none of those."""
     node = rw.producer(value)
     if node is not None and node.target == "aten.transpose.int" and sorted(node.args[1:]) == [1, 2]:
         return node.args[0] if isinstance(node.args[0], Ref) else None
+    if node is not None and node.target in _ROW_WISE:
+        source = _token_major(rw, node.args[0])
+        return None if source is None else _moved(rw, node, (source, *node.args[1:]), source)
     rope = _rotary(rw, node)
     if rope is None:
         return None
@@ -36,11 +45,18 @@ def _token_major(rw: Rewriter, value) -> Ref | None:
     source = _token_major(rw, x)
     if source is None:
         return None
+    return _moved(rw, node, (source, cos, sin), source, "etvk.rope.default", "_rope")
+
+
+def _moved(rw: Rewriter, node: Node, args: tuple, source: Ref, target: str | None = None,
+           suffix: str = "_tokens") -> Ref:
+    """A `target` (default: `node`'s) node of `args` on the token-major `source`, named `node`'s
+    name and `suffix`, inserted before `node`, which stays for its other readers; its output
+    (``<node's output>_tokens``), of `source`'s spec."""
     name = f"{node.outputs[0]}_tokens"
-    spec = rw.program.values[source.name]
-    rw.program.values[name] = spec
-    rope_node = Node(f"{node.name}_rope", "etvk.rope.default", (source, cos, sin), {}, (name,))
-    rw.program.nodes.insert(rw.program.nodes.index(node), rope_node)
+    rw.program.values[name] = rw.program.values[source.name]
+    moved = Node(f"{node.name}{suffix}", target or node.target, args, dict(node.kwargs), (name,))
+    rw.program.nodes.insert(rw.program.nodes.index(node), moved)
     rw.refresh()
     return Ref(name)
 
@@ -149,26 +165,34 @@ def _cache_update(rw: Rewriter, cache: Ref) -> Node | None:
 _BOOL_CASTS = ("aten.to.dtype", "aten.to.dtype_layout", "aten._to_copy.default")
 
 
-def _causal_positions(rw: Rewriter, mask, length: int) -> Ref | None:
-    """P where `mask` is ``expand(le(keys, unsqueezed P))``: key j visible to query i iff j <= P[i],
-    keys ``arange(length)`` (plus 0). A sliding window of W >= `length` positions ANDed to it
-    (``gt(keys, P - W)``, as Mistral-style exports add) and all-true ``new_ones`` change
-    nothing for positions inside the cache (the input checks keep them there)."""
+def _causal_positions(rw: Rewriter, mask, length: int) -> tuple[Ref, int] | None:
+    """(P, W) where `mask` is ``expand(le(keys, unsqueezed P))``: key j visible to query i iff
+    j <= P[i], keys ``arange(length)`` (plus 0), W = 0; or that ANDed with a sliding window
+    ``gt(keys, P - W)`` (j > P[i] - W), W < `length` (a window of at least `length` keys
+    changes nothing for positions inside the cache, which the input checks keep them in: W =
+    0). All-true ``new_ones`` ANDed to it change nothing."""
     expand = rw.made_by(mask, "aten.expand.default")
     leaves = _conjuncts(rw, expand.args[0] if expand else mask)
     causal = [n for n in leaves if n.target == "aten.le.Tensor"]
     if len(causal) != 1:
         return None
     le = causal[0]
+    windows = []
     for other in leaves:
-        if other is not le and not _always_true(rw, other, le, length):
+        if other is le or (other.target == "aten.new_ones.default" and other.kwargs.get("dtype") == torch.bool):
+            continue
+        window = _window(rw, other, le)
+        if window is None:
             return None
+        windows.append(window)
+    if len(windows) > 1:
+        return None
     keys, queries = (_squeezed(rw, a) for a in le.args)
     add = rw.made_by(keys, "aten.add.Tensor")
     arange = rw.made_by(add.args[0] if add and add.args[1] == 0 else keys, "aten.arange.default")
     if arange is None or arange.args[:1] != (length,) or not isinstance(queries, Ref):
         return None
-    return queries
+    return queries, (windows[0] if windows and windows[0] < length else 0)
 
 
 def _conjuncts(rw: Rewriter, value) -> list[Node]:
@@ -184,17 +208,16 @@ def _conjuncts(rw: Rewriter, value) -> list[Node]:
     return [node]
 
 
-def _always_true(rw: Rewriter, node: Node, causal: Node, length: int) -> bool:
-    """Whether `node` is true wherever `causal` (``le(keys, queries)``) can be evaluated on
-    positions in [0, length): an all-true ``new_ones``, or ``gt(keys, queries - W)`` with
-    W >= length."""
-    if node.target == "aten.new_ones.default":
-        return node.kwargs.get("dtype") == torch.bool
+def _window(rw: Rewriter, node: Node, causal: Node) -> int | None:
+    """W where `node` is ``gt(keys, queries - W)`` on `causal`'s (``le(keys, queries)``) keys
+    and queries, W >= 1 a Python int; None where it is not."""
     if node.target != "aten.gt.Tensor" or node.args[0] != causal.args[0]:
-        return False
+        return None
     shifted = rw.made_by(node.args[1], "aten.sub.Tensor")
-    return shifted is not None and shifted.args[0] == causal.args[1] and isinstance(shifted.args[1], int) \
-        and shifted.args[1] >= length and bind(shifted).get("alpha", 1) == 1
+    if shifted is None or shifted.args[0] != causal.args[1] or not isinstance(shifted.args[1], int) \
+            or shifted.args[1] < 1 or bind(shifted).get("alpha", 1) != 1:
+        return None
+    return shifted.args[1]
 
 
 def _squeezed(rw: Rewriter, value):
@@ -216,7 +239,8 @@ def lower_attention(rw: Rewriter, sdpa: Node) -> None:
         return
     q_shape = rw.program.values[b["query"].name].shape
     length = rw.program.values[caches[0].name].shape[2]
-    positions = _causal_positions(rw, b["attn_mask"], length)
+    found = _causal_positions(rw, b["attn_mask"], length)
+    positions, window = found if found is not None else (None, 0)
     if positions is not None and rw.program.values[positions.name].shape != (q_shape[2],):
         return
     out = rw.only_user(sdpa)
@@ -232,8 +256,8 @@ def lower_attention(rw: Rewriter, sdpa: Node) -> None:
         return
     scale = b.get("scale")
     scale = 1.0 / math.sqrt(q_shape[-1]) if scale is None else float(scale)
-    attention = Node(f"{sdpa.name}_etvk", "etvk.cache_attention.default",
-                     (query, Ref(updates[0].outputs[0]), Ref(updates[1].outputs[0]), positions, scale),
+    args = (query, Ref(updates[0].outputs[0]), Ref(updates[1].outputs[0]), positions, scale)
+    attention = Node(f"{sdpa.name}_etvk", "etvk.cache_attention.default", args + ((window,) if window else ()),
                      {}, out.outputs)
     rw.program.nodes[rw.program.nodes.index(out)] = attention
     rw.refresh()

@@ -34,15 +34,25 @@ def _repeat_kv(cache: torch.Tensor, group: int) -> torch.Tensor:
     return cache.repeat_interleave(group, dim=1)
 
 
-def _visible(positions: torch.Tensor, keys: int) -> torch.Tensor:
-    """mask[i, j] = j <= positions[i], as a [S, keys] boolean tensor."""
-    return torch.arange(keys)[None, :] <= positions.to(torch.int64)[:, None]
+def _visible(positions: torch.Tensor, keys: int, window: int = 0, first: int = 0) -> torch.Tensor:
+    """mask[i, j] = j <= positions[i], and with a window W > 0 also j > positions[i] - W, as a
+    [S, keys - first] boolean tensor of the keys first .. keys - 1."""
+    j, p = torch.arange(first, keys)[None, :], positions.to(torch.int64)[:, None]
+    return (j <= p) & (j > p - window) if window else j <= p
 
 
-def cache_attention(q, k_cache, v_cache, positions, scale):
+def _key_range(positions: torch.Tensor, window: int) -> tuple[int, int]:
+    """(first, end): the keys some query sees lie in [first, end): from the earliest window's
+    first key (0 without a window) to the largest position."""
+    end = int(positions.max()) + 1
+    return (max(0, int(positions.min()) - window + 1) if window else 0), end
+
+
+def cache_attention(q, k_cache, v_cache, positions, scale, window=0):
     """Causal grouped-query attention of q [B, S, Hq, D] over the caches [B, Hkv, L, D].
 
-    Only keys 0 .. max(positions) are read. Scores ``(q . k) * fp32(scale)`` in
+    Only keys 0 .. max(positions) are read, and with a window W > 0 a query at position p takes
+    the keys p - W + 1 .. p alone (none before the earliest window is read). Scores ``(q . k) * fp32(scale)`` in
     fp32, a max-subtracted softmax in fp32, the weighted sum of the value rows
     in fp32, rounded once to q's dtype.
 
@@ -52,19 +62,20 @@ def cache_attention(q, k_cache, v_cache, positions, scale):
     batch, tokens, heads, dim = q.shape
     if q.numel() == 0:
         return torch.empty(q.shape, dtype=q.dtype)
-    keys = int(positions.max()) + 1
+    first, keys = _key_range(positions, window)
     group = heads // k_cache.shape[1]
-    k = _repeat_kv(k_cache[:, :, :keys].float(), group)  # [B, Hq, keys, D]
-    v = _repeat_kv(v_cache[:, :, :keys].float(), group)
+    k = _repeat_kv(k_cache[:, :, first:keys].float(), group)  # [B, Hq, keys - first, D]
+    v = _repeat_kv(v_cache[:, :, first:keys].float(), group)
     scores = torch.matmul(q.float().transpose(1, 2), k.transpose(2, 3)) * fp32(scale)
-    scores = scores.masked_fill(~_visible(positions, keys), -math.inf)
+    scores = scores.masked_fill(~_visible(positions, keys, window, first), -math.inf)
     out = torch.matmul(torch.softmax(scores, dim=-1), v)  # [B, Hq, S, D]
     return out.transpose(1, 2).to(q.dtype).contiguous()
 
 
-def exact_attention(q, k_cache, v_cache, positions, scale):
+def exact_attention(q, k_cache, v_cache, positions, scale, window=0):
     """The result `cache_attention` approximates: ``scaled_dot_product_attention`` in
-    float64 over the whole cache, kv heads repeated, ``mask[i, j] = j <= positions[i]``.
+    float64 over the whole cache, kv heads repeated, ``mask[i, j] = j <= positions[i]`` (and
+    ``j > positions[i] - window`` with a window).
 
     Returns:
         float64 ``[B, S, Hq, D]``.
@@ -72,12 +83,12 @@ def exact_attention(q, k_cache, v_cache, positions, scale):
     group = q.shape[2] // k_cache.shape[1]
     out = torch.nn.functional.scaled_dot_product_attention(
         q.double().transpose(1, 2), _repeat_kv(k_cache.double(), group),
-        _repeat_kv(v_cache.double(), group), attn_mask=_visible(positions, k_cache.shape[2]),
+        _repeat_kv(v_cache.double(), group), attn_mask=_visible(positions, k_cache.shape[2], window),
         scale=scale)
     return out.transpose(1, 2)
 
 
-def attention_tolerance(q, k_cache, v_cache, positions, scale) -> float:
+def attention_tolerance(q, k_cache, v_cache, positions, scale, window=0) -> float:
     """How far an fp32 evaluation of `cache_attention`, rounded to q's dtype, may be from
     `exact_attention` (docs/attention_ops.md, "Tolerances").
 
@@ -88,12 +99,12 @@ def attention_tolerance(q, k_cache, v_cache, positions, scale) -> float:
     """
     if q.numel() == 0:
         return 0.0
-    keys = int(positions.max()) + 1
+    first, keys = _key_range(positions, window)
     group = q.shape[2] // k_cache.shape[1]
-    k = _repeat_kv(k_cache[:, :, :keys].double().abs(), group)
+    k = _repeat_kv(k_cache[:, :, first:keys].double().abs(), group)
     magnitudes = torch.matmul(q.double().abs().transpose(1, 2), k.transpose(2, 3)) * abs(scale)
-    largest_score = float(magnitudes.masked_fill(~_visible(positions, keys), 0.0).max())
-    largest_value = float(v_cache[:, :, :keys].double().abs().max())
+    largest_score = float(magnitudes.masked_fill(~_visible(positions, keys, window, first), 0.0).max())
+    largest_value = float(v_cache[:, :, first:keys].double().abs().max())
     rounding = FP16_ROUNDING if q.dtype == torch.float16 else 0.0
     return largest_value * (FP32_ERROR * (1.0 + largest_score + math.log2(keys)) + rounding)
 

@@ -42,6 +42,7 @@ class AttentionCase:
     positions_dtype: torch.dtype = torch.int64
     amplitude: float = 1.0  # of q and k: scores grow with its square
     scale: float | None = None  # None: 1 / sqrt(head_dim)
+    window: int = 0  # a sliding window of keys (0: none)
 
     @property
     def attention_scale(self) -> float:
@@ -72,6 +73,13 @@ ATTENTION_CASES = [
     AttentionCase("large_scores", 1, 4, 2, 80, 32, (40, 79), amplitude=6.0),
     AttentionCase("explicit_negative_scale", 2, 4, 2, 12, 4, (2, 11), scale=-0.3),
     AttentionCase("no_query_tokens", 1, 4, 2, 8, 8, ()),
+    # sliding windows: the keys p - W + 1 .. p of a query at p
+    AttentionCase("decode_window_in_one_later_chunk", 1, 8, 2, 96, 64, (70,), window=5),
+    AttentionCase("decode_window_over_three_chunks", 1, 4, 4, 160, 8, (150,), window=90),
+    AttentionCase("decode_window_wider_than_the_position", 1, 4, 2, 24, 8, (10,), window=50),
+    AttentionCase("prefill_window_gqa3", 1, 6, 2, 40, 16, tuple(range(20)), window=6),
+    AttentionCase("chunked_prefill_window_gaps_batch2", 2, 4, 1, 150, 12, (3, 63, 64, 130), window=40),
+    AttentionCase("window_of_one_key", 1, 4, 2, 20, 8, (0, 7, 19), torch.int32, window=1),
 ]
 UPDATE_CASES = [
     UpdateCase("decode_one_token", 1, 2, 32, 8, (17,)),
@@ -137,16 +145,19 @@ def sdpa_caches(case: AttentionCase, dtype: torch.dtype, seed: int | None = None
 
 def attention_inputs(case: AttentionCase, dtype: torch.dtype, seed: int | None = None) -> tuple:
     """Arguments of ``etvk.cache_attention`` for ``case`` in ``dtype``, in schema order; the
-    cache rows past the largest position (never to be read) are NaN."""
+    cache rows past the largest position and, with a window, before every query's window
+    (never to be read) are NaN."""
     k, v = sdpa_caches(case, dtype, seed)
     gen = _generator(case.name + " q", None if seed is None else seed + 1)
     shape = (case.batch, len(case.positions), case.heads, case.head_dim)
     q = (torch.randn(shape, generator=gen) * case.amplitude).to(dtype)
     filled = max(case.positions, default=-1) + 1
+    unseen = min((max(0, p - case.window + 1) for p in case.positions), default=0) if case.window else 0
     k, v = k.clone(), v.clone()
-    k[:, :, filled:] = math.nan
-    v[:, :, filled:] = math.nan
-    return q, k, v, _positions(case), case.attention_scale
+    for rows in (slice(filled, None), slice(0, unseen)):
+        k[:, :, rows] = math.nan
+        v[:, :, rows] = math.nan
+    return q, k, v, _positions(case), case.attention_scale, case.window
 
 
 def special_values(count: int, dtype: torch.dtype, gen: torch.Generator) -> torch.Tensor:

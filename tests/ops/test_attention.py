@@ -82,7 +82,9 @@ def split_of(case):
 
 def chunks_with_keys(case) -> int:
     """The most chunks one query of `case` finds keys in (0 without queries)."""
-    return max((p // split_of(case).chunk_keys + 1 for p in case.positions), default=0)
+    size = split_of(case).chunk_keys
+    return max((p // size - (max(0, p - case.window + 1) // size if case.window else 0) + 1
+                for p in case.positions), default=0)
 
 
 def tiled_of(case) -> int:
@@ -117,9 +119,9 @@ def dispatched(trace_path, call) -> list[str]:
 
 def exact(case, args):
     """PyTorch's float64 attention over the caches with finite values past the positions."""
-    q, _, _, positions, scale = args
+    q, _, _, positions, scale, window = args
     k, v = sdpa_caches(case, q.dtype)
-    return ref.exact_attention(q, k, v, positions, scale)
+    return ref.exact_attention(q, k, v, positions, scale, window)
 
 
 def assert_within(got, want, tol, what):
@@ -333,7 +335,7 @@ def test_the_reference_is_within_tolerance_on_random_shapes():
 def test_the_large_scores_case_overflows_an_unshifted_softmax():
     """Its scores pass fp32's exp range, so only a max-subtracted softmax gets it right."""
     case = ATTENTION_BY_NAME["large_scores"]
-    q, k, _, positions, scale = attention_inputs(case, torch.float32)
+    q, k, _, positions, scale, _ = attention_inputs(case, torch.float32)
     scores = torch.einsum("bshd,bhld->bhsl", q, k[:, :, : max(case.positions) + 1].repeat_interleave(2, 1))
     assert float((scores * scale).max()) > 89.0  # exp(89) is inf in fp32
 
@@ -341,7 +343,7 @@ def test_the_large_scores_case_overflows_an_unshifted_softmax():
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 def test_int32_and_int64_positions_and_device_tensors_agree(dtype):
     case = ATTENTION_BY_NAME["chunked_prefill_gaps_mqa_batch2"]
-    q, k, v, positions, scale = attention_inputs(case, DTYPES[dtype])
+    q, k, v, positions, scale, _ = attention_inputs(case, DTYPES[dtype])
     op = runtime.get_op(ATTENTION)
     host = op(q, k, v, positions, scale)
     assert torch.equal(op(q, k, v, positions.to(torch.int32), scale), host)
@@ -362,7 +364,7 @@ def test_device_positions_outside_the_cache_stay_inside_it(grain, small_grain, m
     elif grain is not None:
         small_grain(grain)
     case = ATTENTION_BY_NAME["prefill_from_zero_gqa3"]  # caches [1, 2, 40, 16]
-    q, k, v, _, scale = attention_inputs(case, torch.float32)
+    q, k, v, _, scale, _ = attention_inputs(case, torch.float32)
     k, v = sdpa_caches(case, torch.float32)  # every row filled: position L - 1 reads them all
     q = q[:, :3]
     op = runtime.get_op(ATTENTION)
@@ -438,9 +440,9 @@ def test_torch_ops_run_the_references():
 
 
 def _attention_args(**changes):
-    q, k, v, positions, scale = attention_inputs(ATTENTION_BY_NAME["prefill_from_zero_gqa3"],
-                                                 torch.float32)
-    args = {"q": q, "k_cache": k, "v_cache": v, "positions": positions, "scale": scale}
+    q, k, v, positions, scale, window = attention_inputs(ATTENTION_BY_NAME["prefill_from_zero_gqa3"],
+                                                         torch.float32)
+    args = {"q": q, "k_cache": k, "v_cache": v, "positions": positions, "scale": scale, "window": window}
     return [changes.get(name, value) for name, value in args.items()]
 
 
@@ -479,6 +481,7 @@ BAD_ARGS = [
     (ATTENTION, "positions", torch.arange(-1, 7), "got values from -1 to 6"),
     (ATTENTION, "scale", math.nan, "finite"),
     (ATTENTION, "scale", math.inf, "finite"),
+    (ATTENTION, "window", -1, "0 (no sliding window) or a number of keys > 0"),
     (UPDATE, "cache", torch.zeros(1, 2, 16, 16, dtype=torch.int32), "float32 or float16"),
     (UPDATE, "cache", torch.zeros(1, 2, 16, 10), "D a positive multiple of 4"),
     (UPDATE, "cache", torch.zeros(2, 16, 16), "[B, Hkv, L, D]"),
@@ -531,6 +534,14 @@ def test_cases_cover_what_they_claim():
     assert any(c.head_dim // 4 > 64 for c in ATTENTION_CASES)  # two units per invocation
     assert any(c.batch > 1 for c in ATTENTION_CASES)
     assert any(c.positions and max(c.positions) == c.cache_len - 1 for c in ATTENTION_CASES)
+    # sliding windows: within one chunk past the first, over several, wider than the position,
+    # of one key; many tokens a call too (the tiled kernel's test forces it on every case)
+    windowed = [c for c in ATTENTION_CASES if c.window]
+    assert any(split_of(c).chunks > 1 and chunks_with_keys(c) == 1 and
+               min(max(0, p - c.window + 1) for p in c.positions) >= split_of(c).chunk_keys for c in windowed)
+    assert any(chunks_with_keys(c) >= 2 for c in windowed if split_of(c).chunks > 1)
+    assert any(c.window > max(c.positions) for c in windowed) and any(c.window == 1 for c in windowed)
+    assert any(len(c.positions) > 1 for c in windowed)
     for cases in (ATTENTION_CASES, UPDATE_CASES):
         assert {c.positions_dtype for c in cases} == {torch.int32, torch.int64}
     assert any(not c.positions for c in UPDATE_CASES)

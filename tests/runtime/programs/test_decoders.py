@@ -3,7 +3,9 @@ exported the way the ecosystem exports them (``TorchExportableModuleForDecoderOn
 KV cache updated in place): lowered, saved, loaded, and run token by token.
 
 Families chosen for their variations: Llama (the base), Qwen2 (biases on q, k and v), Mistral
-(a sliding window, here wider than the cache, in the mask), Qwen3 (q/k RMSNorm), Gemma (``(1 + w)``
+(a sliding window in the mask, wider than the cache, and one of 8 keys: sliding-window
+attention), Gemma 3 (a sliding layer and a global one, q/k RMSNorms after the heads-first
+transpose), Qwen3 (q/k RMSNorm), Gemma (``(1 + w)``
 RMSNorm, embedding scaling, GELU-tanh MLP, tied embeddings), Phi-3 (fused qkv and gate/up
 projections, read through slices; its rotary embedding in the partial form, here rotating all
 of each head), Phi-3 with ``partial_rotary_factor`` 0.5 (half of each head rotated, the rest
@@ -51,6 +53,9 @@ FAMILIES = {
     "llama": dict(model_type="llama"),
     "qwen2": dict(model_type="qwen2"),
     "mistral": dict(model_type="mistral", sliding_window=64),
+    "mistral_sliding": dict(model_type="mistral", sliding_window=8),
+    "gemma3": dict(model_type="gemma3_text", head_dim=16, sliding_window=8, query_pre_attn_scalar=16,
+                   layer_types=["sliding_attention", "full_attention"]),
     "qwen3": dict(model_type="qwen3", head_dim=16),
     "gemma": dict(model_type="gemma", head_dim=16),
     "phi3": dict(model_type="phi3"),
