@@ -116,7 +116,7 @@ def run_variants(shape=DEMO_SHAPE, repeats=REPEATS) -> int:
                 flush=True,
             )
     print(f"{'all variants match their references' if not failures else f'{failures} variants differ from their references'}"
-          " (bit-exact; linear_qta8a_qga4w within 1e-5 relative, rms_norm and act_mul within"
+          " (bit-exact; linear_qta8a_qga4w within 1e-5 relative, rms_norm, layer_norm and act_mul within"
           " docs/llm_ops.md's tolerances, cache_attention within docs/attention_ops.md's)")
     return 1 if failures else 0
 

@@ -272,7 +272,7 @@ def tolerance(op_name: str, want, args: tuple) -> float:
     """How far an op's output (for host arguments `args`) may be from its reference
     (OPS.md): 0 (bit-exact) for every op but linear_qta8a_qga4w (and the three it routes
     to), whose output may be 1e-5 of its largest magnitude away (fp32 sums of groups), the
-    llm family's rms_norm and act_mul, whose relative and absolute tolerances
+    llm family's rms_norm, layer_norm and act_mul, whose relative and absolute tolerances
     (docs/llm_ops.md) are applied to the largest magnitude, the llm family's linear, whose
     per-output bound (`linear_bound`, docs/llm_ops.md) is taken at its largest,
     cache_attention, where the shader and the reference may each be `attention_tolerance`
@@ -282,7 +282,7 @@ def tolerance(op_name: str, want, args: tuple) -> float:
     it adds; the fp32 scales differ far less than that; add_rms_norm_quantize's sum is exact)."""
     if op_name in LINEAR_OPS:
         return 1e-5 * float(want.abs().max()) if want.numel() else 0.0
-    if op_name in ("etvk.rms_norm.default", "etvk.act_mul.default"):
+    if op_name in ("etvk.rms_norm.default", "etvk.layer_norm.default", "etvk.act_mul.default"):
         from runtime.reference.llm import tolerance as llm_tolerance
 
         rtol, atol = llm_tolerance(op_name.split(".")[1], want.dtype)
