@@ -99,6 +99,19 @@ def _spec_json(spec: ValueSpec) -> dict:
             "layout": spec.layout}
 
 
+def _readable_target(node: Node) -> str:
+    """`node`'s target, one a reader runs (`resolve_op`, as `_check_ops` requires).
+
+    Raises:
+        ValueError: another op (a file holding it could not be loaded).
+    """
+    try:
+        resolve_op(node.target)
+    except UnknownOp as exc:
+        raise ValueError(f"node {node.name!r}: {exc}, so a file holding it could not be loaded") from None
+    return node.target
+
+
 def _graph_json(program) -> dict:
     """The fields of one graph of `program` (its constants apart)."""
     return {
@@ -107,7 +120,7 @@ def _graph_json(program) -> dict:
         "output_tuple": program.output_tuple,
         "values": {name: _spec_json(spec) for name, spec in program.values.items()},
         "ops": dict(sorted(program.op_schemas.items())),
-        "nodes": [{"name": n.name, "target": n.target, "args": _encode(list(n.args), n.name),
+        "nodes": [{"name": n.name, "target": _readable_target(n), "args": _encode(list(n.args), n.name),
                    "kwargs": {k: _encode(v, n.name) for k, v in n.kwargs.items()},
                    "outputs": list(n.outputs)} for n in program.nodes],
         "state": dict(program.state),
@@ -120,7 +133,7 @@ def write_program(program, path) -> None:
     """Writes `program` to `path` (atomically: a temporary file, then a rename).
 
     Raises:
-        ValueError: an argument or constant that the format cannot hold.
+        ValueError: an argument, constant or op that the format cannot hold.
     """
     from safetensors.torch import save_file
 

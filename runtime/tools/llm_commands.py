@@ -21,7 +21,7 @@ from pathlib import Path
 from runtime.programs.generate import generate_timed
 from runtime.programs.loader import load
 from runtime.programs.lower import lower
-from runtime.tools.program_commands import CommandError, node_counts, progress
+from runtime.tools.program_commands import CommandError, node_counts, progress, save
 
 
 def export_llm(source: str, out: Path, max_cache_len: int, group_size: int, layers: int | None,
@@ -54,7 +54,7 @@ def export_llm(source: str, out: Path, max_cache_len: int, group_size: int, laye
     program = lower(exported, token_sizes=sizes)
     del exported
     step(f"saving {out}")
-    program.save(out)
+    save(program, out)
     counts = f", graphs for {', '.join(map(str, sizes))} tokens a call" if program.specializations else ""
     print(f"saved {out} ({out.stat().st_size / 2**20:,.1f} MiB): {node_counts(program)}, "
           f"{len(program.state)} state tensors{counts}")

@@ -67,9 +67,18 @@ def export(name: str, out: Path, size: int, batch: int, calibration: int, seed: 
                              [(torch.randn(shape, generator=gen),) for _ in range(calibration)])
     progress(f"lowering ({time.perf_counter() - started:.1f} s so far)")
     program = lower(exported)
-    program.save(out)
+    save(program, out)
     print(f"saved {out} ({out.stat().st_size / 2**20:.1f} MiB): {node_counts(program)}")
     return 0
+
+
+def save(program: Program, out: Path) -> None:
+    """`program.save(out)`, what the format cannot hold (a NaN argument, an op no reader runs)
+    a `CommandError` naming the file."""
+    try:
+        program.save(out)
+    except ValueError as exc:
+        raise CommandError(f"{out}: the program cannot be saved: {exc}") from None
 
 
 def node_counts(program: Program) -> str:

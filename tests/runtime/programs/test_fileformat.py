@@ -16,6 +16,7 @@ from safetensors.torch import save_file
 
 from runtime.programs.fileformat import ProgramFileError
 from runtime.programs.program import Program
+from runtime.tools.program_commands import CommandError, save
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -169,3 +170,25 @@ def test_saving_refuses_what_it_cannot_hold(small_cnn, tmp_path):
     with pytest.raises(ValueError, match="non-finite float argument nan cannot be saved"):
         program.save(tmp_path / "x.etvk")
     assert not (tmp_path / "x.etvk").exists()
+
+
+def test_saving_refuses_an_op_no_reader_runs(small_cnn, tmp_path):
+    """An op outside the namespaces a reader resolves (transformers' own, say) is refused when
+    the file would be written, naming the node, not when it is read back."""
+    program = small_cnn[2].copy()
+    program.nodes[-1].target = "transformers.grouped_mm_fallback.default"
+    with pytest.raises(ValueError, match=rf"node {program.nodes[-1].name!r}: unknown op "
+                                         r"'transformers.grouped_mm_fallback.default'.*could not be loaded"):
+        program.save(tmp_path / "x.etvk")
+    assert not (tmp_path / "x.etvk").exists()
+
+
+def test_the_export_commands_name_the_file_a_program_cannot_be_saved_to(small_cnn, tmp_path):
+    """The CLI's export commands save through `program_commands.save`: a program the format
+    cannot hold is one `CommandError` (one line from the CLI), naming the file and the node."""
+    program = small_cnn[2].copy()
+    program.nodes[-1].target = "transformers.grouped_mm_fallback.default"
+    out = tmp_path / "x.etvk"
+    with pytest.raises(CommandError, match=rf"^{out}: the program cannot be saved: node {program.nodes[-1].name!r}"):
+        save(program, out)
+    assert not out.exists()
