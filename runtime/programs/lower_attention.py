@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from runtime.programs.nodes import Node, Ref
+from runtime.programs.nodes import Node, Ref, ValueSpec
 from runtime.programs.rewrite import Rewriter, bind, slice_range
 
 # Ops of each head's rows alone, which commute with the heads-first transpose: an RMSNorm of the
@@ -52,9 +52,10 @@ def _moved(rw: Rewriter, node: Node, args: tuple, source: Ref, target: str | Non
            suffix: str = "_tokens") -> Ref:
     """A `target` (default: `node`'s) node of `args` on the token-major `source`, named `node`'s
     name and `suffix`, inserted before `node`, which stays for its other readers; its output
-    (``<node's output>_tokens``), of `source`'s spec."""
+    (``<node's output>_tokens``), of `source`'s shape and `node`'s output's dtype (a cast's)."""
     name = f"{node.outputs[0]}_tokens"
-    rw.program.values[name] = rw.program.values[source.name]
+    rw.program.values[name] = ValueSpec(rw.program.values[source.name].shape,
+                                        rw.program.values[node.outputs[0]].dtype)
     moved = Node(f"{node.name}{suffix}", target or node.target, args, dict(node.kwargs), (name,))
     rw.program.nodes.insert(rw.program.nodes.index(node), moved)
     rw.refresh()

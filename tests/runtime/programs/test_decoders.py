@@ -362,6 +362,9 @@ def test_half_decoder_runs_on_the_device_with_an_fp16_cache(half_decoder):
     assert {program.values[name].dtype for name in program.state} == {torch.float16}
     quantized = [n.args[0] for n in program.nodes if n.target == "etvk.quantize_affine_per_token_dynamic.default"]
     assert quantized and {program.values[x.name].dtype for x in quantized} == {torch.float16}
+    # every cast's value has the cast's dtype (also those the lowering made anew: Gemma 3's moved norms)
+    casts = [n for n in program.nodes if n.target == "etvk.cast.default"]
+    assert [program.values[n.outputs[0]].dtype for n in casts] == [n.args[1] for n in casts], family
     loaded = runtime.load(path)
     assert set(loaded.state_placement().values()) == {"vulkan"}
     assert [(r["node"], r["target"]) for r in loaded.placement() if r["runs_on"] != "vulkan"] == []
