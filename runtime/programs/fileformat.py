@@ -99,16 +99,25 @@ def _spec_json(spec: ValueSpec) -> dict:
             "layout": spec.layout}
 
 
+def _op_fault(node: Node) -> str | None:
+    """Why a reader cannot run `node`'s op (`resolve_op`), or None: the check of the writer
+    (`_readable_target`) and of the reader (`_check_ops`)."""
+    try:
+        resolve_op(node.target)
+    except UnknownOp as exc:
+        return f"node {node.name!r}: {exc}"
+    return None
+
+
 def _readable_target(node: Node) -> str:
-    """`node`'s target, one a reader runs (`resolve_op`, as `_check_ops` requires).
+    """`node`'s target, one a reader runs.
 
     Raises:
         ValueError: another op (a file holding it could not be loaded).
     """
-    try:
-        resolve_op(node.target)
-    except UnknownOp as exc:
-        raise ValueError(f"node {node.name!r}: {exc}, so a file holding it could not be loaded") from None
+    fault = _op_fault(node)
+    if fault is not None:
+        raise ValueError(f"{fault}, so a file holding it could not be loaded")
     return node.target
 
 
@@ -240,10 +249,8 @@ def _nodes(graph: dict, values: dict, constants: dict) -> list[Node]:
 
 def _check_ops(nodes: list[Node], schemas: dict) -> None:
     for node in nodes:
-        try:
-            resolve_op(node.target)
-        except UnknownOp as exc:
-            raise _Malformed(f"node {node.name!r}: {exc}") from None
+        fault = _op_fault(node)
+        _require(fault is None, fault)
         if node.is_etvk:
             want = schemas.get(node.target)
             have = get_op(node.target).schema
