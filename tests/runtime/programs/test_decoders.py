@@ -79,40 +79,33 @@ def config_file(folder, family: str):
     return path
 
 
+def lowered_decoder(family: str, folder, half: bool = False):
+    """(family, exported program, lowered program, file) of `family`'s model (fp16 with `half`),
+    quantized 8da4w, exported with a CACHE-position static cache, lowered and saved in `folder`."""
+    llm_models.import_transformers()
+    model = llm_models.decoder(config_file(folder, family))
+    exported = llm_models.export_decoder(llm_models.quantize_8da4w(model.half() if half else model), CACHE)
+    program = runtime.lower(exported)
+    program.save(folder / f"{family}.etvk")
+    return family, exported, program, folder / f"{family}.etvk"
+
+
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def decoder(request, tmp_path_factory):
     """(family, exported program, lowered program, file)."""
-    llm_models.import_transformers()
-    folder = tmp_path_factory.mktemp("decoders")
-    model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)))
-    exported = llm_models.export_decoder(model, CACHE)
-    program = runtime.lower(exported)
-    program.save(folder / f"{request.param}.etvk")
-    return request.param, exported, program, folder / f"{request.param}.etvk"
+    return lowered_decoder(request.param, tmp_path_factory.mktemp("decoders"))
 
 
 @pytest.fixture(scope="module", params=sorted(LAYER_NORM_FAMILIES))
 def layer_norm_decoder(request, tmp_path_factory):
     """(family, exported program, lowered program, file) of a LayerNorm family."""
-    llm_models.import_transformers()
-    folder = tmp_path_factory.mktemp("layer_norm_decoders")
-    model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)))
-    exported = llm_models.export_decoder(model, CACHE)
-    program = runtime.lower(exported)
-    program.save(folder / f"{request.param}.etvk")
-    return request.param, exported, program, folder / f"{request.param}.etvk"
+    return lowered_decoder(request.param, tmp_path_factory.mktemp("layer_norm_decoders"))
 
 
 @pytest.fixture(scope="module", params=sorted(FAMILIES))
 def half_decoder(request, tmp_path_factory):
     """(family, exported program, lowered program, file) of the family's fp16 model."""
-    llm_models.import_transformers()
-    folder = tmp_path_factory.mktemp("half_decoders")
-    model = llm_models.quantize_8da4w(llm_models.decoder(config_file(folder, request.param)).half())
-    exported = llm_models.export_decoder(model, CACHE)
-    program = runtime.lower(exported)
-    program.save(folder / f"{request.param}.etvk")
-    return request.param, exported, program, folder / f"{request.param}.etvk"
+    return lowered_decoder(request.param, tmp_path_factory.mktemp("half_decoders"), half=True)
 
 
 def greedy_reference(module, prompt: list[int], count: int) -> list[int]:
