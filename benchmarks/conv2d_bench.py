@@ -158,6 +158,14 @@ class Settings:
                    max_calls=2 if quick else MAX_CALLS)
 
 
+def add_row_options(parser: argparse.ArgumentParser) -> None:
+    """The elementwise benchmarks' options: --quick and --repeats (for `Settings.rows`) and
+    --only (a regular expression on a row's '<shape> <batch> <layout>')."""
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, short warm-up (CPU drivers)")
+    parser.add_argument("--repeats", type=int, default=20, help="replays after the warm-up, at most")
+    parser.add_argument("--only", default="", help="regular expression on '<shape> <batch> <layout>'")
+
+
 def shrink(case: Conv2dCase, batch: int, quick: bool) -> Conv2dCase:
     """The case at `batch`; with `quick`, spatial sizes cut to an eighth (at least 4), named."""
     if not quick:

@@ -46,7 +46,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conv2d_bench import Settings, fmt, time_ours  # noqa: E402  (also turns validation off)
+from conv2d_bench import Settings, add_row_options, fmt, time_ours  # noqa: E402  (also turns validation off)
 from results import Results  # noqa: E402
 from timing import open_device, time_cuda  # noqa: E402
 
@@ -192,9 +192,7 @@ def shapes_of(op_kind: str, a_chw, b_chw, batch: int, quick: bool):
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, short warm-up (CPU drivers)")
-    parser.add_argument("--repeats", type=int, default=20, help="replays after the warm-up, at most")
-    parser.add_argument("--only", default="", help="regular expression on '<shape> <batch> <layout>'")
+    add_row_options(parser)
     parser.add_argument("--affine", action="store_true",
                         help="also time the per-channel table ops with tables they compute as affine maps")
     parser.add_argument("--one-word", action="store_true",

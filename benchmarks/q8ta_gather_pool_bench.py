@@ -27,7 +27,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from conv2d_bench import Settings, fmt, time_ours  # noqa: E402  (also turns validation off)
+from conv2d_bench import Settings, add_row_options, fmt, time_ours  # noqa: E402  (also turns validation off)
 from copy_bandwidth import copy_seconds  # noqa: E402
 from results import Results  # noqa: E402
 from timing import cuda_copy_seconds, open_device  # noqa: E402
@@ -105,9 +105,7 @@ def copy_rate(nbytes: int, s: Settings) -> float | None:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="tiny sizes, short warm-up (CPU drivers)")
-    parser.add_argument("--repeats", type=int, default=20, help="replays after the warm-up, at most")
-    parser.add_argument("--only", default="", help="regular expression on '<shape> <batch> <layout>'")
+    add_row_options(parser)
     options = parser.parse_args()
     started = time.perf_counter()
     caps = open_device()
